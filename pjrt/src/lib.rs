@@ -1,0 +1,78 @@
+//! Safe Rust over the PJRT C API, the plugin interface of OpenXLA.
+//!
+//! A [`Plugin`] is a shared library (the CPU plugin from the `xla-cpu-pjrt`
+//! wheel, the CUDA plugin from `jax-cuda13-pjrt`, ...) loaded at run time.
+//! From it a [`Client`] is created, optionally wired to a distributed
+//! [`KeyValueStore`]; the client compiles StableHLO into a
+//! [`LoadedExecutable`], moves host data into device [`Buffer`]s, executes,
+//! and brings results back. Completion is reported by [`Event`]s, which are
+//! futures.
+//!
+//! ```no_run
+//! use tessel_pjrt::{Client, ClientOptions, CompileOptions, HostBuffer, Plugin, Program};
+//! # fn main() -> tessel_pjrt::Result<()> {
+//! let plugin = Plugin::load(tessel_pjrt::locate::resolve(Some("cpu"))?)?;
+//! let client = Client::create(&plugin, ClientOptions::default())?;
+//! let program = Program::mlir_text(
+//!     "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+//!        %0 = stablehlo.add %a, %a : tensor<2xf32>
+//!        return %0 : tensor<2xf32>
+//!      }",
+//! );
+//! let exe = client.compile(&program, &CompileOptions::new(1, 1))?;
+//! let device = client.addressable_devices()?.remove(0);
+//! let x = client.buffer_from_host(&HostBuffer::from_slice(&[1.0f32, 2.0], &[2])?, &device)?;
+//! let out = exe.execute(&[&[&x]])?.wait()?;
+//! assert_eq!(out[0][0].to_host_blocking()?.to_vec::<f32>()?, vec![2.0, 4.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! All `unsafe` code of tessel lives in this crate. [`ffi`] holds the raw
+//! declarations; every other module is a safe wrapper whose `unsafe` blocks
+//! carry a `SAFETY:` comment.
+
+/// Calls a PJRT function by its table name, checking that the plugin's table
+/// has it and converting the returned error.
+///
+/// Must be used inside `unsafe`: the caller guarantees that every pointer in
+/// the args struct is valid for the call.
+macro_rules! pjrt_call {
+    ($plugin:expr, $name:ident, $args:expr) => {{
+        let plugin: &$crate::plugin::PluginInner = &$plugin;
+        match plugin.entry(
+            ::core::mem::offset_of!($crate::ffi::PJRT_Api, $name),
+            stringify!($name),
+            |t| t.$name,
+        ) {
+            Ok(f) => {
+                let err = f($args);
+                plugin.check(err, stringify!($name))
+            }
+            Err(e) => Err(e),
+        }
+    }};
+}
+
+mod buffer;
+mod client;
+mod compile;
+mod device;
+mod error;
+mod event;
+mod executable;
+pub mod ffi;
+pub mod kv;
+pub mod locate;
+mod plugin;
+mod value;
+
+pub use buffer::{Buffer, ElementType, HostBuffer, NativeType, ToHostFuture};
+pub use client::{Client, ClientOptions};
+pub use compile::{CompileOptions, Program, ProgramFormat};
+pub use device::{Device, Memory};
+pub use error::{Error, ErrorCode, Result};
+pub use event::{Event, EventFuture};
+pub use executable::{ExecuteArg, Execution, LoadedExecutable};
+pub use kv::{KeyValueStore, KvError};
+pub use plugin::{Plugin, MIN_API_MINOR};
+pub use value::{NamedValue, Value};
