@@ -15,7 +15,8 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::ffi;
-use crate::plugin::bytes_to_string;
+use crate::hlo::{entry_parameter_shapes, ParameterShape};
+use crate::plugin::{bytes_to_string, PluginInner};
 
 /// A program compiled for the client's devices.
 #[derive(Clone)]
@@ -28,6 +29,8 @@ struct ExecutableInner {
     raw: *mut ffi::PJRT_LoadedExecutable,
     num_outputs: usize,
     name: String,
+    /// Per-partition parameter shapes; `None` when the plugin cannot say.
+    parameters: Option<Vec<ParameterShape>>,
 }
 
 // SAFETY: PJRT executables may be executed concurrently from any thread.
@@ -107,6 +110,7 @@ impl LoadedExecutable {
         get.loaded_executable = raw;
         let mut num_outputs = 0;
         let mut name = String::new();
+        let mut parameters = None;
         // SAFETY: `raw` is live. GetExecutable returns a new
         // PJRT_Executable we must destroy; we query it and destroy it here.
         unsafe {
@@ -127,6 +131,13 @@ impl LoadedExecutable {
                 if pjrt_call!(client.plugin_inner(), PJRT_Executable_Name, &mut nm).is_ok() {
                     name = bytes_to_string(nm.executable_name, nm.executable_name_size);
                 }
+                parameters = optimized_program(client.plugin_inner(), get.executable)
+                    .and_then(|m| entry_parameter_shapes(&m));
+                if parameters.is_none() {
+                    tracing::warn!(
+                        "plugin did not report parameter shapes; arguments are not checked"
+                    );
+                }
                 let mut d = ffi::PJRT_Executable_Destroy_Args::new();
                 d.executable = get.executable;
                 let _ = pjrt_call!(client.plugin_inner(), PJRT_Executable_Destroy, &mut d);
@@ -138,6 +149,7 @@ impl LoadedExecutable {
                 raw,
                 num_outputs,
                 name,
+                parameters,
             }),
         }
     }
@@ -150,6 +162,43 @@ impl LoadedExecutable {
     /// Number of outputs per device (tuple results are flattened).
     pub fn num_outputs(&self) -> usize {
         self.inner.num_outputs
+    }
+
+    /// Per-device parameter shapes, when the plugin reports its optimized
+    /// program; arguments are checked against them before execution.
+    pub fn parameter_shapes(&self) -> Option<&[ParameterShape]> {
+        self.inner.parameters.as_deref()
+    }
+
+    /// Checks every argument's element type and dimensions.
+    fn check_arguments(&self, args: &[Vec<ExecuteArg<'_>>]) -> Result<()> {
+        let Some(params) = &self.inner.parameters else {
+            return Ok(());
+        };
+        for (d, list) in args.iter().enumerate() {
+            if list.len() != params.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "program `{}` takes {} arguments, device {d} was given {}",
+                    self.inner.name,
+                    params.len(),
+                    list.len()
+                )));
+            }
+            for (i, (arg, want)) in list.iter().zip(params).enumerate() {
+                let b = arg.buffer();
+                let got = ParameterShape {
+                    element_type: Some(b.element_type()?),
+                    dims: b.dims()?,
+                };
+                if got != *want {
+                    return Err(Error::InvalidArgument(format!(
+                        "argument {i} of `{}` on device {d}: expected {want}, got {got}",
+                        self.inner.name
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The devices the executable runs on, in execution order.
@@ -216,6 +265,7 @@ impl LoadedExecutable {
             }
         }
         let client = &self.inner.client;
+        self.check_arguments(&args)?;
         if let Some(a) = args
             .iter()
             .flatten()
@@ -295,5 +345,32 @@ impl std::fmt::Debug for LoadedExecutable {
             .field("name", &self.inner.name)
             .field("num_outputs", &self.inner.num_outputs)
             .finish()
+    }
+}
+
+/// The optimized program as a serialized `HloModuleProto`, if the plugin
+/// provides it (as `hlo`, or inside an `HloModuleProtoWithConfig`).
+///
+/// # Safety
+/// `executable` must be a live executable of `plugin`.
+unsafe fn optimized_program(
+    plugin: &PluginInner,
+    executable: *mut ffi::PJRT_Executable,
+) -> Option<Vec<u8>> {
+    let mut program = ffi::PJRT_Program::new();
+    let mut args = ffi::PJRT_Executable_OptimizedProgram_Args::new();
+    args.executable = executable;
+    args.program = &mut program;
+    // SAFETY: with code null the plugin only reports code_size.
+    unsafe { pjrt_call!(plugin, PJRT_Executable_OptimizedProgram, &mut args) }.ok()?;
+    let mut code = vec![0u8; program.code_size];
+    program.code = code.as_mut_ptr().cast();
+    // SAFETY: `code` has code_size bytes for the plugin to fill.
+    unsafe { pjrt_call!(plugin, PJRT_Executable_OptimizedProgram, &mut args) }.ok()?;
+    let format = unsafe { bytes_to_string(program.format, program.format_size) };
+    match format.as_str() {
+        "hlo" => Some(code),
+        "hlo_with_config" => crate::hlo::module_of_module_with_config(&code),
+        _ => None,
     }
 }

@@ -362,6 +362,9 @@ pjrt_structs! {
     struct PJRT_Executable_NumOutputs_Args {
         struct_size: usize, extension_start: Ext, executable: *mut PJRT_Executable, num_outputs: usize,
     }
+    struct PJRT_Executable_OptimizedProgram_Args {
+        struct_size: usize, extension_start: Ext, executable: *mut PJRT_Executable, program: *mut PJRT_Program,
+    }
     struct PJRT_LoadedExecutable_AddressableDevices_Args {
         struct_size: usize, extension_start: Ext, executable: *mut PJRT_LoadedExecutable,
         addressable_devices: *const *mut PJRT_Device, num_addressable_devices: usize,
@@ -494,7 +497,7 @@ pjrt_api! {
     PJRT_Executable_SizeOfGeneratedCodeInBytes: Unused,
     PJRT_Executable_GetCostAnalysis: Unused,
     PJRT_Executable_OutputMemoryKinds: Unused,
-    PJRT_Executable_OptimizedProgram: Unused,
+    PJRT_Executable_OptimizedProgram: Fn<PJRT_Executable_OptimizedProgram_Args>,
     PJRT_Executable_Serialize: Unused,
     PJRT_LoadedExecutable_Destroy: Fn<PJRT_LoadedExecutable_Destroy_Args>,
     PJRT_LoadedExecutable_GetExecutable: Fn<PJRT_LoadedExecutable_GetExecutable_Args>,

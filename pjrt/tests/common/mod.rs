@@ -13,11 +13,17 @@ pub fn plugin() -> Plugin {
 
 /// A client with `devices` CPU devices.
 pub fn client(devices: i64) -> Client {
-    Client::create(&plugin(), ClientOptions::default().option("cpu_device_count", devices)).expect("client")
+    Client::create(
+        &plugin(),
+        ClientOptions::default().option("cpu_device_count", devices),
+    )
+    .expect("client")
 }
 
 pub fn program_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(name)
 }
 
 pub fn program_text(name: &str) -> String {
