@@ -29,3 +29,33 @@ pub fn program_path(name: &str) -> PathBuf {
 pub fn program_text(name: &str) -> String {
     std::fs::read_to_string(program_path(name)).expect("program file")
 }
+
+/// The folder holding `pjrt_c_api.h` of the installed CPU wheel.
+pub fn header_dir() -> PathBuf {
+    let so = tessel_pjrt::locate::resolve(Some("cpu")).unwrap_or_else(|e| panic!("{e}"));
+    let dir = so.parent().unwrap().join("include");
+    assert!(
+        dir.join("pjrt_c_api.h").is_file(),
+        "no pjrt_c_api.h beside {}",
+        so.display()
+    );
+    dir
+}
+
+/// Compiles C `source` (with the plugin header on the include path) into a
+/// shared library or an executable in `out`.
+pub fn cc(source: &std::path::Path, out: &std::path::Path, shared: bool) {
+    let mut cmd = std::process::Command::new("cc");
+    if shared {
+        cmd.args(["-shared", "-fPIC"]);
+    }
+    let status = cmd
+        .arg("-I")
+        .arg(header_dir())
+        .arg("-o")
+        .arg(out)
+        .arg(source)
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "cc {} failed", source.display());
+}
