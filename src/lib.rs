@@ -1,1 +1,31 @@
+//! tessel runs multi-host ML jobs on PJRT, the plugin runtime of OpenXLA.
+//!
+//! This crate is tessel's public Rust API and the `tessel` command. Today it
+//! holds the pieces the command line needs to run one StableHLO program on
+//! one host: [`array`] (inline literals and `.npy` files), [`mlir`] (the
+//! signature of `@main`), [`sharding`] (splitting arrays over partitions) and
+//! [`run`] (compile, feed, execute, gather). The safe PJRT binding is
+//! re-exported as [`pjrt`].
+//!
+//! ```no_run
+//! use tessel::{array, run};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let plugin = tessel::pjrt::Plugin::load(tessel::pjrt::locate::resolve(Some("cpu"))?)?;
+//! let program = std::fs::read("examples/programs/matmul.mlir")?;
+//! let request = run::RunRequest {
+//!     program,
+//!     devices: None,
+//!     partitions: None,
+//!     args: vec![array::parse_literal("f32[2,2]=1,2,3,4")?, array::parse_literal("f32[2,2]=1,0,0,1")?],
+//! };
+//! let outputs = run::run_program(&plugin, &request)?;
+//! println!("{}", array::format_array(&outputs[0]));
+//! # Ok(()) }
+//! ```
 
+pub use tessel_pjrt as pjrt;
+
+pub mod array;
+pub mod mlir;
+pub mod run;
+pub mod sharding;

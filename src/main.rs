@@ -1,1 +1,231 @@
-fn main() {}
+//! The `tessel` command.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use tessel::array::{format_array, parse_literal, read_npy, write_npy};
+use tessel::pjrt::{locate, Client, ClientOptions, HostBuffer, Plugin};
+use tessel::run::{run_program, RunRequest};
+
+#[derive(Parser)]
+#[command(name = "tessel", version, about = "Multi-host ML jobs on PJRT")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Inspect PJRT plugins.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+    /// Compile and run a StableHLO program (MLIR text or bytecode) on this host.
+    Run {
+        /// The program: a `.mlir` file (text or bytecode) whose entry is `@main`.
+        program: PathBuf,
+        #[command(flatten)]
+        plugin: PluginArg,
+        /// CPU devices to create (default: one per partition).
+        #[arg(long)]
+        devices: Option<usize>,
+        /// SPMD partitions (default: the module's mhlo.num_partitions, else 1).
+        #[arg(long)]
+        partitions: Option<usize>,
+        /// An argument, in parameter order: a `.npy` file or a literal such as
+        /// `f32[2,2]=1,2,3,4` (one value fills the shape: `f32[1000]=0`).
+        #[arg(long = "arg", value_name = "SPEC")]
+        args: Vec<String>,
+        /// Write each output to DIR/output<N>.npy.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// API version, platform, attributes and devices of a plugin.
+    Info {
+        #[command(flatten)]
+        plugin: PluginArg,
+    },
+}
+
+#[derive(clap::Args)]
+struct PluginArg {
+    /// A plugin name (cpu, cuda, cpu-lammps, cpu-fastatomstruct) or the path
+    /// of a PJRT plugin library. Default: $TESSEL_PJRT_PLUGIN, else cpu.
+    #[arg(long, value_name = "NAME|PATH")]
+    plugin: Option<String>,
+}
+
+impl PluginArg {
+    fn load(&self) -> Result<Plugin> {
+        let path = locate::resolve(self.plugin.as_deref())?;
+        Ok(Plugin::load(&path)?)
+    }
+}
+
+fn main() -> ExitCode {
+    // XLA's own logging goes to stderr at INFO; keep errors only unless the
+    // user asks for more. Set before any plugin is loaded, while no other
+    // thread exists.
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Plugin {
+            command: PluginCommand::Info { plugin },
+        } => plugin_info(&plugin.load()?),
+        Command::Run {
+            program,
+            plugin,
+            devices,
+            partitions,
+            args,
+            out,
+        } => {
+            let code = std::fs::read(&program)
+                .with_context(|| format!("cannot read {}", program.display()))?;
+            let args = args
+                .iter()
+                .map(|s| parse_arg(s))
+                .collect::<Result<Vec<_>>>()?;
+            let plugin = plugin.load()?;
+            let request = RunRequest {
+                program: code,
+                devices,
+                partitions,
+                args,
+            };
+            let outputs = run_program(&plugin, &request)
+                .with_context(|| format!("running {}", program.display()))?;
+            for (i, o) in outputs.iter().enumerate() {
+                println!(
+                    "output {i}: {}{:?} = {}",
+                    o.element_type(),
+                    o.dims(),
+                    format_array(o)
+                );
+            }
+            if let Some(dir) = out {
+                write_outputs(&dir, &outputs)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `--arg`: an existing file is read as `.npy`, anything else is a literal.
+fn parse_arg(spec: &str) -> Result<HostBuffer> {
+    let path = Path::new(spec);
+    if path.is_file() {
+        let data = std::fs::read(path).with_context(|| format!("cannot read {spec}"))?;
+        return read_npy(&data).with_context(|| format!("--arg {spec}"));
+    }
+    if spec.ends_with(".npy") && !spec.contains('=') {
+        bail!("--arg {spec}: no such file");
+    }
+    parse_literal(spec).with_context(|| format!("--arg {spec}"))
+}
+
+fn write_outputs(dir: &Path, outputs: &[HostBuffer]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (i, o) in outputs.iter().enumerate() {
+        let path = dir.join(format!("output{i}.npy"));
+        std::fs::write(&path, write_npy(o))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn plugin_info(plugin: &Plugin) -> Result<()> {
+    let (major, minor) = plugin.api_version();
+    println!("plugin      {}", plugin.path().display());
+    println!("C API       {major}.{minor}");
+    println!("attributes");
+    for a in plugin.attributes()? {
+        println!("  {:<28} {}", a.name, a.value);
+    }
+    let client = Client::create(plugin, ClientOptions::default())?;
+    println!(
+        "platform    {} ({})",
+        client.platform_name()?,
+        client.platform_version()?
+    );
+    println!("process     {}", client.process_index()?);
+    let devices = client.devices()?;
+    let addressable = client.addressable_devices()?.len();
+    println!("devices     {} ({addressable} addressable)", devices.len());
+    let rows: Vec<[String; 6]> = devices
+        .iter()
+        .map(|d| -> Result<[String; 6]> {
+            let memories: Vec<String> = d
+                .memories()?
+                .iter()
+                .map(|m| m.kind())
+                .collect::<Result<_, _>>()?;
+            Ok([
+                d.id()?.to_string(),
+                d.process_index()?.to_string(),
+                d.kind()?,
+                d.local_hardware_id()?.to_string(),
+                memories.join(","),
+                d.debug_string()?,
+            ])
+        })
+        .collect::<Result<_>>()?;
+    let header = ["ID", "PROCESS", "KIND", "LOCAL", "MEMORIES", "DESCRIPTION"];
+    let widths: Vec<usize> = (0..6)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: [&str; 6]| {
+        let s: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("  {}", s.join("  ").trim_end());
+    };
+    line(header);
+    for r in &rows {
+        line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]]);
+    }
+    for d in &devices {
+        let attrs = d.attributes()?;
+        if !attrs.is_empty() {
+            let list: Vec<String> = attrs
+                .iter()
+                .map(|a| format!("{}={}", a.name, a.value))
+                .collect();
+            println!("  device {} attributes: {}", d.id()?, list.join(" "));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! Property: the `tessel` command does what its help says with real plugins,
+//! and every kind of bad input ends in a non-zero exit with a message that
+//! names the culprit — never a crash.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tessel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessel"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run tessel")
+}
+
+fn program(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("pjrt/tests/programs")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "tessel failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// Fails cleanly: exit code 1 (not a signal), message on stderr.
+fn fails(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected a clean failure, got {}",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn plugin_info_lists_version_platform_and_devices() {
+    let out = ok(&tessel(&["plugin", "info"]));
+    assert!(out.contains("C API       0."), "{out}");
+    assert!(out.contains("stablehlo_current_version"), "{out}");
+    assert!(out.contains("platform    cpu"), "{out}");
+    assert!(out.contains("ID  PROCESS  KIND"), "{out}");
+}
+
+#[test]
+fn run_prints_outputs_of_a_real_program() {
+    let out = ok(&tessel(&[
+        "run",
+        &program("add.mlir"),
+        "--arg",
+        "f32[2,2]=1,2,3,4",
+        "--arg",
+        "f32[2,2]=10",
+    ]));
+    assert_eq!(out.trim(), "output 0: f32[2, 2] = [[11, 12], [13, 14]]");
+}
+
+#[test]
+fn run_handles_tuples_loops_and_bytecode() {
+    let out = ok(&tessel(&[
+        "run",
+        &program("while.mlir"),
+        "--arg",
+        "s32=1000",
+    ]));
+    assert!(
+        out.contains("output 0: s32[] = 1024") && out.contains("output 1: s32[] = 10"),
+        "{out}"
+    );
+    let out = ok(&tessel(&[
+        "run",
+        &program("add.mlirbc"),
+        "--arg",
+        "f32[2,2]=1",
+        "--arg",
+        "f32[2,2]=2",
+    ]));
+    assert!(out.contains("[[3, 3], [3, 3]]"), "{out}");
+}
+
+#[test]
+fn spmd_programs_split_arguments_and_gather_results() {
+    for file in ["spmd_sum.mlir", "spmd_sum_sdy.mlir"] {
+        let out = ok(&tessel(&[
+            "run",
+            &program(file),
+            "--arg",
+            "f32[8]=1,2,3,4,5,6,7,8",
+        ]));
+        assert_eq!(out.trim(), "output 0: f32[] = 36", "{file}");
+    }
+    let e = fails(&tessel(&[
+        "run",
+        &program("spmd_sum.mlir"),
+        "--partitions",
+        "2",
+        "--arg",
+        "f32[8]=1",
+    ]));
+    assert!(e.contains("mhlo.num_partitions = 4"), "{e}");
+}
+
+#[test]
+fn npy_arguments_and_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.npy");
+    let arr = tessel::array::parse_literal("f32[2,2]=1,2,3,4").unwrap();
+    std::fs::write(&a, tessel::array::write_npy(&arr)).unwrap();
+    let out_dir: PathBuf = dir.path().join("out");
+    ok(&tessel(&[
+        "run",
+        &program("add.mlir"),
+        "--arg",
+        a.to_str().unwrap(),
+        "--arg",
+        a.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]));
+    let back =
+        tessel::array::read_npy(&std::fs::read(out_dir.join("output0.npy")).unwrap()).unwrap();
+    assert_eq!(back.to_vec::<f32>().unwrap(), vec![2., 4., 6., 8.]);
+}
+
+#[test]
+fn wrong_arguments_name_the_parameter() {
+    let e = fails(&tessel(&[
+        "run",
+        &program("add.mlir"),
+        "--arg",
+        "f32[2,2]=1",
+    ]));
+    assert!(
+        e.contains("takes 2 arguments") && e.contains("%arg1: f32[2, 2]"),
+        "{e}"
+    );
+    let e = fails(&tessel(&[
+        "run",
+        &program("add.mlir"),
+        "--arg",
+        "f32[2,2]=1",
+        "--arg",
+        "s32[2,2]=1",
+    ]));
+    assert!(
+        e.contains("argument 1 (%arg1): expected f32[2, 2], got s32[2, 2]"),
+        "{e}"
+    );
+    let e = fails(&tessel(&[
+        "run",
+        &program("add.mlir"),
+        "--arg",
+        "f32[2,2]=1",
+        "--arg",
+        "f32[4]=1",
+    ]));
+    assert!(e.contains("argument 1 (%arg1)"), "{e}");
+    let e = fails(&tessel(&[
+        "run",
+        &program("add.mlir"),
+        "--arg",
+        "f32[2,2]=1,2",
+        "--arg",
+        "f32[2,2]=1",
+    ]));
+    assert!(
+        e.contains("--arg f32[2,2]=1,2") && e.contains("4 elements but 2 values"),
+        "{e}"
+    );
+    let e = fails(&tessel(&[
+        "run",
+        &program("add.mlir"),
+        "--arg",
+        "missing.npy",
+        "--arg",
+        "f32[2,2]=1",
+    ]));
+    assert!(e.contains("missing.npy: no such file"), "{e}");
+}
+
+#[test]
+fn malformed_programs_report_the_compiler_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.mlir");
+    std::fs::write(
+        &bad,
+        "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.bogus %a\n}\n",
+    )
+    .unwrap();
+    let e = fails(&tessel(&[
+        "run",
+        bad.to_str().unwrap(),
+        "--arg",
+        "f32[2]=1",
+    ]));
+    assert!(
+        e.contains("PJRT_Client_Compile") && e.contains("stablehlo.bogus"),
+        "{e}"
+    );
+    let e = fails(&tessel(&["run", "/nonexistent.mlir"]));
+    assert!(e.contains("cannot read /nonexistent.mlir"), "{e}");
+    std::fs::write(&bad, [0xff, 0xfe, 0x00]).unwrap();
+    let e = fails(&tessel(&["run", bad.to_str().unwrap()]));
+    assert!(e.contains("neither MLIR bytecode nor UTF-8"), "{e}");
+}
+
+#[test]
+fn a_missing_plugin_prints_the_command_that_installs_it() {
+    // No python3 on PATH and no plugin folder with the CUDA wheel.
+    let out = Command::new(env!("CARGO_BIN_EXE_tessel"))
+        .args(["plugin", "info", "--plugin", "cuda"])
+        .env("PATH", "")
+        .env_remove("TESSEL_PLUGIN_DIR")
+        .output()
+        .unwrap();
+    let e = fails(&out);
+    assert!(
+        e.contains("python3 -m pip install --no-deps --target .tessel/plugins jax-cuda13-pjrt"),
+        "{e}"
+    );
+    let e = fails(&tessel(&[
+        "plugin",
+        "info",
+        "--plugin",
+        "/no/such/plugin.so",
+    ]));
+    assert!(e.contains("/no/such/plugin.so"), "{e}");
+}
