@@ -11,6 +11,7 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 
 use half::{bf16, f16};
@@ -287,6 +288,9 @@ impl HostBuffer {
 pub struct Buffer {
     client: Client,
     raw: *mut ffi::PJRT_Buffer,
+    /// Element type and dimensions, read once: a PJRT buffer's shape never
+    /// changes.
+    shape: OnceLock<(ElementType, Vec<i64>)>,
 }
 
 // SAFETY: PJRT buffers may be used and destroyed from any thread.
@@ -298,7 +302,11 @@ impl Buffer {
     /// # Safety
     /// `raw` must be a live buffer of `client` that nobody else destroys.
     pub(crate) unsafe fn from_raw(client: Client, raw: *mut ffi::PJRT_Buffer) -> Buffer {
-        Buffer { client, raw }
+        Buffer {
+            client,
+            raw,
+            shape: OnceLock::new(),
+        }
     }
 
     pub(crate) fn raw(&self) -> *mut ffi::PJRT_Buffer {
@@ -309,37 +317,47 @@ impl Buffer {
         &self.client
     }
 
-    /// Element type.
-    pub fn element_type(&self) -> Result<ElementType> {
-        let mut args = ffi::PJRT_Buffer_ElementType_Args::new();
-        args.buffer = self.raw;
-        // SAFETY: the buffer is live (invariant 1).
-        unsafe {
+    /// The raw `PJRT_Buffer*`, valid while this handle lives.
+    pub fn as_raw(&self) -> *mut ffi::PJRT_Buffer {
+        self.raw
+    }
+
+    /// Element type and dimensions (queried once, then cached).
+    pub(crate) fn shape(&self) -> Result<&(ElementType, Vec<i64>)> {
+        if let Some(s) = self.shape.get() {
+            return Ok(s);
+        }
+        let mut ty = ffi::PJRT_Buffer_ElementType_Args::new();
+        ty.buffer = self.raw;
+        let mut dims = ffi::PJRT_Buffer_Dimensions_Args::new();
+        dims.buffer = self.raw;
+        // SAFETY: the buffer is live (invariant 1); dims live as long as it
+        // and are copied at once.
+        let shape = unsafe {
+            pjrt_call!(self.client.plugin_inner(), PJRT_Buffer_ElementType, &mut ty)?;
             pjrt_call!(
                 self.client.plugin_inner(),
-                PJRT_Buffer_ElementType,
-                &mut args
-            )
-        }?;
-        ElementType::from_raw(args.type_)
+                PJRT_Buffer_Dimensions,
+                &mut dims
+            )?;
+            let d = if dims.dims.is_null() || dims.num_dims == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(dims.dims, dims.num_dims).to_vec()
+            };
+            (ElementType::from_raw(ty.type_)?, d)
+        };
+        Ok(self.shape.get_or_init(|| shape))
+    }
+
+    /// Element type.
+    pub fn element_type(&self) -> Result<ElementType> {
+        Ok(self.shape()?.0)
     }
 
     /// Dimensions.
     pub fn dims(&self) -> Result<Vec<i64>> {
-        let mut args = ffi::PJRT_Buffer_Dimensions_Args::new();
-        args.buffer = self.raw;
-        // SAFETY: the buffer is live; dims live as long as it and are copied.
-        unsafe {
-            pjrt_call!(
-                self.client.plugin_inner(),
-                PJRT_Buffer_Dimensions,
-                &mut args
-            )?;
-            if args.dims.is_null() || args.num_dims == 0 {
-                return Ok(Vec::new());
-            }
-            Ok(std::slice::from_raw_parts(args.dims, args.num_dims).to_vec())
-        }
+        Ok(self.shape()?.1.clone())
     }
 
     /// Bytes the buffer occupies on its device.
@@ -417,38 +435,53 @@ impl Buffer {
         }
     }
 
+    /// A host vector with room for the whole buffer, not yet initialized,
+    /// and the copy into it. Its length is set only once the copy's event
+    /// completes successfully ([`set_len_after_copy`]).
+    fn start_host_copy(&self) -> Result<(PendingHost, Event)> {
+        let (element_type, dims) = self.shape()?.clone();
+        let len = element_count(&dims)? * element_type.size();
+        let mut data = Vec::<u8>::with_capacity(len);
+        // The plugin only writes into the destination; handing it
+        // uninitialized capacity avoids zeroing memory it overwrites.
+        let event = self.copy_to_host_raw(data.spare_capacity_mut().as_mut_ptr().cast(), len)?;
+        Ok((
+            PendingHost {
+                element_type,
+                dims,
+                data,
+                len,
+            },
+            event,
+        ))
+    }
+
     /// Starts copying the buffer to host memory; `.await` the result.
     pub fn to_host(&self) -> Result<ToHostFuture> {
-        let element_type = self.element_type()?;
-        let dims = self.dims()?;
-        let len = element_count(&dims)? * element_type.size();
-        let mut data = vec![0u8; len];
-        let event = self.copy_to_host_raw(&mut data)?;
+        let (host, event) = self.start_host_copy()?;
         Ok(ToHostFuture {
-            host: Some((element_type, dims, data)),
+            host: Some(host),
             event: event.into_future(),
         })
     }
 
     /// Copies the buffer to host memory, blocking the calling thread.
     pub fn to_host_blocking(&self) -> Result<HostBuffer> {
-        let element_type = self.element_type()?;
-        let dims = self.dims()?;
-        let len = element_count(&dims)? * element_type.size();
-        let mut data = vec![0u8; len];
-        self.copy_to_host_raw(&mut data)?.wait()?;
-        HostBuffer::from_bytes(element_type, &dims, data)
+        let (host, event) = self.start_host_copy()?;
+        event.wait()?;
+        host.filled()
     }
 
     /// Copies into `dst`, which must have exactly the buffer's byte size;
     /// blocks until done.
     pub fn copy_into_host_blocking(&self, dst: &mut [u8]) -> Result<()> {
-        self.copy_to_host_raw(dst)?.wait()
+        self.copy_to_host_raw(dst.as_mut_ptr(), dst.len())?.wait()
     }
 
-    /// Starts a copy into `dst`. The caller must keep `dst` alive and
-    /// untouched until the returned event completes (invariant 2).
-    fn copy_to_host_raw(&self, dst: &mut [u8]) -> Result<Event> {
+    /// Starts a copy into `len` bytes at `dst`. The caller must keep that
+    /// memory alive and untouched until the returned event completes
+    /// (invariant 2).
+    fn copy_to_host_raw(&self, dst: *mut u8, len: usize) -> Result<Event> {
         let mut args = ffi::PJRT_Buffer_ToHostBuffer_Args::new();
         args.src = self.raw;
         // Ask for the size the plugin will write, and refuse a mismatch
@@ -461,14 +494,13 @@ impl Buffer {
                 &mut args
             )
         }?;
-        if args.dst_size != dst.len() {
+        if args.dst_size != len {
             return Err(Error::InvalidArgument(format!(
-                "host copy needs {} bytes, destination has {}",
-                args.dst_size,
-                dst.len()
+                "host copy needs {} bytes, destination has {len}",
+                args.dst_size
             )));
         }
-        args.dst = dst.as_mut_ptr().cast();
+        args.dst = dst.cast();
         args.event = std::ptr::null_mut();
         // SAFETY: dst has dst_size bytes; callers keep it alive until the
         // event completes.
@@ -483,6 +515,26 @@ impl Buffer {
                 args.event,
             ))
         }
+    }
+}
+
+/// The destination of a device-to-host copy in flight: `len` bytes of
+/// `data`'s capacity that the plugin is writing.
+struct PendingHost {
+    element_type: ElementType,
+    dims: Vec<i64>,
+    data: Vec<u8>,
+    len: usize,
+}
+
+impl PendingHost {
+    /// The host array, once the copy's event has completed successfully.
+    fn filled(mut self) -> Result<HostBuffer> {
+        // SAFETY: only called after the copy's event succeeded; the plugin
+        // then wrote exactly `len` bytes (the size it reported, checked in
+        // copy_to_host_raw), and `len` <= capacity by construction.
+        unsafe { self.data.set_len(self.len) };
+        HostBuffer::from_bytes(self.element_type, &self.dims, self.data)
     }
 }
 
@@ -513,7 +565,7 @@ impl std::fmt::Debug for Buffer {
 /// A device-to-host copy in flight. Dropping it before completion blocks
 /// until the copy is done, so the plugin never writes into freed memory.
 pub struct ToHostFuture {
-    host: Option<(ElementType, Vec<i64>, Vec<u8>)>,
+    host: Option<PendingHost>,
     event: EventFuture,
 }
 
@@ -526,10 +578,10 @@ impl Future for ToHostFuture {
             Poll::Ready(r) => {
                 let host = self.host.take();
                 Poll::Ready(r.and_then(|()| {
-                    let (ty, dims, data) = host.ok_or_else(|| {
+                    host.ok_or_else(|| {
                         Error::Internal("ToHostFuture polled after completion".into())
-                    })?;
-                    HostBuffer::from_bytes(ty, &dims, data)
+                    })?
+                    .filled()
                 }))
             }
         }

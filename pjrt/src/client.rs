@@ -131,6 +131,11 @@ impl Client {
         &self.inner.plugin
     }
 
+    /// The raw `PJRT_Client*`, valid while any clone of this client lives.
+    pub fn as_raw(&self) -> *mut ffi::PJRT_Client {
+        self.inner.raw
+    }
+
     /// Whether this client was given a key-value store.
     pub fn has_kv_store(&self) -> bool {
         self.inner.kv.is_some()

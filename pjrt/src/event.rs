@@ -113,7 +113,14 @@ unsafe extern "C" fn on_ready(error: *mut ffi::PJRT_Error, user_arg: *mut c_void
 /// The future of an [`Event`]; resolves when the event completes.
 pub struct EventFuture {
     event: Option<Event>,
-    rx: oneshot::Receiver<Result<()>>,
+    state: FutureState,
+}
+
+enum FutureState {
+    /// Completed before `.await`: the status, taken by the first poll.
+    Done(Option<Result<()>>),
+    /// The OnReady callback will send the status.
+    Waiting(oneshot::Receiver<Result<()>>),
 }
 
 impl EventFuture {
@@ -131,6 +138,14 @@ impl IntoFuture for Event {
     type IntoFuture = EventFuture;
 
     fn into_future(self) -> EventFuture {
+        // Fast path: an event that has already completed (common for small
+        // CPU programs) needs no callback, allocation or wake-up.
+        if self.is_ready().unwrap_or(false) {
+            return EventFuture {
+                state: FutureState::Done(Some(self.wait_ref())),
+                event: Some(self),
+            };
+        }
         let (tx, rx) = oneshot::channel();
         let state = Box::into_raw(Box::new(OnReadyState {
             plugin: self.plugin.clone(),
@@ -151,7 +166,7 @@ impl IntoFuture for Event {
         }
         EventFuture {
             event: Some(self),
-            rx,
+            state: FutureState::Waiting(rx),
         }
     }
 }
@@ -160,14 +175,20 @@ impl Future for EventFuture {
     type Output = Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(r) => {
-                self.event = None;
-                Poll::Ready(r.unwrap_or_else(|_| {
+        let result = match &mut self.state {
+            FutureState::Done(r) => r.take().unwrap_or_else(|| {
+                Err(Error::Internal(
+                    "EventFuture polled after completion".into(),
+                ))
+            }),
+            FutureState::Waiting(rx) => match Pin::new(rx).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => r.unwrap_or_else(|_| {
                     Err(Error::Internal("PJRT event callback was dropped".into()))
-                }))
-            }
-        }
+                }),
+            },
+        };
+        self.event = None;
+        Poll::Ready(result)
     }
 }

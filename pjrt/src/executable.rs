@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::device::Device;
@@ -55,6 +57,9 @@ impl Drop for ExecutableInner {
     }
 }
 
+/// Per-call arrays: on the stack for up to 8 devices × arguments.
+type Scratch<T> = SmallVec<[T; 8]>;
+
 /// One argument of one device's argument list.
 pub enum ExecuteArg<'a> {
     /// The buffer stays valid after execution.
@@ -76,7 +81,7 @@ impl ExecuteArg<'_> {
 /// Outputs of a launched execution, per device, and its completion events.
 pub struct Execution {
     outputs: Vec<Vec<Buffer>>,
-    events: Vec<Event>,
+    events: Scratch<Event>,
     _executable: LoadedExecutable,
 }
 
@@ -154,6 +159,11 @@ impl LoadedExecutable {
         }
     }
 
+    /// The raw `PJRT_LoadedExecutable*`, valid while any clone lives.
+    pub fn as_raw(&self) -> *mut ffi::PJRT_LoadedExecutable {
+        self.inner.raw
+    }
+
     /// The program's name (its module name).
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -171,11 +181,11 @@ impl LoadedExecutable {
     }
 
     /// Checks every argument's element type and dimensions.
-    fn check_arguments(&self, args: &[Vec<ExecuteArg<'_>>]) -> Result<()> {
+    fn check_arguments(&self, lists: &[&[&Buffer]]) -> Result<()> {
         let Some(params) = &self.inner.parameters else {
             return Ok(());
         };
-        for (d, list) in args.iter().enumerate() {
+        for (d, list) in lists.iter().enumerate() {
             if list.len() != params.len() {
                 return Err(Error::InvalidArgument(format!(
                     "program `{}` takes {} arguments, device {d} was given {}",
@@ -184,13 +194,13 @@ impl LoadedExecutable {
                     list.len()
                 )));
             }
-            for (i, (arg, want)) in list.iter().zip(params).enumerate() {
-                let b = arg.buffer();
-                let got = ParameterShape {
-                    element_type: Some(b.element_type()?),
-                    dims: b.dims()?,
-                };
-                if got != *want {
+            for (i, (b, want)) in list.iter().zip(params).enumerate() {
+                let (ty, dims) = b.shape()?;
+                if want.element_type != Some(*ty) || want.dims != *dims {
+                    let got = ParameterShape {
+                        element_type: Some(*ty),
+                        dims: dims.clone(),
+                    };
                     return Err(Error::InvalidArgument(format!(
                         "argument {i} of `{}` on device {d}: expected {want}, got {got}",
                         self.inner.name
@@ -227,68 +237,89 @@ impl LoadedExecutable {
     /// Launches the program with borrowed arguments, `args[device][arg]`,
     /// one list per addressable device of the executable.
     pub fn execute(&self, args: &[&[&Buffer]]) -> Result<Execution> {
-        let lists = args
-            .iter()
-            .map(|l| l.iter().map(|b| ExecuteArg::Borrow(b)).collect())
-            .collect();
-        self.execute_args(lists)
+        self.launch(args, &[])
     }
 
     /// Launches the program; arguments may be donated. Donation must be the
     /// same for an argument index on every device.
     pub fn execute_args(&self, args: Vec<Vec<ExecuteArg<'_>>>) -> Result<Execution> {
-        let num_devices = args.len();
+        let num_args = args.first().map_or(0, Vec::len);
+        let mut donated = vec![false; num_args];
+        for (i, flag) in donated.iter_mut().enumerate() {
+            let n = args
+                .iter()
+                .filter(|l| matches!(l.get(i), Some(ExecuteArg::Donate(_))))
+                .count();
+            if n != 0 && n != args.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "argument {i} is donated on some devices but not on others"
+                )));
+            }
+            *flag = n != 0;
+        }
+        let views: Vec<Vec<&Buffer>> = args
+            .iter()
+            .map(|l| l.iter().map(ExecuteArg::buffer).collect())
+            .collect();
+        let lists: Vec<&[&Buffer]> = views.iter().map(Vec::as_slice).collect();
+        let execution = self.launch(&lists, &donated);
+        // Donated buffers are consumed: their handles are destroyed here.
+        drop(views);
+        drop(args);
+        execution
+    }
+
+    /// Validates and launches. `donated[i]` marks argument i donated on every
+    /// device; an empty slice donates nothing.
+    fn launch(&self, lists: &[&[&Buffer]], donated: &[bool]) -> Result<Execution> {
+        let num_devices = lists.len();
         if num_devices == 0 {
             return Err(Error::InvalidArgument(
                 "execute needs at least one device's argument list".into(),
             ));
         }
-        let num_args = args[0].len();
-        if let Some((d, l)) = args.iter().enumerate().find(|(_, l)| l.len() != num_args) {
+        let num_args = lists[0].len();
+        if let Some((d, l)) = lists.iter().enumerate().find(|(_, l)| l.len() != num_args) {
             return Err(Error::InvalidArgument(format!(
                 "device 0 has {num_args} arguments but device {d} has {}",
                 l.len()
             )));
         }
-        let mut non_donatable = Vec::new();
-        for i in 0..num_args {
-            let donated = args
-                .iter()
-                .filter(|l| matches!(l[i], ExecuteArg::Donate(_)))
-                .count();
-            if donated == 0 {
-                non_donatable.push(i as i64);
-            } else if donated != num_devices {
-                return Err(Error::InvalidArgument(format!(
-                    "argument {i} is donated on some devices but not on others"
-                )));
-            }
-        }
         let client = &self.inner.client;
-        self.check_arguments(&args)?;
-        if let Some(a) = args
+        self.check_arguments(lists)?;
+        if let Some(b) = lists
             .iter()
-            .flatten()
-            .find(|a| !Arc::ptr_eq(&a.buffer().client().inner, &client.inner))
+            .flat_map(|l| l.iter())
+            .find(|b| !Arc::ptr_eq(&b.client().inner, &client.inner))
         {
             return Err(Error::InvalidArgument(format!(
-                "argument {:?} belongs to another client",
-                a.buffer()
+                "argument {b:?} belongs to another client"
             )));
         }
-
-        let raw_lists: Vec<Vec<*mut ffi::PJRT_Buffer>> = args
-            .iter()
-            .map(|l| l.iter().map(|a| a.buffer().raw()).collect())
+        let non_donatable: Scratch<i64> = (0..num_args)
+            .filter(|&i| !donated.get(i).copied().unwrap_or(false))
+            .map(|i| i as i64)
             .collect();
-        let raw_list_ptrs: Vec<*const *mut ffi::PJRT_Buffer> =
-            raw_lists.iter().map(|l| l.as_ptr()).collect();
+
+        // Flat arrays, one allocation each, with per-device row pointers.
+        let raw_args: Scratch<*mut ffi::PJRT_Buffer> = lists
+            .iter()
+            .flat_map(|l| l.iter().map(|b| b.raw()))
+            .collect();
+        let arg_rows: Scratch<*const *mut ffi::PJRT_Buffer> = (0..num_devices)
+            .map(|d| raw_args[d * num_args..].as_ptr())
+            .collect();
         let n_out = self.inner.num_outputs;
-        let mut outputs: Vec<Vec<*mut ffi::PJRT_Buffer>> =
-            vec![vec![std::ptr::null_mut(); n_out]; num_devices];
-        let output_ptrs: Vec<*mut *mut ffi::PJRT_Buffer> =
-            outputs.iter_mut().map(|l| l.as_mut_ptr()).collect();
-        let mut events: Vec<*mut ffi::PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
+        let mut outputs: Scratch<*mut ffi::PJRT_Buffer> =
+            smallvec::smallvec![std::ptr::null_mut(); num_devices * n_out];
+        let out_base = outputs.as_mut_ptr();
+        // SAFETY: d * n_out <= outputs.len(), so each row pointer stays in
+        // (or one past the end of) the allocation.
+        let out_rows: Scratch<*mut *mut ffi::PJRT_Buffer> = (0..num_devices)
+            .map(|d| unsafe { out_base.add(d * n_out) })
+            .collect();
+        let mut events: Scratch<*mut ffi::PJRT_Event> =
+            smallvec::smallvec![std::ptr::null_mut(); num_devices];
 
         let mut options = ffi::PJRT_ExecuteOptions::new();
         options.non_donatable_input_indices = non_donatable.as_ptr();
@@ -297,14 +328,14 @@ impl LoadedExecutable {
         let mut exec = ffi::PJRT_LoadedExecutable_Execute_Args::new();
         exec.executable = self.inner.raw;
         exec.options = &mut options;
-        exec.argument_lists = raw_list_ptrs.as_ptr();
+        exec.argument_lists = arg_rows.as_ptr();
         exec.num_devices = num_devices;
         exec.num_args = num_args;
-        exec.output_lists = output_ptrs.as_ptr();
+        exec.output_lists = out_rows.as_ptr();
         exec.device_complete_events = events.as_mut_ptr();
         // SAFETY: every array outlives the call and has the sizes stated:
-        // num_devices lists of num_args live buffers, num_devices output
-        // arrays of num_outputs slots, num_devices event slots.
+        // num_devices rows of num_args live buffers, num_devices rows of
+        // num_outputs output slots, num_devices event slots.
         unsafe {
             pjrt_call!(
                 client.plugin_inner(),
@@ -312,17 +343,15 @@ impl LoadedExecutable {
                 &mut exec
             )
         }?;
-        // Donated buffers are consumed: their handles are destroyed here.
-        drop(args);
 
-        let plugin = client.inner.plugin.inner.clone();
+        let plugin = &client.inner.plugin.inner;
         // SAFETY: on success the plugin filled every slot with a new buffer
         // or event that we own (invariant 2).
-        let outputs = outputs
-            .into_iter()
-            .map(|l| {
-                l.into_iter()
-                    .map(|b| unsafe { Buffer::from_raw(client.clone(), b) })
+        let outputs = (0..num_devices)
+            .map(|d| {
+                outputs[d * n_out..(d + 1) * n_out]
+                    .iter()
+                    .map(|&b| unsafe { Buffer::from_raw(client.clone(), b) })
                     .collect()
             })
             .collect();

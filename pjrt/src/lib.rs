@@ -62,6 +62,7 @@ mod event;
 mod executable;
 pub mod ffi;
 mod hlo;
+pub mod host_memory;
 pub mod kv;
 pub mod locate;
 mod plugin;

@@ -140,6 +140,12 @@ impl Plugin {
         Ok(unsafe { read_named_values(args.attributes, args.num_attributes) })
     }
 
+    /// The plugin's raw function table, for code that calls the C API
+    /// directly (benchmarks, extensions). Valid for the life of the process.
+    pub fn as_raw(&self) -> *const ffi::PJRT_Api {
+        self.inner.api
+    }
+
     /// Whether two handles refer to the same loaded library.
     pub fn same_as(&self, other: &Plugin) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

