@@ -416,14 +416,11 @@ mod tests {
                 .unwrap(),
             vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]
         );
-        assert_eq!(
-            parse_literal("f64[1]=nan")
-                .unwrap()
-                .to_vec::<f64>()
-                .unwrap()[0]
-                .is_nan(),
-            true
-        );
+        assert!(parse_literal("f64[1]=nan")
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap()[0]
+            .is_nan());
         assert_eq!(parse_literal("f16[0]=0").unwrap().len(), 0);
     }
 

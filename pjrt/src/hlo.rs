@@ -54,7 +54,7 @@ const TUPLE: i32 = 13;
 
 /// Parameter shapes of the entry computation, or `None` if the module cannot
 /// be decoded or takes tuple parameters.
-pub(crate) fn entry_parameter_shapes(module: &[u8]) -> Option<Vec<ParameterShape>> {
+pub fn entry_parameter_shapes(module: &[u8]) -> Option<Vec<ParameterShape>> {
     let m = HloModuleProto::decode(module).ok()?;
     let entry = m
         .computations
@@ -81,7 +81,7 @@ pub(crate) fn entry_parameter_shapes(module: &[u8]) -> Option<Vec<ParameterShape
 }
 
 /// The `HloModuleProto` inside an `HloModuleProtoWithConfig` (field 1).
-pub(crate) fn module_of_module_with_config(bytes: &[u8]) -> Option<Vec<u8>> {
+pub fn module_of_module_with_config(bytes: &[u8]) -> Option<Vec<u8>> {
     HloModuleProtoWithConfig::decode(bytes)
         .ok()
         .map(|m| m.hlo_module)

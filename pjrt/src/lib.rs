@@ -61,7 +61,7 @@ mod error;
 mod event;
 mod executable;
 pub mod ffi;
-mod hlo;
+pub mod hlo;
 pub mod host_memory;
 pub mod kv;
 pub mod locate;

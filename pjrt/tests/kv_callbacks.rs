@@ -483,7 +483,7 @@ fn a_store_panic_during_client_creation_is_re_raised_after_c_returns() {
             ClientOptions::default().kv_store(Arc::new(PanickingStore)),
         )
     }));
-    let payload = r.err().expect("the panic reaches the Rust caller");
+    let payload = r.expect_err("the panic reaches the Rust caller");
     assert_eq!(
         *payload.downcast::<&str>().unwrap(),
         "store exploded in put"

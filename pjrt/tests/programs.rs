@@ -95,7 +95,7 @@ fn while_loop_runs_to_its_condition() {
     for (n, pow, iters) in [(1, 1, 0), (5, 8, 3), (1000, 1024, 10)] {
         let out = run1(
             Program::mlir_text(program_text("while.mlir")),
-            &[HostBuffer::scalar(n as i32)],
+            &[HostBuffer::scalar(n)],
         );
         assert_eq!(
             out[0].to_vec::<i32>().unwrap(),
