@@ -170,16 +170,14 @@ fn npy_descr(ty: ElementType) -> Option<&'static str> {
 }
 
 fn type_of_descr(descr: &str) -> Result<(ElementType, bool), ArrayError> {
-    let (order, code) = descr.split_at(descr.len().min(1));
-    let big_endian = match order {
-        "<" | "|" | "=" => false,
-        ">" => true,
-        _ => {
-            return Err(ArrayError::Npy(format!(
-                "unsupported dtype descr `{descr}`"
-            )))
-        }
+    let unsupported = || ArrayError::Npy(format!("unsupported dtype descr `{descr}`"));
+    let mut chars = descr.chars();
+    let big_endian = match chars.next() {
+        Some('<' | '|' | '=') => false,
+        Some('>') => true,
+        _ => return Err(unsupported()),
     };
+    let code = chars.as_str();
     use ElementType::*;
     let ty = match code {
         "b1" => Pred,
@@ -194,11 +192,7 @@ fn type_of_descr(descr: &str) -> Result<(ElementType, bool), ArrayError> {
         "f2" => F16,
         "f4" => F32,
         "f8" => F64,
-        _ => {
-            return Err(ArrayError::Npy(format!(
-                "unsupported dtype descr `{descr}`"
-            )))
-        }
+        _ => return Err(unsupported()),
     };
     Ok((ty, big_endian))
 }
@@ -511,6 +505,11 @@ mod tests {
         assert!(
             with_header("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }")
                 .contains("<c8")
+        );
+        // Found by the npy fuzz target: a descr starting with a multi-byte
+        // character used to panic.
+        assert!(
+            with_header("{'descr': 'é4', 'fortran_order': False, 'shape': (1,), }").contains("é4")
         );
         assert!(
             with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }")
