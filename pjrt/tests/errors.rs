@@ -119,18 +119,10 @@ fn zero_replicas_never_reach_the_plugin() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
 }
 
-fn add_executable(c: &tessel_pjrt::Client) -> tessel_pjrt::LoadedExecutable {
-    c.compile(
-        &Program::mlir_text(program_text("add.mlir")),
-        &CompileOptions::new(1, 1),
-    )
-    .unwrap()
-}
-
 #[test]
 fn wrong_argument_count_is_an_error() {
     let c = client(1);
-    let exe = add_executable(&c);
+    let exe = common::add_executable(&c);
     let dev = c.addressable_devices().unwrap().remove(0);
     let a = c.buffer_from_slice(&[1f32; 4], &[2, 2], &dev).unwrap();
     let e = exe.execute(&[&[&a]]).and_then(|x| x.wait()).unwrap_err();
@@ -140,7 +132,7 @@ fn wrong_argument_count_is_an_error() {
 #[test]
 fn wrong_dtype_or_shape_is_an_error() {
     let c = client(1);
-    let exe = add_executable(&c);
+    let exe = common::add_executable(&c);
     let dev = c.addressable_devices().unwrap().remove(0);
     let good = c.buffer_from_slice(&[1f32; 4], &[2, 2], &dev).unwrap();
     let wrong_type = c.buffer_from_slice(&[1i32; 4], &[2, 2], &dev).unwrap();
@@ -164,7 +156,7 @@ fn wrong_dtype_or_shape_is_an_error() {
 #[test]
 fn argument_lists_for_the_wrong_number_of_devices_are_an_error() {
     let c = client(2);
-    let exe = add_executable(&c);
+    let exe = common::add_executable(&c);
     let dev = c.addressable_devices().unwrap().remove(0);
     let a = c.buffer_from_slice(&[1f32; 4], &[2, 2], &dev).unwrap();
     assert!(

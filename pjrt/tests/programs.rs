@@ -42,12 +42,7 @@ fn add_of_two_matrices() {
     assert_eq!(out[0].dims(), &[2, 2]);
     assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![11., 22., 33., 44.]);
     let c = client(1);
-    let exe = c
-        .compile(
-            &Program::mlir_text(program_text("add.mlir")),
-            &CompileOptions::new(1, 1),
-        )
-        .unwrap();
+    let exe = common::add_executable(&c);
     let shapes: Vec<String> = exe
         .parameter_shapes()
         .unwrap()
@@ -202,12 +197,7 @@ fn async_execution_from_tokio_does_not_block_the_runtime() {
         .unwrap();
     rt.block_on(async {
         let c = client(1);
-        let exe = c
-            .compile(
-                &Program::mlir_text(program_text("add.mlir")),
-                &CompileOptions::new(1, 1),
-            )
-            .unwrap();
+        let exe = common::add_executable(&c);
         let dev = c.addressable_devices().unwrap().remove(0);
         let mut tasks = Vec::new();
         for i in 0..32 {

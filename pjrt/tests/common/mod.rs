@@ -30,6 +30,15 @@ pub fn program_text(name: &str) -> String {
     std::fs::read_to_string(program_path(name)).expect("program file")
 }
 
+/// `add.mlir` (two f32[2,2] summed) compiled for one device.
+pub fn add_executable(c: &Client) -> tessel_pjrt::LoadedExecutable {
+    c.compile(
+        &tessel_pjrt::Program::mlir_text(program_text("add.mlir")),
+        &tessel_pjrt::CompileOptions::new(1, 1),
+    )
+    .expect("compile add.mlir")
+}
+
 /// The folder holding `pjrt_c_api.h` of the installed CPU wheel.
 pub fn header_dir() -> PathBuf {
     let so = tessel_pjrt::locate::resolve(Some("cpu")).unwrap_or_else(|e| panic!("{e}"));
