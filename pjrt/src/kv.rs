@@ -147,14 +147,18 @@ pub fn put_callback() -> ffi::PJRT_KeyValuePutCallback {
 /// payload stays 16-byte aligned.
 const HEADER: usize = 16;
 
-fn value_layout(len: usize) -> Layout {
-    // An allocation this large would have failed in the store already.
-    Layout::from_size_align(HEADER + len, 16).unwrap_or_else(|_| Layout::new::<[u8; HEADER]>())
+fn value_layout(len: usize) -> Option<Layout> {
+    Layout::from_size_align(HEADER.checked_add(len)?, 16).ok()
 }
 
 /// Copies `value` into memory the plugin releases with [`free_value`].
-fn alloc_value(value: &[u8]) -> *mut c_char {
-    let layout = value_layout(value.len());
+fn alloc_value(value: &[u8]) -> Result<*mut c_char, KvError> {
+    let layout = value_layout(value.len()).ok_or_else(|| {
+        KvError::Internal(format!(
+            "a value of {} bytes cannot be returned",
+            value.len()
+        ))
+    })?;
     // SAFETY: the layout has a non-zero size (at least HEADER).
     let base = unsafe { alloc(layout) };
     if base.is_null() {
@@ -165,7 +169,7 @@ fn alloc_value(value: &[u8]) -> *mut c_char {
     unsafe {
         base.cast::<usize>().write(value.len());
         ptr::copy_nonoverlapping(value.as_ptr(), base.add(HEADER), value.len());
-        base.add(HEADER).cast()
+        Ok(base.add(HEADER).cast())
     }
 }
 
@@ -183,7 +187,10 @@ pub unsafe extern "C" fn free_value(value: *mut c_char) {
     unsafe {
         let base = value.cast::<u8>().sub(HEADER);
         let len = base.cast::<usize>().read();
-        dealloc(base, value_layout(len));
+        // The layout was valid when the value was allocated.
+        if let Some(layout) = value_layout(len) {
+            dealloc(base, layout);
+        }
     }
 }
 
@@ -259,12 +266,16 @@ pub unsafe extern "C" fn kv_get(
         unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.get(key, timeout)))
     });
     match result {
-        Ok(v) => {
-            args.value = alloc_value(&v);
-            args.value_size = v.len();
-            args.value_deleter_callback = Some(free_value);
-            ptr::null_mut()
-        }
+        Ok(v) => match alloc_value(&v) {
+            Ok(p) => {
+                args.value = p;
+                args.value_size = v.len();
+                args.value_deleter_callback = Some(free_value);
+                ptr::null_mut()
+            }
+            // SAFETY: callback_error comes from the plugin.
+            Err(e) => unsafe { plugin_error(args.callback_error, &e) },
+        },
         // SAFETY: callback_error comes from the plugin.
         Err(e) => unsafe { plugin_error(args.callback_error, &e) },
     }
@@ -285,12 +296,16 @@ pub unsafe extern "C" fn kv_try_get(
     let result = unsafe { bytes(args.key, args.key_size) }
         .and_then(|key| unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.try_get(key))));
     match result {
-        Ok(v) => {
-            args.value = alloc_value(&v);
-            args.value_size = v.len();
-            args.value_deleter_callback = Some(free_value);
-            ptr::null_mut()
-        }
+        Ok(v) => match alloc_value(&v) {
+            Ok(p) => {
+                args.value = p;
+                args.value_size = v.len();
+                args.value_deleter_callback = Some(free_value);
+                ptr::null_mut()
+            }
+            // SAFETY: callback_error comes from the plugin.
+            Err(e) => unsafe { plugin_error(args.callback_error, &e) },
+        },
         // SAFETY: callback_error comes from the plugin.
         Err(e) => unsafe { plugin_error(args.callback_error, &e) },
     }

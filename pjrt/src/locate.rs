@@ -76,18 +76,25 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
             names.join(", ")
         )));
     };
-    let dirs = search_dirs();
-    for dir in &dirs {
-        for file in known.files {
-            let p = dir.join(file);
-            if p.is_file() {
+    // Project-local folders first; Python is asked for its site-packages
+    // only when they do not have the plugin.
+    let mut searched = Vec::new();
+    for dirs in [local_dirs(), python_site_dirs()] {
+        for dir in dirs {
+            if let Some(p) = known
+                .files
+                .iter()
+                .map(|f| dir.join(f))
+                .find(|p| p.is_file())
+            {
                 return Ok(p);
             }
+            searched.push(dir);
         }
     }
     Err(Error::PluginNotFound {
         name: known.name.to_owned(),
-        searched: dirs
+        searched: searched
             .iter()
             .map(|d| d.display().to_string())
             .collect::<Vec<_>>()
@@ -104,30 +111,20 @@ pub fn install_command(plugin: &KnownPlugin) -> String {
     )
 }
 
-/// Project-local folders first, then Python's site-packages.
-pub fn search_dirs() -> Vec<PathBuf> {
+/// `$TESSEL_PLUGIN_DIR`, then `.tessel/plugins` in the current directory,
+/// the executable's directory, or any of their parents.
+pub fn local_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(d) = std::env::var_os(PLUGIN_DIR_ENV) {
         dirs.push(PathBuf::from(d));
     }
-    let mut starts = Vec::new();
-    if let Ok(cwd) = std::env::current_dir() {
-        starts.push(cwd);
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        starts.push(exe);
-    }
-    for start in starts {
+    let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
+    for start in starts.into_iter().flatten() {
         for anc in start.ancestors() {
             let d = anc.join(LOCAL_PLUGIN_DIR);
             if d.is_dir() && !dirs.contains(&d) {
                 dirs.push(d);
             }
-        }
-    }
-    for d in python_site_dirs() {
-        if !dirs.contains(&d) {
-            dirs.push(d);
         }
     }
     dirs
