@@ -97,15 +97,34 @@ fn clients_are_independent_and_outlive_nothing_they_made() {
 }
 
 #[test]
-fn create_options_of_every_kind_are_accepted() {
-    // The CPU plugin reads cpu_device_count and ignores unknown options; this
-    // proves each named-value kind crosses the boundary intact.
-    let opts = ClientOptions::default()
-        .option("cpu_device_count", 3i64)
-        .option("tessel_string", "x")
-        .option("tessel_list", vec![1i64, 2, 3])
-        .option("tessel_float", 0.5f32)
-        .option("tessel_bool", true);
-    let c = Client::create(&plugin(), opts).unwrap();
+fn create_options_of_every_kind_reach_the_plugin_intact() {
+    // An int64 the plugin reads: the device count.
+    let c = Client::create(
+        &plugin(),
+        ClientOptions::default().option("cpu_device_count", 3i64),
+    )
+    .unwrap();
     assert_eq!(c.devices().unwrap().len(), 3);
+    // Option names the plugin does not know: API 0.81 ignores them, newer
+    // builds reject them naming the option — either way the name and each
+    // value kind cross the boundary intact.
+    let kinds: [(&str, Value); 5] = [
+        ("tessel_string", "x".into()),
+        ("tessel_int", 7i64.into()),
+        ("tessel_list", vec![1i64, 2, 3].into()),
+        ("tessel_float", 0.5f32.into()),
+        ("tessel_bool", true.into()),
+    ];
+    for (name, value) in kinds {
+        let opts = ClientOptions::default()
+            .option("cpu_device_count", 2i64)
+            .option(name, value);
+        match Client::create(&plugin(), opts) {
+            Ok(c) => assert_eq!(c.devices().unwrap().len(), 2),
+            Err(e) => {
+                assert_eq!(e.code(), tessel_pjrt::ErrorCode::InvalidArgument, "{e}");
+                assert!(e.to_string().contains(name), "{e}");
+            }
+        }
+    }
 }
