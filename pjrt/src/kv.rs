@@ -248,6 +248,30 @@ unsafe fn bridge<'a>(user_arg: *mut c_void) -> Result<&'a KvBridge, KvError> {
     Ok(unsafe { &*user_arg.cast::<KvBridge>() })
 }
 
+/// Hands a looked-up value to the plugin through the out-fields of a get
+/// args struct (value, size, deleter), or returns the plugin's error.
+///
+/// # Safety
+/// `callback_error` must be null or the plugin's error constructor.
+unsafe fn return_value(
+    result: Result<Vec<u8>, KvError>,
+    value: &mut *mut c_char,
+    value_size: &mut usize,
+    deleter: &mut ffi::PJRT_KeyValueGetCallback_ValueDeleter,
+    callback_error: *mut ffi::PJRT_CallbackError,
+) -> *mut ffi::PJRT_Error {
+    match result.and_then(|v| alloc_value(&v).map(|p| (p, v.len()))) {
+        Ok((p, len)) => {
+            *value = p;
+            *value_size = len;
+            *deleter = Some(free_value);
+            ptr::null_mut()
+        }
+        // SAFETY: guaranteed by the caller.
+        Err(e) => unsafe { plugin_error(callback_error, &e) },
+    }
+}
+
 /// `kv_get`: blocking get with the plugin's timeout.
 ///
 /// # Safety
@@ -265,19 +289,16 @@ pub unsafe extern "C" fn kv_get(
     let result = unsafe { bytes(args.key, args.key_size) }.and_then(|key| {
         unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.get(key, timeout)))
     });
-    match result {
-        Ok(v) => match alloc_value(&v) {
-            Ok(p) => {
-                args.value = p;
-                args.value_size = v.len();
-                args.value_deleter_callback = Some(free_value);
-                ptr::null_mut()
-            }
-            // SAFETY: callback_error comes from the plugin.
-            Err(e) => unsafe { plugin_error(args.callback_error, &e) },
-        },
-        // SAFETY: callback_error comes from the plugin.
-        Err(e) => unsafe { plugin_error(args.callback_error, &e) },
+    // SAFETY: the out-fields belong to the args struct; callback_error
+    // comes from the plugin.
+    unsafe {
+        return_value(
+            result,
+            &mut args.value,
+            &mut args.value_size,
+            &mut args.value_deleter_callback,
+            args.callback_error,
+        )
     }
 }
 
@@ -295,19 +316,16 @@ pub unsafe extern "C" fn kv_try_get(
     // SAFETY: key is valid for key_size bytes; user_arg is our bridge.
     let result = unsafe { bytes(args.key, args.key_size) }
         .and_then(|key| unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.try_get(key))));
-    match result {
-        Ok(v) => match alloc_value(&v) {
-            Ok(p) => {
-                args.value = p;
-                args.value_size = v.len();
-                args.value_deleter_callback = Some(free_value);
-                ptr::null_mut()
-            }
-            // SAFETY: callback_error comes from the plugin.
-            Err(e) => unsafe { plugin_error(args.callback_error, &e) },
-        },
-        // SAFETY: callback_error comes from the plugin.
-        Err(e) => unsafe { plugin_error(args.callback_error, &e) },
+    // SAFETY: the out-fields belong to the args struct; callback_error
+    // comes from the plugin.
+    unsafe {
+        return_value(
+            result,
+            &mut args.value,
+            &mut args.value_size,
+            &mut args.value_deleter_callback,
+            args.callback_error,
+        )
     }
 }
 
