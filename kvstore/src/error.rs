@@ -1,0 +1,36 @@
+//! The error type of every key-value operation.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Shows a key for messages: UTF-8 as text, anything else escaped.
+pub fn show_key(key: &[u8]) -> String {
+    key.escape_ascii().to_string()
+}
+
+/// What a key-value operation can fail with. Serializable: the replicated
+/// state machine returns it as part of a command's result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum KvError {
+    #[error("key `{}` not found", show_key(.0))]
+    NotFound(Vec<u8>),
+    #[error("key `{}` already exists", show_key(.0))]
+    AlreadyExists(Vec<u8>),
+    #[error("{what}: deadline of {after:?} exceeded")]
+    DeadlineExceeded { what: String, after: Duration },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("lease {0} not found (expired or revoked)")]
+    LeaseNotFound(u64),
+    #[error("barrier `{}` failed: {reason}", show_key(.id))]
+    BarrierFailed { id: Vec<u8>, reason: String },
+    #[error("revision {requested} is compacted; the oldest retained is {oldest}")]
+    Compacted { requested: u64, oldest: u64 },
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = KvError> = std::result::Result<T, E>;

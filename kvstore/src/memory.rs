@@ -1,0 +1,274 @@
+//! An in-memory backend: a test double for other crates' unit tests. It has
+//! the full semantics but no durability or replication; tessel never uses it
+//! as a default.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{KvError, Result};
+use crate::local::LocalState;
+use crate::state::{BarrierStatus, KeyValue, KvState, Limits, Op, Output, Request};
+use crate::store::{CasOutcome, KvStore, WatchStream};
+
+/// The in-memory test double. Create it inside a tokio runtime: a task
+/// expires leases and barriers on time.
+pub struct MemoryKv {
+    local: Arc<LocalState>,
+    epoch: Instant,
+}
+
+impl MemoryKv {
+    pub fn new() -> MemoryKv {
+        MemoryKv::with_limits(Limits::default())
+    }
+
+    pub fn with_limits(limits: Limits) -> MemoryKv {
+        let local = Arc::new(LocalState::new(KvState::new(limits, 100_000)));
+        let epoch = Instant::now();
+        tokio::spawn(expiry_task(Arc::downgrade(&local), epoch));
+        MemoryKv { local, epoch }
+    }
+
+    fn propose(&self, op: Op) -> Result<Output> {
+        self.local.apply(&Request {
+            now_ms: now_ms(self.epoch),
+            op,
+        })
+    }
+}
+
+impl Default for MemoryKv {
+    fn default() -> Self {
+        MemoryKv::new()
+    }
+}
+
+fn now_ms(epoch: Instant) -> u64 {
+    epoch.elapsed().as_millis() as u64
+}
+
+/// Ticks the clock whenever a lease or barrier is due; ends with the store.
+/// It re-plans after every change, since a new lease or barrier may be due
+/// before the deadline it was sleeping towards.
+async fn expiry_task(local: Weak<LocalState>, epoch: Instant) {
+    let Some(mut changes) = local.upgrade().map(|l| l.changes()) else {
+        return;
+    };
+    loop {
+        let Some(l) = local.upgrade() else { return };
+        let next = l.read(|s| s.next_deadline_ms());
+        drop(l);
+        let wake = match next {
+            Some(ms) => epoch + Duration::from_millis(ms),
+            None => Instant::now() + Duration::from_secs(3600),
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
+        let Some(l) = local.upgrade() else { return };
+        let _ = l.apply(&Request {
+            now_ms: now_ms(epoch),
+            op: Op::Tick,
+        });
+    }
+}
+
+fn unexpected(o: Output) -> KvError {
+    KvError::Internal(format!("unexpected state machine output {o:?}"))
+}
+
+/// Shared by backends whose state is a [`LocalState`]: turns outputs into
+/// the trait's results.
+pub(crate) fn written(o: Output) -> Result<u64> {
+    match o {
+        Output::Written { revision } => Ok(revision),
+        o => Err(unexpected(o)),
+    }
+}
+
+pub(crate) fn deleted(o: Output) -> Result<u64> {
+    match o {
+        Output::Deleted { count, .. } => Ok(count),
+        o => Err(unexpected(o)),
+    }
+}
+
+pub(crate) fn barrier_outcome(id: &[u8], s: &BarrierStatus) -> Option<Result<()>> {
+    match s {
+        BarrierStatus::Passed => Some(Ok(())),
+        BarrierStatus::Failed { reason } => Some(Err(KvError::BarrierFailed {
+            id: id.to_vec(),
+            reason: reason.clone(),
+        })),
+        BarrierStatus::Waiting { .. } => None,
+    }
+}
+
+#[async_trait::async_trait]
+impl KvStore for MemoryKv {
+    async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        written(self.propose(Op::Insert {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: None,
+        })?)
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        written(self.propose(Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: None,
+        })?)
+    }
+
+    async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64> {
+        written(self.propose(Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: Some(lease),
+        })?)
+    }
+
+    async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        self.local.read(|s| s.limits().check_key(key))?;
+        self.local.get(key, timeout).await
+    }
+
+    async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>> {
+        self.local
+            .read(|s| s.get(key).map(|kv| kv.value.clone()))
+            .ok_or_else(|| KvError::NotFound(key.to_vec()))
+    }
+
+    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        Ok(self.local.read(|s| s.list(prefix)))
+    }
+
+    async fn delete(&self, key: &[u8]) -> Result<u64> {
+        deleted(self.propose(Op::Delete { key: key.to_vec() })?)
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
+        deleted(self.propose(Op::DeletePrefix {
+            prefix: prefix.to_vec(),
+        })?)
+    }
+
+    async fn increment(&self, key: &[u8], delta: i64) -> Result<i64> {
+        match self.propose(Op::Increment {
+            key: key.to_vec(),
+            delta,
+        })? {
+            Output::Counter { value, .. } => Ok(value),
+            o => Err(unexpected(o)),
+        }
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<CasOutcome> {
+        let op = Op::CompareAndSwap {
+            key: key.to_vec(),
+            expected: expected.map(<[u8]>::to_vec),
+            value: value.to_vec(),
+        };
+        match self.propose(op)? {
+            Output::Swapped { revision } => Ok(CasOutcome::Swapped { revision }),
+            Output::Mismatch { current } => Ok(CasOutcome::Mismatch { current }),
+            o => Err(unexpected(o)),
+        }
+    }
+
+    async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
+        self.local.watch(prefix, from_revision)
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<u64> {
+        match self.propose(Op::LeaseGrant {
+            ttl_ms: ttl.as_millis() as u64,
+        })? {
+            Output::Lease { id, .. } => Ok(id),
+            o => Err(unexpected(o)),
+        }
+    }
+
+    async fn keep_alive(&self, lease: u64) -> Result<()> {
+        self.propose(Op::LeaseKeepAlive { id: lease }).map(drop)
+    }
+
+    async fn revoke(&self, lease: u64) -> Result<()> {
+        self.propose(Op::LeaseRevoke { id: lease }).map(drop)
+    }
+
+    async fn barrier(
+        &self,
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: Duration,
+    ) -> Result<()> {
+        let op = Op::BarrierArrive {
+            id: id.to_vec(),
+            participant: participant.to_vec(),
+            participants,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        let Output::Barrier(status) = self.propose(op)? else {
+            return Err(KvError::Internal(
+                "barrier arrival gave no barrier status".into(),
+            ));
+        };
+        if let Some(r) = barrier_outcome(id, &status) {
+            return r;
+        }
+        // The expiry task fails the barrier at its deadline for everyone;
+        // the grace covers a late tick.
+        let deadline = Instant::now() + timeout + Duration::from_secs(1);
+        match self
+            .local
+            .wait_for(deadline, |s| {
+                s.barrier(id).and_then(|b| barrier_outcome(id, b))
+            })
+            .await
+        {
+            Some(r) => r,
+            None => Err(KvError::DeadlineExceeded {
+                what: format!("barrier `{}`", crate::show_key(id)),
+                after: timeout,
+            }),
+        }
+    }
+
+    async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()> {
+        self.propose(Op::BarrierCancel {
+            id: id.to_vec(),
+            reason: reason.to_owned(),
+        })
+        .map(drop)
+    }
+
+    async fn revision(&self) -> Result<u64> {
+        Ok(self.local.read(KvState::revision))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn memory_backend_passes_the_conformance_suite() {
+        let store = super::MemoryKv::new();
+        crate::conformance::run_all(&store).await;
+    }
+}

@@ -1,0 +1,990 @@
+//! The key-value state machine: every write is a [`Request`] applied in log
+//! order, so replicas that apply the same requests hold the same state.
+//!
+//! Invariants:
+//! 1. Determinism: `apply` depends only on the state and the request. Time
+//!    enters only as `Request::now_ms`, stamped by the proposer; the state's
+//!    clock never goes backwards (`clock = max(clock, now_ms)`).
+//! 2. Every request that changes data advances `revision` by exactly one;
+//!    all events it produces carry that revision. Requests that fail or
+//!    change nothing leave it unchanged.
+//! 3. A key attached to a lease is deleted in the same step that expires or
+//!    revokes the lease.
+//! 4. A barrier passes once all its participants arrived, fails once its
+//!    deadline passes or it is cancelled, and never changes outcome after.
+//! 5. User errors are results, never panics: `apply` returns
+//!    `Err(KvError)` and leaves the state untouched.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{show_key, KvError, Result};
+
+/// Size limits checked before anything is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_key: usize,
+    pub max_value: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_key: 4 << 10,
+            max_value: 4 << 20,
+        }
+    }
+}
+
+impl Limits {
+    pub fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.len() > self.max_key {
+            return Err(KvError::InvalidArgument(format!(
+                "key of {} bytes exceeds the {}-byte limit",
+                key.len(),
+                self.max_key
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn check_value(&self, value: &[u8]) -> Result<()> {
+        if value.len() > self.max_value {
+            return Err(KvError::InvalidArgument(format!(
+                "value of {} bytes exceeds the {}-byte limit",
+                value.len(),
+                self.max_value
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A stored value and its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyValue {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    /// Revision of the write that created the key.
+    pub create_revision: u64,
+    /// Revision of the last write to the key.
+    pub mod_revision: u64,
+    pub lease: Option<u64>,
+}
+
+/// A change, as seen by watchers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    Put(KeyValue),
+    Delete { key: Vec<u8>, revision: u64 },
+}
+
+impl Event {
+    pub fn revision(&self) -> u64 {
+        match self {
+            Event::Put(kv) => kv.mod_revision,
+            Event::Delete { revision, .. } => *revision,
+        }
+    }
+
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Event::Put(kv) => &kv.key,
+            Event::Delete { key, .. } => key,
+        }
+    }
+}
+
+/// A write, with the proposer's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub now_ms: u64,
+    pub op: Op,
+}
+
+/// The operations that change state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Writes, overwriting.
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        lease: Option<u64>,
+    },
+    /// Writes unless the key exists (XLA's default).
+    Insert {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        lease: Option<u64>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    DeletePrefix {
+        prefix: Vec<u8>,
+    },
+    /// Adds `delta` to the decimal integer at `key` (missing = 0).
+    Increment {
+        key: Vec<u8>,
+        delta: i64,
+    },
+    /// Writes `value` if the current value is `expected` (`None` = absent).
+    CompareAndSwap {
+        key: Vec<u8>,
+        expected: Option<Vec<u8>>,
+        value: Vec<u8>,
+    },
+    LeaseGrant {
+        ttl_ms: u64,
+    },
+    LeaseKeepAlive {
+        id: u64,
+    },
+    LeaseRevoke {
+        id: u64,
+    },
+    /// `participant` arrives at barrier `id` of `participants` members.
+    BarrierArrive {
+        id: Vec<u8>,
+        participant: Vec<u8>,
+        participants: u32,
+        timeout_ms: u64,
+    },
+    BarrierCancel {
+        id: Vec<u8>,
+        reason: String,
+    },
+    /// Only advances the clock (expiring leases and barriers).
+    Tick,
+}
+
+/// The result of a successful operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Output {
+    /// A write; `revision` is 0 when nothing changed.
+    Written {
+        revision: u64,
+    },
+    Deleted {
+        revision: u64,
+        count: u64,
+    },
+    Counter {
+        revision: u64,
+        value: i64,
+    },
+    Swapped {
+        revision: u64,
+    },
+    Mismatch {
+        current: Option<Vec<u8>>,
+    },
+    Lease {
+        id: u64,
+        ttl_ms: u64,
+    },
+    Barrier(BarrierStatus),
+    Ticked,
+}
+
+/// Where a barrier stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BarrierStatus {
+    Waiting { arrived: u32, participants: u32 },
+    Passed,
+    Failed { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Lease {
+    ttl_ms: u64,
+    expires_at_ms: u64,
+    keys: BTreeSet<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Barrier {
+    participants: u32,
+    arrived: BTreeSet<Vec<u8>>,
+    deadline_ms: u64,
+    status: BarrierStatus,
+}
+
+/// The whole replicated state. `Serialize` is the snapshot format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvState {
+    limits: Limits,
+    data: BTreeMap<Vec<u8>, KeyValue>,
+    revision: u64,
+    clock_ms: u64,
+    next_lease: u64,
+    leases: BTreeMap<u64, Lease>,
+    barriers: BTreeMap<Vec<u8>, Barrier>,
+    /// Recent events, oldest first, for watchers resuming from a revision.
+    history: VecDeque<Event>,
+    history_limit: usize,
+    /// Events with revisions below this are no longer retained.
+    compacted_below: u64,
+}
+
+impl Default for KvState {
+    fn default() -> Self {
+        KvState::new(Limits::default(), 100_000)
+    }
+}
+
+impl KvState {
+    pub fn new(limits: Limits, history_limit: usize) -> KvState {
+        KvState {
+            limits,
+            data: BTreeMap::new(),
+            revision: 0,
+            clock_ms: 0,
+            next_lease: 1,
+            leases: BTreeMap::new(),
+            barriers: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_limit: history_limit.max(1),
+            compacted_below: 1,
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The revision of the last change.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&KeyValue> {
+        self.data.get(key)
+    }
+
+    /// All pairs whose key starts with `prefix`, in key order.
+    pub fn list(&self, prefix: &[u8]) -> Vec<KeyValue> {
+        self.data
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Retained events with revision >= `from` under `prefix`.
+    pub fn events_since(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
+        if from < self.compacted_below {
+            return Err(KvError::Compacted {
+                requested: from,
+                oldest: self.compacted_below,
+            });
+        }
+        Ok(self
+            .history
+            .iter()
+            .filter(|e| e.revision() >= from && e.key().starts_with(prefix))
+            .cloned()
+            .collect())
+    }
+
+    pub fn barrier(&self, id: &[u8]) -> Option<&BarrierStatus> {
+        self.barriers.get(id).map(|b| &b.status)
+    }
+
+    /// The earliest time at which something expires, if anything can.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        let lease = self.leases.values().map(|l| l.expires_at_ms).min();
+        let barrier = self
+            .barriers
+            .values()
+            .filter(|b| matches!(b.status, BarrierStatus::Waiting { .. }))
+            .map(|b| b.deadline_ms)
+            .min();
+        lease.into_iter().chain(barrier).min()
+    }
+
+    /// Applies one request; returns its result and the events it caused
+    /// (expiries included, even when the operation itself fails).
+    pub fn apply(&mut self, req: &Request) -> (Result<Output>, Vec<Event>) {
+        let mut events = Vec::new();
+        self.clock_ms = self.clock_ms.max(req.now_ms);
+        self.expire(&mut events);
+        let result = self.apply_op(&req.op, &mut events);
+        for e in &events {
+            self.history.push_back(e.clone());
+        }
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted_below = old.revision() + 1;
+            }
+        }
+        (result, events)
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.revision += 1;
+        self.revision
+    }
+
+    /// Expires leases and barriers whose time has come (invariants 3, 4).
+    fn expire(&mut self, events: &mut Vec<Event>) {
+        let now = self.clock_ms;
+        let expired: Vec<u64> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.expires_at_ms <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.drop_lease(id, events);
+        }
+        for b in self.barriers.values_mut() {
+            if matches!(b.status, BarrierStatus::Waiting { .. }) && b.deadline_ms <= now {
+                b.status = BarrierStatus::Failed {
+                    reason: format!(
+                        "timed out with {} of {} participants",
+                        b.arrived.len(),
+                        b.participants
+                    ),
+                };
+            }
+        }
+    }
+
+    /// Removes a lease and its keys in one revision.
+    fn drop_lease(&mut self, id: u64, events: &mut Vec<Event>) -> u64 {
+        let Some(lease) = self.leases.remove(&id) else {
+            return 0;
+        };
+        let keys: Vec<Vec<u8>> = lease
+            .keys
+            .into_iter()
+            .filter(|k| self.data.get(k).is_some_and(|kv| kv.lease == Some(id)))
+            .collect();
+        if keys.is_empty() {
+            return 0;
+        }
+        let revision = self.bump();
+        let count = keys.len() as u64;
+        for key in keys {
+            self.data.remove(&key);
+            events.push(Event::Delete { key, revision });
+        }
+        count
+    }
+
+    fn check_lease(&self, lease: Option<u64>) -> Result<()> {
+        match lease {
+            Some(id) if !self.leases.contains_key(&id) => Err(KvError::LeaseNotFound(id)),
+            _ => Ok(()),
+        }
+    }
+
+    fn write(
+        &mut self,
+        key: &[u8],
+        value: Vec<u8>,
+        lease: Option<u64>,
+        events: &mut Vec<Event>,
+    ) -> u64 {
+        let revision = self.bump();
+        let create_revision = self.data.get(key).map_or(revision, |kv| kv.create_revision);
+        if let Some(old) = self.data.get(key).and_then(|kv| kv.lease) {
+            if Some(old) != lease {
+                if let Some(l) = self.leases.get_mut(&old) {
+                    l.keys.remove(key);
+                }
+            }
+        }
+        if let Some(id) = lease {
+            if let Some(l) = self.leases.get_mut(&id) {
+                l.keys.insert(key.to_vec());
+            }
+        }
+        let kv = KeyValue {
+            key: key.to_vec(),
+            value,
+            create_revision,
+            mod_revision: revision,
+            lease,
+        };
+        self.data.insert(key.to_vec(), kv.clone());
+        events.push(Event::Put(kv));
+        revision
+    }
+
+    fn apply_op(&mut self, op: &Op, events: &mut Vec<Event>) -> Result<Output> {
+        let limits = self.limits;
+        match op {
+            Op::Put { key, value, lease } => {
+                limits.check_key(key)?;
+                limits.check_value(value)?;
+                self.check_lease(*lease)?;
+                let revision = self.write(key, value.clone(), *lease, events);
+                Ok(Output::Written { revision })
+            }
+            Op::Insert { key, value, lease } => {
+                limits.check_key(key)?;
+                limits.check_value(value)?;
+                self.check_lease(*lease)?;
+                if self.data.contains_key(key) {
+                    return Err(KvError::AlreadyExists(key.clone()));
+                }
+                let revision = self.write(key, value.clone(), *lease, events);
+                Ok(Output::Written { revision })
+            }
+            Op::Delete { key } => {
+                limits.check_key(key)?;
+                if self.data.remove(key).is_none() {
+                    return Ok(Output::Deleted {
+                        revision: 0,
+                        count: 0,
+                    });
+                }
+                let revision = self.bump();
+                events.push(Event::Delete {
+                    key: key.clone(),
+                    revision,
+                });
+                Ok(Output::Deleted { revision, count: 1 })
+            }
+            Op::DeletePrefix { prefix } => {
+                limits.check_key(prefix)?;
+                let keys: Vec<Vec<u8>> = self
+                    .data
+                    .range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                if keys.is_empty() {
+                    return Ok(Output::Deleted {
+                        revision: 0,
+                        count: 0,
+                    });
+                }
+                let revision = self.bump();
+                let count = keys.len() as u64;
+                for key in keys {
+                    self.data.remove(&key);
+                    events.push(Event::Delete { key, revision });
+                }
+                Ok(Output::Deleted { revision, count })
+            }
+            Op::Increment { key, delta } => {
+                limits.check_key(key)?;
+                let current = match self.data.get(key) {
+                    None => 0,
+                    Some(kv) => std::str::from_utf8(&kv.value)
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok())
+                        .ok_or_else(|| {
+                            KvError::InvalidArgument(format!(
+                                "key `{}` does not hold a decimal integer",
+                                show_key(key)
+                            ))
+                        })?,
+                };
+                let value = current.checked_add(*delta).ok_or_else(|| {
+                    KvError::InvalidArgument(format!("incrementing `{}` overflows", show_key(key)))
+                })?;
+                let lease = self.data.get(key).and_then(|kv| kv.lease);
+                let revision = self.write(key, value.to_string().into_bytes(), lease, events);
+                Ok(Output::Counter { revision, value })
+            }
+            Op::CompareAndSwap {
+                key,
+                expected,
+                value,
+            } => {
+                limits.check_key(key)?;
+                limits.check_value(value)?;
+                let current = self.data.get(key).map(|kv| kv.value.clone());
+                if current != *expected {
+                    return Ok(Output::Mismatch { current });
+                }
+                let lease = self.data.get(key).and_then(|kv| kv.lease);
+                let revision = self.write(key, value.clone(), lease, events);
+                Ok(Output::Swapped { revision })
+            }
+            Op::LeaseGrant { ttl_ms } => {
+                if *ttl_ms == 0 {
+                    return Err(KvError::InvalidArgument(
+                        "lease TTL must be positive".into(),
+                    ));
+                }
+                let id = self.next_lease;
+                self.next_lease += 1;
+                self.leases.insert(
+                    id,
+                    Lease {
+                        ttl_ms: *ttl_ms,
+                        expires_at_ms: self.clock_ms.saturating_add(*ttl_ms),
+                        keys: BTreeSet::new(),
+                    },
+                );
+                Ok(Output::Lease {
+                    id,
+                    ttl_ms: *ttl_ms,
+                })
+            }
+            Op::LeaseKeepAlive { id } => {
+                let now = self.clock_ms;
+                let lease = self.leases.get_mut(id).ok_or(KvError::LeaseNotFound(*id))?;
+                lease.expires_at_ms = now.saturating_add(lease.ttl_ms);
+                Ok(Output::Lease {
+                    id: *id,
+                    ttl_ms: lease.ttl_ms,
+                })
+            }
+            Op::LeaseRevoke { id } => {
+                if !self.leases.contains_key(id) {
+                    return Err(KvError::LeaseNotFound(*id));
+                }
+                let count = self.drop_lease(*id, events);
+                Ok(Output::Deleted {
+                    revision: if count > 0 { self.revision } else { 0 },
+                    count,
+                })
+            }
+            Op::BarrierArrive {
+                id,
+                participant,
+                participants,
+                timeout_ms,
+            } => {
+                limits.check_key(id)?;
+                limits.check_key(participant)?;
+                if *participants == 0 {
+                    return Err(KvError::InvalidArgument(
+                        "a barrier needs at least one participant".into(),
+                    ));
+                }
+                let deadline_ms = self.clock_ms.saturating_add(*timeout_ms);
+                let b = self.barriers.entry(id.clone()).or_insert_with(|| Barrier {
+                    participants: *participants,
+                    arrived: BTreeSet::new(),
+                    deadline_ms,
+                    status: BarrierStatus::Waiting {
+                        arrived: 0,
+                        participants: *participants,
+                    },
+                });
+                if b.participants != *participants {
+                    return Err(KvError::InvalidArgument(format!(
+                        "barrier `{}` has {} participants, not {participants}",
+                        show_key(id),
+                        b.participants
+                    )));
+                }
+                if let BarrierStatus::Waiting { .. } = b.status {
+                    b.arrived.insert(participant.clone());
+                    let arrived = b.arrived.len() as u32;
+                    b.status = if arrived >= b.participants {
+                        BarrierStatus::Passed
+                    } else {
+                        BarrierStatus::Waiting {
+                            arrived,
+                            participants: b.participants,
+                        }
+                    };
+                }
+                Ok(Output::Barrier(b.status.clone()))
+            }
+            Op::BarrierCancel { id, reason } => {
+                let b = self.barriers.entry(id.clone()).or_insert_with(|| Barrier {
+                    participants: 0,
+                    arrived: BTreeSet::new(),
+                    deadline_ms: 0,
+                    status: BarrierStatus::Waiting {
+                        arrived: 0,
+                        participants: 0,
+                    },
+                });
+                if let BarrierStatus::Waiting { .. } = b.status {
+                    b.status = BarrierStatus::Failed {
+                        reason: format!("cancelled: {reason}"),
+                    };
+                }
+                Ok(Output::Barrier(b.status.clone()))
+            }
+            Op::Tick => Ok(Output::Ticked),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(now_ms: u64, op: Op) -> Request {
+        Request { now_ms, op }
+    }
+
+    /// Applies a request that must succeed; returns its events.
+    fn must(s: &mut KvState, r: Request) -> Vec<Event> {
+        let (res, ev) = s.apply(&r);
+        res.unwrap_or_else(|e| panic!("{r:?}: {e}"));
+        ev
+    }
+
+    fn put(key: &str, value: &str) -> Op {
+        Op::Put {
+            key: key.into(),
+            value: value.into(),
+            lease: None,
+        }
+    }
+
+    #[test]
+    fn revisions_advance_once_per_change() {
+        let mut s = KvState::default();
+        let (r, ev) = s.apply(&req(0, put("a", "1")));
+        assert_eq!(r, Ok(Output::Written { revision: 1 }));
+        assert_eq!(ev.len(), 1);
+        must(&mut s, req(0, put("a", "2")));
+        let kv = s.get(b"a").unwrap();
+        assert_eq!((kv.create_revision, kv.mod_revision), (1, 2));
+        // A failed insert and a delete of nothing change nothing.
+        let (r, ev) = s.apply(&req(
+            0,
+            Op::Insert {
+                key: "a".into(),
+                value: "3".into(),
+                lease: None,
+            },
+        ));
+        assert_eq!(r, Err(KvError::AlreadyExists(b"a".to_vec())));
+        assert!(ev.is_empty());
+        must(&mut s, req(0, Op::Delete { key: "zz".into() }));
+        assert_eq!(s.revision(), 2);
+        must(&mut s, req(0, put("b/1", "x")));
+        must(&mut s, req(0, put("b/2", "y")));
+        let (r, ev) = s.apply(&req(
+            0,
+            Op::DeletePrefix {
+                prefix: "b/".into(),
+            },
+        ));
+        assert_eq!(
+            r,
+            Ok(Output::Deleted {
+                revision: 5,
+                count: 2
+            })
+        );
+        assert!(
+            ev.iter().all(|e| e.revision() == 5),
+            "one revision for the whole delete"
+        );
+    }
+
+    #[test]
+    fn list_is_by_prefix_in_key_order() {
+        let mut s = KvState::default();
+        for k in ["job/2", "job/1", "jobs", "job/10", "other"] {
+            must(&mut s, req(0, put(k, k)));
+        }
+        let keys: Vec<Vec<u8>> = s.list(b"job/").into_iter().map(|kv| kv.key).collect();
+        assert_eq!(
+            keys,
+            vec![b"job/1".to_vec(), b"job/10".to_vec(), b"job/2".to_vec()]
+        );
+    }
+
+    #[test]
+    fn increment_and_compare_and_swap() {
+        let mut s = KvState::default();
+        let inc = |d| Op::Increment {
+            key: "n".into(),
+            delta: d,
+        };
+        assert_eq!(
+            s.apply(&req(0, inc(5))).0,
+            Ok(Output::Counter {
+                revision: 1,
+                value: 5
+            })
+        );
+        assert_eq!(
+            s.apply(&req(0, inc(-7))).0,
+            Ok(Output::Counter {
+                revision: 2,
+                value: -2
+            })
+        );
+        must(&mut s, req(0, put("t", "text")));
+        assert!(matches!(
+            s.apply(&req(
+                0,
+                Op::Increment {
+                    key: "t".into(),
+                    delta: 1
+                }
+            ))
+            .0,
+            Err(KvError::InvalidArgument(_))
+        ));
+        let cas = |e: Option<&str>, v: &str| Op::CompareAndSwap {
+            key: "c".into(),
+            expected: e.map(Into::into),
+            value: v.into(),
+        };
+        assert_eq!(
+            s.apply(&req(0, cas(None, "1"))).0,
+            Ok(Output::Swapped { revision: 4 })
+        );
+        assert_eq!(
+            s.apply(&req(0, cas(None, "2"))).0,
+            Ok(Output::Mismatch {
+                current: Some(b"1".to_vec())
+            })
+        );
+        assert_eq!(
+            s.apply(&req(0, cas(Some("1"), "2"))).0,
+            Ok(Output::Swapped { revision: 5 })
+        );
+    }
+
+    #[test]
+    fn leases_expire_their_keys_in_one_revision() {
+        let mut s = KvState::default();
+        let (r, _) = s.apply(&req(1000, Op::LeaseGrant { ttl_ms: 500 }));
+        let Ok(Output::Lease { id, .. }) = r else {
+            panic!("{r:?}")
+        };
+        for k in ["w/1", "w/2"] {
+            must(
+                &mut s,
+                req(
+                    1100,
+                    Op::Put {
+                        key: k.into(),
+                        value: vec![],
+                        lease: Some(id),
+                    },
+                ),
+            );
+        }
+        must(&mut s, req(1200, Op::LeaseKeepAlive { id }));
+        let (_, ev) = s.apply(&req(1650, Op::Tick));
+        assert!(ev.is_empty(), "kept alive until 1700");
+        let (_, ev) = s.apply(&req(1700, Op::Tick));
+        assert_eq!(ev.len(), 2);
+        assert!(ev.iter().all(|e| e.revision() == 3));
+        assert!(s.list(b"w/").is_empty());
+        assert_eq!(
+            s.apply(&req(1800, Op::LeaseKeepAlive { id })).0,
+            Err(KvError::LeaseNotFound(id))
+        );
+        assert_eq!(
+            s.apply(&req(
+                1800,
+                Op::Put {
+                    key: "x".into(),
+                    value: vec![],
+                    lease: Some(id)
+                }
+            ))
+            .0,
+            Err(KvError::LeaseNotFound(id))
+        );
+    }
+
+    #[test]
+    fn a_key_rewritten_without_its_lease_survives_the_lease() {
+        let mut s = KvState::default();
+        let Ok(Output::Lease { id, .. }) = s.apply(&req(0, Op::LeaseGrant { ttl_ms: 10 })).0 else {
+            panic!()
+        };
+        must(
+            &mut s,
+            req(
+                0,
+                Op::Put {
+                    key: "k".into(),
+                    value: "1".into(),
+                    lease: Some(id),
+                },
+            ),
+        );
+        must(&mut s, req(0, put("k", "2")));
+        must(&mut s, req(100, Op::Tick));
+        assert_eq!(s.get(b"k").unwrap().value, b"2");
+    }
+
+    #[test]
+    fn the_clock_never_goes_backwards() {
+        let mut s = KvState::default();
+        must(&mut s, req(1000, Op::Tick));
+        must(&mut s, req(10, Op::Tick));
+        assert_eq!(s.clock_ms(), 1000);
+    }
+
+    #[test]
+    fn barriers_pass_fail_and_stay_decided() {
+        let mut s = KvState::default();
+        let arrive = |p: &str| Op::BarrierArrive {
+            id: "b".into(),
+            participant: p.into(),
+            participants: 2,
+            timeout_ms: 100,
+        };
+        assert_eq!(
+            s.apply(&req(0, arrive("w0"))).0,
+            Ok(Output::Barrier(BarrierStatus::Waiting {
+                arrived: 1,
+                participants: 2
+            }))
+        );
+        assert_eq!(
+            s.apply(&req(0, arrive("w0"))).0,
+            Ok(Output::Barrier(BarrierStatus::Waiting {
+                arrived: 1,
+                participants: 2
+            })),
+            "arriving twice counts once"
+        );
+        assert_eq!(
+            s.apply(&req(50, arrive("w1"))).0,
+            Ok(Output::Barrier(BarrierStatus::Passed))
+        );
+        must(&mut s, req(500, Op::Tick));
+        assert_eq!(
+            s.barrier(b"b"),
+            Some(&BarrierStatus::Passed),
+            "a passed barrier never fails"
+        );
+        // A second barrier times out with one participant.
+        let other = Op::BarrierArrive {
+            id: "t".into(),
+            participant: "w0".into(),
+            participants: 2,
+            timeout_ms: 100,
+        };
+        must(&mut s, req(500, other));
+        must(&mut s, req(600, Op::Tick));
+        assert!(
+            matches!(s.barrier(b"t"), Some(BarrierStatus::Failed { reason }) if reason.contains("1 of 2"))
+        );
+        let wrong = Op::BarrierArrive {
+            id: "t".into(),
+            participant: "w9".into(),
+            participants: 3,
+            timeout_ms: 1,
+        };
+        assert!(matches!(
+            s.apply(&req(600, wrong)).0,
+            Err(KvError::InvalidArgument(_))
+        ));
+        must(
+            &mut s,
+            req(
+                600,
+                Op::BarrierCancel {
+                    id: "c".into(),
+                    reason: "job cancelled".into(),
+                },
+            ),
+        );
+        assert!(
+            matches!(s.barrier(b"c"), Some(BarrierStatus::Failed { reason }) if reason.contains("job cancelled"))
+        );
+    }
+
+    #[test]
+    fn oversized_keys_and_values_write_nothing() {
+        let mut s = KvState::new(
+            Limits {
+                max_key: 4,
+                max_value: 8,
+            },
+            10,
+        );
+        assert!(matches!(
+            s.apply(&req(0, put("toolong", "v"))).0,
+            Err(KvError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            s.apply(&req(0, put("k", "123456789"))).0,
+            Err(KvError::InvalidArgument(_))
+        ));
+        assert_eq!((s.revision(), s.len()), (0, 0));
+    }
+
+    #[test]
+    fn history_serves_watchers_until_compacted() {
+        let mut s = KvState::new(Limits::default(), 3);
+        for i in 0..5 {
+            must(&mut s, req(0, put(&format!("k{i}"), "v")));
+        }
+        let ev = s.events_since(3, b"").unwrap();
+        assert_eq!(
+            ev.iter().map(Event::revision).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        assert_eq!(
+            s.events_since(2, b""),
+            Err(KvError::Compacted {
+                requested: 2,
+                oldest: 3
+            })
+        );
+        assert_eq!(s.events_since(5, b"k4").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn replicas_applying_the_same_requests_agree() {
+        let reqs: Vec<Request> = (0..200u64)
+            .map(|i| {
+                let op = match i % 6 {
+                    0 => Op::LeaseGrant { ttl_ms: 30 },
+                    1 => Op::Put {
+                        key: format!("k{}", i % 17).into(),
+                        value: i.to_le_bytes().to_vec(),
+                        lease: Some(i / 6 + 1),
+                    },
+                    2 => Op::Increment {
+                        key: "n".into(),
+                        delta: i as i64,
+                    },
+                    3 => Op::DeletePrefix {
+                        prefix: format!("k{}", i % 3).into(),
+                    },
+                    4 => Op::BarrierArrive {
+                        id: format!("b{}", i % 4).into(),
+                        participant: format!("p{i}").into(),
+                        participants: 3,
+                        timeout_ms: 20,
+                    },
+                    _ => Op::Tick,
+                };
+                req(i * 7, op)
+            })
+            .collect();
+        let run = || {
+            let mut s = KvState::default();
+            let outs: Vec<_> = reqs.iter().map(|r| s.apply(r)).collect();
+            (s, outs)
+        };
+        let (a, out_a) = run();
+        let (b, out_b) = run();
+        assert_eq!(a, b);
+        assert_eq!(out_a, out_b);
+        // And a snapshot restores the same state.
+        let snap = postcard::to_allocvec(&a).unwrap();
+        assert_eq!(postcard::from_bytes::<KvState>(&snap).unwrap(), a);
+    }
+}

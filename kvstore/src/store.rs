@@ -1,0 +1,79 @@
+//! The async interface every backend implements.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+
+use crate::error::Result;
+use crate::state::{Event, KeyValue};
+
+/// A stream of changes under a prefix, in revision order.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Event>> + Send>>;
+
+/// The result of [`KvStore::compare_and_swap`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasOutcome {
+    Swapped {
+        revision: u64,
+    },
+    /// The current value (`None`: absent) differed from the expected one.
+    Mismatch {
+        current: Option<Vec<u8>>,
+    },
+}
+
+/// Key-value operations with XLA coordination-service semantics. Keys and
+/// values are bytes. Every write returns the revision it was given.
+#[async_trait::async_trait]
+pub trait KvStore: Send + Sync {
+    /// Writes unless the key exists ([`crate::KvError::AlreadyExists`]).
+    async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64>;
+    /// Writes, overwriting.
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64>;
+    /// Writes a key that is deleted when `lease` expires or is revoked.
+    async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64>;
+    /// Waits until the key exists or `timeout` passes
+    /// ([`crate::KvError::DeadlineExceeded`]).
+    async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>>;
+    /// The value now, or [`crate::KvError::NotFound`].
+    async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>>;
+    /// Every pair under a directory prefix, in key order.
+    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>>;
+    /// Deletes a key; returns how many were deleted (0 or 1).
+    async fn delete(&self, key: &[u8]) -> Result<u64>;
+    /// Deletes every key under `prefix`; returns how many.
+    async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64>;
+    /// Adds `delta` to the decimal integer at `key` (missing = 0).
+    async fn increment(&self, key: &[u8], delta: i64) -> Result<i64>;
+    /// Writes `value` if the current value is `expected` (`None` = absent).
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<CasOutcome>;
+    /// Changes under `prefix` from revision `from_revision` on (0 or 1 = from
+    /// the oldest retained), then live.
+    async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream>;
+    /// A lease of `ttl`; returns its id.
+    async fn grant(&self, ttl: Duration) -> Result<u64>;
+    /// Renews a lease for its whole TTL.
+    async fn keep_alive(&self, lease: u64) -> Result<()>;
+    /// Ends a lease now, deleting its keys.
+    async fn revoke(&self, lease: u64) -> Result<()>;
+    /// `participant` arrives at barrier `id` of `participants` members and
+    /// waits until all arrived. A timeout or a cancel gives every participant
+    /// the same [`crate::KvError::BarrierFailed`].
+    async fn barrier(
+        &self,
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: Duration,
+    ) -> Result<()>;
+    /// Fails barrier `id` for everyone waiting or arriving later.
+    async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()>;
+    /// The revision of the latest change.
+    async fn revision(&self) -> Result<u64>;
+}
