@@ -16,6 +16,7 @@ pub mod conformance;
 mod error;
 mod local;
 mod memory;
+pub mod raft;
 pub mod state;
 mod store;
 
