@@ -16,9 +16,12 @@ pub mod conformance;
 mod error;
 mod local;
 mod memory;
+pub mod net;
 pub mod raft;
 pub mod state;
 mod store;
+pub mod tls;
+pub mod wire;
 
 pub use error::{show_key, KvError, Result};
 pub use local::LocalState;

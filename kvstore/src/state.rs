@@ -49,6 +49,42 @@ impl Limits {
         Ok(())
     }
 
+    /// Checks every key and value an operation carries, before it is
+    /// proposed (so oversized data never enters the log).
+    pub fn check_op(&self, op: &Op) -> Result<()> {
+        match op {
+            Op::Put { key, value, .. } | Op::Insert { key, value, .. } => {
+                self.check_key(key)?;
+                self.check_value(value)
+            }
+            Op::CompareAndSwap {
+                key,
+                expected,
+                value,
+            } => {
+                self.check_key(key)?;
+                self.check_value(value)?;
+                expected.as_deref().map_or(Ok(()), |e| self.check_value(e))
+            }
+            Op::Delete { key } | Op::Increment { key, .. } => self.check_key(key),
+            Op::DeletePrefix { prefix } => self.check_key(prefix),
+            Op::BarrierArrive {
+                id, participant, ..
+            } => {
+                self.check_key(id)?;
+                self.check_key(participant)
+            }
+            Op::BarrierCancel { id, reason } => {
+                self.check_key(id)?;
+                self.check_value(reason.as_bytes())
+            }
+            Op::LeaseGrant { .. }
+            | Op::LeaseKeepAlive { .. }
+            | Op::LeaseRevoke { .. }
+            | Op::Tick => Ok(()),
+        }
+    }
+
     pub fn check_value(&self, value: &[u8]) -> Result<()> {
         if value.len() > self.max_value {
             return Err(KvError::InvalidArgument(format!(
@@ -64,7 +100,9 @@ impl Limits {
 /// A stored value and its metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyValue {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     /// Revision of the write that created the key.
     pub create_revision: u64,
@@ -77,7 +115,11 @@ pub struct KeyValue {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
     Put(KeyValue),
-    Delete { key: Vec<u8>, revision: u64 },
+    Delete {
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        revision: u64,
+    },
 }
 
 impl Event {
@@ -108,31 +150,41 @@ pub struct Request {
 pub enum Op {
     /// Writes, overwriting.
     Put {
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         lease: Option<u64>,
     },
     /// Writes unless the key exists (XLA's default).
     Insert {
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         lease: Option<u64>,
     },
     Delete {
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
     },
     DeletePrefix {
+        #[serde(with = "serde_bytes")]
         prefix: Vec<u8>,
     },
     /// Adds `delta` to the decimal integer at `key` (missing = 0).
     Increment {
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
         delta: i64,
     },
     /// Writes `value` if the current value is `expected` (`None` = absent).
     CompareAndSwap {
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        #[serde(with = "serde_bytes")]
         expected: Option<Vec<u8>>,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
     },
     LeaseGrant {
@@ -146,12 +198,15 @@ pub enum Op {
     },
     /// `participant` arrives at barrier `id` of `participants` members.
     BarrierArrive {
+        #[serde(with = "serde_bytes")]
         id: Vec<u8>,
+        #[serde(with = "serde_bytes")]
         participant: Vec<u8>,
         participants: u32,
         timeout_ms: u64,
     },
     BarrierCancel {
+        #[serde(with = "serde_bytes")]
         id: Vec<u8>,
         reason: String,
     },

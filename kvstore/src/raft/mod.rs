@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::KvError;
 use crate::state::{Output, Request};
 
+pub mod client;
+pub mod node;
 pub mod storage;
 
 /// The result of applying one log entry.

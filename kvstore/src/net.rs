@@ -1,0 +1,227 @@
+//! QUIC transport: one bidirectional stream per request over pooled
+//! connections, every call with a deadline.
+//!
+//! Invariants:
+//! 1. A bad stream (oversized or malformed frame) is reset alone; the
+//!    connection and the server keep serving every other stream.
+//! 2. At most one connection per peer address is kept; a closed one is
+//!    replaced on the next call.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use serde::Serialize;
+
+use crate::tls::SERVER_NAME;
+use crate::wire::{
+    self, FrameError, WireRequest, WireResponse, RESET_FRAME_TOO_LARGE, RESET_MALFORMED,
+};
+
+/// Transport failures.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect { addr: SocketAddr, reason: String },
+    #[error("no answer from {addr} within {after:?}")]
+    Timeout { addr: SocketAddr, after: Duration },
+    #[error("stream to {addr}: {reason}")]
+    Stream { addr: SocketAddr, reason: String },
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+}
+
+/// Reads one frame; `None` when the peer finished the stream cleanly.
+pub async fn read_frame(recv: &mut RecvStream, max: usize) -> Result<Option<Vec<u8>>, ReadError> {
+    let mut header = [0u8; 4];
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(ReadError::Io(e.to_string())),
+    }
+    let len = wire::frame_len(header, max).map_err(ReadError::Frame)?;
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body)
+        .await
+        .map_err(|e| ReadError::Io(e.to_string()))?;
+    Ok(Some(body))
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Frame(FrameError),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Encodes and writes one frame.
+pub async fn write_frame<T: Serialize>(send: &mut SendStream, msg: &T) -> Result<(), String> {
+    let frame = wire::encode(msg, wire::MAX_FRAME).map_err(|e| e.to_string())?;
+    send.write_all(&frame).await.map_err(|e| e.to_string())
+}
+
+/// A client endpoint with one pooled connection per peer.
+#[derive(Clone)]
+pub struct PeerClient {
+    endpoint: Endpoint,
+    conns: Arc<Mutex<HashMap<SocketAddr, Connection>>>,
+}
+
+impl PeerClient {
+    /// A client on `endpoint`, whose default client config is set.
+    pub fn new(endpoint: Endpoint) -> PeerClient {
+        PeerClient {
+            endpoint,
+            conns: Arc::default(),
+        }
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<Connection, NetError> {
+        if let Some(c) = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+        {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let connecting =
+            self.endpoint
+                .connect(addr, SERVER_NAME)
+                .map_err(|e| NetError::Connect {
+                    addr,
+                    reason: e.to_string(),
+                })?;
+        let conn = connecting.await.map_err(|e| NetError::Connect {
+            addr,
+            reason: e.to_string(),
+        })?;
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    /// Opens a stream to `addr` and sends `req` on it.
+    pub async fn open(
+        &self,
+        addr: SocketAddr,
+        req: &WireRequest,
+    ) -> Result<(SendStream, RecvStream), NetError> {
+        let stream_err = |reason: String| NetError::Stream { addr, reason };
+        let conn = self.connection(addr).await?;
+        let (mut send, recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(_) => {
+                // The pooled connection died: reconnect once (invariant 2).
+                self.conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&addr);
+                self.connection(addr)
+                    .await?
+                    .open_bi()
+                    .await
+                    .map_err(|e| stream_err(e.to_string()))?
+            }
+        };
+        write_frame(&mut send, req).await.map_err(stream_err)?;
+        Ok((send, recv))
+    }
+
+    /// Sends `req` to `addr` and waits up to `timeout` for the answer.
+    pub async fn call(
+        &self,
+        addr: SocketAddr,
+        req: &WireRequest,
+        timeout: Duration,
+    ) -> Result<WireResponse, NetError> {
+        let attempt = async {
+            let (mut send, mut recv) = self.open(addr, req).await?;
+            let _ = send.finish();
+            let stream_err = |reason: String| NetError::Stream { addr, reason };
+            match read_frame(&mut recv, wire::MAX_FRAME).await {
+                Ok(Some(body)) => Ok(wire::decode(&body)?),
+                Ok(None) => Err(stream_err("closed without an answer".into())),
+                Err(ReadError::Frame(f)) => Err(NetError::Frame(f)),
+                Err(ReadError::Io(e)) => Err(stream_err(e)),
+            }
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .map_err(|_| NetError::Timeout {
+                addr,
+                after: timeout,
+            })?
+    }
+}
+
+/// What a server does with one decoded request: writes its answer frames
+/// to `send` (one, or several for a watch).
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        self: Arc<Self>,
+        req: WireRequest,
+        send: SendStream,
+        peer: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+}
+
+/// Accepts connections on `endpoint` until it closes.
+pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("handshake failed: {e}");
+                    return;
+                }
+            };
+            let peer = conn.remote_address();
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                tokio::spawn(serve_stream(handler.clone(), send, recv, peer));
+            }
+        });
+    }
+}
+
+async fn serve_stream<H: Handler>(
+    handler: Arc<H>,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    peer: SocketAddr,
+) {
+    // Invariant 1: problems with this stream end this stream only.
+    let body = match read_frame(&mut recv, wire::MAX_FRAME).await {
+        Ok(Some(b)) => b,
+        Ok(None) => return,
+        Err(ReadError::Frame(e)) => {
+            tracing::warn!(%peer, "refusing stream: {e}");
+            let _ = recv.stop(VarInt::from_u32(RESET_FRAME_TOO_LARGE));
+            let _ = send.reset(VarInt::from_u32(RESET_FRAME_TOO_LARGE));
+            return;
+        }
+        Err(ReadError::Io(e)) => {
+            tracing::debug!(%peer, "stream read failed: {e}");
+            return;
+        }
+    };
+    match wire::decode::<WireRequest>(&body) {
+        Ok(req) => handler.handle(req, send, peer).await,
+        Err(e) => {
+            tracing::warn!(%peer, "refusing stream: {e}");
+            let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
+        }
+    }
+}

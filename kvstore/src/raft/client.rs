@@ -1,0 +1,447 @@
+//! The client of the replicated service: [`KvStore`] over QUIC to any
+//! replica.
+//!
+//! Invariants:
+//! 1. A request that meets a transport error or `Unavailable` (no leader,
+//!    leadership moving) is retried on the next replica with a short backoff
+//!    until its deadline; every other answer is final.
+//! 2. A write retried after a transport error may have been applied once
+//!    already (the classic ambiguity of any replicated store). Inserts and
+//!    compare-and-swaps are safe to retry in the sense that a duplicate
+//!    reports `AlreadyExists` / `Mismatch` rather than writing twice.
+//! 3. A watch that loses its replica resumes from the revision after the
+//!    last event it delivered, so no event is lost or repeated.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::error::{KvError, Result};
+use crate::memory::{barrier_outcome, deleted, written};
+use crate::net::{self, PeerClient};
+use crate::state::{BarrierStatus, Event, KeyValue, Limits, Op, Output};
+use crate::store::{CasOutcome, KvStore, WatchStream};
+use crate::tls::TlsFiles;
+use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
+
+/// How long a request keeps trying replicas, beyond its own timeout.
+const RETRY_BUDGET: Duration = Duration::from_secs(15);
+
+/// A client of a replicated key-value cluster.
+pub struct RaftKv {
+    addrs: Vec<SocketAddr>,
+    limits: Limits,
+    client: PeerClient,
+    next: AtomicUsize,
+}
+
+impl RaftKv {
+    /// A client for the replicas at `addrs`; `tls: None` means `--insecure`.
+    pub fn connect(addrs: Vec<SocketAddr>, tls: Option<&TlsFiles>) -> Result<RaftKv> {
+        if addrs.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "no coordinator address given".into(),
+            ));
+        }
+        let client_cfg = match tls {
+            Some(t) => t.client_config(wire::ALPN),
+            None => crate::tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
+        }
+        .map_err(|e| KvError::InvalidArgument(e.to_string()))?;
+        let bind: SocketAddr = if addrs[0].is_ipv6() {
+            "[::]:0"
+        } else {
+            "0.0.0.0:0"
+        }
+        .parse()
+        .expect("literal address");
+        let mut endpoint =
+            quinn::Endpoint::client(bind).map_err(|e| KvError::Unavailable(e.to_string()))?;
+        endpoint.set_default_client_config(client_cfg);
+        Ok(RaftKv {
+            addrs,
+            limits: Limits::default(),
+            client: PeerClient::new(endpoint),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Sends `req`, trying replicas in turn (invariant 1).
+    async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
+        let deadline = Instant::now() + wait + RETRY_BUDGET;
+        let mut last_error = KvError::Unavailable("no replica answered".into());
+        let mut backoff = Duration::from_millis(20);
+        while Instant::now() < deadline {
+            for _ in 0..self.addrs.len() {
+                let i = self.next.load(Ordering::Relaxed) % self.addrs.len();
+                let addr = self.addrs[i];
+                let per_call = wait + Duration::from_secs(5);
+                match self
+                    .client
+                    .call(addr, &WireRequest::Client(req.clone()), per_call)
+                    .await
+                {
+                    Ok(resp) => match retryable(&resp) {
+                        Some(e) => last_error = e,
+                        None => return Ok(resp),
+                    },
+                    Err(e) => last_error = KvError::Unavailable(e.to_string()),
+                }
+                self.next.store(i + 1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+        Err(last_error)
+    }
+
+    async fn write(&self, op: Op) -> Result<Output> {
+        // Refuse oversized data here rather than ship it to be refused.
+        self.limits.check_op(&op)?;
+        match self
+            .request(ClientRequest::Write(op), Duration::ZERO)
+            .await?
+        {
+            WireResponse::Output(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The status every replica reports (unreachable ones as errors).
+    pub async fn cluster_status(&self) -> Vec<(SocketAddr, Result<ReplicaStatus>)> {
+        let mut out = Vec::new();
+        for &addr in &self.addrs {
+            let r = match self
+                .client
+                .call(
+                    addr,
+                    &WireRequest::Client(ClientRequest::Status),
+                    Duration::from_secs(3),
+                )
+                .await
+            {
+                Ok(WireResponse::Status(s)) => Ok(s),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(KvError::Unavailable(e.to_string())),
+            };
+            out.push((addr, r));
+        }
+        out
+    }
+}
+
+fn retryable(resp: &WireResponse) -> Option<KvError> {
+    let err = match resp {
+        WireResponse::Output(Err(e))
+        | WireResponse::Value(Err(e))
+        | WireResponse::List(Err(e))
+        | WireResponse::Revision(Err(e))
+        | WireResponse::Event(Err(e)) => e,
+        _ => return None,
+    };
+    matches!(err, KvError::Unavailable(_)).then(|| err.clone())
+}
+
+fn unexpected(r: WireResponse) -> KvError {
+    KvError::Internal(format!("unexpected answer {r:?}"))
+}
+
+#[async_trait::async_trait]
+impl KvStore for RaftKv {
+    async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        written(
+            self.write(Op::Insert {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                lease: None,
+            })
+            .await?,
+        )
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        written(
+            self.write(Op::Put {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                lease: None,
+            })
+            .await?,
+        )
+    }
+
+    async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64> {
+        written(
+            self.write(Op::Put {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                lease: Some(lease),
+            })
+            .await?,
+        )
+    }
+
+    async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        let req = ClientRequest::Get {
+            key: key.to_vec(),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        match self.request(req, timeout).await? {
+            WireResponse::Value(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>> {
+        match self
+            .request(ClientRequest::TryGet { key: key.to_vec() }, Duration::ZERO)
+            .await?
+        {
+            WireResponse::Value(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        match self
+            .request(
+                ClientRequest::List {
+                    prefix: prefix.to_vec(),
+                },
+                Duration::ZERO,
+            )
+            .await?
+        {
+            WireResponse::List(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn delete(&self, key: &[u8]) -> Result<u64> {
+        deleted(self.write(Op::Delete { key: key.to_vec() }).await?)
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
+        deleted(
+            self.write(Op::DeletePrefix {
+                prefix: prefix.to_vec(),
+            })
+            .await?,
+        )
+    }
+
+    async fn increment(&self, key: &[u8], delta: i64) -> Result<i64> {
+        match self
+            .write(Op::Increment {
+                key: key.to_vec(),
+                delta,
+            })
+            .await?
+        {
+            Output::Counter { value, .. } => Ok(value),
+            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
+        }
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<CasOutcome> {
+        let op = Op::CompareAndSwap {
+            key: key.to_vec(),
+            expected: expected.map(<[u8]>::to_vec),
+            value: value.to_vec(),
+        };
+        match self.write(op).await? {
+            Output::Swapped { revision } => Ok(CasOutcome::Swapped { revision }),
+            Output::Mismatch { current } => Ok(CasOutcome::Mismatch { current }),
+            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
+        }
+    }
+
+    async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
+        // Check the start is valid now, so a compacted start fails here.
+        let first = open_watch(self, prefix.to_vec(), from_revision).await?;
+        let state = WatchState {
+            client: self.client.clone(),
+            addrs: self.addrs.clone(),
+            prefix: prefix.to_vec(),
+            next_from: from_revision,
+            recv: Some(first),
+        };
+        Ok(futures::stream::unfold(state, |mut st| async move {
+            loop {
+                if st.recv.is_none() {
+                    st.recv = reopen(&st).await;
+                    if st.recv.is_none() {
+                        let e = KvError::Unavailable("watch: no replica answers".into());
+                        return Some((Err(e), st));
+                    }
+                }
+                let recv = st.recv.as_mut().expect("set above");
+                match net::read_frame(recv, wire::MAX_FRAME).await {
+                    Ok(Some(body)) => match wire::decode::<WireResponse>(&body) {
+                        Ok(WireResponse::Event(Ok(e))) => {
+                            st.next_from = e.revision() + 1;
+                            return Some((Ok(e), st));
+                        }
+                        Ok(WireResponse::Event(Err(KvError::Unavailable(_)))) => st.recv = None,
+                        Ok(WireResponse::Event(Err(e))) => return Some((Err(e), st)),
+                        Ok(other) => return Some((Err(unexpected(other)), st)),
+                        Err(e) => return Some((Err(KvError::Internal(e.to_string())), st)),
+                    },
+                    // Invariant 3: resume elsewhere from the next revision.
+                    Ok(None) | Err(_) => st.recv = None,
+                }
+            }
+        })
+        .boxed())
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<u64> {
+        match self
+            .write(Op::LeaseGrant {
+                ttl_ms: ttl.as_millis() as u64,
+            })
+            .await?
+        {
+            Output::Lease { id, .. } => Ok(id),
+            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
+        }
+    }
+
+    async fn keep_alive(&self, lease: u64) -> Result<()> {
+        self.write(Op::LeaseKeepAlive { id: lease }).await.map(drop)
+    }
+
+    async fn revoke(&self, lease: u64) -> Result<()> {
+        self.write(Op::LeaseRevoke { id: lease }).await.map(drop)
+    }
+
+    async fn barrier(
+        &self,
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: Duration,
+    ) -> Result<()> {
+        let op = Op::BarrierArrive {
+            id: id.to_vec(),
+            participant: participant.to_vec(),
+            participants,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        let Output::Barrier(status) = self.write(op).await? else {
+            return Err(KvError::Internal("barrier arrival gave no status".into()));
+        };
+        if let Some(r) = barrier_outcome(id, &status) {
+            return r;
+        }
+        let wait = timeout + Duration::from_secs(2);
+        let req = ClientRequest::WaitBarrier {
+            id: id.to_vec(),
+            timeout_ms: wait.as_millis() as u64,
+        };
+        match self.request(req, wait).await? {
+            WireResponse::Output(Ok(Output::Barrier(s))) => {
+                barrier_outcome(id, &s).unwrap_or(Err(KvError::DeadlineExceeded {
+                    what: format!("barrier `{}`", crate::show_key(id)),
+                    after: timeout,
+                }))
+            }
+            WireResponse::Output(Err(e)) => Err(e),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()> {
+        match self
+            .write(Op::BarrierCancel {
+                id: id.to_vec(),
+                reason: reason.to_owned(),
+            })
+            .await?
+        {
+            Output::Barrier(BarrierStatus::Failed { .. } | BarrierStatus::Passed) => Ok(()),
+            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
+        }
+    }
+
+    async fn revision(&self) -> Result<u64> {
+        match self
+            .request(ClientRequest::Revision, Duration::ZERO)
+            .await?
+        {
+            WireResponse::Revision(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+struct WatchState {
+    client: PeerClient,
+    addrs: Vec<SocketAddr>,
+    prefix: Vec<u8>,
+    next_from: u64,
+    recv: Option<quinn::RecvStream>,
+}
+
+/// Opens a watch stream on the first replica that accepts it.
+async fn open_watch(kv: &RaftKv, prefix: Vec<u8>, from: u64) -> Result<quinn::RecvStream> {
+    let deadline = Instant::now() + RETRY_BUDGET;
+    let mut last = KvError::Unavailable("no replica answered".into());
+    while Instant::now() < deadline {
+        for &addr in &kv.addrs {
+            let req = WireRequest::Client(ClientRequest::Watch {
+                prefix: prefix.clone(),
+                from,
+            });
+            let Ok((mut send, recv)) = kv.client.open(addr, &req).await else {
+                continue;
+            };
+            let _ = send.finish();
+            // A refused start (compacted revision) arrives as the first frame;
+            // anything else is left for the stream.
+            return Ok(recv);
+        }
+        last = KvError::Unavailable("no replica accepts the watch".into());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last)
+}
+
+async fn reopen(st: &WatchState) -> Option<quinn::RecvStream> {
+    let deadline = Instant::now() + RETRY_BUDGET;
+    while Instant::now() < deadline {
+        for &addr in &st.addrs {
+            let req = WireRequest::Client(ClientRequest::Watch {
+                prefix: st.prefix.clone(),
+                from: st.next_from,
+            });
+            if let Ok((mut send, recv)) = st.client.open(addr, &req).await {
+                let _ = send.finish();
+                return Some(recv);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// The events a watch yields, for callers that want a `Vec`.
+pub async fn collect_events(mut s: WatchStream, n: usize, timeout: Duration) -> Result<Vec<Event>> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + timeout;
+    while out.len() < n {
+        match tokio::time::timeout_at(deadline, s.next()).await {
+            Ok(Some(e)) => out.push(e?),
+            _ => break,
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,616 @@
+//! One replica: storage, openraft, the QUIC server, and request routing.
+//!
+//! Invariants:
+//! 1. Client requests are served by the leader. A follower forwards a
+//!    request once, marked [`WireRequest::Forwarded`]; a forwarded request
+//!    is never forwarded again, so stale views of the leader cannot bounce a
+//!    request around. A replica that cannot serve answers `Unavailable` and
+//!    the client tries another.
+//! 2. Reads start with `ensure_linearizable`: the leader confirms its
+//!    leadership with a quorum and waits until it has applied everything
+//!    committed before that point.
+//! 3. Time in requests is the leader's wall clock; only the leader proposes
+//!    `Tick`s, when a lease or barrier is due.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, Raft, ServerState};
+use quinn::SendStream;
+
+use crate::error::KvError;
+use crate::local::LocalState;
+use crate::net::{self, Handler, NetError, PeerClient};
+use crate::raft::{storage, TypeConfig};
+use crate::state::{BarrierStatus, KvState, Op, Output, Request};
+use crate::tls::TlsFiles;
+use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
+
+/// How a replica is set up.
+#[derive(Clone)]
+pub struct ReplicaConfig {
+    pub id: u64,
+    pub listen: SocketAddr,
+    /// The initial voters (id → address), this replica included. Used once,
+    /// to form the cluster on first start.
+    pub peers: BTreeMap<u64, SocketAddr>,
+    pub data_dir: PathBuf,
+    /// `None` means `--insecure`.
+    pub tls: Option<TlsFiles>,
+    pub raft: openraft::Config,
+}
+
+impl ReplicaConfig {
+    /// Raft timing for a LAN or loopback: 250 ms heartbeats (openraft also
+    /// uses this as the deadline of each AppendEntries, which must fit a
+    /// 4 MiB value), elections after 1–2 s of silence, snapshots every
+    /// 20 000 entries.
+    pub fn default_raft() -> openraft::Config {
+        openraft::Config {
+            cluster_name: "tessel".into(),
+            heartbeat_interval: 250,
+            election_timeout_min: 1000,
+            election_timeout_max: 2000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        }
+    }
+}
+
+/// Why a replica could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// A running replica.
+pub struct Replica {
+    pub id: u64,
+    pub raft: Raft<TypeConfig>,
+    local: Arc<LocalState>,
+    endpoint: quinn::Endpoint,
+}
+
+impl Replica {
+    /// Opens the data folder, starts Raft and the server, and on first start
+    /// forms the cluster from `peers`.
+    pub async fn start(cfg: ReplicaConfig) -> Result<Replica, ReplicaError> {
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ReplicaError::Storage(e.to_string()))?;
+        let (log, sm) = storage::open(&cfg.data_dir.join("raft.redb"), KvState::default())
+            .map_err(|e| ReplicaError::Storage(e.to_string()))?;
+        let local = sm.local();
+        let (server_cfg, client_cfg) = match &cfg.tls {
+            Some(t) => (t.server_config(wire::ALPN)?, t.client_config(wire::ALPN)?),
+            None => crate::tls::insecure_configs(wire::ALPN)?,
+        };
+        let mut endpoint = quinn::Endpoint::server(server_cfg, cfg.listen).map_err(|source| {
+            ReplicaError::Listen {
+                addr: cfg.listen,
+                source,
+            }
+        })?;
+        endpoint.set_default_client_config(client_cfg);
+        let client = PeerClient::new(endpoint.clone());
+        let config = Arc::new(
+            cfg.raft
+                .clone()
+                .validate()
+                .map_err(|e| ReplicaError::Raft(e.to_string()))?,
+        );
+        let network = Network {
+            client: client.clone(),
+        };
+        let raft = Raft::new(cfg.id, config, network, log, sm)
+            .await
+            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        let handler = Arc::new(ReplicaHandler {
+            id: cfg.id,
+            raft: raft.clone(),
+            local: local.clone(),
+            client,
+        });
+        tokio::spawn(net::serve(endpoint.clone(), handler));
+        tokio::spawn(tick_when_due(raft.clone(), local.clone(), cfg.id));
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        if !initialized && !cfg.peers.is_empty() {
+            let members: BTreeMap<u64, BasicNode> = cfg
+                .peers
+                .iter()
+                .map(|(id, a)| (*id, BasicNode::new(a.to_string())))
+                .collect();
+            // Every replica of a new cluster initializes with the same voters;
+            // the identical first log entry makes that safe, and a replica
+            // that already learned of the cluster refuses (ignored).
+            if let Err(e) = raft.initialize(members).await {
+                tracing::info!("initialize: {e}");
+            }
+        }
+        Ok(Replica {
+            id: cfg.id,
+            raft,
+            local,
+            endpoint,
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    /// This replica's applied state.
+    pub fn local(&self) -> Arc<LocalState> {
+        self.local.clone()
+    }
+
+    /// Stops Raft and the server.
+    pub async fn shutdown(self) {
+        let _ = self.raft.shutdown().await;
+        self.endpoint.close(0u32.into(), b"shutdown");
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Invariant 3: the leader proposes a `Tick` when something is due.
+async fn tick_when_due(raft: Raft<TypeConfig>, local: Arc<LocalState>, id: u64) {
+    let mut changes = local.changes();
+    loop {
+        let next = local.read(KvState::next_deadline_ms);
+        let wait = match next {
+            Some(ms) => Duration::from_millis(ms.saturating_sub(wall_ms())),
+            None => Duration::from_secs(1),
+        }
+        .min(Duration::from_secs(1));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            r = changes.changed() => {
+                if r.is_err() { return; }
+                continue;
+            }
+        }
+        let leader = raft.metrics().borrow().current_leader;
+        let due = local
+            .read(KvState::next_deadline_ms)
+            .is_some_and(|ms| ms <= wall_ms());
+        if leader == Some(id) && due {
+            let _ = raft
+                .client_write(Request {
+                    now_ms: wall_ms(),
+                    op: Op::Tick,
+                })
+                .await;
+        }
+        if raft.metrics().borrow().running_state.is_err() {
+            return;
+        }
+    }
+}
+
+/// openraft's view of the network: RPCs over [`PeerClient`].
+#[derive(Clone)]
+struct Network {
+    client: PeerClient,
+}
+
+struct PeerLink {
+    client: PeerClient,
+    target: u64,
+    addr: Result<SocketAddr, String>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerLink;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerLink {
+        PeerLink {
+            client: self.client.clone(),
+            target,
+            addr: node
+                .addr
+                .parse()
+                .map_err(|e| format!("bad address {:?}: {e}", node.addr)),
+        }
+    }
+}
+
+/// A transport error as openraft wants it: unreachable peers back off.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct LinkError(String);
+
+impl PeerLink {
+    async fn rpc<E>(
+        &self,
+        req: WireRequest,
+        option: &RPCOption,
+    ) -> Result<WireResponse, RPCError<u64, BasicNode, E>>
+    where
+        E: std::error::Error,
+    {
+        let addr = self
+            .addr
+            .clone()
+            .map_err(|e| RPCError::Network(NetworkError::new(&LinkError(e))))?;
+        self.client
+            .call(addr, &req, option.hard_ttl())
+            .await
+            .map_err(|e| match e {
+                NetError::Connect { .. } | NetError::Timeout { .. } => {
+                    RPCError::Unreachable(Unreachable::new(&e))
+                }
+                other => RPCError::Network(NetworkError::new(&other)),
+            })
+    }
+
+    fn unexpected<E: std::error::Error>(r: WireResponse) -> RPCError<u64, BasicNode, E> {
+        RPCError::Network(NetworkError::new(&LinkError(format!(
+            "unexpected answer {r:?}"
+        ))))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerLink {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        match self.rpc(WireRequest::AppendEntries(rpc), &option).await? {
+            WireResponse::AppendEntries(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            other => Err(Self::unexpected(other)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<u64>,
+        RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>,
+    > {
+        match self.rpc(WireRequest::InstallSnapshot(rpc), &option).await? {
+            WireResponse::InstallSnapshot(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            other => Err(Self::unexpected(other)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        match self.rpc(WireRequest::Vote(rpc), &option).await? {
+            WireResponse::Vote(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            other => Err(Self::unexpected(other)),
+        }
+    }
+}
+
+struct ReplicaHandler {
+    id: u64,
+    raft: Raft<TypeConfig>,
+    local: Arc<LocalState>,
+    client: PeerClient,
+}
+
+async fn reply(send: &mut SendStream, r: &WireResponse) {
+    if let Err(e) = net::write_frame(send, r).await {
+        tracing::debug!("reply failed: {e}");
+    }
+}
+
+fn unavailable(msg: impl Into<String>) -> KvError {
+    KvError::Unavailable(msg.into())
+}
+
+/// The answer to give when a request fails before producing its own.
+fn error_response(req: &ClientRequest, e: KvError) -> WireResponse {
+    match req {
+        ClientRequest::Get { .. } | ClientRequest::TryGet { .. } => WireResponse::Value(Err(e)),
+        ClientRequest::List { .. } => WireResponse::List(Err(e)),
+        ClientRequest::Revision => WireResponse::Revision(Err(e)),
+        ClientRequest::Watch { .. } => WireResponse::Event(Err(e)),
+        _ => WireResponse::Output(Err(e)),
+    }
+}
+
+impl Handler for ReplicaHandler {
+    fn handle(
+        self: Arc<Self>,
+        req: WireRequest,
+        mut send: SendStream,
+        _peer: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        Box::pin(async move {
+            match req {
+                WireRequest::AppendEntries(r) => {
+                    reply(
+                        &mut send,
+                        &WireResponse::AppendEntries(self.raft.append_entries(r).await),
+                    )
+                    .await
+                }
+                WireRequest::Vote(r) => {
+                    reply(&mut send, &WireResponse::Vote(self.raft.vote(r).await)).await
+                }
+                WireRequest::InstallSnapshot(r) => {
+                    reply(
+                        &mut send,
+                        &WireResponse::InstallSnapshot(self.raft.install_snapshot(r).await),
+                    )
+                    .await
+                }
+                WireRequest::Client(ClientRequest::Status) => {
+                    reply(&mut send, &WireResponse::Status(self.status())).await
+                }
+                WireRequest::Client(c) => self.route(c, &mut send, false).await,
+                WireRequest::Forwarded(c) => self.route(c, &mut send, true).await,
+            }
+            let _ = send.finish();
+        })
+    }
+}
+
+impl ReplicaHandler {
+    fn status(&self) -> ReplicaStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let (mut members, mut learners) = (Vec::new(), Vec::new());
+        for (id, node) in membership.nodes() {
+            let entry = (*id, node.addr.clone());
+            if voters.contains(id) {
+                members.push(entry);
+            } else {
+                learners.push(entry);
+            }
+        }
+        let (revision, keys) = self.local.read(|s| (s.revision(), s.len() as u64));
+        ReplicaStatus {
+            id: self.id,
+            state: format!("{:?}", m.state),
+            leader: m.current_leader,
+            term: m.current_term,
+            members,
+            learners,
+            last_log_index: m.last_log_index,
+            applied: m.last_applied.map(|l| l.index),
+            revision,
+            keys,
+        }
+    }
+
+    /// Serves as leader, or forwards once (invariant 1).
+    async fn route(&self, req: ClientRequest, send: &mut SendStream, forwarded: bool) {
+        let mut leader = self.raft.metrics().borrow().current_leader;
+        if leader.is_none() {
+            // An election may be under way: give it a moment.
+            let _ = self
+                .raft
+                .wait(Some(Duration::from_secs(2)))
+                .metrics(|m| m.current_leader.is_some(), "a leader")
+                .await;
+            leader = self.raft.metrics().borrow().current_leader;
+        }
+        match leader {
+            Some(l) if l == self.id => self.serve(req, send).await,
+            Some(l) if !forwarded => {
+                let addr = self
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .get_node(&l)
+                    .and_then(|n| n.addr.parse::<SocketAddr>().ok());
+                match addr {
+                    Some(addr) => self.forward(addr, req, send).await,
+                    None => {
+                        reply(
+                            send,
+                            &error_response(
+                                &req,
+                                unavailable(format!("leader {l} has no address")),
+                            ),
+                        )
+                        .await
+                    }
+                }
+            }
+            _ => {
+                let why = if forwarded {
+                    "this replica is no longer the leader"
+                } else {
+                    "no leader"
+                };
+                reply(send, &error_response(&req, unavailable(why))).await
+            }
+        }
+    }
+
+    /// Relays a request to the leader and every answer frame back.
+    async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut SendStream) {
+        let (mut up, mut down) = match self
+            .client
+            .open(addr, &WireRequest::Forwarded(req.clone()))
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => return reply(send, &error_response(&req, unavailable(e.to_string()))).await,
+        };
+        let _ = up.finish();
+        loop {
+            match net::read_frame(&mut down, wire::MAX_FRAME).await {
+                Ok(Some(body)) => {
+                    if send
+                        .write_all(&(body.len() as u32).to_be_bytes())
+                        .await
+                        .is_err()
+                        || send.write_all(&body).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    return reply(send, &error_response(&req, unavailable(e.to_string()))).await
+                }
+            }
+        }
+    }
+
+    async fn linearizable(&self) -> Result<(), KvError> {
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map(drop)
+            .map_err(|e| unavailable(format!("linearizable read: {e}")))
+    }
+
+    /// Serves a request on the leader.
+    async fn serve(&self, req: ClientRequest, send: &mut SendStream) {
+        let response = match req {
+            ClientRequest::Write(op) => {
+                // Validated before it can enter the log.
+                let r = match self.local.read(|s| s.limits().check_op(&op)) {
+                    Err(e) => Err(e),
+                    Ok(()) => match self
+                        .raft
+                        .client_write(Request {
+                            now_ms: wall_ms(),
+                            op,
+                        })
+                        .await
+                    {
+                        Ok(resp) => resp.data.0,
+                        Err(e) => Err(unavailable(format!("write: {e}"))),
+                    },
+                };
+                WireResponse::Output(r)
+            }
+            ClientRequest::Get { key, timeout_ms } => {
+                let r = match self.linearizable().await {
+                    Ok(()) => {
+                        self.local
+                            .get(&key, Duration::from_millis(timeout_ms))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                WireResponse::Value(r)
+            }
+            ClientRequest::TryGet { key } => {
+                WireResponse::Value(self.linearizable().await.and_then(|()| {
+                    self.local
+                        .read(|s| s.get(&key).map(|kv| kv.value.clone()))
+                        .ok_or(KvError::NotFound(key))
+                }))
+            }
+            ClientRequest::List { prefix } => WireResponse::List(
+                self.linearizable()
+                    .await
+                    .map(|()| self.local.read(|s| s.list(&prefix))),
+            ),
+            ClientRequest::Revision => WireResponse::Revision(
+                self.linearizable()
+                    .await
+                    .map(|()| self.local.read(KvState::revision)),
+            ),
+            ClientRequest::WaitBarrier { id, timeout_ms } => {
+                let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+                let decided = self
+                    .local
+                    .wait_for(deadline, |s| {
+                        s.barrier(&id)
+                            .filter(|b| !matches!(b, BarrierStatus::Waiting { .. }))
+                            .cloned()
+                    })
+                    .await;
+                WireResponse::Output(Ok(Output::Barrier(decided.unwrap_or(
+                    BarrierStatus::Waiting {
+                        arrived: 0,
+                        participants: 0,
+                    },
+                ))))
+            }
+            ClientRequest::Watch { prefix, from } => {
+                if let Err(e) = self.linearizable().await {
+                    return reply(send, &WireResponse::Event(Err(e))).await;
+                }
+                let mut events = match self.local.watch(&prefix, from) {
+                    Ok(s) => s,
+                    Err(e) => return reply(send, &WireResponse::Event(Err(e))).await,
+                };
+                while let Some(e) = events.next().await {
+                    let end = e.is_err();
+                    if net::write_frame(send, &WireResponse::Event(e))
+                        .await
+                        .is_err()
+                        || end
+                    {
+                        return;
+                    }
+                }
+                return;
+            }
+            ClientRequest::Status => WireResponse::Status(self.status()),
+        };
+        reply(send, &response).await;
+    }
+}
+
+/// Waits until some replica of `replicas` reports itself leader.
+pub async fn wait_for_leader(replicas: &[&Replica], timeout: Duration) -> Option<u64> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        for r in replicas {
+            let m = r.raft.metrics().borrow().clone();
+            if m.state == ServerState::Leader {
+                return Some(r.id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}

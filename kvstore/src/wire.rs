@@ -1,0 +1,179 @@
+//! The wire protocol of the key-value service, without I/O.
+//!
+//! Every request opens one bidirectional QUIC stream. Each direction
+//! carries frames: a 4-byte big-endian length, then that many bytes of a
+//! postcard-encoded message. A request stream carries one [`WireRequest`];
+//! the response is one [`WireResponse`] frame, or for a watch a sequence of
+//! them until either side closes.
+//!
+//! Invariants:
+//! 1. A length above the receiver's maximum is refused before any
+//!    allocation ([`frame_len`]); the stream is then reset with
+//!    [`RESET_FRAME_TOO_LARGE`].
+//! 2. Decoding never panics on any bytes ([`decode`]; fuzzed in `fuzz/`).
+
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::KvError;
+use crate::raft::TypeConfig;
+use crate::state::{Event, KeyValue, Op, Output};
+
+/// ALPN protocol of the key-value service.
+pub const ALPN: &[u8] = b"tessel-kv";
+/// Default maximum frame: a 4 MiB value plus headroom, and snapshot chunks.
+pub const MAX_FRAME: usize = 16 << 20;
+/// Stream reset code: the peer announced a frame above our maximum.
+pub const RESET_FRAME_TOO_LARGE: u32 = 1;
+/// Stream reset code: the request could not be decoded.
+pub const RESET_MALFORMED: u32 = 2;
+
+/// Everything a stream can ask.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum WireRequest {
+    AppendEntries(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<u64>),
+    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    Client(ClientRequest),
+    /// A client request relayed by a follower; never relayed again.
+    Forwarded(ClientRequest),
+}
+
+/// Requests of key-value clients. Any replica accepts them; followers
+/// forward them to the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ClientRequest {
+    /// A write, proposed through Raft.
+    Write(Op),
+    /// Blocking get.
+    Get {
+        key: Vec<u8>,
+        timeout_ms: u64,
+    },
+    TryGet {
+        key: Vec<u8>,
+    },
+    List {
+        prefix: Vec<u8>,
+    },
+    Revision,
+    /// Events from `from` on; the response is a stream of frames.
+    Watch {
+        prefix: Vec<u8>,
+        from: u64,
+    },
+    /// Waits until barrier `id` is decided.
+    WaitBarrier {
+        id: Vec<u8>,
+        timeout_ms: u64,
+    },
+    /// This replica's view of the cluster (never forwarded).
+    Status,
+}
+
+/// One replica's view, for `tessel cluster status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    pub id: u64,
+    pub state: String,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub members: Vec<(u64, String)>,
+    pub learners: Vec<(u64, String)>,
+    pub last_log_index: Option<u64>,
+    pub applied: Option<u64>,
+    pub revision: u64,
+    pub keys: u64,
+}
+
+/// Everything a stream can answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum WireResponse {
+    AppendEntries(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
+    Vote(Result<VoteResponse<u64>, RaftError<u64>>),
+    InstallSnapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
+    Output(Result<Output, KvError>),
+    Value(Result<Vec<u8>, KvError>),
+    List(Result<Vec<KeyValue>, KvError>),
+    Revision(Result<u64, KvError>),
+    Event(Result<Event, KvError>),
+    Status(ReplicaStatus),
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge { len: usize, max: usize },
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+/// The length in a frame header, refused above `max` (invariant 1).
+pub fn frame_len(header: [u8; 4], max: usize) -> Result<usize, FrameError> {
+    let len = u32::from_be_bytes(header) as usize;
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    Ok(len)
+}
+
+/// A whole frame: header and encoded message.
+pub fn encode<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, FrameError> {
+    let mut frame =
+        postcard::to_extend(msg, vec![0u8; 4]).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let len = frame.len() - 4;
+    if len > max || len > u32::MAX as usize {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(frame)
+}
+
+/// Decodes a frame body (invariant 2).
+pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, FrameError> {
+    postcard::from_bytes(body).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let req = WireRequest::Client(ClientRequest::Write(Op::Put {
+            key: b"k\xff".to_vec(),
+            value: vec![1, 2, 3],
+            lease: Some(7),
+        }));
+        let frame = encode(&req, MAX_FRAME).unwrap();
+        let len = frame_len(frame[..4].try_into().unwrap(), MAX_FRAME).unwrap();
+        assert_eq!(len, frame.len() - 4);
+        let back: WireRequest = decode(&frame[4..]).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{req:?}"));
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_both_ways() {
+        assert_eq!(
+            frame_len(u32::MAX.to_be_bytes(), MAX_FRAME),
+            Err(FrameError::TooLarge {
+                len: u32::MAX as usize,
+                max: MAX_FRAME
+            })
+        );
+        let big = WireResponse::Value(Ok(vec![0; 100]));
+        assert!(matches!(encode(&big, 50), Err(FrameError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        for bytes in [&b""[..], b"\xff\xff\xff\xff\xff", b"\x03\x09", &[0x7f; 64]] {
+            assert!(decode::<WireRequest>(bytes).is_err(), "{bytes:?}");
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Property: a 3-replica Raft cluster over QUIC with mutual TLS behaves
+//! exactly like the specification (the conformance suite, through any
+//! replica), and refuses peers whose certificate is from another CA.
+//! (Replicas run as tasks here; the process-level tests kill real
+//! processes.)
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tessel_kvstore::raft::client::RaftKv;
+use tessel_kvstore::raft::node::{wait_for_leader, Replica, ReplicaConfig};
+use tessel_kvstore::tls::{init_certs, TlsFiles};
+use tessel_kvstore::KvStore;
+
+/// Reserves `n` distinct loopback UDP ports (bound, then released).
+fn free_ports(n: usize) -> Vec<SocketAddr> {
+    let socks: Vec<std::net::UdpSocket> = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    socks.iter().map(|s| s.local_addr().unwrap()).collect()
+}
+
+async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<SocketAddr>) {
+    let addrs = free_ports(3);
+    let peers: BTreeMap<u64, SocketAddr> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (i as u64 + 1, *a))
+        .collect();
+    let mut replicas = Vec::new();
+    for (id, addr) in &peers {
+        let cfg = ReplicaConfig {
+            id: *id,
+            listen: *addr,
+            peers: peers.clone(),
+            data_dir: dir.join(format!("r{id}")),
+            tls: Some(tls.clone()),
+            raft: ReplicaConfig::default_raft(),
+        };
+        replicas.push(Replica::start(cfg).await.unwrap());
+    }
+    let refs: Vec<&Replica> = replicas.iter().collect();
+    assert!(
+        wait_for_leader(&refs, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "a leader is elected"
+    );
+    (replicas, addrs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let (replicas, addrs) = cluster(dir.path(), &tls).await;
+    // Each client talks to a different replica first: followers forward.
+    for start in 0..3 {
+        let mut order = addrs.clone();
+        order.rotate_left(start);
+        let kv = RaftKv::connect(order, Some(&tls)).unwrap();
+        kv.put(format!("start/{start}").as_bytes(), b"x")
+            .await
+            .unwrap();
+    }
+    let kv = RaftKv::connect(addrs.clone(), Some(&tls)).unwrap();
+    tessel_kvstore::conformance::run_all(&kv).await;
+    // Every replica applied the same state.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let states: Vec<_> = replicas.iter().map(|r| r.local().snapshot()).collect();
+    assert!(states
+        .windows(2)
+        .all(|w| w[0].revision() == w[1].revision()));
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_a_certificate_from_another_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    init_certs(&dir.path().join("other"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let other = TlsFiles::load(&dir.path().join("other")).unwrap();
+    let (replicas, addrs) = cluster(dir.path(), &tls).await;
+    let stranger = RaftKv::connect(addrs.clone(), Some(&other)).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(40), stranger.try_get(b"k"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Err(tessel_kvstore::KvError::Unavailable(_))),
+        "{r:?}"
+    );
+    let insecure = RaftKv::connect(addrs.clone(), None).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(40), insecure.try_get(b"k"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Err(tessel_kvstore::KvError::Unavailable(_))),
+        "no client certificate: {r:?}"
+    );
+    let member = RaftKv::connect(addrs, Some(&tls)).unwrap();
+    member.put(b"k", b"v").await.unwrap();
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
