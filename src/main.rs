@@ -16,8 +16,24 @@ struct Cli {
     command: Command,
 }
 
+mod cluster_cli;
+
 #[derive(Subcommand)]
 enum Command {
+    /// Create certificates for the cluster's mutual TLS.
+    Certs {
+        #[command(subcommand)]
+        command: cluster_cli::CertsCommand,
+    },
+    /// Run one replica of the replicated key-value service.
+    Coordinator(cluster_cli::CoordinatorArgs),
+    /// Read and write the key-value service.
+    Kv(cluster_cli::KvArgs),
+    /// Inspect and change the replica set.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster_cli::ClusterCommand,
+    },
     /// Inspect PJRT plugins.
     Plugin {
         #[command(subcommand)]
@@ -93,7 +109,17 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+    };
     match cli.command {
+        Command::Certs { command } => cluster_cli::certs(command),
+        Command::Coordinator(args) => runtime()?.block_on(cluster_cli::coordinator(args)),
+        Command::Kv(args) => runtime()?.block_on(cluster_cli::kv(args)),
+        Command::Cluster { command } => runtime()?.block_on(cluster_cli::cluster(command)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
         } => plugin_info(&plugin.load()?),

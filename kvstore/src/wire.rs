@@ -73,6 +73,15 @@ pub enum ClientRequest {
     },
     /// This replica's view of the cluster (never forwarded).
     Status,
+    /// Adds a replica: as a learner until it caught up, then as a voter.
+    AddReplica {
+        id: u64,
+        addr: String,
+    },
+    /// Removes a replica from the voters (its id is never reused).
+    RemoveReplica {
+        id: u64,
+    },
 }
 
 /// One replica's view, for `tessel cluster status`.
@@ -102,6 +111,7 @@ pub enum WireResponse {
     Revision(Result<u64, KvError>),
     Event(Result<Event, KvError>),
     Status(ReplicaStatus),
+    Done(Result<(), KvError>),
 }
 
 /// Why a frame could not be read or written.

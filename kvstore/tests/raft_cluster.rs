@@ -108,4 +108,3 @@ async fn a_client_with_a_certificate_from_another_ca_is_refused() {
         r.shutdown().await;
     }
 }
-

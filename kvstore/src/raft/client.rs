@@ -110,6 +110,34 @@ impl RaftKv {
         }
     }
 
+    /// Adds replica `id` at `addr` (learner, then voter once caught up).
+    pub async fn add_replica(&self, id: u64, addr: SocketAddr) -> Result<()> {
+        match self
+            .request(
+                ClientRequest::AddReplica {
+                    id,
+                    addr: addr.to_string(),
+                },
+                Duration::from_secs(60),
+            )
+            .await?
+        {
+            WireResponse::Done(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Removes replica `id` from the voters.
+    pub async fn remove_replica(&self, id: u64) -> Result<()> {
+        match self
+            .request(ClientRequest::RemoveReplica { id }, Duration::from_secs(30))
+            .await?
+        {
+            WireResponse::Done(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The status every replica reports (unreachable ones as errors).
     pub async fn cluster_status(&self) -> Vec<(SocketAddr, Result<ReplicaStatus>)> {
         let mut out = Vec::new();
@@ -135,7 +163,8 @@ impl RaftKv {
 
 fn retryable(resp: &WireResponse) -> Option<KvError> {
     let err = match resp {
-        WireResponse::Output(Err(e))
+        WireResponse::Done(Err(e))
+        | WireResponse::Output(Err(e))
         | WireResponse::Value(Err(e))
         | WireResponse::List(Err(e))
         | WireResponse::Revision(Err(e))
@@ -266,7 +295,9 @@ impl KvStore for RaftKv {
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
         // Check the start is valid now, so a compacted start fails here.
-        let first = open_watch(self, prefix.to_vec(), from_revision).await?;
+        let first = open_watch(&self.client, &self.addrs, prefix, from_revision)
+            .await
+            .ok_or_else(|| KvError::Unavailable("no replica accepts the watch".into()))?;
         let state = WatchState {
             client: self.client.clone(),
             addrs: self.addrs.clone(),
@@ -277,7 +308,7 @@ impl KvStore for RaftKv {
         Ok(futures::stream::unfold(state, |mut st| async move {
             loop {
                 if st.recv.is_none() {
-                    st.recv = reopen(&st).await;
+                    st.recv = open_watch(&st.client, &st.addrs, &st.prefix, st.next_from).await;
                     if st.recv.is_none() {
                         let e = KvError::Unavailable("watch: no replica answers".into());
                         return Some((Err(e), st));
@@ -391,39 +422,23 @@ struct WatchState {
     recv: Option<quinn::RecvStream>,
 }
 
-/// Opens a watch stream on the first replica that accepts it.
-async fn open_watch(kv: &RaftKv, prefix: Vec<u8>, from: u64) -> Result<quinn::RecvStream> {
+/// Opens a watch stream on the first replica that accepts it, trying for
+/// up to the retry budget. A refused start (a compacted revision) arrives as
+/// the stream's first frame.
+async fn open_watch(
+    client: &PeerClient,
+    addrs: &[SocketAddr],
+    prefix: &[u8],
+    from: u64,
+) -> Option<quinn::RecvStream> {
     let deadline = Instant::now() + RETRY_BUDGET;
-    let mut last = KvError::Unavailable("no replica answered".into());
     while Instant::now() < deadline {
-        for &addr in &kv.addrs {
+        for &addr in addrs {
             let req = WireRequest::Client(ClientRequest::Watch {
-                prefix: prefix.clone(),
+                prefix: prefix.to_vec(),
                 from,
             });
-            let Ok((mut send, recv)) = kv.client.open(addr, &req).await else {
-                continue;
-            };
-            let _ = send.finish();
-            // A refused start (compacted revision) arrives as the first frame;
-            // anything else is left for the stream.
-            return Ok(recv);
-        }
-        last = KvError::Unavailable("no replica accepts the watch".into());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(last)
-}
-
-async fn reopen(st: &WatchState) -> Option<quinn::RecvStream> {
-    let deadline = Instant::now() + RETRY_BUDGET;
-    while Instant::now() < deadline {
-        for &addr in &st.addrs {
-            let req = WireRequest::Client(ClientRequest::Watch {
-                prefix: st.prefix.clone(),
-                from: st.next_from,
-            });
-            if let Ok((mut send, recv)) = st.client.open(addr, &req).await {
+            if let Ok((mut send, recv)) = client.open(addr, &req).await {
                 let _ = send.finish();
                 return Some(recv);
             }

@@ -15,6 +15,8 @@ pub mod client;
 pub mod node;
 pub mod storage;
 
+pub use openraft::SnapshotPolicy;
+
 /// The result of applying one log entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response(pub Result<Output, KvError>);

@@ -116,6 +116,19 @@ impl Replica {
             }
         })?;
         endpoint.set_default_client_config(client_cfg);
+        let bound = endpoint
+            .local_addr()
+            .map_err(|source| ReplicaError::Listen {
+                addr: cfg.listen,
+                source,
+            })?;
+        // With port 0, this replica's entry in the peer list is its real address.
+        let mut peers = cfg.peers.clone();
+        if let Some(a) = peers.get_mut(&cfg.id) {
+            if a.port() == 0 {
+                *a = bound;
+            }
+        }
         let client = PeerClient::new(endpoint.clone());
         let config = Arc::new(
             cfg.raft
@@ -141,9 +154,8 @@ impl Replica {
             .is_initialized()
             .await
             .map_err(|e| ReplicaError::Raft(e.to_string()))?;
-        if !initialized && !cfg.peers.is_empty() {
-            let members: BTreeMap<u64, BasicNode> = cfg
-                .peers
+        if !initialized && !peers.is_empty() {
+            let members: BTreeMap<u64, BasicNode> = peers
                 .iter()
                 .map(|(id, a)| (*id, BasicNode::new(a.to_string())))
                 .collect();
@@ -351,6 +363,9 @@ fn error_response(req: &ClientRequest, e: KvError) -> WireResponse {
         ClientRequest::List { .. } => WireResponse::List(Err(e)),
         ClientRequest::Revision => WireResponse::Revision(Err(e)),
         ClientRequest::Watch { .. } => WireResponse::Event(Err(e)),
+        ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. } => {
+            WireResponse::Done(Err(e))
+        }
         _ => WireResponse::Output(Err(e)),
     }
 }
@@ -500,6 +515,57 @@ impl ReplicaHandler {
         }
     }
 
+    async fn add_replica(&self, id: u64, addr: String) -> Result<(), KvError> {
+        addr.parse::<SocketAddr>()
+            .map_err(|e| KvError::InvalidArgument(format!("replica address {addr:?}: {e}")))?;
+        let voters: std::collections::BTreeSet<u64> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        if voters.contains(&id) {
+            return Ok(());
+        }
+        self.raft
+            .add_learner(id, BasicNode::new(addr), true)
+            .await
+            .map_err(|e| unavailable(format!("add learner {id}: {e}")))?;
+        let mut new = voters;
+        new.insert(id);
+        self.raft
+            .change_membership(new, false)
+            .await
+            .map(drop)
+            .map_err(|e| unavailable(format!("promote {id}: {e}")))
+    }
+
+    async fn remove_replica(&self, id: u64) -> Result<(), KvError> {
+        let mut voters: std::collections::BTreeSet<u64> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        if !voters.remove(&id) {
+            return Err(KvError::NotFound(id.to_string().into_bytes()));
+        }
+        if voters.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "cannot remove the last voter".into(),
+            ));
+        }
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map(drop)
+            .map_err(|e| unavailable(format!("remove {id}: {e}")))
+    }
+
     async fn linearizable(&self) -> Result<(), KvError> {
         self.raft
             .ensure_linearizable()
@@ -595,6 +661,12 @@ impl ReplicaHandler {
                 return;
             }
             ClientRequest::Status => WireResponse::Status(self.status()),
+            ClientRequest::AddReplica { id, addr } => {
+                WireResponse::Done(self.add_replica(id, addr).await)
+            }
+            ClientRequest::RemoveReplica { id } => {
+                WireResponse::Done(self.remove_replica(id).await)
+            }
         };
         reply(send, &response).await;
     }

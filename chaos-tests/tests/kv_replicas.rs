@@ -1,0 +1,270 @@
+//! Property: the replicated key-value service, run as separate OS
+//! processes on loopback with real disks, survives the loss of a minority of
+//! replicas (and of all of them, restarted from disk) without losing an
+//! acknowledged write; lagging replicas catch up; membership can change.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessel_chaos_tests::{replica_args, spawn_replica, Proc, ReplicaSpec};
+use tessel_kvstore::raft::client::RaftKv;
+use tessel_kvstore::tls::{init_certs, TlsFiles};
+use tessel_kvstore::KvStore;
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    tls: TlsFiles,
+    procs: BTreeMap<u64, Proc>,
+}
+
+impl Cluster {
+    fn tls_dir(&self) -> PathBuf {
+        self.dir.path().join("tls")
+    }
+
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("replica-{id}"))
+    }
+
+    /// Replica 1 bootstraps alone; the others join it.
+    fn start(n: u64, extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        init_certs(&dir.path().join("tls"), &["127.0.0.1".into()]).unwrap();
+        let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+        let mut c = Cluster {
+            dir,
+            tls,
+            procs: BTreeMap::new(),
+        };
+        let first = c.spawn(1, "127.0.0.1:0".into(), None, extra);
+        c.procs.insert(1, first);
+        for id in 2..=n {
+            let p = c.spawn(id, "127.0.0.1:0".into(), Some(c.procs[&1].addr), extra);
+            c.procs.insert(id, p);
+        }
+        c
+    }
+
+    fn spawn(&self, id: u64, listen: String, join: Option<SocketAddr>, extra: &[&str]) -> Proc {
+        let data = self.data_dir(id);
+        let tls = self.tls_dir();
+        spawn_replica(&replica_args(&ReplicaSpec {
+            id,
+            listen,
+            data_dir: &data,
+            tls_dir: &tls,
+            join,
+            extra,
+        }))
+    }
+
+    /// Restarts replica `id` on its old address from its data folder.
+    fn restart(&mut self, id: u64) {
+        let addr = self.procs[&id].addr;
+        let data = self.data_dir(id);
+        let tls = self.tls_dir();
+        let mut args = replica_args(&ReplicaSpec {
+            id,
+            listen: addr.to_string(),
+            data_dir: &data,
+            tls_dir: &tls,
+            join: None,
+            extra: &[],
+        });
+        // The cluster is already formed: no peer list needed.
+        let at = args.iter().position(|a| a == "--peers").unwrap();
+        args.drain(at..at + 2);
+        let p = spawn_replica(&args);
+        self.procs.insert(id, p);
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.procs.values().map(|p| p.addr).collect()
+    }
+
+    fn client(&self) -> RaftKv {
+        RaftKv::connect(self.addrs(), Some(&self.tls)).unwrap()
+    }
+
+    /// A client that knows only replica `id`.
+    fn client_of(&self, id: u64) -> RaftKv {
+        RaftKv::connect(vec![self.procs[&id].addr], Some(&self.tls)).unwrap()
+    }
+
+    async fn leader(&self) -> u64 {
+        for _ in 0..200 {
+            for (_, s) in self.client().cluster_status().await {
+                if let Ok(s) = s {
+                    if s.state == "Leader" {
+                        return s.id;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no leader");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_reads_through_different_replicas_are_linearizable() {
+    let c = Cluster::start(3, &[]);
+    let (k1, k2, k3) = (c.client_of(1), c.client_of(2), c.client_of(3));
+    for (i, w) in [&k1, &k2, &k3].iter().enumerate() {
+        let key = format!("lin/{i}");
+        w.put(key.as_bytes(), b"v").await.unwrap();
+        // Acknowledged through one replica, visible at once through every one.
+        for r in [&k1, &k2, &k3] {
+            assert_eq!(r.try_get(key.as_bytes()).await.unwrap(), b"v");
+        }
+    }
+    // A blocking get on replica 2 is woken by a put on replica 3.
+    let (got, ()) = tokio::join!(k2.get(b"wake/me", Duration::from_secs(20)), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        k3.insert(b"wake/me", b"now").await.unwrap();
+    });
+    assert_eq!(got.unwrap(), b"now");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_under_write_load_loses_no_acknowledged_write() {
+    let mut c = Cluster::start(3, &[]);
+    let kv = Arc::new(c.client());
+    let writer = {
+        let kv = kv.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..400u32 {
+                let key = format!("load/{i:04}");
+                if kv.put(key.as_bytes(), &i.to_le_bytes()).await.is_ok() {
+                    acked.push(i);
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let old = c.leader().await;
+    c.procs.get_mut(&old).unwrap().kill();
+    let acked = writer.await.unwrap();
+    assert!(
+        acked.len() > 300,
+        "writes continue after the kill: {} acknowledged",
+        acked.len()
+    );
+    let new = c.leader().await;
+    assert_ne!(new, old, "a new leader was elected");
+    let survivors: Vec<SocketAddr> = c
+        .procs
+        .iter()
+        .filter(|(id, _)| **id != old)
+        .map(|(_, p)| p.addr)
+        .collect();
+    let kv = RaftKv::connect(survivors, Some(&c.tls)).unwrap();
+    for i in &acked {
+        let v = kv.try_get(format!("load/{i:04}").as_bytes()).await.unwrap();
+        assert_eq!(v, i.to_le_bytes(), "acknowledged write {i} is readable");
+    }
+    kv.put(b"after/kill", b"ok").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_every_replica_and_restarting_from_disk_loses_nothing() {
+    let mut c = Cluster::start(3, &[]);
+    let kv = c.client();
+    for i in 0..100u32 {
+        kv.put(format!("durable/{i}").as_bytes(), &i.to_le_bytes())
+            .await
+            .unwrap();
+    }
+    let lease_free_revision = kv.revision().await.unwrap();
+    for p in c.procs.values_mut() {
+        p.kill();
+    }
+    for id in 1..=3 {
+        c.restart(id);
+    }
+    let kv = c.client();
+    for i in 0..100u32 {
+        assert_eq!(
+            kv.try_get(format!("durable/{i}").as_bytes()).await.unwrap(),
+            i.to_le_bytes()
+        );
+    }
+    assert!(kv.revision().await.unwrap() >= lease_free_revision);
+    kv.put(b"after/restart", b"ok").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
+    let c = Cluster::start(3, &["--snapshot-every", "50", "--keep-log-entries", "0"]);
+    let leader = c.leader().await;
+    let follower = *c.procs.keys().find(|id| **id != leader).unwrap();
+    c.procs[&follower].signal("STOP");
+    let others: Vec<SocketAddr> = c
+        .procs
+        .iter()
+        .filter(|(id, _)| **id != follower)
+        .map(|(_, p)| p.addr)
+        .collect();
+    let kv = RaftKv::connect(others, Some(&c.tls)).unwrap();
+    for i in 0..300u32 {
+        kv.put(format!("snap/{i}").as_bytes(), &i.to_le_bytes())
+            .await
+            .unwrap();
+    }
+    c.procs[&follower].signal("CONT");
+    // The follower's log position was compacted away on the leader: it
+    // can only catch up by installing a snapshot.
+    let target = kv.revision().await.unwrap();
+    let mut caught_up = false;
+    for _ in 0..150 {
+        let statuses = c.client().cluster_status().await;
+        let rev = |id: u64| {
+            statuses
+                .iter()
+                .filter_map(|(_, s)| s.as_ref().ok())
+                .find(|s| s.id == id)
+                .map(|s| (s.revision, s.keys))
+        };
+        if rev(follower).is_some_and(|(r, _)| r >= target) && rev(follower) == rev(leader) {
+            caught_up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        caught_up,
+        "the follower reached the leader's revision and key count"
+    );
+    let only_follower = c.client_of(follower);
+    assert_eq!(
+        only_follower.try_get(b"snap/299").await.unwrap(),
+        299u32.to_le_bytes()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_replica_joins_and_one_is_removed() {
+    let mut c = Cluster::start(3, &[]);
+    let kv = c.client();
+    kv.put(b"before/join", b"1").await.unwrap();
+    let fourth = c.spawn(4, "127.0.0.1:0".into(), Some(c.procs[&1].addr), &[]);
+    c.procs.insert(4, fourth);
+    let only_new = c.client_of(4);
+    assert_eq!(only_new.try_get(b"before/join").await.unwrap(), b"1");
+    c.client().remove_replica(1).await.unwrap();
+    c.procs.get_mut(&1).unwrap().kill();
+    let rest: Vec<SocketAddr> = [2u64, 3, 4].iter().map(|id| c.procs[id].addr).collect();
+    let kv = RaftKv::connect(rest, Some(&c.tls)).unwrap();
+    kv.put(b"after/remove", b"2").await.unwrap();
+    let statuses = kv.cluster_status().await;
+    for (_, s) in statuses {
+        let s = s.unwrap();
+        let ids: Vec<u64> = s.members.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, vec![2, 3, 4], "replica {} sees the new voters", s.id);
+    }
+}

@@ -1,0 +1,357 @@
+//! The coordinator-side commands: `certs`, `coordinator`, `kv`, `cluster`.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use futures::StreamExt;
+use tessel_kvstore::raft::client::RaftKv;
+use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
+use tessel_kvstore::tls::{init_certs, TlsFiles};
+use tessel_kvstore::{show_key, Event, KvStore};
+
+/// Where to find the TLS folder, or `--insecure`.
+#[derive(Args, Clone)]
+pub struct TlsArgs {
+    /// Folder with ca.pem, node.pem and node.key (from `tessel certs init`).
+    #[arg(long, value_name = "DIR", conflicts_with = "insecure")]
+    pub tls_dir: Option<PathBuf>,
+    /// Run without TLS authentication (tests and local experiments only).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl TlsArgs {
+    /// The loaded certificates, `None` for `--insecure`; neither is an error.
+    pub fn load(&self) -> Result<Option<TlsFiles>> {
+        match (&self.tls_dir, self.insecure) {
+            (Some(dir), _) => Ok(Some(TlsFiles::load(dir)?)),
+            (None, true) => Ok(None),
+            (None, false) => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure"),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum CertsCommand {
+    /// Create a cluster CA and a certificate signed by it.
+    Init {
+        dir: PathBuf,
+        /// Host names and IPs the certificate is valid for, comma separated.
+        #[arg(long, value_delimiter = ',')]
+        hosts: Vec<String>,
+    },
+}
+
+#[derive(Args)]
+pub struct CoordinatorArgs {
+    /// This replica's id (never reuse the id of a removed replica).
+    #[arg(long)]
+    pub id: u64,
+    /// Address to listen on; port 0 picks a free port (printed on start).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: SocketAddr,
+    /// Initial voters, `1=HOST:PORT,2=HOST:PORT,...`, used to form a new
+    /// cluster on first start (this replica included).
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
+    pub peers: Vec<(u64, SocketAddr)>,
+    /// Join the cluster that the replica at ADDR belongs to.
+    #[arg(long, value_name = "ADDR", conflicts_with = "peers")]
+    pub join: Option<String>,
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Take a snapshot (and compact the log) every N entries.
+    #[arg(long, default_value_t = 20_000)]
+    pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot for lagging followers; beyond
+    /// that they catch up by snapshot.
+    #[arg(long, default_value_t = 1000)]
+    pub keep_log_entries: u64,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+fn parse_peer(s: &str) -> Result<(u64, SocketAddr), String> {
+    let (id, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected ID=HOST:PORT"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: bad replica id"))?;
+    let addr = resolve(addr).map_err(|e| format!("`{s}`: {e}"))?;
+    Ok((id, addr))
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.trim()
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {addr}"))?
+        .next()
+        .with_context(|| format!("{addr} resolves to nothing"))
+}
+
+fn coordinators(list: &str) -> Result<Vec<SocketAddr>> {
+    list.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(resolve)
+        .collect()
+}
+
+#[derive(Args)]
+pub struct KvArgs {
+    /// Replica addresses, comma separated.
+    #[arg(long, value_name = "ADDR[,ADDR..]")]
+    pub coordinator: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(subcommand)]
+    pub op: KvOp,
+}
+
+#[derive(Subcommand)]
+pub enum KvOp {
+    /// Write, overwriting.
+    Put { key: String, value: String },
+    /// Write unless the key exists.
+    Insert { key: String, value: String },
+    /// Wait for a key (blocking get).
+    Get {
+        key: String,
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u64,
+    },
+    /// Read a key now.
+    TryGet { key: String },
+    /// Every pair under a prefix.
+    List { prefix: String },
+    /// Delete a key, or with --prefix everything under it.
+    Del {
+        key: String,
+        #[arg(long)]
+        prefix: bool,
+    },
+    /// Print changes under a prefix.
+    Watch {
+        prefix: String,
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Stop after N events.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Add to a counter (missing = 0).
+    Incr {
+        key: String,
+        #[arg(default_value_t = 1, allow_hyphen_values = true)]
+        delta: i64,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Leader, term, members and log indices as each replica sees them.
+    Status {
+        #[arg(long, value_name = "ADDR[,ADDR..]")]
+        coordinator: String,
+        #[command(flatten)]
+        tls: TlsArgs,
+    },
+    /// Remove a replica from the voters.
+    Remove {
+        #[arg(long, value_name = "ADDR[,ADDR..]")]
+        coordinator: String,
+        #[command(flatten)]
+        tls: TlsArgs,
+        id: u64,
+    },
+}
+
+pub fn certs(cmd: CertsCommand) -> Result<()> {
+    match cmd {
+        CertsCommand::Init { dir, hosts } => {
+            init_certs(&dir, &hosts)?;
+            println!(
+                "created the cluster CA and a node certificate in {}",
+                dir.display()
+            );
+            Ok(())
+        }
+    }
+}
+
+pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    let tls = args.tls.load()?;
+    let mut raft = ReplicaConfig::default_raft();
+    raft.snapshot_policy = openraft_snapshot_policy(args.snapshot_every);
+    raft.max_in_snapshot_log_to_keep = args.keep_log_entries;
+    let peers: BTreeMap<u64, SocketAddr> = args.peers.iter().copied().collect();
+    if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&args.id) {
+        bail!("--peers must include this replica (id {})", args.id);
+    }
+    let cfg = ReplicaConfig {
+        id: args.id,
+        listen: args.listen,
+        peers,
+        data_dir: args.data_dir.clone(),
+        tls: tls.clone(),
+        raft,
+    };
+    let replica = Replica::start(cfg).await?;
+    let addr = replica.local_addr()?;
+    // Tests and scripts read this line to learn the port.
+    println!("replica {} listening on {addr}", args.id);
+    if let Some(join) = &args.join {
+        let kv = RaftKv::connect(coordinators(join)?, tls.as_ref())?;
+        kv.add_replica(args.id, addr)
+            .await
+            .with_context(|| format!("joining the cluster of {join}"))?;
+        println!("replica {} joined", args.id);
+    }
+    wait_for_signal().await;
+    eprintln!("replica {} shutting down", args.id);
+    replica.shutdown().await;
+    Ok(())
+}
+
+fn openraft_snapshot_policy(every: u64) -> tessel_kvstore::raft::SnapshotPolicy {
+    tessel_kvstore::raft::SnapshotPolicy::LogsSinceLast(every.max(1))
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn show(bytes: &[u8]) -> String {
+    show_key(bytes)
+}
+
+pub async fn kv(args: KvArgs) -> Result<()> {
+    let kv = RaftKv::connect(coordinators(&args.coordinator)?, args.tls.load()?.as_ref())?;
+    match args.op {
+        KvOp::Put { key, value } => println!(
+            "revision {}",
+            kv.put(key.as_bytes(), value.as_bytes()).await?
+        ),
+        KvOp::Insert { key, value } => println!(
+            "revision {}",
+            kv.insert(key.as_bytes(), value.as_bytes()).await?
+        ),
+        KvOp::Get { key, timeout_ms } => {
+            println!(
+                "{}",
+                show(
+                    &kv.get(key.as_bytes(), Duration::from_millis(timeout_ms))
+                        .await?
+                )
+            )
+        }
+        KvOp::TryGet { key } => println!("{}", show(&kv.try_get(key.as_bytes()).await?)),
+        KvOp::List { prefix } => {
+            for e in kv.list(prefix.as_bytes()).await? {
+                println!(
+                    "{}\t{}\t(revision {})",
+                    show(&e.key),
+                    show(&e.value),
+                    e.mod_revision
+                );
+            }
+        }
+        KvOp::Del { key, prefix } => {
+            let n = if prefix {
+                kv.delete_prefix(key.as_bytes()).await?
+            } else {
+                kv.delete(key.as_bytes()).await?
+            };
+            println!("deleted {n}");
+        }
+        KvOp::Incr { key, delta } => println!("{}", kv.increment(key.as_bytes(), delta).await?),
+        KvOp::Watch {
+            prefix,
+            from,
+            count,
+        } => {
+            let mut events = kv.watch(prefix.as_bytes(), from).await?;
+            let mut seen = 0;
+            while count.is_none_or(|c| seen < c) {
+                let Some(e) = events.next().await else { break };
+                match e? {
+                    Event::Put(kv) => println!(
+                        "{} put {} {}",
+                        kv.mod_revision,
+                        show(&kv.key),
+                        show(&kv.value)
+                    ),
+                    Event::Delete { key, revision } => println!("{revision} delete {}", show(&key)),
+                }
+                seen += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn cluster(cmd: ClusterCommand) -> Result<()> {
+    match cmd {
+        ClusterCommand::Status { coordinator, tls } => {
+            let kv = RaftKv::connect(coordinators(&coordinator)?, tls.load()?.as_ref())?;
+            println!(
+                "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  MEMBERS",
+                "REPLICA", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "REVISION"
+            );
+            for (addr, status) in kv.cluster_status().await {
+                match status {
+                    Ok(s) => {
+                        let opt = |v: Option<u64>| v.map_or("-".into(), |x| x.to_string());
+                        let members: Vec<String> = s
+                            .members
+                            .iter()
+                            .map(|(id, a)| format!("{id}={a}"))
+                            .collect();
+                        println!(
+                            "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  {}",
+                            addr.to_string(),
+                            s.id,
+                            s.state,
+                            opt(s.leader),
+                            s.term,
+                            opt(s.last_log_index),
+                            opt(s.applied),
+                            s.revision,
+                            members.join(",")
+                        );
+                    }
+                    Err(e) => println!("{:<22} unreachable: {e}", addr.to_string()),
+                }
+            }
+            Ok(())
+        }
+        ClusterCommand::Remove {
+            coordinator,
+            tls,
+            id,
+        } => {
+            let kv = RaftKv::connect(coordinators(&coordinator)?, tls.load()?.as_ref())?;
+            kv.remove_replica(id).await?;
+            println!("removed replica {id}");
+            Ok(())
+        }
+    }
+}
