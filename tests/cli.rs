@@ -235,3 +235,48 @@ fn a_missing_plugin_prints_the_command_that_installs_it() {
     ]));
     assert!(e.contains("/no/such/plugin.so"), "{e}");
 }
+
+#[test]
+fn a_coordinator_without_tls_or_insecure_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let e = fails(&tessel(&[
+        "coordinator",
+        "--id",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+        "--peers",
+        "1=127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]));
+    assert!(e.contains("--tls-dir") && e.contains("--insecure"), "{e}");
+    assert!(!data.exists(), "nothing was created");
+    let e = fails(&tessel(&[
+        "kv",
+        "--coordinator",
+        "127.0.0.1:1",
+        "try-get",
+        "k",
+    ]));
+    assert!(e.contains("--tls-dir"), "clients need it too: {e}");
+}
+
+#[test]
+fn certs_init_refuses_to_replace_a_cluster_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    ok(&tessel(&[
+        "certs",
+        "init",
+        tls.to_str().unwrap(),
+        "--hosts",
+        "127.0.0.1,example.internal",
+    ]));
+    for f in ["ca.pem", "ca.key", "node.pem", "node.key"] {
+        assert!(tls.join(f).is_file(), "{f}");
+    }
+    let e = fails(&tessel(&["certs", "init", tls.to_str().unwrap()]));
+    assert!(e.contains("refusing to replace"), "{e}");
+}

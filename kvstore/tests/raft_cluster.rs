@@ -108,3 +108,48 @@ async fn a_client_with_a_certificate_from_another_ca_is_refused() {
         r.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_frame_resets_its_stream_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let (replicas, addrs) = cluster(dir.path(), &tls).await;
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(tls.client_config(tessel_kvstore::wire::ALPN).unwrap());
+    let conn = endpoint
+        .connect(addrs[0], tessel_kvstore::tls::SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+
+    // A header announcing 1 GiB: refused without reading (or allocating) it.
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&(1u32 << 30).to_be_bytes()).await.unwrap();
+    let r = recv.read_to_end(1 << 20).await;
+    assert!(r.is_err(), "the stream is reset: {r:?}");
+
+    // Garbage of a plausible length: also refused.
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&8u32.to_be_bytes()).await.unwrap();
+    send.write_all(&[0xee; 8]).await.unwrap();
+    let _ = send.finish();
+    assert!(recv.read_to_end(1 << 20).await.is_err());
+
+    // The same connection still serves well-formed requests.
+    let client = tessel_kvstore::net::PeerClient::new(endpoint.clone());
+    let req =
+        tessel_kvstore::wire::WireRequest::Client(tessel_kvstore::wire::ClientRequest::Status);
+    let resp = client
+        .call(addrs[0], &req, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(
+        resp,
+        tessel_kvstore::wire::WireResponse::Status(_)
+    ));
+    assert!(conn.close_reason().is_none(), "the connection survived");
+    for r in replicas {
+        r.shutdown().await;
+    }
+}

@@ -1,0 +1,19 @@
+//! The key-value wire protocol: any header and body is refused or decoded
+//! without panicking, for every message type, and a decoded request
+//! re-encodes.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use tessel_kvstore::wire::{decode, encode, frame_len, WireRequest, WireResponse, MAX_FRAME};
+
+fuzz_target!(|data: &[u8]| {
+    if data.len() >= 4 {
+        let header: [u8; 4] = data[..4].try_into().unwrap();
+        if let Ok(len) = frame_len(header, MAX_FRAME) {
+            assert!(len <= MAX_FRAME);
+        }
+    }
+    if let Ok(req) = decode::<WireRequest>(data) {
+        encode(&req, usize::MAX).expect("a decoded request re-encodes");
+    }
+    let _ = decode::<WireResponse>(data);
+});
