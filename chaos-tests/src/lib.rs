@@ -2,12 +2,18 @@
 //! (port 0, the bound address read back from their output), kill them with
 //! real signals, and clean up children and folders however a test ends.
 
+pub mod linearizability;
+
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use tessel_kvstore::raft::client::RaftKv;
+use tessel_kvstore::tls::{init_certs, TlsFiles};
 
 /// The `tessel` binary built alongside these tests.
 pub fn tessel_bin() -> PathBuf {
@@ -67,7 +73,10 @@ impl Drop for Proc {
 pub fn spawn_replica(args: &[String]) -> Proc {
     let mut child = Command::new(tessel_bin())
         .args(args)
-        .env("RUST_LOG", "error")
+        .env(
+            "RUST_LOG",
+            std::env::var("TESSEL_CHAOS_LOG").unwrap_or_else(|_| "error".into()),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -76,18 +85,31 @@ pub fn spawn_replica(args: &[String]) -> Proc {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                let _ = tx.send(addr.trim().to_owned());
-            }
+            let _ = tx.send(line);
         }
     });
-    let addr = match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(a) => a.parse().expect("address"),
-        Err(_) => {
+    // A joining replica is only a member once it printed "joined": until
+    // then the cluster may be in a joint configuration.
+    let joining = args.iter().any(|a| a == "--join");
+    let mut addr = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while addr.is_none() || joining {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
             let _ = child.kill();
-            panic!("tessel {args:?} did not report its address");
+            panic!(
+                "tessel {args:?} did not report its address{}",
+                if joining { " and join" } else { "" }
+            );
+        };
+        if let Some(a) = line.split("listening on ").nth(1) {
+            addr = Some(a.trim().parse().expect("address"));
         }
-    };
+        if line.ends_with(" joined") {
+            break;
+        }
+    }
+    let addr = addr.expect("address reported");
     Proc { child, addr }
 }
 
@@ -120,4 +142,101 @@ pub fn replica_args(s: &ReplicaSpec<'_>) -> Vec<String> {
     }
     a.extend(s.extra.iter().map(|x| x.to_string()));
     a
+}
+
+/// A cluster of `tessel coordinator` processes with mutual TLS.
+pub struct KvCluster {
+    /// Holds the data and TLS folders; removed on drop.
+    pub dir: tempfile::TempDir,
+    pub tls: TlsFiles,
+    pub procs: BTreeMap<u64, Proc>,
+}
+
+impl KvCluster {
+    pub fn tls_dir(&self) -> PathBuf {
+        self.dir.path().join("tls")
+    }
+
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("replica-{id}"))
+    }
+
+    /// Replica 1 bootstraps alone; the others join it.
+    pub fn start(n: u64, extra: &[&str]) -> KvCluster {
+        let dir = tempfile::tempdir().unwrap();
+        init_certs(&dir.path().join("tls"), &["127.0.0.1".into()]).unwrap();
+        let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+        let mut c = KvCluster {
+            dir,
+            tls,
+            procs: BTreeMap::new(),
+        };
+        let first = c.spawn(1, "127.0.0.1:0".into(), None, extra);
+        c.procs.insert(1, first);
+        for id in 2..=n {
+            let p = c.spawn(id, "127.0.0.1:0".into(), Some(c.procs[&1].addr), extra);
+            c.procs.insert(id, p);
+        }
+        c
+    }
+
+    pub fn spawn(&self, id: u64, listen: String, join: Option<SocketAddr>, extra: &[&str]) -> Proc {
+        let data = self.data_dir(id);
+        let tls = self.tls_dir();
+        spawn_replica(&replica_args(&ReplicaSpec {
+            id,
+            listen,
+            data_dir: &data,
+            tls_dir: &tls,
+            join,
+            extra,
+        }))
+    }
+
+    /// Restarts replica `id` on its old address from its data folder.
+    pub fn restart(&mut self, id: u64) {
+        let addr = self.procs[&id].addr;
+        let data = self.data_dir(id);
+        let tls = self.tls_dir();
+        let mut args = replica_args(&ReplicaSpec {
+            id,
+            listen: addr.to_string(),
+            data_dir: &data,
+            tls_dir: &tls,
+            join: None,
+            extra: &[],
+        });
+        // The cluster is already formed: no peer list needed.
+        let at = args.iter().position(|a| a == "--peers").unwrap();
+        args.drain(at..at + 2);
+        let p = spawn_replica(&args);
+        self.procs.insert(id, p);
+    }
+
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.procs.values().map(|p| p.addr).collect()
+    }
+
+    pub fn client(&self) -> RaftKv {
+        RaftKv::connect(self.addrs(), Some(&self.tls)).unwrap()
+    }
+
+    /// A client that knows only replica `id`.
+    pub fn client_of(&self, id: u64) -> RaftKv {
+        RaftKv::connect(vec![self.procs[&id].addr], Some(&self.tls)).unwrap()
+    }
+
+    pub async fn leader(&self) -> u64 {
+        for _ in 0..200 {
+            for (_, s) in self.client().cluster_status().await {
+                if let Ok(s) = s {
+                    if s.state == "Leader" {
+                        return s.id;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no leader");
+    }
 }

@@ -3,111 +3,13 @@
 //! replicas (and of all of them, restarted from disk) without losing an
 //! acknowledged write; lagging replicas catch up; membership can change.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessel_chaos_tests::{replica_args, spawn_replica, Proc, ReplicaSpec};
+use tessel_chaos_tests::KvCluster as Cluster;
 use tessel_kvstore::raft::client::RaftKv;
-use tessel_kvstore::tls::{init_certs, TlsFiles};
 use tessel_kvstore::KvStore;
-
-struct Cluster {
-    dir: tempfile::TempDir,
-    tls: TlsFiles,
-    procs: BTreeMap<u64, Proc>,
-}
-
-impl Cluster {
-    fn tls_dir(&self) -> PathBuf {
-        self.dir.path().join("tls")
-    }
-
-    fn data_dir(&self, id: u64) -> PathBuf {
-        self.dir.path().join(format!("replica-{id}"))
-    }
-
-    /// Replica 1 bootstraps alone; the others join it.
-    fn start(n: u64, extra: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        init_certs(&dir.path().join("tls"), &["127.0.0.1".into()]).unwrap();
-        let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-        let mut c = Cluster {
-            dir,
-            tls,
-            procs: BTreeMap::new(),
-        };
-        let first = c.spawn(1, "127.0.0.1:0".into(), None, extra);
-        c.procs.insert(1, first);
-        for id in 2..=n {
-            let p = c.spawn(id, "127.0.0.1:0".into(), Some(c.procs[&1].addr), extra);
-            c.procs.insert(id, p);
-        }
-        c
-    }
-
-    fn spawn(&self, id: u64, listen: String, join: Option<SocketAddr>, extra: &[&str]) -> Proc {
-        let data = self.data_dir(id);
-        let tls = self.tls_dir();
-        spawn_replica(&replica_args(&ReplicaSpec {
-            id,
-            listen,
-            data_dir: &data,
-            tls_dir: &tls,
-            join,
-            extra,
-        }))
-    }
-
-    /// Restarts replica `id` on its old address from its data folder.
-    fn restart(&mut self, id: u64) {
-        let addr = self.procs[&id].addr;
-        let data = self.data_dir(id);
-        let tls = self.tls_dir();
-        let mut args = replica_args(&ReplicaSpec {
-            id,
-            listen: addr.to_string(),
-            data_dir: &data,
-            tls_dir: &tls,
-            join: None,
-            extra: &[],
-        });
-        // The cluster is already formed: no peer list needed.
-        let at = args.iter().position(|a| a == "--peers").unwrap();
-        args.drain(at..at + 2);
-        let p = spawn_replica(&args);
-        self.procs.insert(id, p);
-    }
-
-    fn addrs(&self) -> Vec<SocketAddr> {
-        self.procs.values().map(|p| p.addr).collect()
-    }
-
-    fn client(&self) -> RaftKv {
-        RaftKv::connect(self.addrs(), Some(&self.tls)).unwrap()
-    }
-
-    /// A client that knows only replica `id`.
-    fn client_of(&self, id: u64) -> RaftKv {
-        RaftKv::connect(vec![self.procs[&id].addr], Some(&self.tls)).unwrap()
-    }
-
-    async fn leader(&self) -> u64 {
-        for _ in 0..200 {
-            for (_, s) in self.client().cluster_status().await {
-                if let Ok(s) = s {
-                    if s.state == "Leader" {
-                        return s.id;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("no leader");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_and_reads_through_different_replicas_are_linearizable() {
@@ -203,6 +105,21 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
     let c = Cluster::start(3, &["--snapshot-every", "50", "--keep-log-entries", "0"]);
     let leader = c.leader().await;
     let follower = *c.procs.keys().find(|id| **id != leader).unwrap();
+    let status_of = |statuses: &[(
+        SocketAddr,
+        Result<tessel_kvstore::wire::ReplicaStatus, tessel_kvstore::KvError>,
+    )],
+                     id: u64| {
+        statuses
+            .iter()
+            .filter_map(|(_, s)| s.as_ref().ok())
+            .find(|s| s.id == id)
+            .cloned()
+    };
+    let applied_before = status_of(&c.client().cluster_status().await, follower)
+        .unwrap()
+        .applied
+        .unwrap_or(0);
     c.procs[&follower].signal("STOP");
     let others: Vec<SocketAddr> = c
         .procs
@@ -216,6 +133,14 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
             .await
             .unwrap();
     }
+    let purged = status_of(&kv.cluster_status().await, leader)
+        .unwrap()
+        .purged
+        .unwrap_or(0);
+    assert!(
+        purged > applied_before,
+        "the leader compacted past the follower (purged {purged}, follower applied {applied_before})"
+    );
     c.procs[&follower].signal("CONT");
     // The follower's log position was compacted away on the leader: it
     // can only catch up by installing a snapshot.

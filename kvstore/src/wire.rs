@@ -95,6 +95,10 @@ pub struct ReplicaStatus {
     pub learners: Vec<(u64, String)>,
     pub last_log_index: Option<u64>,
     pub applied: Option<u64>,
+    /// Last log index covered by this replica's latest snapshot.
+    pub snapshot: Option<u64>,
+    /// Log entries up to here were deleted (compacted into a snapshot).
+    pub purged: Option<u64>,
     pub revision: u64,
     pub keys: u64,
 }

@@ -431,6 +431,8 @@ impl ReplicaHandler {
             learners,
             last_log_index: m.last_log_index,
             applied: m.last_applied.map(|l| l.index),
+            snapshot: m.snapshot.map(|l| l.index),
+            purged: m.purged.map(|l| l.index),
             revision,
             keys,
         }
