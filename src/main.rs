@@ -16,6 +16,7 @@ struct Cli {
     command: Command,
 }
 
+mod bench_kv;
 mod cluster_cli;
 
 #[derive(Subcommand)]
@@ -29,6 +30,11 @@ enum Command {
     Coordinator(cluster_cli::CoordinatorArgs),
     /// Read and write the key-value service.
     Kv(cluster_cli::KvArgs),
+    /// Benchmarks (JSON lines on stdout).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// Inspect and change the replica set.
     Cluster {
         #[command(subcommand)]
@@ -59,6 +65,12 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The replicated key-value service: 3 replica processes on loopback.
+    Kv(bench_kv::BenchKvArgs),
 }
 
 #[derive(Subcommand)]
@@ -120,6 +132,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Coordinator(args) => runtime()?.block_on(cluster_cli::coordinator(args)),
         Command::Kv(args) => runtime()?.block_on(cluster_cli::kv(args)),
         Command::Cluster { command } => runtime()?.block_on(cluster_cli::cluster(command)),
+        Command::Bench {
+            command: BenchCommand::Kv(args),
+        } => runtime()?.block_on(bench_kv::run(args)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
         } => plugin_info(&plugin.load()?),

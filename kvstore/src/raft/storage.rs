@@ -40,6 +40,8 @@ type Node = openraft::BasicNode;
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// Page cache of the redb file.
+const CACHE_BYTES: usize = 32 << 20;
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
@@ -63,7 +65,12 @@ fn write_logs_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> 
 
 /// Opens (or creates) the store of one replica at `path`.
 pub fn open(path: &Path, initial: KvState) -> StorageResult<(LogStore, StateMachineStore)> {
-    let db = Database::create(path).map_err(write_logs_err)?;
+    // redb's default page cache may grow to 1 GiB; the log is written once
+    // and read back rarely (lagging followers), so a small cache suffices.
+    let db = redb::Builder::new()
+        .set_cache_size(CACHE_BYTES)
+        .create(path)
+        .map_err(write_logs_err)?;
     let txn = db.begin_write().map_err(write_logs_err)?;
     txn.open_table(LOG).map_err(write_logs_err)?;
     txn.open_table(META).map_err(write_logs_err)?;

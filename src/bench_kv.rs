@@ -1,0 +1,250 @@
+//! `tessel bench kv`: the replicated key-value service under load.
+//!
+//! Starts three `tessel coordinator` processes on loopback (mutual TLS,
+//! redb with fsync on every commit), drives them from this process over
+//! QUIC, and prints one JSON line per figure.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessel_kvstore::raft::client::RaftKv;
+use tessel_kvstore::tls::{init_certs, TlsFiles};
+use tessel_kvstore::KvStore;
+
+#[derive(Args)]
+pub struct BenchKvArgs {
+    /// Sequential puts for the latency figures.
+    #[arg(long, default_value_t = 2000)]
+    pub sequential: usize,
+    /// Seconds of load at each concurrency level.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+    /// Keys of 64-byte values to load before measuring memory.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keys: usize,
+}
+
+/// Kills the replica processes however the bench ends.
+struct Replicas(Vec<(Child, SocketAddr)>);
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(args: &[String]) -> Result<(Child, SocketAddr)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        // Replicas complain about each other while the bench tears them down.
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting a coordinator")?;
+    let stdout = child.stdout.take().context("coordinator stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let joining = args.iter().any(|a| a == "--join");
+    let mut addr = None;
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .context("coordinator did not start")?;
+        if let Some(a) = line.split("listening on ").nth(1) {
+            addr = Some(a.trim().parse()?);
+        }
+        if addr.is_some() && (!joining || line.ends_with(" joined")) {
+            break;
+        }
+    }
+    Ok((child, addr.expect("set above")))
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+pub async fn run(args: BenchKvArgs) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tls_dir = dir.path().join("tls");
+    init_certs(&tls_dir, &["127.0.0.1".into()])?;
+    let tls = TlsFiles::load(&tls_dir)?;
+    let replica = |id: u64, join: Option<SocketAddr>| -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "coordinator".into(),
+            "--id".into(),
+            id.to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--data-dir".into(),
+            dir.path().join(format!("r{id}")).display().to_string(),
+            "--tls-dir".into(),
+            tls_dir.display().to_string(),
+        ];
+        match join {
+            Some(j) => a.extend(["--join".into(), j.to_string()]),
+            None => a.extend(["--peers".into(), format!("{id}=127.0.0.1:0")]),
+        }
+        a
+    };
+    let mut procs = Replicas(vec![spawn(&replica(1, None))?]);
+    let first = procs.0[0].1;
+    for id in 2..=3 {
+        procs.0.push(spawn(&replica(id, Some(first)))?);
+    }
+    let addrs: Vec<SocketAddr> = procs.0.iter().map(|(_, a)| *a).collect();
+    let kv = Arc::new(RaftKv::connect(addrs.clone(), Some(&tls))?);
+    kv.put(b"bench/warmup", b"x").await?;
+    let value = vec![0xabu8; 64];
+
+    // Sequential puts.
+    let mut lat = Vec::with_capacity(args.sequential);
+    for i in 0..args.sequential {
+        let t = Instant::now();
+        kv.put(format!("seq/{i}").as_bytes(), &value).await?;
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    println!(
+        "{{\"figure\":\"sequential_put\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    );
+
+    // Concurrent clients, each with its own connection.
+    for clients in [1usize, 16, 64] {
+        let deadline = Instant::now() + Duration::from_secs(args.seconds);
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let client = RaftKv::connect(addrs.clone(), Some(&tls))?;
+            let value = value.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    if client
+                        .put(format!("conc/{clients}/{c}/{i}").as_bytes(), &value)
+                        .await
+                        .is_ok()
+                    {
+                        lat.push(t.elapsed());
+                    }
+                    i += 1;
+                }
+                lat
+            }));
+        }
+        let started = Instant::now();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await?);
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        all.sort();
+        println!(
+            "{{\"figure\":\"concurrent_put\",\"clients\":{clients},\"ops\":{},\"puts_per_s\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+            all.len(),
+            all.len() as f64 / elapsed,
+            percentile(&all, 0.5),
+            percentile(&all, 0.99)
+        );
+    }
+
+    // Blocking-get wake-up: a get waits on replica 2; the put goes through
+    // replica 3. Latency from sending the put to the get returning.
+    let waiter = Arc::new(RaftKv::connect(vec![addrs[1]], Some(&tls))?);
+    let writer = RaftKv::connect(vec![addrs[2]], Some(&tls))?;
+    let mut wake = Vec::new();
+    for i in 0..200 {
+        let key = format!("wake/{i}");
+        let w = waiter.clone();
+        let k = key.clone();
+        let get = tokio::spawn(async move {
+            w.get(k.as_bytes(), Duration::from_secs(10)).await?;
+            Ok::<Instant, anyhow::Error>(Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let sent = Instant::now();
+        writer.insert(key.as_bytes(), &value).await?;
+        let woke = get.await??;
+        wake.push(woke.saturating_duration_since(sent));
+    }
+    wake.sort();
+    println!(
+        "{{\"figure\":\"blocking_get_wakeup\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+        wake.len(),
+        percentile(&wake, 0.5),
+        percentile(&wake, 0.99)
+    );
+
+    // Memory after loading `keys` keys of 64 bytes, 64 writers.
+    let loaded = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    let writers = 64;
+    for w in 0..writers {
+        let client = RaftKv::connect(addrs.clone(), Some(&tls))?;
+        let value = value.clone();
+        let loaded = loaded.clone();
+        let n = args.keys;
+        tasks.push(tokio::spawn(async move {
+            let mut i = w;
+            while i < n {
+                if client
+                    .put(format!("mem/{i:08}").as_bytes(), &value)
+                    .await
+                    .is_ok()
+                {
+                    loaded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                i += writers;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss: Vec<String> = procs
+        .0
+        .iter()
+        .map(|(c, _)| {
+            rss_kib(c.id()).map_or("null".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+        })
+        .collect();
+    let n = loaded.load(std::sync::atomic::Ordering::Relaxed);
+    if n != args.keys {
+        bail!("only {n} of {} keys were written", args.keys);
+    }
+    println!(
+        "{{\"figure\":\"memory\",\"keys\":{n},\"value_bytes\":64,\"load_s\":{secs:.1},\"rss_mib_per_replica\":[{}]}}",
+        rss.join(",")
+    );
+    Ok(())
+}
