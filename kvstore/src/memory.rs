@@ -219,12 +219,7 @@ impl KvStore for MemoryKv {
         participants: u32,
         timeout: Duration,
     ) -> Result<()> {
-        let op = Op::BarrierArrive {
-            id: id.to_vec(),
-            participant: participant.to_vec(),
-            participants,
-            timeout_ms: timeout.as_millis() as u64,
-        };
+        let op = Op::barrier_arrive(id, participant, participants, timeout);
         let Output::Barrier(status) = self.propose(op)? else {
             return Err(KvError::Internal(
                 "barrier arrival gave no barrier status".into(),

@@ -214,6 +214,24 @@ pub enum Op {
     Tick,
 }
 
+impl Op {
+    /// `participant` arrives at barrier `id` of `participants`, failing
+    /// after `timeout`.
+    pub fn barrier_arrive(
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: std::time::Duration,
+    ) -> Op {
+        Op::BarrierArrive {
+            id: id.to_vec(),
+            participant: participant.to_vec(),
+            participants,
+            timeout_ms: timeout.as_millis() as u64,
+        }
+    }
+}
+
 /// The result of a successful operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Output {
