@@ -27,6 +27,10 @@ pub struct BenchKvArgs {
     /// Keys of 64-byte values to load before measuring memory.
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: usize,
+    /// Extra arguments for every replica (repeat), e.g.
+    /// `--replica-arg=--snapshot-every --replica-arg=100000`.
+    #[arg(long = "replica-arg", allow_hyphen_values = true)]
+    pub replica_args: Vec<String>,
 }
 
 /// Kills the replica processes however the bench ends.
@@ -108,6 +112,7 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
             Some(j) => a.extend(["--join".into(), j.to_string()]),
             None => a.extend(["--peers".into(), format!("{id}=127.0.0.1:0")]),
         }
+        a.extend(args.replica_args.iter().cloned());
         a
     };
     let mut procs = Replicas(vec![spawn(&replica(1, None))?]);

@@ -254,40 +254,46 @@ impl StateMachineStore {
     pub fn local(&self) -> Arc<LocalState> {
         self.local.clone()
     }
-
-    fn store_snapshot(&self, s: &StoredSnapshot) -> StorageResult<()> {
-        put_meta(&self.db, SNAPSHOT, s)
-            .map_err(|e| io_err(|a| StorageIOError::write_snapshot(None, a), e))
-    }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+/// Builds a snapshot from one copy of the state taken when it was asked
+/// for (the live state keeps applying meanwhile).
+pub struct SnapshotBuilder {
+    db: Arc<Database>,
+    state: KvState,
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, Node>,
+    id: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        let data = postcard::to_allocvec(&self.local.snapshot())
+        let data = postcard::to_allocvec(&self.state)
             .map_err(|e| io_err(StorageIOError::read_state_machine, e))?;
-        self.snapshots_built += 1;
         let snapshot_id = match self.applied {
-            Some(id) => format!("{}-{}-{}", id.leader_id, id.index, self.snapshots_built),
-            None => format!("empty-{}", self.snapshots_built),
+            Some(id) => format!("{}-{}-{}", id.leader_id, id.index, self.id),
+            None => format!("empty-{}", self.id),
         };
         let meta = SnapshotMeta {
             last_log_id: self.applied,
             last_membership: self.membership.clone(),
             snapshot_id,
         };
-        self.store_snapshot(&StoredSnapshot {
-            meta: meta.clone(),
-            data: data.clone(),
-        })?;
+        let stored = StoredSnapshot { meta, data };
+        store_snapshot(&self.db, &stored)?;
         Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
         })
     }
 }
 
+fn store_snapshot(db: &Database, s: &StoredSnapshot) -> StorageResult<()> {
+    put_meta(db, SNAPSHOT, s).map_err(|e| io_err(|a| StorageIOError::write_snapshot(None, a), e))
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
-    type SnapshotBuilder = StateMachineStore;
+    type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(
         &mut self,
@@ -316,13 +322,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(out)
     }
 
-    async fn get_snapshot_builder(&mut self) -> StateMachineStore {
-        StateMachineStore {
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        self.snapshots_built += 1;
+        SnapshotBuilder {
             db: self.db.clone(),
-            local: Arc::new(LocalState::new(self.local.snapshot())),
+            state: self.local.snapshot(),
             applied: self.applied,
             membership: self.membership.clone(),
-            snapshots_built: self.snapshots_built,
+            id: self.snapshots_built,
         }
     }
 
@@ -342,10 +349,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 e,
             )
         })?;
-        self.store_snapshot(&StoredSnapshot {
-            meta: meta.clone(),
-            data,
-        })?;
+        store_snapshot(
+            &self.db,
+            &StoredSnapshot {
+                meta: meta.clone(),
+                data,
+            },
+        )?;
         self.local.replace(state);
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
@@ -405,7 +415,11 @@ mod tests {
                 payload: EntryPayload::Normal(req),
             };
             sm.apply([entry]).await.unwrap();
-            sm.build_snapshot().await.unwrap();
+            sm.get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
         }
         let (mut log, mut sm) = open(&path, KvState::default()).unwrap();
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
