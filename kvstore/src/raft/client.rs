@@ -442,16 +442,3 @@ async fn open_watch(
     }
     None
 }
-
-/// The events a watch yields, for callers that want a `Vec`.
-pub async fn collect_events(mut s: WatchStream, n: usize, timeout: Duration) -> Result<Vec<Event>> {
-    let mut out = Vec::new();
-    let deadline = Instant::now() + timeout;
-    while out.len() < n {
-        match tokio::time::timeout_at(deadline, s.next()).await {
-            Ok(Some(e)) => out.push(e?),
-            _ => break,
-        }
-    }
-    Ok(out)
-}
