@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use crate::error::{KvError, Result};
 use crate::memory::{barrier_outcome, deleted, written};
 use crate::net::{self, PeerClient};
-use crate::state::{BarrierStatus, Event, KeyValue, Limits, Op, Output};
+use crate::state::{BarrierStatus, KeyValue, Limits, Op, Output};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 use crate::tls::TlsFiles;
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
