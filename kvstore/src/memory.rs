@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
 use crate::local::LocalState;
-use crate::state::{BarrierStatus, KeyValue, KvState, Limits, Op, Output, Request};
+use crate::state::{KeyValue, KvState, Limits, Op, Output, Request};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 
 /// The in-memory test double. Create it inside a tokio runtime: a task
@@ -81,61 +81,33 @@ async fn expiry_task(local: Weak<LocalState>, epoch: Instant) {
     }
 }
 
-fn unexpected(o: Output) -> KvError {
-    KvError::Internal(format!("unexpected state machine output {o:?}"))
-}
-
-/// Shared by backends whose state is a [`LocalState`]: turns outputs into
-/// the trait's results.
-pub(crate) fn written(o: Output) -> Result<u64> {
-    match o {
-        Output::Written { revision } => Ok(revision),
-        o => Err(unexpected(o)),
-    }
-}
-
-pub(crate) fn deleted(o: Output) -> Result<u64> {
-    match o {
-        Output::Deleted { count, .. } => Ok(count),
-        o => Err(unexpected(o)),
-    }
-}
-
-pub(crate) fn barrier_outcome(id: &[u8], s: &BarrierStatus) -> Option<Result<()>> {
-    match s {
-        BarrierStatus::Passed => Some(Ok(())),
-        BarrierStatus::Failed { reason } => Some(Err(KvError::BarrierFailed {
-            id: id.to_vec(),
-            reason: reason.clone(),
-        })),
-        BarrierStatus::Waiting { .. } => None,
-    }
-}
-
 #[async_trait::async_trait]
 impl KvStore for MemoryKv {
     async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64> {
-        written(self.propose(Op::Insert {
+        self.propose(Op::Insert {
             key: key.to_vec(),
             value: value.to_vec(),
             lease: None,
-        })?)
+        })?
+        .into_revision()
     }
 
     async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
-        written(self.propose(Op::Put {
+        self.propose(Op::Put {
             key: key.to_vec(),
             value: value.to_vec(),
             lease: None,
-        })?)
+        })?
+        .into_revision()
     }
 
     async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64> {
-        written(self.propose(Op::Put {
+        self.propose(Op::Put {
             key: key.to_vec(),
             value: value.to_vec(),
             lease: Some(lease),
-        })?)
+        })?
+        .into_revision()
     }
 
     async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
@@ -154,23 +126,23 @@ impl KvStore for MemoryKv {
     }
 
     async fn delete(&self, key: &[u8]) -> Result<u64> {
-        deleted(self.propose(Op::Delete { key: key.to_vec() })?)
+        self.propose(Op::Delete { key: key.to_vec() })?
+            .into_deleted()
     }
 
     async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
-        deleted(self.propose(Op::DeletePrefix {
+        self.propose(Op::DeletePrefix {
             prefix: prefix.to_vec(),
-        })?)
+        })?
+        .into_deleted()
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> Result<i64> {
-        match self.propose(Op::Increment {
+        self.propose(Op::Increment {
             key: key.to_vec(),
             delta,
-        })? {
-            Output::Counter { value, .. } => Ok(value),
-            o => Err(unexpected(o)),
-        }
+        })?
+        .into_counter()
     }
 
     async fn compare_and_swap(
@@ -184,11 +156,7 @@ impl KvStore for MemoryKv {
             expected: expected.map(<[u8]>::to_vec),
             value: value.to_vec(),
         };
-        match self.propose(op)? {
-            Output::Swapped { revision } => Ok(CasOutcome::Swapped { revision }),
-            Output::Mismatch { current } => Ok(CasOutcome::Mismatch { current }),
-            o => Err(unexpected(o)),
-        }
+        Ok(self.propose(op)?.into_cas()?.into())
     }
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
@@ -196,12 +164,10 @@ impl KvStore for MemoryKv {
     }
 
     async fn grant(&self, ttl: Duration) -> Result<u64> {
-        match self.propose(Op::LeaseGrant {
+        self.propose(Op::LeaseGrant {
             ttl_ms: ttl.as_millis() as u64,
-        })? {
-            Output::Lease { id, .. } => Ok(id),
-            o => Err(unexpected(o)),
-        }
+        })?
+        .into_lease()
     }
 
     async fn keep_alive(&self, lease: u64) -> Result<()> {
@@ -220,12 +186,8 @@ impl KvStore for MemoryKv {
         timeout: Duration,
     ) -> Result<()> {
         let op = Op::barrier_arrive(id, participant, participants, timeout);
-        let Output::Barrier(status) = self.propose(op)? else {
-            return Err(KvError::Internal(
-                "barrier arrival gave no barrier status".into(),
-            ));
-        };
-        if let Some(r) = barrier_outcome(id, &status) {
+        let status = self.propose(op)?.into_barrier()?;
+        if let Some(r) = status.outcome(id) {
             return r;
         }
         // The expiry task fails the barrier at its deadline for everyone;
@@ -233,9 +195,7 @@ impl KvStore for MemoryKv {
         let deadline = Instant::now() + timeout + Duration::from_secs(1);
         match self
             .local
-            .wait_for(deadline, |s| {
-                s.barrier(id).and_then(|b| barrier_outcome(id, b))
-            })
+            .wait_for(deadline, |s| s.barrier(id).and_then(|b| b.outcome(id)))
             .await
         {
             Some(r) => r,

@@ -261,6 +261,78 @@ pub enum Output {
     Ticked,
 }
 
+impl Output {
+    fn unexpected(self, wanted: &str) -> KvError {
+        KvError::Internal(format!(
+            "expected {wanted} from the state machine, got {self:?}"
+        ))
+    }
+
+    /// The revision of a write.
+    pub fn into_revision(self) -> Result<u64> {
+        match self {
+            Output::Written { revision } => Ok(revision),
+            o => Err(o.unexpected("a write")),
+        }
+    }
+
+    /// How many keys a delete removed.
+    pub fn into_deleted(self) -> Result<u64> {
+        match self {
+            Output::Deleted { count, .. } => Ok(count),
+            o => Err(o.unexpected("a delete")),
+        }
+    }
+
+    /// A counter's new value.
+    pub fn into_counter(self) -> Result<i64> {
+        match self {
+            Output::Counter { value, .. } => Ok(value),
+            o => Err(o.unexpected("a counter")),
+        }
+    }
+
+    /// A compare-and-swap's outcome: `Ok(revision)` swapped,
+    /// `Err(current)` mismatched.
+    pub fn into_cas(self) -> Result<std::result::Result<u64, Option<Vec<u8>>>> {
+        match self {
+            Output::Swapped { revision } => Ok(Ok(revision)),
+            Output::Mismatch { current } => Ok(Err(current)),
+            o => Err(o.unexpected("a compare-and-swap")),
+        }
+    }
+
+    /// A lease id.
+    pub fn into_lease(self) -> Result<u64> {
+        match self {
+            Output::Lease { id, .. } => Ok(id),
+            o => Err(o.unexpected("a lease")),
+        }
+    }
+
+    /// A barrier's status.
+    pub fn into_barrier(self) -> Result<BarrierStatus> {
+        match self {
+            Output::Barrier(b) => Ok(b),
+            o => Err(o.unexpected("a barrier status")),
+        }
+    }
+}
+
+impl BarrierStatus {
+    /// `None` while waiting; otherwise what every participant is told.
+    pub fn outcome(&self, id: &[u8]) -> Option<Result<()>> {
+        match self {
+            BarrierStatus::Passed => Some(Ok(())),
+            BarrierStatus::Failed { reason } => Some(Err(KvError::BarrierFailed {
+                id: id.to_vec(),
+                reason: reason.clone(),
+            })),
+            BarrierStatus::Waiting { .. } => None,
+        }
+    }
+}
+
 /// Where a barrier stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BarrierStatus {

@@ -23,6 +23,15 @@ pub enum CasOutcome {
     },
 }
 
+impl From<std::result::Result<u64, Option<Vec<u8>>>> for CasOutcome {
+    fn from(r: std::result::Result<u64, Option<Vec<u8>>>) -> Self {
+        match r {
+            Ok(revision) => CasOutcome::Swapped { revision },
+            Err(current) => CasOutcome::Mismatch { current },
+        }
+    }
+}
+
 /// Key-value operations with XLA coordination-service semantics. Keys and
 /// values are bytes. Every write returns the revision it was given.
 #[async_trait::async_trait]

@@ -20,9 +20,8 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
-use crate::memory::{barrier_outcome, deleted, written};
 use crate::net::{self, PeerClient};
-use crate::state::{BarrierStatus, KeyValue, Limits, Op, Output};
+use crate::state::{KeyValue, Limits, Op, Output};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 use crate::tls::TlsFiles;
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
@@ -181,36 +180,33 @@ fn unexpected(r: WireResponse) -> KvError {
 #[async_trait::async_trait]
 impl KvStore for RaftKv {
     async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64> {
-        written(
-            self.write(Op::Insert {
-                key: key.to_vec(),
-                value: value.to_vec(),
-                lease: None,
-            })
-            .await?,
-        )
+        self.write(Op::Insert {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: None,
+        })
+        .await?
+        .into_revision()
     }
 
     async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
-        written(
-            self.write(Op::Put {
-                key: key.to_vec(),
-                value: value.to_vec(),
-                lease: None,
-            })
-            .await?,
-        )
+        self.write(Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: None,
+        })
+        .await?
+        .into_revision()
     }
 
     async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64> {
-        written(
-            self.write(Op::Put {
-                key: key.to_vec(),
-                value: value.to_vec(),
-                lease: Some(lease),
-            })
-            .await?,
-        )
+        self.write(Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: Some(lease),
+        })
+        .await?
+        .into_revision()
     }
 
     async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
@@ -250,29 +246,26 @@ impl KvStore for RaftKv {
     }
 
     async fn delete(&self, key: &[u8]) -> Result<u64> {
-        deleted(self.write(Op::Delete { key: key.to_vec() }).await?)
+        self.write(Op::Delete { key: key.to_vec() })
+            .await?
+            .into_deleted()
     }
 
     async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
-        deleted(
-            self.write(Op::DeletePrefix {
-                prefix: prefix.to_vec(),
-            })
-            .await?,
-        )
+        self.write(Op::DeletePrefix {
+            prefix: prefix.to_vec(),
+        })
+        .await?
+        .into_deleted()
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> Result<i64> {
-        match self
-            .write(Op::Increment {
-                key: key.to_vec(),
-                delta,
-            })
-            .await?
-        {
-            Output::Counter { value, .. } => Ok(value),
-            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
-        }
+        self.write(Op::Increment {
+            key: key.to_vec(),
+            delta,
+        })
+        .await?
+        .into_counter()
     }
 
     async fn compare_and_swap(
@@ -286,11 +279,7 @@ impl KvStore for RaftKv {
             expected: expected.map(<[u8]>::to_vec),
             value: value.to_vec(),
         };
-        match self.write(op).await? {
-            Output::Swapped { revision } => Ok(CasOutcome::Swapped { revision }),
-            Output::Mismatch { current } => Ok(CasOutcome::Mismatch { current }),
-            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
-        }
+        Ok(self.write(op).await?.into_cas()?.into())
     }
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
@@ -335,15 +324,11 @@ impl KvStore for RaftKv {
     }
 
     async fn grant(&self, ttl: Duration) -> Result<u64> {
-        match self
-            .write(Op::LeaseGrant {
-                ttl_ms: ttl.as_millis() as u64,
-            })
-            .await?
-        {
-            Output::Lease { id, .. } => Ok(id),
-            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
-        }
+        self.write(Op::LeaseGrant {
+            ttl_ms: ttl.as_millis() as u64,
+        })
+        .await?
+        .into_lease()
     }
 
     async fn keep_alive(&self, lease: u64) -> Result<()> {
@@ -362,10 +347,8 @@ impl KvStore for RaftKv {
         timeout: Duration,
     ) -> Result<()> {
         let op = Op::barrier_arrive(id, participant, participants, timeout);
-        let Output::Barrier(status) = self.write(op).await? else {
-            return Err(KvError::Internal("barrier arrival gave no status".into()));
-        };
-        if let Some(r) = barrier_outcome(id, &status) {
+        let status = self.write(op).await?.into_barrier()?;
+        if let Some(r) = status.outcome(id) {
             return r;
         }
         let wait = timeout + Duration::from_secs(2);
@@ -375,7 +358,7 @@ impl KvStore for RaftKv {
         };
         match self.request(req, wait).await? {
             WireResponse::Output(Ok(Output::Barrier(s))) => {
-                barrier_outcome(id, &s).unwrap_or(Err(KvError::DeadlineExceeded {
+                s.outcome(id).unwrap_or(Err(KvError::DeadlineExceeded {
                     what: format!("barrier `{}`", crate::show_key(id)),
                     after: timeout,
                 }))
@@ -386,16 +369,13 @@ impl KvStore for RaftKv {
     }
 
     async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()> {
-        match self
-            .write(Op::BarrierCancel {
-                id: id.to_vec(),
-                reason: reason.to_owned(),
-            })
-            .await?
-        {
-            Output::Barrier(BarrierStatus::Failed { .. } | BarrierStatus::Passed) => Ok(()),
-            o => Err(KvError::Internal(format!("unexpected output {o:?}"))),
-        }
+        self.write(Op::BarrierCancel {
+            id: id.to_vec(),
+            reason: reason.to_owned(),
+        })
+        .await?
+        .into_barrier()
+        .map(drop)
     }
 
     async fn revision(&self) -> Result<u64> {
