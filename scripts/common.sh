@@ -40,3 +40,23 @@ install_plugins() {
     python3 -m pip install --quiet --no-deps --upgrade --target "$PLUGIN_DIR" "${missing[@]}"
   fi
 }
+
+# install_debian PACKAGE:COMMAND...: makes sure each COMMAND exists,
+# installing its Debian PACKAGE with apt-get when running as root. Only the
+# etcd backend's tests need these; the default build needs none.
+install_debian() {
+  local missing=()
+  for pair in "$@"; do
+    command -v "${pair#*:}" >/dev/null 2>&1 || missing+=("${pair%%:*}")
+  done
+  ((${#missing[@]})) || return 0
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    say "installing Debian packages: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "error: the etcd tests need these Debian packages: ${missing[*]}" >&2
+    echo "       run as root, or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+}

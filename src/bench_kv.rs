@@ -2,7 +2,9 @@
 //!
 //! Starts three `tessel coordinator` processes on loopback (mutual TLS,
 //! redb with fsync on every commit), drives them from this process over
-//! QUIC, and prints one JSON line per figure.
+//! QUIC, and prints one JSON line per figure. With `--etcd` it then runs
+//! the same load against a 3-member etcd cluster (Debian's `etcd-server`,
+//! fsync on) in the same run; every line names its `system`.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -31,6 +33,46 @@ pub struct BenchKvArgs {
     /// `--replica-arg=--snapshot-every --replica-arg=100000`.
     #[arg(long = "replica-arg", allow_hyphen_values = true)]
     pub replica_args: Vec<String>,
+    /// Also run the load against a local 3-member etcd (needs a tessel
+    /// built with `--features etcd` and `etcd` on the PATH).
+    #[arg(long)]
+    pub etcd: bool,
+}
+
+/// The system under load.
+enum Target {
+    Tessel {
+        addrs: Vec<SocketAddr>,
+        tls: TlsFiles,
+    },
+    #[cfg(feature = "etcd")]
+    Etcd { endpoints: Vec<String> },
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        match self {
+            Target::Tessel { .. } => "tessel",
+            #[cfg(feature = "etcd")]
+            Target::Etcd { .. } => "etcd",
+        }
+    }
+
+    /// A client with its own connection, to every node or only to `node`.
+    async fn client(&self, node: Option<usize>) -> Result<Arc<dyn KvStore>> {
+        Ok(match self {
+            Target::Tessel { addrs, tls } => {
+                let addrs = node.map_or_else(|| addrs.clone(), |i| vec![addrs[i]]);
+                Arc::new(RaftKv::connect(addrs, Some(tls))?)
+            }
+            #[cfg(feature = "etcd")]
+            Target::Etcd { endpoints } => {
+                use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
+                let eps = node.map_or_else(|| endpoints.clone(), |i| vec![endpoints[i].clone()]);
+                Arc::new(EtcdKv::connect(&eps, EtcdOptions::default()).await?)
+            }
+        })
+    }
 }
 
 /// Kills the replica processes however the bench ends.
@@ -121,7 +163,34 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
         procs.0.push(spawn(&replica(id, Some(first)))?);
     }
     let addrs: Vec<SocketAddr> = procs.0.iter().map(|(_, a)| *a).collect();
-    let kv = Arc::new(RaftKv::connect(addrs.clone(), Some(&tls))?);
+    let pids: Vec<u32> = procs.0.iter().map(|(c, _)| c.id()).collect();
+    measure(&args, &Target::Tessel { addrs, tls }, &pids).await?;
+    drop(procs);
+    if args.etcd {
+        run_etcd(&args).await?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "etcd")]
+async fn run_etcd(args: &BenchKvArgs) -> Result<()> {
+    let etcd = tessel_kvstore::etcd::local::LocalEtcd::start(3).await?;
+    let pids: Vec<u32> = (0..3).filter_map(|i| etcd.pid(i)).collect();
+    let target = Target::Etcd {
+        endpoints: etcd.endpoints(),
+    };
+    measure(args, &target, &pids).await
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn run_etcd(_: &BenchKvArgs) -> Result<()> {
+    bail!("--etcd needs a tessel built with `--features etcd`")
+}
+
+/// Runs every figure against `target`, whose node processes are `pids`.
+async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()> {
+    let system = target.name();
+    let kv = target.client(None).await?;
     kv.put(b"bench/warmup", b"x").await?;
     let value = vec![0xabu8; 64];
 
@@ -134,7 +203,7 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     }
     lat.sort();
     println!(
-        "{{\"figure\":\"sequential_put\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+        "{{\"system\":\"{system}\",\"figure\":\"sequential_put\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
         lat.len(),
         percentile(&lat, 0.5),
         percentile(&lat, 0.99)
@@ -145,7 +214,7 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(args.seconds);
         let mut tasks = Vec::new();
         for c in 0..clients {
-            let client = RaftKv::connect(addrs.clone(), Some(&tls))?;
+            let client = target.client(None).await?;
             let value = value.clone();
             tasks.push(tokio::spawn(async move {
                 let mut lat = Vec::new();
@@ -172,7 +241,7 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
         let elapsed = started.elapsed().as_secs_f64();
         all.sort();
         println!(
-            "{{\"figure\":\"concurrent_put\",\"clients\":{clients},\"ops\":{},\"puts_per_s\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+            "{{\"system\":\"{system}\",\"figure\":\"concurrent_put\",\"clients\":{clients},\"ops\":{},\"puts_per_s\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
             all.len(),
             all.len() as f64 / elapsed,
             percentile(&all, 0.5),
@@ -182,8 +251,8 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
 
     // Blocking-get wake-up: a get waits on replica 2; the put goes through
     // replica 3. Latency from sending the put to the get returning.
-    let waiter = Arc::new(RaftKv::connect(vec![addrs[1]], Some(&tls))?);
-    let writer = RaftKv::connect(vec![addrs[2]], Some(&tls))?;
+    let waiter = target.client(Some(1)).await?;
+    let writer = target.client(Some(2)).await?;
     let mut wake = Vec::new();
     for i in 0..200 {
         let key = format!("wake/{i}");
@@ -201,7 +270,7 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     }
     wake.sort();
     println!(
-        "{{\"figure\":\"blocking_get_wakeup\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+        "{{\"system\":\"{system}\",\"figure\":\"blocking_get_wakeup\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
         wake.len(),
         percentile(&wake, 0.5),
         percentile(&wake, 0.99)
@@ -213,7 +282,7 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     let mut tasks = Vec::new();
     let writers = 64;
     for w in 0..writers {
-        let client = RaftKv::connect(addrs.clone(), Some(&tls))?;
+        let client = target.client(None).await?;
         let value = value.clone();
         let loaded = loaded.clone();
         let n = args.keys;
@@ -236,19 +305,16 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss: Vec<String> = procs
-        .0
+    let rss: Vec<String> = pids
         .iter()
-        .map(|(c, _)| {
-            rss_kib(c.id()).map_or("null".into(), |k| format!("{:.1}", k as f64 / 1024.0))
-        })
+        .map(|&pid| rss_kib(pid).map_or("null".into(), |k| format!("{:.1}", k as f64 / 1024.0)))
         .collect();
     let n = loaded.load(std::sync::atomic::Ordering::Relaxed);
     if n != args.keys {
         bail!("only {n} of {} keys were written", args.keys);
     }
     println!(
-        "{{\"figure\":\"memory\",\"keys\":{n},\"value_bytes\":64,\"load_s\":{secs:.1},\"rss_mib_per_replica\":[{}]}}",
+        "{{\"system\":\"{system}\",\"figure\":\"memory\",\"keys\":{n},\"value_bytes\":64,\"load_s\":{secs:.1},\"rss_mib_per_replica\":[{}]}}",
         rss.join(",")
     );
     Ok(())

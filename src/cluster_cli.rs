@@ -101,13 +101,53 @@ fn coordinators(list: &str) -> Result<Vec<SocketAddr>> {
         .collect()
 }
 
-#[derive(Args)]
-pub struct KvArgs {
-    /// Replica addresses, comma separated.
-    #[arg(long, value_name = "ADDR[,ADDR..]")]
-    pub coordinator: String,
+/// Which key-value service to talk to: tessel's replicas or etcd.
+#[derive(Args, Clone)]
+pub struct KvTargetArgs {
+    /// tessel coordinator (replica) addresses, comma separated.
+    #[arg(long, value_name = "ADDR[,ADDR..]", required_unless_present = "kv")]
+    pub coordinator: Option<String>,
+    /// An etcd cluster instead: `etcd://HOST:PORT[,HOST:PORT..]` (needs a
+    /// tessel built with `--features etcd`).
+    #[arg(long, value_name = "URL", conflicts_with = "coordinator")]
+    pub kv: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
+}
+
+impl KvTargetArgs {
+    /// A client of the chosen service.
+    pub async fn connect(&self) -> Result<Box<dyn KvStore>> {
+        if let Some(url) = &self.kv {
+            return connect_etcd(url).await;
+        }
+        let addrs = self.coordinator.as_deref().unwrap_or_default();
+        Ok(Box::new(RaftKv::connect(
+            coordinators(addrs)?,
+            self.tls.load()?.as_ref(),
+        )?))
+    }
+}
+
+#[cfg(feature = "etcd")]
+async fn connect_etcd(url: &str) -> Result<Box<dyn KvStore>> {
+    use tessel_kvstore::etcd::{parse_url, EtcdKv, EtcdOptions};
+    let endpoints = parse_url(url)?;
+    let kv = EtcdKv::connect(&endpoints, EtcdOptions::default())
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    Ok(Box::new(kv))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn connect_etcd(url: &str) -> Result<Box<dyn KvStore>> {
+    bail!("`--kv {url}`: this tessel was built without etcd support; rebuild with `cargo build --features etcd`")
+}
+
+#[derive(Args)]
+pub struct KvArgs {
+    #[command(flatten)]
+    pub target: KvTargetArgs,
     #[command(subcommand)]
     pub op: KvOp,
 }
@@ -244,7 +284,7 @@ fn show(bytes: &[u8]) -> String {
 }
 
 pub async fn kv(args: KvArgs) -> Result<()> {
-    let kv = RaftKv::connect(coordinators(&args.coordinator)?, args.tls.load()?.as_ref())?;
+    let kv = args.target.connect().await?;
     match args.op {
         KvOp::Put { key, value } => println!(
             "revision {}",

@@ -280,3 +280,12 @@ fn certs_init_refuses_to_replace_a_cluster_ca() {
     let e = fails(&tessel(&["certs", "init", tls.to_str().unwrap()]));
     assert!(e.contains("refusing to replace"), "{e}");
 }
+
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn an_etcd_url_without_the_etcd_feature_says_how_to_get_it() {
+    let out = tessel(&["kv", "--kv", "etcd://127.0.0.1:2379", "try-get", "k"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--features etcd"), "{err}");
+}

@@ -229,8 +229,12 @@ pub async fn leases_delete_their_keys_on_expiry_and_revoke(store: &dyn KvStore) 
         .await
         .unwrap();
     let mut w = store.watch(b"conf/lease/", 0).await.unwrap();
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Renew for 3 s: longer than the TTL on every backend (etcd rounds TTLs
+    // up to whole seconds, with a minimum of its own).
+    let mut renewed = Instant::now();
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        renewed = Instant::now();
         store.keep_alive(lease).await.unwrap();
     }
     assert_eq!(
@@ -239,17 +243,24 @@ pub async fn leases_delete_their_keys_on_expiry_and_revoke(store: &dyn KvStore) 
         "kept alive past its TTL"
     );
     // Stop renewing: the key goes, and watchers see it go.
-    let gone = store
-        .get(b"conf/lease/never", Duration::from_millis(1500))
-        .await;
-    assert!(gone.is_err());
+    assert!(matches!(next_event(&mut w).await, Event::Put(_)));
+    let gone = tokio::time::timeout(Duration::from_secs(8), w.next())
+        .await
+        .expect("the key expires within 8 s")
+        .expect("the stream is open")
+        .expect("no watch error");
+    assert!(
+        matches!(&gone, Event::Delete { key, .. } if key == b"conf/lease/alive"),
+        "{gone:?}"
+    );
+    assert!(
+        renewed.elapsed() >= Duration::from_millis(600),
+        "expired {:?} after the last renewal, before its TTL",
+        renewed.elapsed()
+    );
     assert!(
         store.try_get(b"conf/lease/alive").await.is_err(),
         "expired with its lease"
-    );
-    assert!(matches!(next_event(&mut w).await, Event::Put(_)));
-    assert!(
-        matches!(next_event(&mut w).await, Event::Delete { key, .. } if key == b"conf/lease/alive")
     );
     assert_eq!(
         store.keep_alive(lease).await,

@@ -8,12 +8,15 @@
 //!
 //! * [`state`]: the deterministic state machine every backend applies.
 //! * [`KvStore`]: the async interface, one for all backends.
+//! * [`etcd::EtcdKv`] (feature `etcd`): the same interface over etcd v3.
 //! * [`MemoryKv`]: an in-memory test double (never a default).
 //! * [`conformance`]: the behaviour every backend must show; each backend's
 //!   tests run it.
 
 pub mod conformance;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod local;
 mod memory;
 pub mod net;

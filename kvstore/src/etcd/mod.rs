@@ -1,0 +1,880 @@
+//! [`KvStore`] over an etcd v3 cluster (cargo feature `etcd`).
+//!
+//! Key layout under the namespace (default `tessel/`):
+//! * `{ns}k/{key}`: user keys, values as given.
+//! * `{ns}b/{hex(id)}/meta`: a barrier's participant count and deadline
+//!   (`"{participants} {deadline_unix_ms}"`), written by its first arrival.
+//! * `{ns}b/{hex(id)}/a/{hex(participant)}`: one key per arrival.
+//! * `{ns}b/{hex(id)}/outcome`: `passed` or `failed:{reason}`.
+//!
+//! Invariants:
+//! 1. Revisions are etcd's: one per etcd write, cluster-wide and monotonic,
+//!    so they also advance for barrier bookkeeping and for other users of
+//!    the same etcd.
+//! 2. A blocking get reads at revision R and, if the key is missing, watches
+//!    from R + 1: a put between the read and the watch is replayed, never
+//!    lost.
+//! 3. A barrier's outcome is written once, by a transaction that succeeds
+//!    only while no outcome exists; everyone returns the stored outcome, so
+//!    every participant sees the same result (timeouts and cancels included).
+//!    Barrier deadlines are the first arrival's wall clock plus its timeout.
+//! 4. Sizes are checked against [`Limits`] before anything is sent; etcd's
+//!    own `--max-request-bytes` (1.5 MiB by default) must be raised above
+//!    the value limit (tessel's tests use 10 MiB).
+//! 5. etcd lease TTLs are whole seconds with a server-side minimum; a TTL is
+//!    rounded up to the next second.
+//! 6. A call that meets a transport error or `Unavailable` is retried (with
+//!    the same write ambiguity as [`crate::raft::client::RaftKv`]) until
+//!    its deadline.
+
+pub mod local;
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KvClient,
+    LeaseClient, PutOptions, Txn, TxnOp, TxnOpResponse, WatchClient, WatchOptions,
+};
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::error::{show_key, KvError, Result};
+use crate::state::{Event, KeyValue, Limits};
+use crate::store::{CasOutcome, KvStore, WatchStream};
+
+/// Largest gRPC message read from etcd: the value limit plus headroom.
+const MAX_MESSAGE: usize = 64 << 20;
+
+/// How the client reaches etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// Prefix of every key tessel writes.
+    pub namespace: Vec<u8>,
+    pub limits: Limits,
+    /// Deadline of one call, retries included (blocking calls add their own
+    /// timeout).
+    pub request_timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            namespace: b"tessel/".to_vec(),
+            limits: Limits::default(),
+            request_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Parses `etcd://h1:2379,h2:2379` into endpoint URLs.
+pub fn parse_url(url: &str) -> Result<Vec<String>> {
+    let rest = url.strip_prefix("etcd://").ok_or_else(|| {
+        KvError::InvalidArgument(format!("`{url}`: expected etcd://HOST:PORT[,HOST:PORT..]"))
+    })?;
+    let endpoints: Vec<String> = rest
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|hp| format!("http://{hp}"))
+        .collect();
+    if endpoints.is_empty() {
+        return Err(KvError::InvalidArgument(format!(
+            "`{url}` names no etcd endpoint"
+        )));
+    }
+    Ok(endpoints)
+}
+
+/// A [`KvStore`] backed by etcd.
+pub struct EtcdKv {
+    kv: KvClient,
+    watch: WatchClient,
+    lease: LeaseClient,
+    opts: EtcdOptions,
+}
+
+impl EtcdKv {
+    /// Connects to the endpoints (`http://HOST:PORT`).
+    pub async fn connect(endpoints: &[String], opts: EtcdOptions) -> Result<EtcdKv> {
+        let connect = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        let client = tokio::time::timeout(
+            opts.request_timeout,
+            Client::connect(endpoints, Some(connect)),
+        )
+        .await
+        .map_err(|_| KvError::Unavailable(format!("no etcd endpoint of {endpoints:?} answered")))?
+        .map_err(|e| map_err(e, None))?;
+        Ok(EtcdKv {
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+            watch: client.watch_client().max_decoding_message_size(MAX_MESSAGE),
+            lease: client.lease_client(),
+            opts,
+        })
+    }
+
+    fn data_key(&self, key: &[u8]) -> Vec<u8> {
+        [&self.opts.namespace[..], b"k/", key].concat()
+    }
+
+    fn barrier_key(&self, id: &[u8], rest: &str) -> Vec<u8> {
+        [
+            &self.opts.namespace[..],
+            b"b/",
+            hex(id).as_bytes(),
+            b"/",
+            rest.as_bytes(),
+        ]
+        .concat()
+    }
+
+    /// Strips the data prefix from a key etcd returned.
+    fn user_key(&self, key: &[u8]) -> Vec<u8> {
+        key[self.opts.namespace.len() + 2..].to_vec()
+    }
+
+    fn convert(&self, kv: &etcd_client::KeyValue) -> KeyValue {
+        KeyValue {
+            key: self.user_key(kv.key()),
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision() as u64,
+            mod_revision: kv.mod_revision() as u64,
+            lease: (kv.lease() != 0).then_some(kv.lease() as u64),
+        }
+    }
+
+    /// Runs `call` until it succeeds, fails for good, or the deadline passes
+    /// (invariant 6).
+    async fn retry<T, F, Fut>(&self, extra: Duration, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let deadline = Instant::now() + self.opts.request_timeout + extra;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let err = match tokio::time::timeout(left, call()).await {
+                Ok(Err(KvError::Unavailable(e))) => KvError::Unavailable(e),
+                Ok(r) => return r,
+                Err(_) => KvError::Unavailable("etcd did not answer in time".into()),
+            };
+            if Instant::now() + backoff >= deadline {
+                return Err(err);
+            }
+            tracing::debug!(error = %err, "etcd call failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        self.retry(Duration::ZERO, || {
+            let mut kv = self.kv.clone();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await.map_err(|e| map_err(e, None)) }
+        })
+        .await
+    }
+
+    /// The key's current pair, and the revision the read was made at.
+    async fn read(&self, key: &[u8]) -> Result<(Option<etcd_client::KeyValue>, u64)> {
+        let key = key.to_vec();
+        self.retry(Duration::ZERO, || {
+            let mut kv = self.kv.clone();
+            let key = key.clone();
+            async move {
+                let mut r = kv.get(key, None).await.map_err(|e| map_err(e, None))?;
+                let rev = header_revision(r.header());
+                Ok((r.take_kvs().into_iter().next(), rev))
+            }
+        })
+        .await
+    }
+
+    async fn put_raw(&self, key: Vec<u8>, value: &[u8], opts: Option<PutOptions>) -> Result<u64> {
+        self.retry(Duration::ZERO, || {
+            let mut kv = self.kv.clone();
+            let (key, value, opts) = (key.clone(), value.to_vec(), opts.clone());
+            async move {
+                let r = kv.put(key, value, opts).await;
+                r.map(|r| header_revision(r.header()))
+                    .map_err(|e| map_err(e, None))
+            }
+        })
+        .await
+    }
+
+    /// Waits until `key` exists, watching from `from` (invariant 2); `None`
+    /// at the deadline.
+    async fn wait_for_key(
+        &self,
+        key: &[u8],
+        from: u64,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut from = from;
+        loop {
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            let opened = tokio::time::timeout_at(deadline, async {
+                let mut w = self.watch.clone();
+                w.watch(
+                    key.to_vec(),
+                    Some(WatchOptions::new().with_start_revision(from as i64)),
+                )
+                .await
+            })
+            .await;
+            let mut stream = match opened {
+                Err(_) => return Ok(None),
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    let e = map_err(e, None);
+                    if !matches!(e, KvError::Unavailable(_)) {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            loop {
+                let msg = match tokio::time::timeout_at(deadline, stream.message()).await {
+                    Err(_) => return Ok(None),
+                    Ok(Ok(Some(m))) => m,
+                    // The stream broke: watch again from where we were.
+                    Ok(Ok(None)) | Ok(Err(_)) => break,
+                };
+                if msg.canceled() {
+                    if msg.compact_revision() > 0 {
+                        // Compacted past `from`: re-read instead.
+                        let (kv, rev) = self.read(key).await?;
+                        if let Some(kv) = kv {
+                            return Ok(Some(kv.value().to_vec()));
+                        }
+                        from = rev + 1;
+                    }
+                    break;
+                }
+                for ev in msg.events() {
+                    if let (EventType::Put, Some(kv)) = (ev.event_type(), ev.kv()) {
+                        return Ok(Some(kv.value().to_vec()));
+                    }
+                    if let Some(kv) = ev.kv() {
+                        from = kv.mod_revision() as u64 + 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes a barrier's outcome unless one exists; returns the stored one
+    /// (invariant 3).
+    async fn decide_barrier(&self, id: &[u8], outcome: &str) -> Result<()> {
+        let key = self.barrier_key(id, "outcome");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), outcome, None)])
+            .or_else([TxnOp::get(key, None)]);
+        let r = self.txn(txn).await?;
+        if r.succeeded() {
+            return barrier_result(id, outcome.as_bytes());
+        }
+        match first_get(&r) {
+            Some(kv) => barrier_result(id, kv.value()),
+            None => Err(KvError::Internal("barrier outcome vanished".into())),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> u64 {
+    h.map(|h| h.revision() as u64).unwrap_or(0)
+}
+
+fn first_get(r: &etcd_client::TxnResponse) -> Option<etcd_client::KeyValue> {
+    r.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    })
+}
+
+fn barrier_result(id: &[u8], stored: &[u8]) -> Result<()> {
+    match stored.strip_prefix(b"failed:") {
+        None => Ok(()),
+        Some(reason) => Err(KvError::BarrierFailed {
+            id: id.to_vec(),
+            reason: String::from_utf8_lossy(reason).into_owned(),
+        }),
+    }
+}
+
+/// Maps an etcd-client error; `lease` names the lease a "not found" is
+/// about.
+fn map_err(e: etcd_client::Error, lease: Option<u64>) -> KvError {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        E::GRpcStatus(s) => {
+            let msg = s.message().to_owned();
+            if msg.contains("lease not found") {
+                return KvError::LeaseNotFound(lease.unwrap_or(0));
+            }
+            match s.code() {
+                Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::Unknown
+                    if msg.contains("leader")
+                        || msg.contains("timed out")
+                        || s.code() != Code::Unknown =>
+                {
+                    KvError::Unavailable(format!("etcd: {msg}"))
+                }
+                Code::InvalidArgument | Code::ResourceExhausted | Code::OutOfRange => {
+                    KvError::InvalidArgument(format!("etcd: {msg}"))
+                }
+                _ => KvError::Internal(format!("etcd: {}: {msg}", s.code())),
+            }
+        }
+        E::TransportError(e) => KvError::Unavailable(format!("etcd transport: {e}")),
+        E::IoError(e) => KvError::Unavailable(format!("etcd i/o: {e}")),
+        E::EndpointError(e) => KvError::Unavailable(format!("etcd endpoint: {e}")),
+        E::WatchError(e) => KvError::Unavailable(format!("etcd watch: {e}")),
+        E::LeaseKeepAliveError(e) if e.contains("lease not found") => {
+            KvError::LeaseNotFound(lease.unwrap_or(0))
+        }
+        E::LeaseKeepAliveError(e) => KvError::Unavailable(format!("etcd keep-alive: {e}")),
+        E::InvalidArgs(e) => KvError::InvalidArgument(e),
+        E::InvalidUri(e) => KvError::InvalidArgument(format!("etcd endpoint: {e}")),
+        other => KvError::Internal(format!("etcd: {other}")),
+    }
+}
+
+#[async_trait::async_trait]
+impl KvStore for EtcdKv {
+    async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.opts.limits.check_key(key)?;
+        self.opts.limits.check_value(value)?;
+        let k = self.data_key(key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k, value, None)]);
+        let r = self.txn(txn).await?;
+        if !r.succeeded() {
+            return Err(KvError::AlreadyExists(key.to_vec()));
+        }
+        Ok(header_revision(r.header()))
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.opts.limits.check_key(key)?;
+        self.opts.limits.check_value(value)?;
+        self.put_raw(self.data_key(key), value, None).await
+    }
+
+    async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64> {
+        self.opts.limits.check_key(key)?;
+        self.opts.limits.check_value(value)?;
+        self.put_raw(
+            self.data_key(key),
+            value,
+            Some(PutOptions::new().with_lease(lease as i64)),
+        )
+        .await
+        .map_err(|e| match e {
+            KvError::LeaseNotFound(_) => KvError::LeaseNotFound(lease),
+            e => e,
+        })
+    }
+
+    async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        self.opts.limits.check_key(key)?;
+        let deadline = Instant::now() + timeout;
+        let k = self.data_key(key);
+        let (kv, rev) = self.read(&k).await?;
+        if let Some(kv) = kv {
+            return Ok(kv.value().to_vec());
+        }
+        match self.wait_for_key(&k, rev + 1, deadline).await? {
+            Some(v) => Ok(v),
+            None => Err(KvError::DeadlineExceeded {
+                what: format!("get `{}`", show_key(key)),
+                after: timeout,
+            }),
+        }
+    }
+
+    async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>> {
+        self.opts.limits.check_key(key)?;
+        match self.read(&self.data_key(key)).await?.0 {
+            Some(kv) => Ok(kv.value().to_vec()),
+            None => Err(KvError::NotFound(key.to_vec())),
+        }
+    }
+
+    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        self.opts.limits.check_key(prefix)?;
+        let p = self.data_key(prefix);
+        let mut r = self
+            .retry(Duration::ZERO, || {
+                let mut kv = self.kv.clone();
+                let p = p.clone();
+                async move {
+                    kv.get(p, Some(GetOptions::new().with_prefix()))
+                        .await
+                        .map_err(|e| map_err(e, None))
+                }
+            })
+            .await?;
+        Ok(r.take_kvs().iter().map(|kv| self.convert(kv)).collect())
+    }
+
+    async fn delete(&self, key: &[u8]) -> Result<u64> {
+        self.opts.limits.check_key(key)?;
+        let k = self.data_key(key);
+        self.retry(Duration::ZERO, || {
+            let mut kv = self.kv.clone();
+            let k = k.clone();
+            async move {
+                kv.delete(k, None)
+                    .await
+                    .map(|r| r.deleted() as u64)
+                    .map_err(|e| map_err(e, None))
+            }
+        })
+        .await
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
+        self.opts.limits.check_key(prefix)?;
+        let p = self.data_key(prefix);
+        self.retry(Duration::ZERO, || {
+            let mut kv = self.kv.clone();
+            let p = p.clone();
+            async move {
+                kv.delete(p, Some(DeleteOptions::new().with_prefix()))
+                    .await
+                    .map(|r| r.deleted() as u64)
+                    .map_err(|e| map_err(e, None))
+            }
+        })
+        .await
+    }
+
+    async fn increment(&self, key: &[u8], delta: i64) -> Result<i64> {
+        self.opts.limits.check_key(key)?;
+        let k = self.data_key(key);
+        // Read, then write only if nobody wrote in between; else again.
+        loop {
+            let (kv, _) = self.read(&k).await?;
+            let (current, guard) = match &kv {
+                None => (0, Compare::create_revision(k.clone(), CompareOp::Equal, 0)),
+                Some(kv) => (
+                    std::str::from_utf8(kv.value())
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok())
+                        .ok_or_else(|| {
+                            KvError::InvalidArgument(format!(
+                                "key `{}` does not hold a decimal integer",
+                                show_key(key)
+                            ))
+                        })?,
+                    Compare::mod_revision(k.clone(), CompareOp::Equal, kv.mod_revision()),
+                ),
+            };
+            let value = current.checked_add(delta).ok_or_else(|| {
+                KvError::InvalidArgument(format!("incrementing `{}` overflows", show_key(key)))
+            })?;
+            let put_opts = kv.is_some().then(|| PutOptions::new().with_ignore_lease());
+            let txn = Txn::new().when([guard]).and_then([TxnOp::put(
+                k.clone(),
+                value.to_string(),
+                put_opts,
+            )]);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(value);
+            }
+        }
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<CasOutcome> {
+        self.opts.limits.check_key(key)?;
+        self.opts.limits.check_value(value)?;
+        let k = self.data_key(key);
+        let guard = match expected {
+            None => Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+            Some(v) => Compare::value(k.clone(), CompareOp::Equal, v),
+        };
+        let mut when = vec![guard];
+        if expected.is_some() {
+            // A value comparison on a missing key is false, as wanted; the
+            // existence check makes that explicit.
+            when.push(Compare::create_revision(k.clone(), CompareOp::Greater, 0));
+        }
+        let txn = Txn::new()
+            .when(when)
+            .and_then([TxnOp::put(k.clone(), value, None)])
+            .or_else([TxnOp::get(k, None)]);
+        let r = self.txn(txn).await?;
+        if r.succeeded() {
+            return Ok(CasOutcome::Swapped {
+                revision: header_revision(r.header()),
+            });
+        }
+        Ok(CasOutcome::Mismatch {
+            current: first_get(&r).map(|kv| kv.value().to_vec()),
+        })
+    }
+
+    async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
+        self.opts.limits.check_key(prefix)?;
+        let p = self.data_key(prefix);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event>>(256);
+        let watch = self.watch.clone();
+        let strip = self.opts.namespace.len() + 2;
+        // Open the first watch here, so a bad start fails the call.
+        let first = open_prefix_watch(&watch, &p, from_revision.max(1)).await?;
+        tokio::spawn(async move {
+            let mut next_from = from_revision.max(1);
+            let mut stream = Some(first);
+            let mut requested_oldest = from_revision <= 1;
+            loop {
+                let mut s = match stream.take() {
+                    Some(s) => s,
+                    None => match open_prefix_watch(&watch, &p, next_from).await {
+                        Ok(s) => s,
+                        Err(KvError::Unavailable(_)) => {
+                            if tx.is_closed() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
+                    },
+                };
+                loop {
+                    let msg = tokio::select! {
+                        m = s.message() => m,
+                        () = tx.closed() => return,
+                    };
+                    let msg = match msg {
+                        Ok(Some(m)) => m,
+                        Ok(None) | Err(_) => break,
+                    };
+                    if msg.canceled() {
+                        let oldest = msg.compact_revision().max(0) as u64;
+                        if oldest > 0 && requested_oldest {
+                            next_from = oldest;
+                            break;
+                        }
+                        let e = if oldest > 0 {
+                            KvError::Compacted {
+                                requested: next_from,
+                                oldest,
+                            }
+                        } else {
+                            KvError::Unavailable(format!(
+                                "etcd cancelled the watch: {}",
+                                msg.cancel_reason()
+                            ))
+                        };
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                    for ev in msg.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        let revision = kv.mod_revision() as u64;
+                        let event = match ev.event_type() {
+                            EventType::Put => Event::Put(KeyValue {
+                                key: kv.key()[strip..].to_vec(),
+                                value: kv.value().to_vec(),
+                                create_revision: kv.create_revision() as u64,
+                                mod_revision: revision,
+                                lease: (kv.lease() != 0).then_some(kv.lease() as u64),
+                            }),
+                            EventType::Delete => Event::Delete {
+                                key: kv.key()[strip..].to_vec(),
+                                revision,
+                            },
+                        };
+                        next_from = revision + 1;
+                        requested_oldest = false;
+                        if tx.send(Ok(event)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(tokio_stream_from(rx))
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<u64> {
+        // Invariant 5: whole seconds, rounded up.
+        let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
+        self.retry(Duration::ZERO, || {
+            let mut l = self.lease.clone();
+            async move {
+                l.grant(secs, None)
+                    .await
+                    .map(|r| r.id() as u64)
+                    .map_err(|e| map_err(e, None))
+            }
+        })
+        .await
+    }
+
+    async fn keep_alive(&self, lease: u64) -> Result<()> {
+        self.retry(Duration::ZERO, || {
+            let mut l = self.lease.clone();
+            async move {
+                // etcd-client reads the first answer itself and refuses a
+                // TTL of 0, which is how etcd says the lease is gone.
+                l.keep_alive(lease as i64)
+                    .await
+                    .map(drop)
+                    .map_err(|e| map_err(e, Some(lease)))
+            }
+        })
+        .await
+    }
+
+    async fn revoke(&self, lease: u64) -> Result<()> {
+        self.retry(Duration::ZERO, || {
+            let mut l = self.lease.clone();
+            async move {
+                l.revoke(lease as i64)
+                    .await
+                    .map(drop)
+                    .map_err(|e| map_err(e, Some(lease)))
+            }
+        })
+        .await
+    }
+
+    async fn barrier(
+        &self,
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.opts.limits.check_key(id)?;
+        self.opts.limits.check_key(participant)?;
+        if participants == 0 {
+            return Err(KvError::InvalidArgument(
+                "a barrier needs at least one participant".into(),
+            ));
+        }
+        let meta_key = self.barrier_key(id, "meta");
+        let outcome_key = self.barrier_key(id, "outcome");
+        let meta = format!(
+            "{participants} {}",
+            unix_ms().saturating_add(timeout.as_millis() as u64)
+        );
+        // The first arrival fixes the participant count and deadline.
+        let r = self
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(
+                        meta_key.clone(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then([TxnOp::put(meta_key.clone(), meta.clone(), None)])
+                    .or_else([TxnOp::get(meta_key, None)]),
+            )
+            .await?;
+        let stored = if r.succeeded() {
+            meta.into_bytes()
+        } else {
+            first_get(&r)
+                .map(|kv| kv.value().to_vec())
+                .unwrap_or_default()
+        };
+        let (count, deadline_ms) = std::str::from_utf8(&stored)
+            .ok()
+            .and_then(|s| s.split_once(' '))
+            .and_then(|(n, d)| Some((n.parse::<u32>().ok()?, d.parse::<u64>().ok()?)))
+            .ok_or_else(|| {
+                KvError::Internal(format!("barrier `{}`: bad metadata", show_key(id)))
+            })?;
+        if count != participants {
+            return Err(KvError::InvalidArgument(format!(
+                "barrier `{}` has {count} participants, not {participants}",
+                show_key(id)
+            )));
+        }
+        let arrived_prefix = self.barrier_key(id, "a/");
+        let arrival = [&arrived_prefix[..], hex(participant).as_bytes()].concat();
+        // Arrive only while undecided; read the outcome otherwise.
+        let r = self
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(
+                        outcome_key.clone(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then([
+                        TxnOp::put(arrival, "", None),
+                        TxnOp::get(
+                            arrived_prefix,
+                            Some(GetOptions::new().with_prefix().with_count_only()),
+                        ),
+                    ])
+                    .or_else([TxnOp::get(outcome_key.clone(), None)]),
+            )
+            .await?;
+        if !r.succeeded() {
+            let kv = first_get(&r)
+                .ok_or_else(|| KvError::Internal("barrier outcome vanished".into()))?;
+            return barrier_result(id, kv.value());
+        }
+        let arrived = r
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(g.count() as u32),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let now = unix_ms();
+        if arrived >= participants && now < deadline_ms {
+            return self.decide_barrier(id, "passed").await;
+        }
+        let timed_out = format!("failed:timed out with {arrived} of {participants} participants");
+        if now >= deadline_ms {
+            return self.decide_barrier(id, &timed_out).await;
+        }
+        let wait = Duration::from_millis(deadline_ms - now);
+        let until = Instant::now() + wait;
+        match self
+            .wait_for_key(&outcome_key, header_revision(r.header()) + 1, until)
+            .await?
+        {
+            Some(v) => barrier_result(id, &v),
+            None => {
+                // Count again: the message names who made it.
+                let arrived_prefix = self.barrier_key(id, "a/");
+                let mut kv = self.kv.clone();
+                let n = kv
+                    .get(
+                        arrived_prefix,
+                        Some(GetOptions::new().with_prefix().with_count_only()),
+                    )
+                    .await
+                    .map(|r| r.count())
+                    .unwrap_or(arrived as i64);
+                let reason = format!("failed:timed out with {n} of {participants} participants");
+                self.decide_barrier(id, &reason).await
+            }
+        }
+    }
+
+    async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()> {
+        self.opts.limits.check_key(id)?;
+        match self
+            .decide_barrier(id, &format!("failed:cancelled: {reason}"))
+            .await
+        {
+            Ok(()) | Err(KvError::BarrierFailed { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn revision(&self) -> Result<u64> {
+        let key = self.opts.namespace.clone();
+        self.retry(Duration::ZERO, || {
+            let mut kv = self.kv.clone();
+            let key = key.clone();
+            async move {
+                kv.get(key, Some(GetOptions::new().with_count_only()))
+                    .await
+                    .map(|r| header_revision(r.header()))
+                    .map_err(|e| map_err(e, None))
+            }
+        })
+        .await
+    }
+}
+
+async fn open_prefix_watch(
+    watch: &WatchClient,
+    prefix: &[u8],
+    from: u64,
+) -> Result<etcd_client::WatchStream> {
+    let mut w = watch.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        w.watch(
+            prefix.to_vec(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(from as i64),
+            ),
+        ),
+    )
+    .await
+    .map_err(|_| KvError::Unavailable("etcd did not open the watch in time".into()))?
+    .map_err(|e| map_err(e, None))
+}
+
+fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Result<Event>>) -> WatchStream {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_into_endpoints() {
+        assert_eq!(
+            parse_url("etcd://a:1,b:2").unwrap(),
+            vec!["http://a:1".to_string(), "http://b:2".to_string()]
+        );
+        assert!(parse_url("http://a:1").is_err());
+        assert!(parse_url("etcd://").is_err());
+    }
+
+    #[test]
+    fn barrier_outcomes_decode() {
+        assert_eq!(barrier_result(b"b", b"passed"), Ok(()));
+        assert_eq!(
+            barrier_result(b"b", b"failed:cancelled: x"),
+            Err(KvError::BarrierFailed {
+                id: b"b".to_vec(),
+                reason: "cancelled: x".into()
+            })
+        );
+    }
+}

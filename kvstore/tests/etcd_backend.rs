@@ -1,0 +1,84 @@
+//! The etcd backend against a real 3-member etcd cluster (three `etcd`
+//! processes on loopback). Built only with `--features etcd`; needs Debian's
+//! `etcd-server` (`scripts/test` installs it).
+#![cfg(feature = "etcd")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessel_kvstore::etcd::local::LocalEtcd;
+use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
+use tessel_kvstore::{conformance, KvStore};
+
+async fn client(endpoints: &[String]) -> EtcdKv {
+    EtcdKv::connect(endpoints, EtcdOptions::default())
+        .await
+        .expect("connect to etcd")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_backend_passes_the_conformance_suite() {
+    let etcd = LocalEtcd::start(3).await.unwrap();
+    let kv = client(&etcd.endpoints()).await;
+    conformance::run_all(&kv).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_get_through_one_member_is_woken_by_a_put_through_another() {
+    let etcd = LocalEtcd::start(3).await.unwrap();
+    let on_1 = client(&[etcd.endpoint(1)]).await;
+    let on_2 = client(&[etcd.endpoint(2)]).await;
+    let (got, put) = tokio::join!(on_1.get(b"wake/k", Duration::from_secs(10)), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        on_2.insert(b"wake/k", b"v").await
+    });
+    put.unwrap();
+    assert_eq!(got.unwrap(), b"v");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
+    let mut etcd = LocalEtcd::start(3).await.unwrap();
+    let kv = Arc::new(client(&etcd.endpoints()).await);
+    let writer = {
+        let kv = kv.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..400u32 {
+                let key = format!("load/{i:04}");
+                if kv.put(key.as_bytes(), &i.to_le_bytes()).await.is_ok() {
+                    acked.push(i);
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader = etcd.leader().await.unwrap();
+    etcd.kill(leader);
+    let acked = writer.await.unwrap();
+    assert!(
+        acked.len() > 300,
+        "only {} of 400 writes succeeded",
+        acked.len()
+    );
+    for i in &acked {
+        let key = format!("load/{i:04}");
+        assert_eq!(
+            kv.try_get(key.as_bytes()).await.unwrap(),
+            i.to_le_bytes(),
+            "acknowledged {key}"
+        );
+    }
+    kv.put(b"after/kill", b"ok").await.unwrap();
+
+    // Every member killed at once and restarted from its data dir.
+    for i in 0..3 {
+        etcd.kill(i);
+    }
+    etcd.restart(&[0, 1, 2]).await.unwrap();
+    let kv = client(&etcd.endpoints()).await;
+    assert_eq!(kv.try_get(b"after/kill").await.unwrap(), b"ok");
+    // A write whose answer was lost to the kill may still have landed.
+    assert!(kv.list(b"load/").await.unwrap().len() >= acked.len());
+}
