@@ -251,7 +251,13 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
             .with_context(|| format!("joining the cluster of {join}"))?;
         println!("replica {} joined", args.id);
     }
+    // The coordinator's failure monitor, through this replica (every
+    // replica runs one; their writes are idempotent inserts).
+    let monitor_kv: std::sync::Arc<dyn KvStore> =
+        std::sync::Arc::new(RaftKv::connect(vec![addr], tls.as_ref())?);
+    let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv));
     wait_for_signal().await;
+    monitor.abort();
     eprintln!("replica {} shutting down", args.id);
     replica.shutdown().await;
     Ok(())
@@ -261,7 +267,7 @@ fn openraft_snapshot_policy(every: u64) -> tessel_kvstore::raft::SnapshotPolicy 
     tessel_kvstore::raft::SnapshotPolicy::LogsSinceLast(every.max(1))
 }
 
-async fn wait_for_signal() {
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),

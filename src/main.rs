@@ -14,10 +14,15 @@ use tessel::run::{run_program, RunRequest};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Exit when stdin closes (set by `tessel local` on its children).
+    #[arg(long, global = true, hide = true)]
+    exit_with_parent: bool,
 }
 
 mod bench_kv;
 mod cluster_cli;
+mod node_cli;
+mod procs;
 
 #[derive(Subcommand)]
 enum Command {
@@ -30,6 +35,14 @@ enum Command {
     Coordinator(cluster_cli::CoordinatorArgs),
     /// Read and write the key-value service.
     Kv(cluster_cli::KvArgs),
+    /// Run the per-host agent: register, keep a lease, run job processes.
+    Worker(node_cli::WorkerArgs),
+    /// Registered workers: state, incarnation, last heartbeat.
+    Workers(node_cli::WorkersArgs),
+    /// A job's global device topology.
+    Topology(node_cli::TopologyArgs),
+    /// Start coordinators and workers as processes on this machine.
+    Local(node_cli::LocalArgs),
     /// Benchmarks (JSON lines on stdout).
     Bench {
         #[command(subcommand)]
@@ -121,6 +134,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if cli.exit_with_parent {
+        procs::exit_with_parent();
+    }
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -131,6 +147,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Certs { command } => cluster_cli::certs(command),
         Command::Coordinator(args) => runtime()?.block_on(cluster_cli::coordinator(args)),
         Command::Kv(args) => runtime()?.block_on(cluster_cli::kv(args)),
+        Command::Worker(args) => runtime()?.block_on(node_cli::worker(args)),
+        Command::Workers(args) => runtime()?.block_on(node_cli::workers(args)),
+        Command::Topology(args) => runtime()?.block_on(node_cli::topology(args)),
+        Command::Local(args) => runtime()?.block_on(node_cli::local(args)),
         Command::Cluster { command } => runtime()?.block_on(cluster_cli::cluster(command)),
         Command::Bench {
             command: BenchCommand::Kv(args),

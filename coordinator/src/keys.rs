@@ -1,0 +1,144 @@
+//! The coordinator's key-value keys (also in ARCHITECTURE.md).
+//!
+//! * `workers/{worker}/incarnation`: a counter, incremented by every
+//!   registration of that worker id.
+//! * `workers/{worker}/info`: the latest [`WorkerRecord`] (postcard).
+//! * `workers/{worker}/alive`: `"{incarnation} {unix_ms}"`, attached to the
+//!   incarnation's lease and rewritten by each heartbeat; gone = dead.
+//! * `workers/{worker}/jobs/{job}`: the incarnation that joined the job.
+//! * `jobs/{job}/members/{worker}`: the same, from the job's side.
+//! * `jobs/{job}/failure`: the job's first [`JobFailure`] (postcard),
+//!   inserted once.
+//! * `assignments/{worker}/{job}`: a [`JobAssignment`] (postcard): the
+//!   worker runs process `process_index` of the job.
+//! * `jobs/{job}/processes/{index:05}/topology`: SHA-256 (hex) of the
+//!   global topology that process holds.
+//! * `jobs/{job}/processes/{index:05}/failure_seen`: the failure that
+//!   process observed.
+//! * `jobs/{job}/done`: the job is over; workers leave it and drop its
+//!   clients.
+//!
+//! [`WorkerRecord`]: crate::WorkerRecord
+//! [`JobFailure`]: crate::JobFailure
+//! [`JobAssignment`]: crate::jobs::JobAssignment
+
+use crate::error::{CoordinatorError, Result};
+
+/// Worker ids and job ids are path components: 1–128 bytes, no `/`,
+/// spaces or control characters.
+pub fn check_id(what: &str, s: &str) -> Result<()> {
+    if s.is_empty()
+        || s.len() > 128
+        || s.bytes()
+            .any(|b| b == b'/' || b == b' ' || b.is_ascii_control())
+    {
+        return Err(CoordinatorError::Invalid {
+            what: what.into(),
+            reason: format!(
+                "`{}` must be 1-128 bytes without `/`, spaces or control characters",
+                s.escape_debug()
+            ),
+        });
+    }
+    Ok(())
+}
+
+pub const WORKERS: &str = "workers/";
+
+pub fn incarnation(worker: &str) -> String {
+    format!("workers/{worker}/incarnation")
+}
+
+pub fn info(worker: &str) -> String {
+    format!("workers/{worker}/info")
+}
+
+pub fn alive(worker: &str) -> String {
+    format!("workers/{worker}/alive")
+}
+
+pub fn worker_jobs(worker: &str) -> String {
+    format!("workers/{worker}/jobs/")
+}
+
+pub fn worker_job(worker: &str, job: &str) -> String {
+    format!("workers/{worker}/jobs/{job}")
+}
+
+pub fn job_members(job: &str) -> String {
+    format!("jobs/{job}/members/")
+}
+
+pub fn job_member(job: &str, worker: &str) -> String {
+    format!("jobs/{job}/members/{worker}")
+}
+
+pub fn job_failure(job: &str) -> String {
+    format!("jobs/{job}/failure")
+}
+
+pub fn assignments(worker: &str) -> String {
+    format!("assignments/{worker}/")
+}
+
+pub fn assignment(worker: &str, job: &str) -> String {
+    format!("assignments/{worker}/{job}")
+}
+
+pub fn process_topology(job: &str, index: u32) -> String {
+    format!("jobs/{job}/processes/{index:05}/topology")
+}
+
+pub fn process_topologies(job: &str) -> String {
+    format!("jobs/{job}/processes/")
+}
+
+pub fn process_failure_seen(job: &str, index: u32) -> String {
+    format!("jobs/{job}/processes/{index:05}/failure_seen")
+}
+
+pub fn job_done(job: &str) -> String {
+    format!("jobs/{job}/done")
+}
+
+/// `workers/{worker}/alive` → the worker id.
+pub fn parse_alive(key: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(key).ok()?;
+    s.strip_prefix(WORKERS)?.strip_suffix("/alive")
+}
+
+/// `"{incarnation} {unix_ms}"`.
+pub fn alive_value(incarnation: u64, unix_ms: u64) -> String {
+    format!("{incarnation} {unix_ms}")
+}
+
+pub fn parse_alive_value(v: &[u8]) -> Option<(u64, u64)> {
+    let s = std::str::from_utf8(v).ok()?;
+    let (i, t) = s.split_once(' ')?;
+    Some((i.parse().ok()?, t.parse().ok()?))
+}
+
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        assert_eq!(parse_alive(alive("w-1").as_bytes()), Some("w-1"));
+        assert_eq!(parse_alive(b"workers/w/info"), None);
+        assert_eq!(
+            parse_alive_value(alive_value(3, 99).as_bytes()),
+            Some((3, 99))
+        );
+        assert!(check_id("worker id", "a/b").is_err());
+        assert!(check_id("worker id", "").is_err());
+        assert!(check_id("worker id", "host-1.w0").is_ok());
+    }
+}

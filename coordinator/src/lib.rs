@@ -1,0 +1,28 @@
+//! tessel's coordinator: the worker registry, liveness and failure events.
+//!
+//! All coordinator state lives in the key-value service ([`KvStore`]), so
+//! any coordinator process can take over after a leader change or a crash;
+//! the [`monitor`] is stateless and every coordinator may run one (its
+//! writes are inserts, so several monitors write each event once).
+//!
+//! * [`registry`]: a worker registers ([`WorkerInfo`]) and gets a worker
+//!   id and an incarnation; its lease is its liveness.
+//! * [`jobs`]: which workers a job uses, and the job's failure event.
+//! * [`monitor`]: turns expired leases into job failure events.
+//!
+//! The keys are listed in [`keys`] and in ARCHITECTURE.md.
+//!
+//! [`KvStore`]: tessel_kvstore::KvStore
+
+mod error;
+pub mod jobs;
+pub mod keys;
+pub mod monitor;
+pub mod registry;
+
+pub use error::{CoordinatorError, Result};
+pub use jobs::JobFailure;
+pub use registry::{
+    Heartbeat, LivenessConfig, Registration, WorkerDevice, WorkerInfo, WorkerRecord, WorkerState,
+    WorkerStatus,
+};

@@ -1,0 +1,434 @@
+//! The worker registry.
+//!
+//! Invariants:
+//! 1. Each registration of a worker id gets the next incarnation (a KV
+//!    counter) and a fresh lease; the alive key names the incarnation that
+//!    holds it. A new incarnation overwrites the alive key, which makes the
+//!    previous one stale.
+//! 2. A stale incarnation is rejected everywhere ([`check_current`]): its
+//!    heartbeat stops at the first compare-and-swap that finds another
+//!    incarnation (or none) in the alive key, and it can join no job.
+//! 3. A worker is alive exactly while its alive key exists; the key lives
+//!    and dies with the lease, so a worker that stops heartbeating is dead
+//!    within its TTL, whatever happened to it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tessel_kvstore::{CasOutcome, KvError, KvStore};
+use tokio::sync::watch;
+
+use crate::error::{CoordinatorError, Result};
+use crate::keys;
+
+/// Heartbeat interval and lease TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LivenessConfig {
+    pub heartbeat: Duration,
+    pub ttl: Duration,
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        LivenessConfig {
+            heartbeat: Duration::from_secs(1),
+            ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+impl LivenessConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.heartbeat.is_zero() || self.ttl < self.heartbeat * 2 {
+            return Err(CoordinatorError::Invalid {
+                what: "liveness settings".into(),
+                reason: format!(
+                    "the lease TTL ({:?}) must be at least two heartbeats ({:?})",
+                    self.ttl, self.heartbeat
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Devices of one kind on a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerDevice {
+    pub kind: String,
+    pub count: u32,
+    pub memory_bytes: Option<u64>,
+}
+
+/// What a worker tells the registry about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// Stable across restarts of the same worker (default: the hostname).
+    pub worker_id: String,
+    pub hostname: String,
+    pub boot_id: String,
+    pub pid: u32,
+    pub plugin_name: String,
+    pub plugin_version: String,
+    pub devices: Vec<WorkerDevice>,
+    /// Where the worker's transfer endpoint listens.
+    pub transfer_addr: Option<String>,
+}
+
+/// The registry's record of a registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    pub info: WorkerInfo,
+    pub incarnation: u64,
+    pub lease: u64,
+    pub registered_unix_ms: u64,
+}
+
+/// A successful registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub worker_id: String,
+    pub incarnation: u64,
+    pub lease: u64,
+}
+
+/// Registers a worker (invariant 1).
+pub async fn register(
+    kv: &dyn KvStore,
+    info: WorkerInfo,
+    liveness: LivenessConfig,
+) -> Result<Registration> {
+    keys::check_id("worker id", &info.worker_id)?;
+    liveness.validate()?;
+    let id = info.worker_id.clone();
+    let incarnation =
+        kv.increment(keys::incarnation(&id).as_bytes(), 1)
+            .await
+            .map_err(CoordinatorError::kv(format!("registering worker `{id}`")))? as u64;
+    let lease = kv
+        .grant(liveness.ttl)
+        .await
+        .map_err(CoordinatorError::kv("granting the worker's lease"))?;
+    let record = WorkerRecord {
+        info,
+        incarnation,
+        lease,
+        registered_unix_ms: keys::unix_ms(),
+    };
+    kv.put(
+        keys::info(&id).as_bytes(),
+        &postcard::to_allocvec(&record).expect("always encodes"),
+    )
+    .await
+    .map_err(CoordinatorError::kv("writing the worker record"))?;
+    kv.put_with_lease(
+        keys::alive(&id).as_bytes(),
+        keys::alive_value(incarnation, keys::unix_ms()).as_bytes(),
+        lease,
+    )
+    .await
+    .map_err(CoordinatorError::kv("marking the worker alive"))?;
+    Ok(Registration {
+        worker_id: id,
+        incarnation,
+        lease,
+    })
+}
+
+/// Refuses anything from an incarnation that is not the worker's latest
+/// (invariant 2).
+pub async fn check_current(kv: &dyn KvStore, worker: &str, incarnation: u64) -> Result<()> {
+    let current = match kv.try_get(keys::incarnation(worker).as_bytes()).await {
+        Ok(v) => std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()),
+        Err(KvError::NotFound(_)) => return Err(CoordinatorError::UnknownWorker(worker.into())),
+        Err(e) => {
+            return Err(CoordinatorError::Kv {
+                context: format!("reading worker `{worker}`'s incarnation"),
+                source: e,
+            })
+        }
+    };
+    if current != Some(incarnation) {
+        return Err(CoordinatorError::StaleIncarnation {
+            worker: worker.into(),
+            incarnation,
+            current,
+        });
+    }
+    Ok(())
+}
+
+/// Keeps a registration alive in the background; ends, reporting why, when
+/// the lease is gone or a newer incarnation took over.
+pub struct Heartbeat {
+    task: tokio::task::JoinHandle<()>,
+    lost: watch::Receiver<Option<CoordinatorError>>,
+}
+
+impl Heartbeat {
+    pub fn start(kv: Arc<dyn KvStore>, reg: Registration, liveness: LivenessConfig) -> Heartbeat {
+        let (tx, lost) = watch::channel(None);
+        let task = tokio::spawn(async move {
+            let err = heartbeat_loop(&*kv, &reg, liveness).await;
+            tracing::warn!(worker = %reg.worker_id, incarnation = reg.incarnation, error = %err, "heartbeat stopped");
+            let _ = tx.send(Some(err));
+        });
+        Heartbeat { task, lost }
+    }
+
+    /// Waits until the registration is lost, and says why.
+    pub async fn lost(&mut self) -> CoordinatorError {
+        loop {
+            if let Some(e) = self.lost.borrow_and_update().clone() {
+                return e;
+            }
+            if self.lost.changed().await.is_err() {
+                return CoordinatorError::Invalid {
+                    what: "heartbeat".into(),
+                    reason: "the heartbeat task ended".into(),
+                };
+            }
+        }
+    }
+
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn heartbeat_loop(
+    kv: &dyn KvStore,
+    reg: &Registration,
+    liveness: LivenessConfig,
+) -> CoordinatorError {
+    let key = keys::alive(&reg.worker_id);
+    let mut last: Option<Vec<u8>> = None;
+    let mut tick = tokio::time::interval(liveness.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match kv.keep_alive(reg.lease).await {
+            Ok(()) => {}
+            Err(KvError::LeaseNotFound(_)) => {
+                return CoordinatorError::StaleIncarnation {
+                    worker: reg.worker_id.clone(),
+                    incarnation: reg.incarnation,
+                    current: None,
+                }
+            }
+            Err(e) => {
+                // The lease's TTL leaves room for a few failed beats.
+                tracing::warn!(error = %e, "heartbeat failed; retrying");
+                continue;
+            }
+        }
+        let expected = match &last {
+            Some(v) => v.clone(),
+            None => match kv.try_get(key.as_bytes()).await {
+                Ok(v) => v,
+                Err(KvError::NotFound(_)) => {
+                    return CoordinatorError::StaleIncarnation {
+                        worker: reg.worker_id.clone(),
+                        incarnation: reg.incarnation,
+                        current: None,
+                    }
+                }
+                Err(_) => continue,
+            },
+        };
+        if keys::parse_alive_value(&expected).map(|(i, _)| i) != Some(reg.incarnation) {
+            return CoordinatorError::StaleIncarnation {
+                worker: reg.worker_id.clone(),
+                incarnation: reg.incarnation,
+                current: keys::parse_alive_value(&expected).map(|(i, _)| i),
+            };
+        }
+        let now = keys::alive_value(reg.incarnation, keys::unix_ms()).into_bytes();
+        match kv
+            .compare_and_swap(key.as_bytes(), Some(&expected), &now)
+            .await
+        {
+            Ok(CasOutcome::Swapped { .. }) => last = Some(now),
+            Ok(CasOutcome::Mismatch { current }) => {
+                return CoordinatorError::StaleIncarnation {
+                    worker: reg.worker_id.clone(),
+                    incarnation: reg.incarnation,
+                    current: current
+                        .as_deref()
+                        .and_then(keys::parse_alive_value)
+                        .map(|(i, _)| i),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat timestamp not written");
+                last = None;
+            }
+        }
+    }
+}
+
+/// Alive or dead, as the registry sees it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerState {
+    Alive {
+        incarnation: u64,
+        last_heartbeat_unix_ms: u64,
+    },
+    Dead,
+}
+
+/// A registered worker and its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStatus {
+    pub record: WorkerRecord,
+    pub state: WorkerState,
+    /// Jobs the worker joined (and has not left).
+    pub jobs: Vec<String>,
+}
+
+/// Every registered worker, by id.
+pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
+    let all = kv
+        .list(keys::WORKERS.as_bytes())
+        .await
+        .map_err(CoordinatorError::kv("listing workers"))?;
+    let mut records: BTreeMap<String, WorkerRecord> = BTreeMap::new();
+    let mut alive: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut jobs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pair in all {
+        let Ok(key) = std::str::from_utf8(&pair.key) else {
+            continue;
+        };
+        let Some(rest) = key.strip_prefix(keys::WORKERS) else {
+            continue;
+        };
+        let Some((worker, what)) = rest.split_once('/') else {
+            continue;
+        };
+        if what == "info" {
+            let r: WorkerRecord = postcard::from_bytes(&pair.value)
+                .map_err(CoordinatorError::decode("a worker record"))?;
+            records.insert(worker.into(), r);
+        } else if what == "alive" {
+            if let Some(v) = keys::parse_alive_value(&pair.value) {
+                alive.insert(worker.into(), v);
+            }
+        } else if let Some(job) = what.strip_prefix("jobs/") {
+            jobs.entry(worker.into()).or_default().push(job.into());
+        }
+    }
+    Ok(records
+        .into_iter()
+        .map(|(id, record)| {
+            let state = match alive.get(&id) {
+                Some(&(incarnation, t)) if incarnation == record.incarnation => {
+                    WorkerState::Alive {
+                        incarnation,
+                        last_heartbeat_unix_ms: t,
+                    }
+                }
+                _ => WorkerState::Dead,
+            };
+            WorkerStatus {
+                record,
+                state,
+                jobs: jobs.remove(&id).unwrap_or_default(),
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use tessel_kvstore::MemoryKv;
+
+    pub fn info(id: &str) -> WorkerInfo {
+        WorkerInfo {
+            worker_id: id.into(),
+            hostname: "h".into(),
+            boot_id: "b".into(),
+            pid: 1,
+            plugin_name: "cpu".into(),
+            plugin_version: "0.81".into(),
+            devices: vec![WorkerDevice {
+                kind: "cpu".into(),
+                count: 4,
+                memory_bytes: None,
+            }],
+            transfer_addr: None,
+        }
+    }
+
+    pub fn fast() -> LivenessConfig {
+        LivenessConfig {
+            heartbeat: Duration::from_millis(100),
+            ttl: Duration::from_millis(400),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_incarnation_makes_the_old_one_stale() {
+        let kv: Arc<dyn KvStore> = Arc::new(MemoryKv::new());
+        let first = register(&*kv, info("w"), fast()).await.unwrap();
+        assert_eq!(first.incarnation, 1);
+        let mut hb = Heartbeat::start(kv.clone(), first.clone(), fast());
+        check_current(&*kv, "w", 1).await.unwrap();
+        let second = register(&*kv, info("w"), fast()).await.unwrap();
+        assert_eq!(second.incarnation, 2);
+        assert!(matches!(
+            check_current(&*kv, "w", 1).await,
+            Err(CoordinatorError::StaleIncarnation {
+                incarnation: 1,
+                current: Some(2),
+                ..
+            })
+        ));
+        let lost = tokio::time::timeout(Duration::from_secs(2), hb.lost())
+            .await
+            .expect("the stale heartbeat stops");
+        assert!(
+            matches!(lost, CoordinatorError::StaleIncarnation { .. }),
+            "{lost}"
+        );
+        assert!(matches!(
+            check_current(&*kv, "nobody", 1).await,
+            Err(CoordinatorError::UnknownWorker(_))
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_is_alive_while_it_beats_and_dead_after_its_ttl() {
+        let kv: Arc<dyn KvStore> = Arc::new(MemoryKv::new());
+        let reg = register(&*kv, info("w"), fast()).await.unwrap();
+        let hb = Heartbeat::start(kv.clone(), reg, fast());
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let s = list_workers(&*kv).await.unwrap();
+        assert!(
+            matches!(s[0].state, WorkerState::Alive { incarnation: 1, .. }),
+            "{s:?}"
+        );
+        hb.stop();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let s = list_workers(&*kv).await.unwrap();
+        assert_eq!(s[0].state, WorkerState::Dead);
+    }
+
+    #[test]
+    fn liveness_settings_are_checked() {
+        let bad = LivenessConfig {
+            heartbeat: Duration::from_secs(1),
+            ttl: Duration::from_secs(1),
+        };
+        assert!(bad.validate().is_err());
+        assert!(LivenessConfig::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,355 @@
+//! The node-side commands: `worker`, `workers`, `topology`, `local`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessel::pjrt::locate;
+use tessel_coordinator::jobs::{self, JobAssignment};
+use tessel_coordinator::registry::{list_workers, WorkerState};
+use tessel_coordinator::{keys, LivenessConfig};
+use tessel_kvstore::KvStore;
+use tessel_topology::exchange::Published;
+use tessel_topology::GlobalTopology;
+use tessel_worker::{topology_digest, Worker, WorkerConfig};
+
+use crate::cluster_cli::{wait_for_signal, KvTargetArgs};
+use crate::procs::ChildProc;
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub target: KvTargetArgs,
+    /// A plugin name (cpu, cuda, cpu-lammps, cpu-fastatomstruct) or a path.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub plugin: Option<String>,
+    /// CPU devices per client (the CPU plugin's `cpu_device_count`).
+    #[arg(long)]
+    pub devices: Option<usize>,
+    /// This worker's id, stable across restarts (default: the hostname).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// Heartbeat interval.
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_ms: u64,
+    /// Lease TTL: a worker silent this long is dead.
+    #[arg(long, default_value_t = 5000)]
+    pub ttl_ms: u64,
+    /// An explicit slice index for the topology (default: by boot id).
+    #[arg(long)]
+    pub slice: Option<u32>,
+}
+
+pub async fn worker(args: WorkerArgs) -> Result<()> {
+    let kv: Arc<dyn KvStore> = Arc::from(args.target.connect().await?);
+    let plugin = locate::resolve(args.plugin.as_deref())?;
+    let worker_id = match args.worker_id {
+        Some(id) => id,
+        None => tessel_worker::HostFacts::read().hostname,
+    };
+    let cfg = WorkerConfig {
+        worker_id,
+        plugin,
+        devices: args.devices,
+        liveness: LivenessConfig {
+            heartbeat: Duration::from_millis(args.heartbeat_ms),
+            ttl: Duration::from_millis(args.ttl_ms),
+        },
+        slice_index: args.slice,
+    };
+    let w = Worker::start(kv, cfg).await?;
+    // Launchers and tests read this line.
+    println!(
+        "worker {} registered as incarnation {}",
+        w.registration().worker_id,
+        w.registration().incarnation
+    );
+    w.run(wait_for_signal()).await?;
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct WorkersArgs {
+    #[command(flatten)]
+    pub target: KvTargetArgs,
+}
+
+pub async fn workers(args: WorkersArgs) -> Result<()> {
+    let kv = args.target.connect().await?;
+    let now = keys::unix_ms();
+    println!(
+        "{:<16} {:<6} {:>5} {:>15} {:<20} {:>7}  {:<28} JOBS",
+        "WORKER", "STATE", "INC", "LAST HEARTBEAT", "HOST", "PID", "DEVICES"
+    );
+    for w in list_workers(&*kv).await? {
+        let (state, beat) = match w.state {
+            WorkerState::Alive {
+                last_heartbeat_unix_ms,
+                ..
+            } => (
+                "alive",
+                format!(
+                    "{:.1} s ago",
+                    now.saturating_sub(last_heartbeat_unix_ms) as f64 / 1e3
+                ),
+            ),
+            WorkerState::Dead => ("dead", "-".into()),
+        };
+        let devices: Vec<String> = w
+            .record
+            .info
+            .devices
+            .iter()
+            .map(|d| format!("{}×{}", d.count, d.kind))
+            .collect();
+        println!(
+            "{:<16} {:<6} {:>5} {:>15} {:<20} {:>7}  {:<28} {}",
+            w.record.info.worker_id,
+            state,
+            w.record.incarnation,
+            beat,
+            w.record.info.hostname,
+            w.record.info.pid,
+            devices.join(","),
+            w.jobs.join(",")
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct TopologyArgs {
+    #[command(flatten)]
+    pub target: KvTargetArgs,
+    #[arg(long)]
+    pub job: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+async fn read_topology(kv: &dyn KvStore, job: &str, wait: Duration) -> Result<GlobalTopology> {
+    let key = tessel_topology::keys::global(job);
+    let bytes = kv
+        .get(key.as_bytes(), wait)
+        .await
+        .with_context(|| format!("no topology for job `{job}`"))?;
+    match Published::decode(&bytes)? {
+        Published::Topology(t) => Ok(t),
+        Published::Failed(reason) => bail!("the topology exchange of job `{job}` failed: {reason}"),
+    }
+}
+
+fn print_table(t: &GlobalTopology) {
+    println!(
+        "{:>6} {:>7} {:>5} {:>8}  {:<10} {:<20} BOOT",
+        "DEVICE", "PROCESS", "SLICE", "LOCAL ID", "KIND", "HOST"
+    );
+    for d in &t.devices {
+        let p = &t.processes[d.process_index as usize];
+        println!(
+            "{:>6} {:>7} {:>5} {:>8}  {:<10} {:<20} {}",
+            d.id,
+            d.process_index,
+            d.slice,
+            d.local_hardware_id,
+            d.kind,
+            p.hostname,
+            p.boot_id.get(..8).unwrap_or(&p.boot_id)
+        );
+    }
+}
+
+pub async fn topology(args: TopologyArgs) -> Result<()> {
+    let kv = args.target.connect().await?;
+    let t = read_topology(&*kv, &args.job, Duration::ZERO).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+    } else {
+        print_table(&t);
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct LocalArgs {
+    /// Coordinator replicas to start.
+    #[arg(long, default_value_t = 3)]
+    pub coordinators: u64,
+    /// Worker processes to start.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// CPU devices per worker.
+    #[arg(long, default_value_t = 2)]
+    pub devices_per_worker: usize,
+    /// A plugin name or path for the workers.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub plugin: Option<String>,
+    /// Print the job's global topology as JSON and exit.
+    #[arg(long)]
+    pub print_topology: bool,
+    /// How long the topology exchange may take.
+    #[arg(long, default_value_t = 60_000)]
+    pub timeout_ms: u64,
+}
+
+/// Everything `tessel local` started; dropping it stops every child and
+/// removes the folder.
+struct LocalCluster {
+    workers: Vec<ChildProc>,
+    coordinators: Vec<ChildProc>,
+    addrs: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl LocalCluster {
+    fn tls_dir(&self) -> PathBuf {
+        self.dir.path().join("tls")
+    }
+
+    fn start_coordinators(&mut self, n: u64) -> Result<()> {
+        for id in 1..=n {
+            let mut args: Vec<String> = vec![
+                "coordinator".into(),
+                "--id".into(),
+                id.to_string(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data-dir".into(),
+                self.dir
+                    .path()
+                    .join(format!("replica-{id}"))
+                    .display()
+                    .to_string(),
+                "--tls-dir".into(),
+                self.tls_dir().display().to_string(),
+            ];
+            match self.addrs.first() {
+                None => args.extend(["--peers".into(), format!("{id}=127.0.0.1:0")]),
+                Some(first) => args.extend(["--join".into(), first.clone()]),
+            }
+            let mut p = ChildProc::spawn(&format!("coordinator {id}"), &args, &[])?;
+            let addr = p.wait_for(Duration::from_secs(60), |line| {
+                line.split("listening on ")
+                    .nth(1)
+                    .map(|a| a.trim().to_owned())
+            })?;
+            if id > 1 {
+                p.wait_for(Duration::from_secs(60), |l| {
+                    l.ends_with(" joined").then_some(())
+                })?;
+            }
+            self.addrs.push(addr);
+            self.coordinators.push(p);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        // Workers first (they revoke their leases), then coordinators.
+        for w in &mut self.workers {
+            w.terminate(Duration::from_secs(3));
+        }
+        for c in &mut self.coordinators {
+            c.terminate(Duration::from_secs(3));
+        }
+    }
+}
+
+pub async fn local(args: LocalArgs) -> Result<()> {
+    if !args.print_topology {
+        bail!(
+            "running a job needs the scheduler, which tessel does not have yet; \
+             use --print-topology to bring the cluster up and print its topology"
+        );
+    }
+    if args.workers == 0 || args.coordinators == 0 {
+        bail!("--workers and --coordinators must be at least 1");
+    }
+    let dir = tempfile::Builder::new().prefix("tessel-local-").tempdir()?;
+    tessel_kvstore::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])?;
+    let mut cluster = LocalCluster {
+        workers: Vec::new(),
+        coordinators: Vec::new(),
+        addrs: Vec::new(),
+        dir,
+    };
+    let result = tokio::select! {
+        r = run_local(&mut cluster, &args) => r,
+        () = wait_for_signal() => Err(anyhow::anyhow!("interrupted")),
+    };
+    drop(cluster);
+    result
+}
+
+async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
+    cluster.start_coordinators(args.coordinators)?;
+    let tls = tessel_kvstore::tls::TlsFiles::load(&cluster.tls_dir())?;
+    let coordinator = cluster.addrs.join(",");
+    let kv = tessel_kvstore::raft::client::RaftKv::connect(
+        cluster
+            .addrs
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<_, _>>()?,
+        Some(&tls),
+    )?;
+    let plugin = locate::resolve(args.plugin.as_deref())?;
+    for i in 0..args.workers {
+        let wargs: Vec<String> = vec![
+            "worker".into(),
+            "--coordinator".into(),
+            coordinator.clone(),
+            "--tls-dir".into(),
+            cluster.tls_dir().display().to_string(),
+            "--plugin".into(),
+            plugin.display().to_string(),
+            "--devices".into(),
+            args.devices_per_worker.to_string(),
+            "--worker-id".into(),
+            format!("w{i}"),
+        ];
+        cluster
+            .workers
+            .push(ChildProc::spawn(&format!("worker w{i}"), &wargs, &[])?);
+    }
+    for w in &mut cluster.workers {
+        w.wait_for(Duration::from_secs(120), |l| {
+            l.contains(" registered as incarnation ").then_some(())
+        })?;
+    }
+    let job = format!("local-{}", std::process::id());
+    for i in 0..args.workers {
+        let a = JobAssignment {
+            job: job.clone(),
+            process_index: i,
+            num_processes: args.workers,
+            topology_timeout_ms: args.timeout_ms,
+        };
+        jobs::assign(&kv, &format!("w{i}"), &a).await?;
+    }
+    let wait = Duration::from_millis(args.timeout_ms) + Duration::from_secs(5);
+    let topology = tokio::select! {
+        t = read_topology(&kv, &job, wait) => t?,
+        f = jobs::wait_for_failure(&kv, &job, wait) => match f? {
+            Some(f) => bail!("job `{job}` failed: {f}"),
+            None => bail!("job `{job}`: no topology within {wait:?}"),
+        },
+    };
+    // Every process holds the same topology (the digests it published).
+    let want = topology_digest(&topology);
+    for i in 0..args.workers {
+        let key = keys::process_topology(&job, i);
+        let got = kv.get(key.as_bytes(), wait).await?;
+        if got != want.as_bytes() {
+            bail!("process {i} holds a different topology");
+        }
+    }
+    println!("{}", serde_json::to_string_pretty(&topology)?);
+    jobs::finish_job(&kv, &job).await?;
+    Ok(())
+}

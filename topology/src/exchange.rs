@@ -1,0 +1,307 @@
+//! The topology exchange over the key-value service, with the semantics of
+//! XLA's `ExchangeTopologies`: each process inserts its local topology, one
+//! builder (process 0) assembles the global one, everyone else waits for it.
+//!
+//! Invariants:
+//! 1. A process's local topology is inserted once. Re-inserting the same
+//!    bytes (a restart) is accepted; different bytes under the same index
+//!    (a duplicate index, or a restart on other hardware) is an error.
+//! 2. The builder publishes exactly one [`Published`] value, the topology or
+//!    the reason it could not build one, so no process waits past its
+//!    timeout for a builder that already failed.
+//! 3. KV operations are linear in the number of processes: each process
+//!    makes one insert and one blocking get; the builder one list plus one
+//!    blocking get per process that had not arrived when it listed.
+//! 4. Every process returns the bytes the builder published, so all hold
+//!    the same topology.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tessel_kvstore::{KvError, KvStore};
+use tokio::time::Instant;
+
+use crate::error::{Result, TopologyError};
+use crate::keys;
+use crate::types::{GlobalTopology, LocalTopology};
+
+/// What the builder publishes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Published {
+    Topology(GlobalTopology),
+    Failed(String),
+}
+
+impl Published {
+    pub fn decode(bytes: &[u8]) -> Result<Published> {
+        let p: Published = postcard::from_bytes(bytes).map_err(|e| TopologyError::Decode {
+            what: "a published topology".into(),
+            reason: e.to_string(),
+        })?;
+        if let Published::Topology(t) = &p {
+            // Re-check through the validating decoder.
+            GlobalTopology::decode(&t.encode())?;
+        }
+        Ok(p)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("always encodes")
+    }
+}
+
+/// Exchanges `local` with the other processes of `job` and returns the
+/// global topology, or fails within `timeout` naming what went wrong.
+pub async fn exchange(
+    kv: &dyn KvStore,
+    job: &str,
+    local: &LocalTopology,
+    timeout: Duration,
+) -> Result<GlobalTopology> {
+    keys::check_component("job id", job)?;
+    local.validate()?;
+    let deadline = Instant::now() + timeout;
+    publish_local(kv, job, local).await?;
+    let topology = if local.process_index == 0 {
+        build_and_publish(kv, job, local.num_processes, deadline, timeout).await?
+    } else {
+        wait_for_global(kv, job, local.num_processes, deadline, timeout).await?
+    };
+    if topology.num_processes() != local.num_processes {
+        return Err(TopologyError::WrongProcessCount {
+            index: local.process_index,
+            declared: local.num_processes,
+            num_processes: topology.num_processes(),
+        });
+    }
+    Ok(topology)
+}
+
+/// Invariant 1.
+async fn publish_local(kv: &dyn KvStore, job: &str, local: &LocalTopology) -> Result<()> {
+    let key = keys::local(job, local.process_index);
+    let bytes = local.encode();
+    match kv.insert(key.as_bytes(), &bytes).await {
+        Ok(_) => Ok(()),
+        Err(KvError::AlreadyExists(_)) => {
+            let existing = kv
+                .try_get(key.as_bytes())
+                .await
+                .map_err(TopologyError::kv(format!("reading {key}")))?;
+            if existing == bytes {
+                return Ok(());
+            }
+            let (existing_host, existing_boot) = match LocalTopology::decode(&existing) {
+                Ok(e) => (e.hostname, e.boot_id),
+                Err(_) => ("(undecodable)".into(), "(undecodable)".into()),
+            };
+            Err(TopologyError::ConflictingLocalTopology {
+                index: local.process_index,
+                existing_host,
+                existing_boot,
+                host: local.hostname.clone(),
+                boot: local.boot_id.clone(),
+            })
+        }
+        Err(e) => Err(TopologyError::Kv {
+            context: format!("inserting {key}"),
+            source: e,
+        }),
+    }
+}
+
+async fn build_and_publish(
+    kv: &dyn KvStore,
+    job: &str,
+    n: u32,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<GlobalTopology> {
+    let built = gather(kv, job, n, deadline, timeout)
+        .await
+        .and_then(|locals| GlobalTopology::build(n, &locals));
+    let published = match &built {
+        Ok(t) => Published::Topology(t.clone()),
+        Err(e) => Published::Failed(e.to_string()),
+    };
+    let key = keys::global(job);
+    match kv.insert(key.as_bytes(), &published.encode()).await {
+        Ok(_) => built,
+        // A restarted builder: the first outcome stands (invariant 4).
+        Err(KvError::AlreadyExists(_)) => read_published(kv, job).await,
+        Err(e) => Err(TopologyError::Kv {
+            context: format!("publishing {key}"),
+            source: e,
+        }),
+    }
+}
+
+/// Every local topology, or the processes that never arrived.
+async fn gather(
+    kv: &dyn KvStore,
+    job: &str,
+    n: u32,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<LocalTopology>> {
+    let mut got: BTreeMap<u32, LocalTopology> = BTreeMap::new();
+    let listed = kv
+        .list(keys::local_prefix(job).as_bytes())
+        .await
+        .map_err(TopologyError::kv("listing local topologies"))?;
+    for kv_pair in listed {
+        if let Some(i) = keys::parse_local(job, &kv_pair.key) {
+            if i >= n {
+                return Err(TopologyError::ProcessIndexOutOfRange {
+                    index: i,
+                    num_processes: n,
+                });
+            }
+            got.insert(i, LocalTopology::decode(&kv_pair.value)?);
+        }
+    }
+    for i in 0..n {
+        if got.contains_key(&i) {
+            continue;
+        }
+        let key = keys::local(job, i);
+        let left = deadline.saturating_duration_since(Instant::now());
+        match kv.get(key.as_bytes(), left).await {
+            Ok(v) => {
+                got.insert(i, LocalTopology::decode(&v)?);
+            }
+            Err(KvError::DeadlineExceeded { .. }) => {
+                return Err(missing_error(kv, job, n, timeout).await);
+            }
+            Err(e) => {
+                return Err(TopologyError::Kv {
+                    context: format!("waiting for {key}"),
+                    source: e,
+                })
+            }
+        }
+    }
+    Ok(got.into_values().collect())
+}
+
+/// Which processes have not inserted their local topology.
+async fn missing_error(kv: &dyn KvStore, job: &str, n: u32, after: Duration) -> TopologyError {
+    let present: Vec<u32> = match kv.list(keys::local_prefix(job).as_bytes()).await {
+        Ok(l) => l
+            .iter()
+            .filter_map(|p| keys::parse_local(job, &p.key))
+            .collect(),
+        Err(e) => {
+            return TopologyError::Kv {
+                context: "listing local topologies after a timeout".into(),
+                source: e,
+            }
+        }
+    };
+    TopologyError::Missing {
+        job: job.into(),
+        missing: (0..n).filter(|i| !present.contains(i)).collect(),
+        after,
+    }
+}
+
+async fn read_published(kv: &dyn KvStore, job: &str) -> Result<GlobalTopology> {
+    let key = keys::global(job);
+    let bytes = kv
+        .try_get(key.as_bytes())
+        .await
+        .map_err(TopologyError::kv(format!("reading {key}")))?;
+    match Published::decode(&bytes)? {
+        Published::Topology(t) => Ok(t),
+        Published::Failed(reason) => Err(TopologyError::BuilderFailed(reason)),
+    }
+}
+
+async fn wait_for_global(
+    kv: &dyn KvStore,
+    job: &str,
+    n: u32,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<GlobalTopology> {
+    let key = keys::global(job);
+    let left = deadline.saturating_duration_since(Instant::now());
+    match kv.get(key.as_bytes(), left).await {
+        Ok(bytes) => match Published::decode(&bytes)? {
+            Published::Topology(t) => Ok(t),
+            Published::Failed(reason) => Err(TopologyError::BuilderFailed(reason)),
+        },
+        Err(KvError::DeadlineExceeded { .. }) => Err(missing_error(kv, job, n, timeout).await),
+        Err(e) => Err(TopologyError::Kv {
+            context: format!("waiting for {key}"),
+            source: e,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::tests::local;
+    use tessel_kvstore::MemoryKv;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_process_gets_the_same_topology() {
+        let kv = std::sync::Arc::new(MemoryKv::new());
+        let tasks: Vec<_> = (0..4)
+            .rev()
+            .map(|i| {
+                let kv = kv.clone();
+                tokio::spawn(async move {
+                    exchange(&*kv, "j1", &local(i, 4, "b", 4), Duration::from_secs(5)).await
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.push(t.await.unwrap().unwrap());
+        }
+        assert!(all.windows(2).all(|w| w[0] == w[1]));
+        assert_eq!(all[0].num_devices(), 16);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_with_the_same_topology_is_accepted_a_different_one_is_not() {
+        let kv = MemoryKv::new();
+        let me = local(1, 2, "b", 2);
+        publish_local(&kv, "j", &me).await.unwrap();
+        publish_local(&kv, "j", &me).await.unwrap();
+        let mut other = me.clone();
+        other.boot_id = "new-boot".into();
+        let e = publish_local(&kv, "j", &other).await.unwrap_err();
+        assert!(e.to_string().contains("already taken"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_process_that_never_arrives_is_named_to_everyone() {
+        let kv = std::sync::Arc::new(MemoryKv::new());
+        let t = Duration::from_millis(400);
+        let (l0, l1) = (local(0, 3, "b", 1), local(1, 3, "b", 1));
+        let (a, b) = tokio::join!(exchange(&*kv, "j2", &l0, t), exchange(&*kv, "j2", &l1, t));
+        for e in [a.unwrap_err(), b.unwrap_err()] {
+            let s = e.to_string();
+            assert!(s.contains("[2]"), "{s}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrong_process_count_fails_everyone_promptly() {
+        let kv = std::sync::Arc::new(MemoryKv::new());
+        let t = Duration::from_secs(10);
+        let started = Instant::now();
+        let (l0, l1) = (local(0, 2, "b", 1), local(1, 3, "b", 1));
+        let (a, b) = tokio::join!(exchange(&*kv, "j3", &l0, t), exchange(&*kv, "j3", &l1, t));
+        assert!(
+            matches!(a, Err(TopologyError::WrongProcessCount { .. })),
+            "{a:?}"
+        );
+        assert!(matches!(b, Err(TopologyError::BuilderFailed(_))), "{b:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,25 @@
+//! tessel's device topology.
+//!
+//! * [`LocalTopology`]: what one process has (devices, host, transfer
+//!   endpoint).
+//! * [`GlobalTopology`]: every process of a job and its devices with global
+//!   ids, built deterministically by [`GlobalTopology::build`] (pure).
+//! * [`exchange`]: the exchange of local topologies over the key-value
+//!   service, with the semantics of XLA's `ExchangeTopologies`.
+//! * [`Mesh`]: named axes over the global devices.
+//! * [`CollectiveId`]: one id per clique of devices, agreed over the KV.
+//!
+//! The KV keys this crate writes are listed in [`keys`].
+
+mod collective;
+mod error;
+pub mod exchange;
+pub mod keys;
+mod mesh;
+mod types;
+
+pub use collective::{collective_id, random_id, Clique, CollectiveId, COLLECTIVE_ID_BYTES};
+pub use error::{Result, TopologyError};
+pub use exchange::exchange;
+pub use mesh::Mesh;
+pub use types::{DeviceDescription, GlobalDevice, GlobalTopology, LocalTopology, ProcessEntry};

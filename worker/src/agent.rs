@@ -1,0 +1,351 @@
+//! The per-host agent.
+//!
+//! Invariants:
+//! 1. A worker registers once per process start (a new incarnation) and is
+//!    alive exactly while its heartbeat keeps the lease; when the
+//!    registration is lost (expired, or a newer incarnation took over) the
+//!    agent stops: it never acts for a stale incarnation.
+//! 2. Each job process gets its own PJRT client (the per-node client) whose
+//!    KV callbacks are bound to that job's namespace; the client lives until
+//!    the job is done or failed.
+//! 3. Every job process publishes a digest of the global topology it holds,
+//!    and records any failure event it observed, so the submitter (and
+//!    tests) can check what each process saw.
+//! 4. PJRT calls that may block — client creation and destruction, where a
+//!    plugin may call back into the KV and wait — run on blocking threads,
+//!    never on the async runtime's workers.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
+use tessel_coordinator::registry::{self, Heartbeat, Registration};
+use tessel_coordinator::{keys, LivenessConfig, WorkerDevice, WorkerInfo};
+use tessel_kvstore::{Event, KvStore};
+use tessel_pjrt::{Client, ClientOptions, Plugin};
+use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
+
+use crate::error::{Result, WorkerError};
+use crate::host::HostFacts;
+use crate::job_kv::JobKv;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Stable across restarts (default: the hostname).
+    pub worker_id: String,
+    pub plugin: PathBuf,
+    /// CPU devices per client (`cpu_device_count`); other plugins have the
+    /// devices they have.
+    pub devices: Option<usize>,
+    pub liveness: LivenessConfig,
+    /// An explicit slice index for topologies.
+    pub slice_index: Option<u32>,
+}
+
+/// What the probe client found.
+#[derive(Debug, Clone)]
+struct PluginFacts {
+    platform: String,
+    version: String,
+    devices: Vec<WorkerDevice>,
+}
+
+/// A registered worker.
+pub struct Worker {
+    kv: Arc<dyn KvStore>,
+    cfg: WorkerConfig,
+    plugin: Plugin,
+    facts: PluginFacts,
+    host: HostFacts,
+    registration: Registration,
+}
+
+fn client_options(platform: &str, devices: Option<usize>) -> ClientOptions {
+    let mut o = ClientOptions::default();
+    if platform == "cpu" {
+        if let Some(n) = devices {
+            o = o.option("cpu_device_count", n as i64);
+        }
+    }
+    o
+}
+
+impl Worker {
+    /// Loads the plugin, probes its devices and registers.
+    pub async fn start(kv: Arc<dyn KvStore>, cfg: WorkerConfig) -> Result<Worker> {
+        let path = cfg.plugin.clone();
+        let devices = cfg.devices;
+        let (plugin, facts) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let plugin = Plugin::load(&path)?;
+            // The platform decides the options, so probe without any first
+            // unless a CPU device count is asked for.
+            let probe = Client::create(&plugin, ClientOptions::default())?;
+            let platform = probe.platform_name()?;
+            let probe = if platform == "cpu" && devices.is_some() {
+                drop(probe);
+                Client::create(&plugin, client_options(&platform, devices))?
+            } else {
+                probe
+            };
+            let mut by_kind: Vec<WorkerDevice> = Vec::new();
+            for d in probe.addressable_devices()? {
+                let kind = d.kind()?;
+                match by_kind.iter_mut().find(|w| w.kind == kind) {
+                    Some(w) => w.count += 1,
+                    None => by_kind.push(WorkerDevice {
+                        kind,
+                        count: 1,
+                        memory_bytes: None,
+                    }),
+                }
+            }
+            let version = probe.platform_version()?;
+            Ok((
+                plugin,
+                PluginFacts {
+                    platform,
+                    version,
+                    devices: by_kind,
+                },
+            ))
+        })
+        .await
+        .map_err(|e| WorkerError::Internal(e.to_string()))??;
+        let host = HostFacts::read();
+        let (major, minor) = plugin.api_version();
+        let info = WorkerInfo {
+            worker_id: cfg.worker_id.clone(),
+            hostname: host.hostname.clone(),
+            boot_id: host.boot_id.clone(),
+            pid: std::process::id(),
+            plugin_name: format!("{} ({})", facts.platform, plugin.path().display()),
+            plugin_version: format!("{} / C API {major}.{minor}", facts.version),
+            devices: facts.devices.clone(),
+            transfer_addr: None,
+        };
+        let registration = registry::register(&*kv, info, cfg.liveness).await?;
+        tracing::info!(
+            worker = %registration.worker_id,
+            incarnation = registration.incarnation,
+            "registered"
+        );
+        Ok(Worker {
+            kv,
+            cfg,
+            plugin,
+            facts,
+            host,
+            registration,
+        })
+    }
+
+    pub fn registration(&self) -> &Registration {
+        &self.registration
+    }
+
+    /// Runs assigned jobs until `shutdown` completes (then revokes the
+    /// lease) or the registration is lost (invariant 1).
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        let me = Arc::new(self);
+        let mut heartbeat =
+            Heartbeat::start(me.kv.clone(), me.registration.clone(), me.cfg.liveness);
+        let assignments = me.clone().follow_assignments();
+        tokio::pin!(shutdown, assignments);
+        tokio::select! {
+            lost = heartbeat.lost() => Err(WorkerError::Coordinator(lost)),
+            r = &mut assignments => r,
+            () = &mut shutdown => {
+                heartbeat.stop();
+                let _ = me.kv.revoke(me.registration.lease).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts a job process for every assignment, present and future.
+    async fn follow_assignments(self: Arc<Self>) -> Result<()> {
+        let prefix = keys::assignments(&self.registration.worker_id);
+        let rev = self
+            .kv
+            .revision()
+            .await
+            .map_err(kv_err("reading the revision"))?;
+        let mut events = self
+            .kv
+            .watch(prefix.as_bytes(), rev + 1)
+            .await
+            .map_err(kv_err("watching assignments"))?;
+        let running: Arc<Mutex<HashSet<String>>> = Default::default();
+        let existing = self
+            .kv
+            .list(prefix.as_bytes())
+            .await
+            .map_err(kv_err("listing assignments"))?;
+        for pair in existing {
+            self.clone().launch(&pair.value, &running);
+        }
+        while let Some(ev) = events.next().await {
+            if let Event::Put(pair) = ev.map_err(kv_err("watching assignments"))? {
+                self.clone().launch(&pair.value, &running);
+            }
+        }
+        Err(WorkerError::Internal("the assignment watch ended".into()))
+    }
+
+    fn launch(self: Arc<Self>, bytes: &[u8], running: &Arc<Mutex<HashSet<String>>>) {
+        let a = match JobAssignment::decode(bytes) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "ignoring a bad assignment");
+                return;
+            }
+        };
+        if !running.lock().expect("not poisoned").insert(a.job.clone()) {
+            return;
+        }
+        let running = running.clone();
+        tokio::spawn(async move {
+            let job = a.job.clone();
+            if let Err(e) = self.run_job(&a).await {
+                tracing::error!(job = %job, error = %e, "job process failed");
+                let failure = JobFailure {
+                    worker: Some(self.registration.worker_id.clone()),
+                    incarnation: Some(self.registration.incarnation),
+                    reason: e.to_string(),
+                    unix_ms: keys::unix_ms(),
+                };
+                let _ = jobs::fail_job(&*self.kv, &job, &failure).await;
+            }
+            running.lock().expect("not poisoned").remove(&job);
+        });
+    }
+
+    /// One job process: client, topology, then wait for the end (2, 3).
+    async fn run_job(&self, a: &JobAssignment) -> Result<()> {
+        jobs::join_job(&*self.kv, &a.job, &self.registration).await?;
+        let client = self.job_client(a).await?;
+        let local = self.describe(&client, a).await?;
+        let timeout = Duration::from_millis(a.topology_timeout_ms);
+        let started = std::time::Instant::now();
+        let topology = exchange(&*self.kv, &a.job, &local, timeout).await?;
+        tracing::info!(
+            job = %a.job,
+            process = a.process_index,
+            devices = topology.num_devices(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "global topology known"
+        );
+        self.kv
+            .put(
+                keys::process_topology(&a.job, a.process_index).as_bytes(),
+                topology_digest(&topology).as_bytes(),
+            )
+            .await
+            .map_err(kv_err("publishing the topology digest"))?;
+        let outcome = self.wait_for_end(a).await;
+        // Drop the client off the runtime (invariant 4).
+        let _ = tokio::task::spawn_blocking(move || drop(client)).await;
+        outcome
+    }
+
+    async fn job_client(&self, a: &JobAssignment) -> Result<Client> {
+        let plugin = self.plugin.clone();
+        let mut options = client_options(&self.facts.platform, self.cfg.devices);
+        if self.facts.platform != "cpu" {
+            // Plugins that exchange topology themselves (CUDA) do it through
+            // the job's namespace.
+            options = options
+                .option("num_nodes", a.num_processes as i64)
+                .option("node_id", a.process_index as i64);
+        }
+        let store = Arc::new(JobKv::new(
+            self.kv.clone(),
+            &a.job,
+            tokio::runtime::Handle::current(),
+        ));
+        let options = options.kv_store(store);
+        tokio::task::spawn_blocking(move || Client::create(&plugin, options))
+            .await
+            .map_err(|e| WorkerError::Internal(e.to_string()))?
+            .map_err(WorkerError::from)
+    }
+
+    async fn describe(&self, client: &Client, a: &JobAssignment) -> Result<LocalTopology> {
+        // Device queries are cheap, non-blocking FFI reads.
+        let mut devices = Vec::new();
+        for d in client.addressable_devices()? {
+            let mut attributes: Vec<(String, String)> = d
+                .attributes()?
+                .into_iter()
+                .map(|nv| (nv.name, nv.value.to_string()))
+                .collect();
+            attributes.sort();
+            devices.push(DeviceDescription {
+                local_hardware_id: d.local_hardware_id()?,
+                kind: d.kind()?,
+                memory_bytes: None,
+                attributes,
+            });
+        }
+        Ok(LocalTopology {
+            process_index: a.process_index,
+            num_processes: a.num_processes,
+            hostname: self.host.hostname.clone(),
+            boot_id: self.host.boot_id.clone(),
+            slice_index: self.cfg.slice_index,
+            devices,
+            transfer_endpoint: None,
+        })
+    }
+
+    /// Waits for `done`, or for a failure event, which it records.
+    async fn wait_for_end(&self, a: &JobAssignment) -> Result<()> {
+        let done = keys::job_done(&a.job);
+        let long = Duration::from_secs(3600);
+        loop {
+            tokio::select! {
+                r = self.kv.get(done.as_bytes(), long) => match r {
+                    Ok(_) => break,
+                    Err(tessel_kvstore::KvError::DeadlineExceeded { .. }) => continue,
+                    Err(e) => return Err(kv_err("waiting for the job's end")(e)),
+                },
+                f = jobs::wait_for_failure(&*self.kv, &a.job, long) => {
+                    if let Some(f) = f? {
+                        tracing::warn!(job = %a.job, failure = %f, "job failed");
+                        self.kv
+                            .put(
+                                keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
+                                f.to_string().as_bytes(),
+                            )
+                            .await
+                            .map_err(kv_err("recording the failure"))?;
+                        break;
+                    }
+                }
+            }
+        }
+        jobs::leave_job(&*self.kv, &a.job, &self.registration.worker_id).await?;
+        self.kv
+            .delete(keys::assignment(&self.registration.worker_id, &a.job).as_bytes())
+            .await
+            .map_err(kv_err("removing the assignment"))?;
+        Ok(())
+    }
+}
+
+/// SHA-256 of the encoded topology, in hex.
+pub fn topology_digest(t: &GlobalTopology) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, &t.encode());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn kv_err(context: &'static str) -> impl FnOnce(tessel_kvstore::KvError) -> WorkerError {
+    move |source| WorkerError::Kv {
+        context: context.into(),
+        source,
+    }
+}

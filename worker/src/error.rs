@@ -1,0 +1,24 @@
+use tessel_coordinator::CoordinatorError;
+use tessel_kvstore::KvError;
+use tessel_topology::TopologyError;
+
+/// What running a worker can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("PJRT: {0}")]
+    Pjrt(#[from] tessel_pjrt::Error),
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error("{context}: {source}")]
+    Kv {
+        context: String,
+        #[source]
+        source: KvError,
+    },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = WorkerError> = std::result::Result<T, E>;

@@ -1,0 +1,17 @@
+//! tessel's per-host agent.
+//!
+//! A worker loads a PJRT plugin, registers with the coordinator (worker
+//! id, incarnation, lease), keeps its lease alive, and runs the job
+//! processes assigned to it: for each, a per-node PJRT client whose KV
+//! callbacks are bound to the job's namespace ([`JobKv`]), and the global
+//! topology exchange over the coordinator's KV.
+
+pub mod agent;
+mod error;
+pub mod host;
+pub mod job_kv;
+
+pub use agent::{topology_digest, Worker, WorkerConfig};
+pub use error::{Result, WorkerError};
+pub use host::HostFacts;
+pub use job_kv::JobKv;
