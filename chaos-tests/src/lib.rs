@@ -69,6 +69,70 @@ impl Drop for Proc {
     }
 }
 
+/// A channel of the child's stdout lines, read by a thread.
+fn stdout_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+/// A `tessel worker` process, killed (SIGKILL) when dropped.
+pub struct WorkerProc {
+    pub child: Child,
+    pub incarnation: u64,
+}
+
+impl WorkerProc {
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `tessel worker` against `cluster` as `worker_id` with `extra`
+/// flags, and waits for its registration line.
+pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> WorkerProc {
+    let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    let mut child = Command::new(tessel_bin())
+        .args(["worker", "--coordinator", &coordinators.join(",")])
+        .arg("--tls-dir")
+        .arg(cluster.tls_dir())
+        .args(["--plugin", "cpu", "--worker-id", worker_id])
+        .args(extra)
+        .env(
+            "RUST_LOG",
+            std::env::var("TESSEL_CHAOS_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tessel worker");
+    let rx = stdout_lines(&mut child);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            let _ = child.kill();
+            panic!("worker {worker_id} did not register");
+        };
+        if let Some(n) = line.split(" registered as incarnation ").nth(1) {
+            let incarnation = n.trim().parse().expect("incarnation");
+            return WorkerProc { child, incarnation };
+        }
+    }
+}
+
 /// Starts `tessel ARGS...` and waits for its "listening on ADDR" line.
 pub fn spawn_replica(args: &[String]) -> Proc {
     let mut child = Command::new(tessel_bin())
@@ -81,13 +145,7 @@ pub fn spawn_replica(args: &[String]) -> Proc {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn tessel");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stdout_lines(&mut child);
     // A joining replica is only a member once it printed "joined": until
     // then the cluster may be in a joint configuration.
     let joining = args.iter().any(|a| a == "--join");

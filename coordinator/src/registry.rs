@@ -215,7 +215,14 @@ async fn heartbeat_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match kv.keep_alive(reg.lease).await {
+        // Bounded by the interval, so a replica that died mid-call costs
+        // one beat, not the client's whole retry budget.
+        let beat = tokio::time::timeout(liveness.heartbeat, kv.keep_alive(reg.lease)).await;
+        let Ok(beat) = beat else {
+            tracing::warn!("heartbeat timed out; retrying");
+            continue;
+        };
+        match beat {
             Ok(()) => {}
             Err(KvError::LeaseNotFound(_)) => {
                 return CoordinatorError::StaleIncarnation {

@@ -81,7 +81,8 @@ impl Limits {
             Op::LeaseGrant { .. }
             | Op::LeaseKeepAlive { .. }
             | Op::LeaseRevoke { .. }
-            | Op::Tick => Ok(()),
+            | Op::Tick
+            | Op::RenewLeases => Ok(()),
         }
     }
 
@@ -212,6 +213,10 @@ pub enum Op {
     },
     /// Only advances the clock (expiring leases and barriers).
     Tick,
+    /// A new leader's first write: every lease lives at least its TTL from
+    /// now, renewed before anything expires, so no lease dies for the time
+    /// no leader could renew it (as etcd's lessor does on promotion).
+    RenewLeases,
 }
 
 impl Op {
@@ -466,6 +471,12 @@ impl KvState {
     pub fn apply(&mut self, req: &Request) -> (Result<Output>, Vec<Event>) {
         let mut events = Vec::new();
         self.clock_ms = self.clock_ms.max(req.now_ms);
+        if let Op::RenewLeases = req.op {
+            let now = self.clock_ms;
+            for l in self.leases.values_mut() {
+                l.expires_at_ms = l.expires_at_ms.max(now.saturating_add(l.ttl_ms));
+            }
+        }
         self.expire(&mut events);
         let result = self.apply_op(&req.op, &mut events);
         for e in &events {
@@ -765,7 +776,7 @@ impl KvState {
                 }
                 Ok(Output::Barrier(b.status.clone()))
             }
-            Op::Tick => Ok(Output::Ticked),
+            Op::Tick | Op::RenewLeases => Ok(Output::Ticked),
         }
     }
 }
@@ -976,6 +987,35 @@ mod tests {
         must(&mut s, req(1000, Op::Tick));
         must(&mut s, req(10, Op::Tick));
         assert_eq!(s.clock_ms(), 1000);
+    }
+
+    #[test]
+    fn a_new_leader_renews_overdue_leases_before_expiring_them() {
+        let mut s = KvState::new(Limits::default(), 100);
+        let lease = s
+            .apply(&req(0, Op::LeaseGrant { ttl_ms: 1000 }))
+            .0
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        must(
+            &mut s,
+            req(
+                10,
+                Op::Put {
+                    key: b"k".to_vec(),
+                    value: b"v".to_vec(),
+                    lease: Some(lease),
+                },
+            ),
+        );
+        // No leader for 3 s, then a new one renews first.
+        must(&mut s, req(3000, Op::RenewLeases));
+        assert!(s.get(b"k").is_some(), "renewed, not expired");
+        must(&mut s, req(3999, Op::Tick));
+        assert!(s.get(b"k").is_some());
+        must(&mut s, req(4000, Op::Tick));
+        assert!(s.get(b"k").is_none(), "expires a TTL after the renewal");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -225,16 +226,35 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// How long a silent peer keeps its connection: a killed process sends no
+/// close, so without this a request to it waits for its full deadline.
+/// Keep-alives every half second keep idle connections to live peers.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+const KEEP_ALIVE: Duration = Duration::from_millis(500);
+
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(KEEP_ALIVE));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("a small timeout"),
+    ));
+    Arc::new(t)
+}
+
 fn quic_server(tls: rustls::ServerConfig) -> Result<quinn::ServerConfig, TlsError> {
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    Ok(quinn::ServerConfig::with_crypto(Arc::new(crypto)))
+    let mut c = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    c.transport_config(transport());
+    Ok(c)
 }
 
 fn quic_client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, TlsError> {
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    Ok(quinn::ClientConfig::new(Arc::new(crypto)))
+    let mut c = quinn::ClientConfig::new(Arc::new(crypto));
+    c.transport_config(transport());
+    Ok(c)
 }
 
 /// `--insecure`: a throwaway self-signed server and a client that trusts any

@@ -77,7 +77,13 @@ impl RaftKv {
             for _ in 0..self.addrs.len() {
                 let i = self.next.load(Ordering::Relaxed) % self.addrs.len();
                 let addr = self.addrs[i];
-                let per_call = wait + Duration::from_secs(5);
+                // A dead replica is noticed by the idle timeout at the
+                // latest (a killed process sends no close).
+                let per_call = wait + crate::tls::IDLE_TIMEOUT;
+                // Point past this replica while the call runs: a caller that
+                // gives up (drops this future) on a dead replica moves the
+                // next request on to another one.
+                self.next.store(i + 1, Ordering::Relaxed);
                 match self
                     .client
                     .call(addr, &WireRequest::Client(req.clone()), per_call)
@@ -85,11 +91,13 @@ impl RaftKv {
                 {
                     Ok(resp) => match retryable(&resp) {
                         Some(e) => last_error = e,
-                        None => return Ok(resp),
+                        None => {
+                            self.next.store(i, Ordering::Relaxed);
+                            return Ok(resp);
+                        }
                     },
                     Err(e) => last_error = KvError::Unavailable(e.to_string()),
                 }
-                self.next.store(i + 1, Ordering::Relaxed);
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(500));

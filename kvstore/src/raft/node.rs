@@ -11,12 +11,17 @@
 //!    committed before that point.
 //! 3. Time in requests is the leader's wall clock; only the leader proposes
 //!    `Tick`s, when a lease or barrier is due.
+//! 4. A leader's first write of its term (a client's or a tick) is preceded
+//!    by `RenewLeases`, so leases never expire for the time between the old
+//!    leader's death and the new leader's election, when nobody could renew
+//!    them.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -142,14 +147,21 @@ impl Replica {
         let raft = Raft::new(cfg.id, config, network, log, sm)
             .await
             .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        let leases_renewed = Arc::new(AtomicU64::new(0));
         let handler = Arc::new(ReplicaHandler {
             id: cfg.id,
             raft: raft.clone(),
             local: local.clone(),
             client,
+            leases_renewed: leases_renewed.clone(),
         });
         tokio::spawn(net::serve(endpoint.clone(), handler));
-        tokio::spawn(tick_when_due(raft.clone(), local.clone(), cfg.id));
+        tokio::spawn(tick_when_due(
+            raft.clone(),
+            local.clone(),
+            cfg.id,
+            leases_renewed,
+        ));
         let initialized = raft
             .is_initialized()
             .await
@@ -198,7 +210,12 @@ fn wall_ms() -> u64 {
 }
 
 /// Invariant 3: the leader proposes a `Tick` when something is due.
-async fn tick_when_due(raft: Raft<TypeConfig>, local: Arc<LocalState>, id: u64) {
+async fn tick_when_due(
+    raft: Raft<TypeConfig>,
+    local: Arc<LocalState>,
+    id: u64,
+    leases_renewed: Arc<AtomicU64>,
+) {
     let mut changes = local.changes();
     loop {
         let next = local.read(KvState::next_deadline_ms);
@@ -219,6 +236,7 @@ async fn tick_when_due(raft: Raft<TypeConfig>, local: Arc<LocalState>, id: u64) 
             .read(KvState::next_deadline_ms)
             .is_some_and(|ms| ms <= wall_ms());
         if leader == Some(id) && due {
+            renew_leases_once_per_term(&raft, &leases_renewed).await;
             let _ = raft
                 .client_write(Request {
                     now_ms: wall_ms(),
@@ -344,6 +362,25 @@ struct ReplicaHandler {
     raft: Raft<TypeConfig>,
     local: Arc<LocalState>,
     client: PeerClient,
+    leases_renewed: Arc<AtomicU64>,
+}
+
+/// Proposes [`Op::RenewLeases`] once per term, before this leader's first
+/// write or tick of the term (invariant 4).
+async fn renew_leases_once_per_term(raft: &Raft<TypeConfig>, renewed: &AtomicU64) {
+    let term = raft.metrics().borrow().current_term;
+    if renewed.load(Ordering::Acquire) == term {
+        return;
+    }
+    let r = raft
+        .client_write(Request {
+            now_ms: wall_ms(),
+            op: Op::RenewLeases,
+        })
+        .await;
+    if r.is_ok() {
+        renewed.store(term, Ordering::Release);
+    }
 }
 
 async fn reply(send: &mut SendStream, r: &WireResponse) {
@@ -581,7 +618,11 @@ impl ReplicaHandler {
         let response = match req {
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
-                let r = match self.local.read(|s| s.limits().check_op(&op)) {
+                let checked = self.local.read(|s| s.limits().check_op(&op));
+                if checked.is_ok() {
+                    renew_leases_once_per_term(&self.raft, &self.leases_renewed).await;
+                }
+                let r = match checked {
                     Err(e) => Err(e),
                     Ok(()) => match self
                         .raft

@@ -1,0 +1,285 @@
+//! Workers, the registry and the topology exchange, as real processes: a
+//! 3-replica coordinator cluster and `tessel worker` processes with the CPU
+//! plugin on loopback, killed with SIGKILL.
+//!
+//! Organised by the property each test proves.
+
+use std::time::{Duration, Instant};
+
+use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
+use tessel_coordinator::jobs::{self, JobAssignment};
+use tessel_coordinator::{keys, registry, CoordinatorError};
+use tessel_kvstore::KvStore;
+use tessel_topology::exchange::Published;
+use tessel_topology::GlobalTopology;
+
+async fn assign_all(kv: &dyn KvStore, job: &str, workers: &[&str], n: u32, timeout_ms: u64) {
+    for (i, w) in workers.iter().enumerate() {
+        let a = JobAssignment {
+            job: job.into(),
+            process_index: i as u32,
+            num_processes: n,
+            topology_timeout_ms: timeout_ms,
+        };
+        jobs::assign(kv, w, &a).await.unwrap();
+    }
+}
+
+/// Every process's topology digest, once all published them.
+async fn digests(kv: &dyn KvStore, job: &str, n: u32, wait: Duration) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let key = keys::process_topology(job, i);
+        out.push(
+            kv.get(key.as_bytes(), wait)
+                .await
+                .unwrap_or_else(|e| panic!("process {i} of {job} published no topology: {e}")),
+        );
+    }
+    out
+}
+
+async fn published(kv: &dyn KvStore, job: &str) -> GlobalTopology {
+    let bytes = kv
+        .try_get(tessel_topology::keys::global(job).as_bytes())
+        .await
+        .unwrap();
+    match Published::decode(&bytes).unwrap() {
+        Published::Topology(t) => t,
+        Published::Failed(r) => panic!("builder failed: {r}"),
+    }
+}
+
+fn start_workers(cluster: &KvCluster, n: usize, extra: &[&str]) -> Vec<WorkerProc> {
+    (0..n)
+        .map(|i| spawn_worker(cluster, &format!("w{i}"), extra))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_workers_with_four_devices_build_one_identical_topology() {
+    let cluster = KvCluster::start(3, &[]);
+    let _workers = start_workers(&cluster, 4, &["--devices", "4"]);
+    let kv = cluster.client();
+    assign_all(&kv, "topo", &["w0", "w1", "w2", "w3"], 4, 30_000).await;
+    let d = digests(&kv, "topo", 4, Duration::from_secs(60)).await;
+    assert!(
+        d.windows(2).all(|w| w[0] == w[1]),
+        "same topology everywhere"
+    );
+    let t = published(&kv, "topo").await;
+    assert_eq!(t.num_devices(), 16);
+    let ids: Vec<u32> = t.devices.iter().map(|d| d.id).collect();
+    assert_eq!(ids, (0..16).collect::<Vec<_>>(), "unique, dense global ids");
+    for (p, entry) in t.processes.iter().enumerate() {
+        let want: Vec<u32> = (p as u32 * 4..p as u32 * 4 + 4).collect();
+        assert_eq!(
+            entry.device_ids, want,
+            "process {p} owns a contiguous block"
+        );
+    }
+    assert_eq!(
+        sha256sum_hex(&t.encode()).as_bytes(),
+        &d[0][..],
+        "the digest is of the published topology"
+    );
+    // Every worker is registered, alive, in the job.
+    let ws = registry::list_workers(&kv).await.unwrap();
+    assert_eq!(ws.len(), 4);
+    assert!(ws
+        .iter()
+        .all(|w| matches!(w.state, registry::WorkerState::Alive { .. })
+            && w.jobs == vec!["topo".to_string()]));
+}
+
+/// SHA-256 by sha256sum(1): an implementation independent of the worker's.
+fn sha256sum_hex(bytes: &[u8]) -> String {
+    use std::process::{Command, Stdio};
+    let mut c = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sha256sum");
+    std::io::Write::write_all(c.stdin.as_mut().unwrap(), bytes).unwrap();
+    drop(c.stdin.take());
+    let out = c.wait_with_output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split_whitespace().next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_fails_the_job_for_everyone_within_ttl_plus_one_second() {
+    let cluster = KvCluster::start(3, &[]);
+    let liveness = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
+    let mut workers = start_workers(&cluster, 3, &liveness);
+    let kv = cluster.client();
+    assign_all(&kv, "fail", &["w0", "w1", "w2"], 3, 30_000).await;
+    digests(&kv, "fail", 3, Duration::from_secs(60)).await;
+    let killed_at = Instant::now();
+    workers[2].kill();
+    let failure = jobs::wait_for_failure(&kv, "fail", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("a failure event");
+    let after = killed_at.elapsed();
+    assert!(
+        after <= Duration::from_millis(1500) + Duration::from_secs(1),
+        "failure event {after:?} after the kill"
+    );
+    assert_eq!(failure.worker.as_deref(), Some("w2"));
+    assert_eq!(failure.incarnation, Some(1));
+    // The surviving peers saw it too.
+    for i in 0..2 {
+        let seen = kv
+            .get(
+                keys::process_failure_seen("fail", i).as_bytes(),
+                Duration::from_secs(3),
+            )
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&seen).contains("w2"));
+    }
+    // A restart is a new incarnation; the stale one is refused.
+    let restarted = spawn_worker(&cluster, "w2", &liveness);
+    assert_eq!(restarted.incarnation, 2);
+    assert!(matches!(
+        registry::check_current(&kv, "w2", 1).await,
+        Err(CoordinatorError::StaleIncarnation {
+            incarnation: 1,
+            current: Some(2),
+            ..
+        })
+    ));
+    let stale = registry::Registration {
+        worker_id: "w2".into(),
+        incarnation: 1,
+        lease: 0,
+    };
+    assert!(jobs::join_job(&kv, "next", &stale).await.is_err());
+    registry::check_current(&kv, "w2", 2).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_completes_when_the_coordinator_leader_is_killed() {
+    let mut cluster = KvCluster::start(3, &[]);
+    let _workers = start_workers(&cluster, 4, &["--devices", "2"]);
+    let kv = cluster.client();
+    let leader = cluster.leader().await;
+    assign_all(&kv, "boot", &["w0", "w1", "w2", "w3"], 4, 60_000).await;
+    cluster.procs.get_mut(&leader).unwrap().kill();
+    let d = digests(&kv, "boot", 4, Duration::from_secs(60)).await;
+    assert!(d.windows(2).all(|w| w[0] == w[1]));
+    assert_eq!(published(&kv, "boot").await.num_devices(), 8);
+    // The new leader renewed every lease: no worker was declared dead for
+    // the seconds in which nobody could renew.
+    assert_eq!(
+        jobs::wait_for_failure(&kv, "boot", Duration::from_secs(2))
+            .await
+            .unwrap(),
+        None
+    );
+    let ws = registry::list_workers(&kv).await.unwrap();
+    assert!(ws
+        .iter()
+        .all(|w| matches!(w.state, registry::WorkerState::Alive { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_assignments_fail_clearly_and_never_hang_past_the_timeout() {
+    let cluster = KvCluster::start(3, &[]);
+    let _workers = start_workers(&cluster, 3, &[]);
+    let kv = cluster.client();
+    let timeout_ms = 2_000;
+    let bound = Duration::from_millis(timeout_ms) + Duration::from_secs(3);
+
+    // Two workers claim process index 1.
+    for (w, i) in [("w0", 0), ("w1", 1), ("w2", 1)] {
+        let a = JobAssignment {
+            job: "dup".into(),
+            process_index: i,
+            num_processes: 3,
+            topology_timeout_ms: timeout_ms,
+        };
+        jobs::assign(&kv, w, &a).await.unwrap();
+    }
+    let f = jobs::wait_for_failure(&kv, "dup", bound)
+        .await
+        .unwrap()
+        .expect("the duplicate fails the job");
+    assert!(
+        f.reason.contains("already taken") || f.reason.contains("never arrived"),
+        "{f}"
+    );
+
+    // Process 1 was told the job has 3 processes; it has 2.
+    let started = Instant::now();
+    for (w, i, n) in [("w0", 0, 2), ("w1", 1, 3)] {
+        let a = JobAssignment {
+            job: "count".into(),
+            process_index: i,
+            num_processes: n,
+            topology_timeout_ms: timeout_ms,
+        };
+        jobs::assign(&kv, w, &a).await.unwrap();
+    }
+    let f = jobs::wait_for_failure(&kv, "count", bound)
+        .await
+        .unwrap()
+        .expect("a wrong count fails the job");
+    assert!(f.reason.contains("expects a job of 3 processes"), "{f}");
+    assert!(started.elapsed() < bound);
+
+    // Process 2 never arrives.
+    let started = Instant::now();
+    assign_all(&kv, "absent", &["w0", "w1"], 3, timeout_ms).await;
+    let f = jobs::wait_for_failure(&kv, "absent", bound)
+        .await
+        .unwrap()
+        .expect("a missing process fails the job");
+    assert!(f.reason.contains("never arrived: [2]"), "{f}");
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+}
+
+#[test]
+fn tessel_local_prints_the_topology_and_leaves_nothing_behind() {
+    let before = local_dirs();
+    let out = std::process::Command::new(tessel_bin())
+        .args([
+            "local",
+            "--workers",
+            "3",
+            "--devices-per-worker",
+            "2",
+            "--print-topology",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let t: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(t["devices"].as_array().unwrap().len(), 6);
+    assert_eq!(t["processes"].as_array().unwrap().len(), 3);
+    assert_eq!(local_dirs(), before, "temp folders removed");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(children_of_local(), 0, "no process outlives tessel local");
+}
+
+fn local_dirs() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tessel-local-"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Processes whose command line names a `tessel local` folder.
+fn children_of_local() -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains("tessel-local-"))
+        .count()
+}
