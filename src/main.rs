@@ -19,6 +19,7 @@ struct Cli {
     exit_with_parent: bool,
 }
 
+mod bench_bootstrap;
 mod bench_kv;
 mod cluster_cli;
 mod node_cli;
@@ -84,6 +85,8 @@ enum Command {
 enum BenchCommand {
     /// The replicated key-value service: 3 replica processes on loopback.
     Kv(bench_kv::BenchKvArgs),
+    /// Worker start to global topology known by all, processes and simulated.
+    Bootstrap(bench_bootstrap::BenchBootstrapArgs),
 }
 
 #[derive(Subcommand)]
@@ -155,6 +158,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Kv(args),
         } => runtime()?.block_on(bench_kv::run(args)),
+        Command::Bench {
+            command: BenchCommand::Bootstrap(args),
+        } => runtime()?.block_on(bench_bootstrap::run(args)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
         } => plugin_info(&plugin.load()?),

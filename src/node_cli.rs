@@ -60,11 +60,13 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         slice_index: args.slice,
     };
     let w = Worker::start(kv, cfg).await?;
-    // Launchers and tests read this line.
+    // Launchers, benchmarks and tests read this line.
+    let (load, ready_at) = w.plugin_load();
     println!(
-        "worker {} registered as incarnation {}",
+        "worker {} registered as incarnation {} (plugin ready in {} ms, at {ready_at})",
         w.registration().worker_id,
-        w.registration().incarnation
+        w.registration().incarnation,
+        load.as_millis()
     );
     w.run(wait_for_signal()).await?;
     Ok(())
@@ -197,19 +199,62 @@ pub struct LocalArgs {
 
 /// Everything `tessel local` started; dropping it stops every child and
 /// removes the folder.
-struct LocalCluster {
-    workers: Vec<ChildProc>,
+pub(crate) struct LocalCluster {
+    pub workers: Vec<ChildProc>,
     coordinators: Vec<ChildProc>,
-    addrs: Vec<String>,
+    pub addrs: Vec<String>,
     dir: tempfile::TempDir,
 }
 
 impl LocalCluster {
-    fn tls_dir(&self) -> PathBuf {
+    /// A folder with the cluster's certificates; nothing started yet.
+    pub fn new() -> Result<LocalCluster> {
+        let dir = tempfile::Builder::new().prefix("tessel-local-").tempdir()?;
+        tessel_kvstore::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])?;
+        Ok(LocalCluster {
+            workers: Vec::new(),
+            coordinators: Vec::new(),
+            addrs: Vec::new(),
+            dir,
+        })
+    }
+
+    pub fn tls_dir(&self) -> PathBuf {
         self.dir.path().join("tls")
     }
 
-    fn start_coordinators(&mut self, n: u64) -> Result<()> {
+    /// A client of the coordinators started so far.
+    pub fn client(&self) -> Result<tessel_kvstore::raft::client::RaftKv> {
+        let tls = tessel_kvstore::tls::TlsFiles::load(&self.tls_dir())?;
+        Ok(tessel_kvstore::raft::client::RaftKv::connect(
+            self.addrs
+                .iter()
+                .map(|a| a.parse())
+                .collect::<Result<_, _>>()?,
+            Some(&tls),
+        )?)
+    }
+
+    /// `tessel worker` arguments for worker `id` of this cluster.
+    pub fn worker_args(&self, id: &str, plugin: &std::path::Path, devices: usize) -> Vec<String> {
+        vec![
+            "worker".into(),
+            "--coordinator".into(),
+            self.addrs.join(","),
+            "--tls-dir".into(),
+            self.tls_dir().display().to_string(),
+            "--plugin".into(),
+            plugin.display().to_string(),
+            "--devices".into(),
+            devices.to_string(),
+            "--worker-id".into(),
+            id.into(),
+        ]
+    }
+
+    /// Starts `n` coordinator replicas: the first forms the cluster, the
+    /// others join it.
+    pub fn start_coordinators(&mut self, n: u64) -> Result<()> {
         for id in 1..=n {
             let mut args: Vec<String> = vec![
                 "coordinator".into(),
@@ -250,13 +295,10 @@ impl LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
-        // Workers first (they revoke their leases), then coordinators.
-        for w in &mut self.workers {
-            w.terminate(Duration::from_secs(3));
-        }
-        for c in &mut self.coordinators {
-            c.terminate(Duration::from_secs(3));
-        }
+        // Workers first (they revoke their leases), then coordinators,
+        // all at once so none outlives its peers long enough to complain.
+        ChildProc::terminate_all(&mut self.workers, Duration::from_secs(3));
+        ChildProc::terminate_all(&mut self.coordinators, Duration::from_secs(3));
     }
 }
 
@@ -270,14 +312,7 @@ pub async fn local(args: LocalArgs) -> Result<()> {
     if args.workers == 0 || args.coordinators == 0 {
         bail!("--workers and --coordinators must be at least 1");
     }
-    let dir = tempfile::Builder::new().prefix("tessel-local-").tempdir()?;
-    tessel_kvstore::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])?;
-    let mut cluster = LocalCluster {
-        workers: Vec::new(),
-        coordinators: Vec::new(),
-        addrs: Vec::new(),
-        dir,
-    };
+    let mut cluster = LocalCluster::new()?;
     let result = tokio::select! {
         r = run_local(&mut cluster, &args) => r,
         () = wait_for_signal() => Err(anyhow::anyhow!("interrupted")),
@@ -288,31 +323,10 @@ pub async fn local(args: LocalArgs) -> Result<()> {
 
 async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
     cluster.start_coordinators(args.coordinators)?;
-    let tls = tessel_kvstore::tls::TlsFiles::load(&cluster.tls_dir())?;
-    let coordinator = cluster.addrs.join(",");
-    let kv = tessel_kvstore::raft::client::RaftKv::connect(
-        cluster
-            .addrs
-            .iter()
-            .map(|a| a.parse())
-            .collect::<Result<_, _>>()?,
-        Some(&tls),
-    )?;
+    let kv = cluster.client()?;
     let plugin = locate::resolve(args.plugin.as_deref())?;
     for i in 0..args.workers {
-        let wargs: Vec<String> = vec![
-            "worker".into(),
-            "--coordinator".into(),
-            coordinator.clone(),
-            "--tls-dir".into(),
-            cluster.tls_dir().display().to_string(),
-            "--plugin".into(),
-            plugin.display().to_string(),
-            "--devices".into(),
-            args.devices_per_worker.to_string(),
-            "--worker-id".into(),
-            format!("w{i}"),
-        ];
+        let wargs = cluster.worker_args(&format!("w{i}"), &plugin, args.devices_per_worker);
         cluster
             .workers
             .push(ChildProc::spawn(&format!("worker w{i}"), &wargs, &[])?);

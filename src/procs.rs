@@ -82,15 +82,18 @@ impl ChildProc {
         }
     }
 
-    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
-    pub fn terminate(&mut self, grace: Duration) {
+    /// Sends SIGTERM.
+    pub fn signal_term(&self) {
         if let Ok(pid) = i32::try_from(self.child.id()) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGTERM,
             );
         }
-        let deadline = Instant::now() + grace;
+    }
+
+    /// Waits until it exits or `deadline` passes, then SIGKILLs it.
+    pub fn reap_by(&mut self, deadline: Instant) {
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
@@ -98,6 +101,17 @@ impl ChildProc {
             std::thread::sleep(Duration::from_millis(20));
         }
         self.kill();
+    }
+
+    /// Stops a group at once: SIGTERM to all, then reap each by `grace`.
+    pub fn terminate_all(procs: &mut [ChildProc], grace: Duration) {
+        for p in procs.iter() {
+            p.signal_term();
+        }
+        let deadline = Instant::now() + grace;
+        for p in procs.iter_mut() {
+            p.reap_by(deadline);
+        }
     }
 
     /// SIGKILL, and reap.

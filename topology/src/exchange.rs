@@ -10,16 +10,17 @@
 //!    the reason it could not build one, so no process waits past its
 //!    timeout for a builder that already failed.
 //! 3. KV operations are linear in the number of processes: each process
-//!    makes one insert and one blocking get; the builder one list plus one
-//!    blocking get per process that had not arrived when it listed.
+//!    makes one insert and one blocking get; the builder one listing and one
+//!    watch, which delivers the processes that arrive after the listing.
 //! 4. Every process returns the bytes the builder published, so all hold
 //!    the same topology.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use tessel_kvstore::{KvError, KvStore};
+use tessel_kvstore::{Event, KvError, KvStore};
 use tokio::time::Instant;
 
 use crate::error::{Result, TopologyError};
@@ -137,7 +138,8 @@ async fn build_and_publish(
     }
 }
 
-/// Every local topology, or the processes that never arrived.
+/// Every local topology, or the processes that never arrived: one listing,
+/// then one watch for the rest (invariant 3).
 async fn gather(
     kv: &dyn KvStore,
     job: &str,
@@ -145,44 +147,61 @@ async fn gather(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Vec<LocalTopology>> {
+    let prefix = keys::local_prefix(job);
     let mut got: BTreeMap<u32, LocalTopology> = BTreeMap::new();
-    let listed = kv
-        .list(keys::local_prefix(job).as_bytes())
+    // Watch from before the listing, so nothing falls between the two.
+    let rev = kv
+        .revision()
         .await
-        .map_err(TopologyError::kv("listing local topologies"))?;
-    for kv_pair in listed {
-        if let Some(i) = keys::parse_local(job, &kv_pair.key) {
-            if i >= n {
-                return Err(TopologyError::ProcessIndexOutOfRange {
-                    index: i,
-                    num_processes: n,
-                });
-            }
-            got.insert(i, LocalTopology::decode(&kv_pair.value)?);
-        }
+        .map_err(TopologyError::kv("reading the revision"))?;
+    let mut events = kv
+        .watch(prefix.as_bytes(), rev + 1)
+        .await
+        .map_err(TopologyError::kv("watching local topologies"))?;
+    for pair in kv
+        .list(prefix.as_bytes())
+        .await
+        .map_err(TopologyError::kv("listing local topologies"))?
+    {
+        accept(job, n, &mut got, &pair.key, &pair.value)?;
     }
-    for i in 0..n {
-        if got.contains_key(&i) {
-            continue;
-        }
-        let key = keys::local(job, i);
-        let left = deadline.saturating_duration_since(Instant::now());
-        match kv.get(key.as_bytes(), left).await {
-            Ok(v) => {
-                got.insert(i, LocalTopology::decode(&v)?);
-            }
-            Err(KvError::DeadlineExceeded { .. }) => {
-                return Err(missing_error(kv, job, n, timeout).await);
-            }
-            Err(e) => {
+    while (got.len() as u32) < n {
+        let next = tokio::time::timeout_at(deadline, events.next()).await;
+        let event = match next {
+            Err(_) => return Err(missing_error(kv, job, n, timeout).await),
+            Ok(None) => {
                 return Err(TopologyError::Kv {
-                    context: format!("waiting for {key}"),
-                    source: e,
+                    context: "watching local topologies".into(),
+                    source: KvError::Unavailable("the watch ended".into()),
                 })
             }
+            Ok(Some(e)) => e.map_err(TopologyError::kv("watching local topologies"))?,
+        };
+        if let Event::Put(pair) = event {
+            accept(job, n, &mut got, &pair.key, &pair.value)?;
         }
     }
     Ok(got.into_values().collect())
+}
+
+/// Takes one local-topology key into `got`.
+fn accept(
+    job: &str,
+    n: u32,
+    got: &mut BTreeMap<u32, LocalTopology>,
+    key: &[u8],
+    value: &[u8],
+) -> Result<()> {
+    if let Some(i) = keys::parse_local(job, key) {
+        if i >= n {
+            return Err(TopologyError::ProcessIndexOutOfRange {
+                index: i,
+                num_processes: n,
+            });
+        }
+        got.insert(i, LocalTopology::decode(value)?);
+    }
+    Ok(())
 }
 
 /// Which processes have not inserted their local topology.

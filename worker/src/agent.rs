@@ -56,6 +56,10 @@ struct PluginFacts {
 
 /// A registered worker.
 pub struct Worker {
+    /// When the plugin was loaded and probed (unix ms).
+    plugin_ready_unix_ms: u64,
+    /// How long loading and probing took.
+    plugin_load: Duration,
     kv: Arc<dyn KvStore>,
     cfg: WorkerConfig,
     plugin: Plugin,
@@ -79,6 +83,7 @@ impl Worker {
     pub async fn start(kv: Arc<dyn KvStore>, cfg: WorkerConfig) -> Result<Worker> {
         let path = cfg.plugin.clone();
         let devices = cfg.devices;
+        let load_started = std::time::Instant::now();
         let (plugin, facts) = tokio::task::spawn_blocking(move || -> Result<_> {
             let plugin = Plugin::load(&path)?;
             // The platform decides the options, so probe without any first
@@ -115,6 +120,8 @@ impl Worker {
         })
         .await
         .map_err(|e| WorkerError::Internal(e.to_string()))??;
+        let plugin_load = load_started.elapsed();
+        let plugin_ready_unix_ms = keys::unix_ms();
         let host = HostFacts::read();
         let (major, minor) = plugin.api_version();
         let info = WorkerInfo {
@@ -134,6 +141,8 @@ impl Worker {
             "registered"
         );
         Ok(Worker {
+            plugin_ready_unix_ms,
+            plugin_load,
             kv,
             cfg,
             plugin,
@@ -145,6 +154,12 @@ impl Worker {
 
     pub fn registration(&self) -> &Registration {
         &self.registration
+    }
+
+    /// How long loading the plugin and probing its devices took, and when
+    /// it finished (unix ms).
+    pub fn plugin_load(&self) -> (Duration, u64) {
+        (self.plugin_load, self.plugin_ready_unix_ms)
     }
 
     /// Runs assigned jobs until `shutdown` completes (then revokes the

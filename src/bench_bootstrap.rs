@@ -1,0 +1,301 @@
+//! `tessel bench bootstrap`: from worker start to a global topology known
+//! by every process, against a real 3-replica coordinator on loopback.
+//!
+//! * Processes: N `tessel worker` processes with the CPU plugin (one device
+//!   each). The job's assignments are written first, so each worker starts
+//!   its job process as soon as it has registered. Reported: first spawn to
+//!   the last process's topology digest (`total_ms`), the slowest plugin
+//!   load, and the time from the last plugin being ready to the last digest
+//!   (`after_plugin_ms`: what tessel's coordination costs).
+//! * Simulated: N tasks in this process that register, join the job,
+//!   exchange a one-device topology and publish the digest through the
+//!   same coordinator, without PJRT; every KV operation is counted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use futures::StreamExt;
+use tessel::pjrt::locate;
+use tessel_coordinator::jobs::{self, JobAssignment};
+use tessel_coordinator::registry::{self, LivenessConfig};
+use tessel_coordinator::{keys, WorkerDevice, WorkerInfo};
+use tessel_kvstore::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
+use tessel_topology::{exchange, DeviceDescription, LocalTopology};
+
+use crate::node_cli::LocalCluster;
+use crate::procs::ChildProc;
+
+#[derive(Args)]
+pub struct BenchBootstrapArgs {
+    /// Worker-process counts (`none` for none).
+    #[arg(long, default_value = "4,16,64", value_parser = parse_counts)]
+    pub processes: Counts,
+    /// Simulated-worker counts (`none` for none).
+    #[arg(long, default_value = "256,1024", value_parser = parse_counts)]
+    pub simulated: Counts,
+    /// Plugin for the worker processes.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub plugin: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Counts(Vec<u32>);
+
+fn parse_counts(s: &str) -> Result<Counts, String> {
+    if s == "none" {
+        return Ok(Counts(Vec::new()));
+    }
+    s.split(',')
+        .map(|c| match c.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("`{c}` is not a positive count")),
+        })
+        .collect::<Result<_, _>>()
+        .map(Counts)
+}
+
+pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
+    let mut cluster = LocalCluster::new()?;
+    cluster.start_coordinators(3)?;
+    let kv = cluster.client()?;
+    let plugin = locate::resolve(args.plugin.as_deref())?;
+    for &n in &args.processes.0 {
+        processes(&mut cluster, &kv, &plugin, n).await?;
+    }
+    let counting = Arc::new(CountingKv {
+        inner: Arc::new(cluster.client()?),
+        ops: AtomicU64::new(0),
+    });
+    for &n in &args.simulated.0 {
+        simulated(counting.clone(), n).await?;
+    }
+    Ok(())
+}
+
+/// Unix ms of each process's digest, as this process sees it arrive.
+async fn digest_arrivals(mut events: WatchStream, n: u32) -> Result<Vec<u64>> {
+    let mut seen = std::collections::BTreeMap::new();
+    while (seen.len() as u32) < n {
+        match events.next().await.context("the watch ended")?? {
+            Event::Put(p) if p.key.ends_with(b"/topology") => {
+                seen.entry(p.key).or_insert_with(keys::unix_ms);
+            }
+            _ => {}
+        }
+    }
+    Ok(seen.into_values().collect())
+}
+
+async fn processes(
+    cluster: &mut LocalCluster,
+    kv: &dyn KvStore,
+    plugin: &std::path::Path,
+    n: u32,
+) -> Result<()> {
+    let job = format!("bench-processes-{n}");
+    for i in 0..n {
+        let a = JobAssignment {
+            job: job.clone(),
+            process_index: i,
+            num_processes: n,
+            topology_timeout_ms: 300_000,
+        };
+        jobs::assign(kv, &format!("b{n}-{i}"), &a).await?;
+    }
+    let rev = kv.revision().await?;
+    let events = kv
+        .watch(keys::process_topologies(&job).as_bytes(), rev + 1)
+        .await?;
+    let arrivals = tokio::spawn(digest_arrivals(events, n));
+    let started_unix = keys::unix_ms();
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for i in 0..n {
+        let id = format!("b{n}-{i}");
+        let args = cluster.worker_args(&id, plugin, 1);
+        workers.push(ChildProc::spawn(&format!("worker {id}"), &args, &[])?);
+    }
+    let spawned_ms = started.elapsed().as_secs_f64() * 1e3;
+    let arrivals = tokio::time::timeout(Duration::from_secs(600), arrivals)
+        .await
+        .context("no topology within 600 s")???;
+    let last = *arrivals.iter().max().context("no arrivals")?;
+    let mut loads = Vec::new();
+    let mut ready_at = Vec::new();
+    for w in &mut workers {
+        let (load, at) = w.wait_for(Duration::from_secs(10), |l| {
+            let rest = l.split("(plugin ready in ").nth(1)?;
+            let (ms, at) = rest.split_once(" ms, at ")?;
+            Some((
+                ms.parse::<u64>().ok()?,
+                at.trim_end_matches(')').parse::<u64>().ok()?,
+            ))
+        })?;
+        loads.push(load);
+        ready_at.push(at);
+    }
+    loads.sort_unstable();
+    let last_ready = *ready_at.iter().max().context("no worker")?;
+    println!(
+        "{{\"figure\":\"bootstrap_processes\",\"workers\":{n},\"total_ms\":{},\"spawn_ms\":{spawned_ms:.0},\"plugin_load_ms_median\":{},\"plugin_load_ms_max\":{},\"after_plugin_ms\":{}}}",
+        last.saturating_sub(started_unix),
+        loads[loads.len() / 2],
+        loads[loads.len() - 1],
+        last.saturating_sub(last_ready)
+    );
+    jobs::finish_job(kv, &job).await?;
+    ChildProc::terminate_all(&mut workers, Duration::from_secs(5));
+    Ok(())
+}
+
+async fn simulated(kv: Arc<CountingKv>, n: u32) -> Result<()> {
+    let job = format!("bench-simulated-{n}");
+    let liveness = LivenessConfig {
+        heartbeat: Duration::from_secs(10),
+        ttl: Duration::from_secs(120),
+    };
+    let before = kv.ops.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let kv = kv.clone();
+            let job = job.clone();
+            tokio::spawn(async move {
+                let id = format!("sim{n}-{i}");
+                let info = WorkerInfo {
+                    worker_id: id.clone(),
+                    hostname: format!("sim-host-{i}"),
+                    boot_id: format!("sim-boot-{i}"),
+                    pid: i,
+                    plugin_name: "simulated".into(),
+                    plugin_version: "-".into(),
+                    devices: vec![WorkerDevice {
+                        kind: "sim".into(),
+                        count: 1,
+                        memory_bytes: None,
+                    }],
+                    transfer_addr: None,
+                };
+                let reg = registry::register(&*kv, info, liveness).await?;
+                jobs::join_job(&*kv, &job, &reg).await?;
+                let local = LocalTopology {
+                    process_index: i,
+                    num_processes: n,
+                    hostname: format!("sim-host-{i}"),
+                    boot_id: format!("sim-boot-{i}"),
+                    slice_index: None,
+                    devices: vec![DeviceDescription {
+                        local_hardware_id: 0,
+                        kind: "sim".into(),
+                        memory_bytes: None,
+                        attributes: vec![],
+                    }],
+                    transfer_endpoint: None,
+                };
+                let t = exchange(&*kv, &job, &local, Duration::from_secs(300)).await?;
+                kv.put(
+                    keys::process_topology(&job, i).as_bytes(),
+                    tessel_worker::topology_digest(&t).as_bytes(),
+                )
+                .await?;
+                anyhow::Ok(t.num_devices())
+            })
+        })
+        .collect();
+    for t in tasks {
+        let devices = t.await??;
+        if devices != n {
+            bail!("a simulated worker saw {devices} devices, not {n}");
+        }
+    }
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let ops = kv.ops.load(Ordering::Relaxed) - before;
+    println!(
+        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2}}}",
+        ops as f64 / n as f64
+    );
+    jobs::finish_job(&*kv, &job).await?;
+    Ok(())
+}
+
+/// Counts every operation it passes on.
+struct CountingKv {
+    inner: Arc<dyn KvStore>,
+    ops: AtomicU64,
+}
+
+impl CountingKv {
+    fn count(&self) -> &dyn KvStore {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        &*self.inner
+    }
+}
+
+#[async_trait::async_trait]
+impl KvStore for CountingKv {
+    async fn insert(&self, k: &[u8], v: &[u8]) -> tessel_kvstore::Result<u64> {
+        self.count().insert(k, v).await
+    }
+    async fn put(&self, k: &[u8], v: &[u8]) -> tessel_kvstore::Result<u64> {
+        self.count().put(k, v).await
+    }
+    async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> tessel_kvstore::Result<u64> {
+        self.count().put_with_lease(k, v, l).await
+    }
+    async fn get(&self, k: &[u8], t: Duration) -> tessel_kvstore::Result<Vec<u8>> {
+        self.count().get(k, t).await
+    }
+    async fn try_get(&self, k: &[u8]) -> tessel_kvstore::Result<Vec<u8>> {
+        self.count().try_get(k).await
+    }
+    async fn list(&self, p: &[u8]) -> tessel_kvstore::Result<Vec<KeyValue>> {
+        self.count().list(p).await
+    }
+    async fn delete(&self, k: &[u8]) -> tessel_kvstore::Result<u64> {
+        self.count().delete(k).await
+    }
+    async fn delete_prefix(&self, p: &[u8]) -> tessel_kvstore::Result<u64> {
+        self.count().delete_prefix(p).await
+    }
+    async fn increment(&self, k: &[u8], d: i64) -> tessel_kvstore::Result<i64> {
+        self.count().increment(k, d).await
+    }
+    async fn compare_and_swap(
+        &self,
+        k: &[u8],
+        e: Option<&[u8]>,
+        v: &[u8],
+    ) -> tessel_kvstore::Result<CasOutcome> {
+        self.count().compare_and_swap(k, e, v).await
+    }
+    async fn watch(&self, p: &[u8], from: u64) -> tessel_kvstore::Result<WatchStream> {
+        self.count().watch(p, from).await
+    }
+    async fn grant(&self, ttl: Duration) -> tessel_kvstore::Result<u64> {
+        self.count().grant(ttl).await
+    }
+    async fn keep_alive(&self, l: u64) -> tessel_kvstore::Result<()> {
+        self.count().keep_alive(l).await
+    }
+    async fn revoke(&self, l: u64) -> tessel_kvstore::Result<()> {
+        self.count().revoke(l).await
+    }
+    async fn barrier(
+        &self,
+        id: &[u8],
+        p: &[u8],
+        n: u32,
+        t: Duration,
+    ) -> tessel_kvstore::Result<()> {
+        self.count().barrier(id, p, n, t).await
+    }
+    async fn cancel_barrier(&self, id: &[u8], r: &str) -> tessel_kvstore::Result<()> {
+        self.count().cancel_barrier(id, r).await
+    }
+    async fn revision(&self) -> tessel_kvstore::Result<u64> {
+        self.count().revision().await
+    }
+}
