@@ -127,7 +127,11 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
             panic!("worker {worker_id} did not register");
         };
         if let Some(n) = line.split(" registered as incarnation ").nth(1) {
-            let incarnation = n.trim().parse().expect("incarnation");
+            let incarnation = n
+                .split_whitespace()
+                .next()
+                .and_then(|i| i.parse().ok())
+                .expect("incarnation");
             return WorkerProc { child, incarnation };
         }
     }

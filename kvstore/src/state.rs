@@ -220,6 +220,30 @@ pub enum Op {
 }
 
 impl Op {
+    /// Bytes of keys and values this operation carries (for sizing batches
+    /// and messages).
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Op::Put { key, value, .. } | Op::Insert { key, value, .. } => key.len() + value.len(),
+            Op::CompareAndSwap {
+                key,
+                expected,
+                value,
+            } => key.len() + value.len() + expected.as_ref().map_or(0, Vec::len),
+            Op::Delete { key } | Op::Increment { key, .. } => key.len(),
+            Op::DeletePrefix { prefix } => prefix.len(),
+            Op::BarrierArrive {
+                id, participant, ..
+            } => id.len() + participant.len(),
+            Op::BarrierCancel { id, reason } => id.len() + reason.len(),
+            Op::LeaseGrant { .. }
+            | Op::LeaseKeepAlive { .. }
+            | Op::LeaseRevoke { .. }
+            | Op::Tick
+            | Op::RenewLeases => 0,
+        }
+    }
+
     /// `participant` arrives at barrier `id` of `participants`, failing
     /// after `timeout`.
     pub fn barrier_arrive(

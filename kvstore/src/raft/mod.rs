@@ -1,8 +1,10 @@
 //! The embedded Raft backend: openraft 0.9 (storage-v2) over redb.
 //!
-//! Built so far: the Raft type configuration and durable storage
-//! ([`storage`]), checked with openraft's storage suite. Still to come: the
-//! replica process, its QUIC transport and the client-facing `KvStore`.
+//! * [`storage`]: durable log and state machine (redb), checked with
+//!   openraft's storage suite.
+//! * [`node`]: one replica: openraft, the QUIC server, request routing and
+//!   group proposals.
+//! * [`client`]: [`client::RaftKv`], the client-facing `KvStore`.
 
 use std::io::Cursor;
 
@@ -17,14 +19,42 @@ pub mod storage;
 
 pub use openraft::SnapshotPolicy;
 
-/// The result of applying one log entry.
+/// One log entry: state-machine requests proposed together (the leader
+/// groups concurrent writes so that one append and one fsync serve them
+/// all), applied in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Proposal(pub Vec<Request>);
+
+impl Proposal {
+    pub fn one(req: Request) -> Proposal {
+        Proposal(vec![req])
+    }
+
+    /// Bytes of keys and values carried.
+    pub fn payload_bytes(&self) -> usize {
+        self.0.iter().map(|r| r.op.payload_bytes()).sum()
+    }
+}
+
+/// The results of applying one log entry, one per request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Response(pub Result<Output, KvError>);
+pub struct Response(pub Vec<Result<Output, KvError>>);
+
+impl Response {
+    /// The result of a one-request proposal.
+    pub fn single(self) -> Result<Output, KvError> {
+        self.0
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(KvError::Internal("an empty response".into())))
+    }
+}
 
 openraft::declare_raft_types!(
-    /// tessel's Raft group: requests are state-machine [`Request`]s.
+    /// tessel's Raft group: each entry is a [`Proposal`] of state-machine
+    /// [`Request`]s.
     pub TypeConfig:
-        D = Request,
+        D = Proposal,
         R = Response,
         NodeId = u64,
         Node = openraft::BasicNode,

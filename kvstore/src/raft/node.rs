@@ -15,6 +15,10 @@
 //!    by `RenewLeases`, so leases never expire for the time between the old
 //!    leader's death and the new leader's election, when nobody could renew
 //!    them.
+//! 5. Client writes that arrive while earlier proposals are in flight are
+//!    proposed together as one log entry (group commit: one append, one
+//!    fsync per replica), applied in arrival order, each with its own
+//!    result and revision.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -40,7 +44,7 @@ use quinn::SendStream;
 use crate::error::KvError;
 use crate::local::LocalState;
 use crate::net::{self, Handler, NetError, PeerClient};
-use crate::raft::{storage, TypeConfig};
+use crate::raft::{storage, Proposal, TypeConfig};
 use crate::state::{BarrierStatus, KvState, Op, Output, Request};
 use crate::tls::TlsFiles;
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
@@ -154,6 +158,7 @@ impl Replica {
             local: local.clone(),
             client,
             leases_renewed: leases_renewed.clone(),
+            proposer: Proposer::start(raft.clone()),
         });
         tokio::spawn(net::serve(endpoint.clone(), handler));
         tokio::spawn(tick_when_due(
@@ -238,10 +243,10 @@ async fn tick_when_due(
         if leader == Some(id) && due {
             renew_leases_once_per_term(&raft, &leases_renewed).await;
             let _ = raft
-                .client_write(Request {
+                .client_write(Proposal::one(Request {
                     now_ms: wall_ms(),
                     op: Op::Tick,
-                })
+                }))
                 .await;
         }
         if raft.metrics().borrow().running_state.is_err() {
@@ -319,6 +324,13 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        // Entries that would not fit one frame: ask openraft for fewer.
+        let fits = entries_within(&rpc.entries, crate::wire::MAX_FRAME / 2);
+        if fits < rpc.entries.len() {
+            return Err(RPCError::PayloadTooLarge(
+                openraft::error::PayloadTooLarge::new_entries_hint(fits.max(1) as u64),
+            ));
+        }
         match self.rpc(WireRequest::AppendEntries(rpc), &option).await? {
             WireResponse::AppendEntries(r) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
@@ -357,12 +369,101 @@ impl RaftNetwork<TypeConfig> for PeerLink {
     }
 }
 
+/// How many leading entries carry at most `budget` payload bytes (at least
+/// one: a single entry always goes, the frame limit refuses it if needed).
+fn entries_within(entries: &[openraft::Entry<TypeConfig>], budget: usize) -> usize {
+    let mut used = 0;
+    for (i, e) in entries.iter().enumerate() {
+        if let openraft::EntryPayload::Normal(p) = &e.payload {
+            used += p.payload_bytes();
+        }
+        if used > budget && i > 0 {
+            return i;
+        }
+    }
+    entries.len()
+}
+
 struct ReplicaHandler {
     id: u64,
     raft: Raft<TypeConfig>,
     local: Arc<LocalState>,
     client: PeerClient,
     leases_renewed: Arc<AtomicU64>,
+    proposer: Proposer,
+}
+
+/// Most requests in one proposal, and the payload bytes after which a
+/// proposal takes no more (a single larger request goes alone).
+const MAX_PROPOSAL_REQUESTS: usize = 1024;
+const MAX_PROPOSAL_BYTES: usize = 1 << 20;
+/// Proposals in flight at once: while one commits, the next is appended.
+const PROPOSALS_IN_FLIGHT: usize = 2;
+
+type Waiter = tokio::sync::oneshot::Sender<Result<Output, KvError>>;
+
+/// Groups concurrent client writes into one log entry (invariant 5).
+#[derive(Clone)]
+struct Proposer {
+    queue: tokio::sync::mpsc::UnboundedSender<(Request, Waiter)>,
+}
+
+impl Proposer {
+    fn start(raft: Raft<TypeConfig>) -> Proposer {
+        let (queue, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(propose_loop(raft, rx));
+        Proposer { queue }
+    }
+
+    async fn propose(&self, req: Request) -> Result<Output, KvError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.queue
+            .send((req, tx))
+            .map_err(|_| unavailable("the replica is shutting down"))?;
+        rx.await
+            .unwrap_or_else(|_| Err(unavailable("the proposal was dropped")))
+    }
+}
+
+async fn propose_loop(
+    raft: Raft<TypeConfig>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(Request, Waiter)>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        // Everything that queued while the previous proposals were busy.
+        let mut bytes = first.0.op.payload_bytes();
+        let mut batch = vec![first];
+        while batch.len() < MAX_PROPOSAL_REQUESTS && bytes < MAX_PROPOSAL_BYTES {
+            match rx.try_recv() {
+                Ok(next) => {
+                    bytes += next.0.op.payload_bytes();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let (reqs, waiters): (Vec<Request>, Vec<Waiter>) = batch.into_iter().unzip();
+            match raft.client_write(Proposal(reqs)).await {
+                Ok(resp) => {
+                    for (w, r) in waiters.into_iter().zip(resp.data.0) {
+                        let _ = w.send(r);
+                    }
+                }
+                Err(e) => {
+                    for w in waiters {
+                        let _ = w.send(Err(unavailable(format!("write: {e}"))));
+                    }
+                }
+            }
+            drop(slot);
+        });
+    }
 }
 
 /// Proposes [`Op::RenewLeases`] once per term, before this leader's first
@@ -373,10 +474,10 @@ async fn renew_leases_once_per_term(raft: &Raft<TypeConfig>, renewed: &AtomicU64
         return;
     }
     let r = raft
-        .client_write(Request {
+        .client_write(Proposal::one(Request {
             now_ms: wall_ms(),
             op: Op::RenewLeases,
-        })
+        }))
         .await;
     if r.is_ok() {
         renewed.store(term, Ordering::Release);
@@ -624,17 +725,14 @@ impl ReplicaHandler {
                 }
                 let r = match checked {
                     Err(e) => Err(e),
-                    Ok(()) => match self
-                        .raft
-                        .client_write(Request {
-                            now_ms: wall_ms(),
-                            op,
-                        })
-                        .await
-                    {
-                        Ok(resp) => resp.data.0,
-                        Err(e) => Err(unavailable(format!("write: {e}"))),
-                    },
+                    Ok(()) => {
+                        self.proposer
+                            .propose(Request {
+                                now_ms: wall_ms(),
+                                op,
+                            })
+                            .await
+                    }
                 };
                 WireResponse::Output(r)
             }

@@ -310,11 +310,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for e in entries {
             self.applied = Some(e.log_id);
             let r = match e.payload {
-                EntryPayload::Blank => Ok(Output::Ticked),
-                EntryPayload::Normal(req) => self.local.apply(&req),
+                EntryPayload::Blank => vec![Ok(Output::Ticked)],
+                EntryPayload::Normal(p) => p.0.iter().map(|req| self.local.apply(req)).collect(),
                 EntryPayload::Membership(m) => {
                     self.membership = StoredMembership::new(Some(e.log_id), m);
-                    Ok(Output::Ticked)
+                    vec![Ok(Output::Ticked)]
                 }
             };
             out.push(Response(r));
@@ -412,7 +412,7 @@ mod tests {
             };
             let entry = Entry::<TypeConfig> {
                 log_id: LogId::new(CommittedLeaderId::new(3, 1), 1),
-                payload: EntryPayload::Normal(req),
+                payload: EntryPayload::Normal(crate::raft::Proposal::one(req)),
             };
             sm.apply([entry]).await.unwrap();
             sm.get_snapshot_builder()
