@@ -39,7 +39,14 @@ pub struct BenchBootstrapArgs {
     /// Plugin for the worker processes.
     #[arg(long, value_name = "NAME|PATH")]
     pub plugin: Option<String>,
+    /// Also time `jax.distributed.initialize` (CPU, gloo) for the same
+    /// process counts with this Python, which must have `jax` installed.
+    #[arg(long, value_name = "PYTHON")]
+    pub jax: Option<std::path::PathBuf>,
 }
+
+/// One JAX process (scripts/jax_bootstrap.py, embedded).
+const JAX_SCRIPT: &str = include_str!("../scripts/jax_bootstrap.py");
 
 #[derive(Debug, Clone)]
 pub struct Counts(Vec<u32>);
@@ -64,13 +71,21 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
     let plugin = locate::resolve(args.plugin.as_deref())?;
     for &n in &args.processes.0 {
         processes(&mut cluster, &kv, &plugin, n).await?;
+        if let Some(python) = &args.jax {
+            jax_processes(python, n)?;
+        }
     }
-    let counting = Arc::new(CountingKv {
-        inner: Arc::new(cluster.client()?),
-        ops: AtomicU64::new(0),
-    });
+    // Simulated workers share a few connections, as hosts would each have
+    // their own.
+    let mut clients: Vec<Arc<CountingKv>> = Vec::new();
+    for _ in 0..SIMULATED_CONNECTIONS {
+        clients.push(Arc::new(CountingKv {
+            inner: Arc::new(cluster.client()?),
+            ops: AtomicU64::new(0),
+        }));
+    }
     for &n in &args.simulated.0 {
-        simulated(counting.clone(), n).await?;
+        simulated(&clients, n).await?;
     }
     Ok(())
 }
@@ -151,17 +166,64 @@ async fn processes(
     Ok(())
 }
 
-async fn simulated(kv: Arc<CountingKv>, n: u32) -> Result<()> {
+/// Connections the simulated workers share.
+const SIMULATED_CONNECTIONS: usize = 16;
+
+fn total_ops(clients: &[Arc<CountingKv>]) -> u64 {
+    clients.iter().map(|c| c.ops.load(Ordering::Relaxed)).sum()
+}
+
+/// `jax.distributed.initialize` in `n` Python processes: spawn of the
+/// first to the last one knowing the global devices, and that minus the
+/// slowest `import jax`.
+fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let started_unix = keys::unix_ms() as f64;
+    let mut children = Vec::new();
+    for i in 0..n {
+        let child = std::process::Command::new(python)
+            .args(["-c", JAX_SCRIPT, &address, &n.to_string(), &i.to_string()])
+            .env("JAX_PLATFORMS", "cpu")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", python.display()))?;
+        children.push(child);
+    }
+    let mut imported = Vec::new();
+    let mut known = Vec::new();
+    for c in children {
+        let out = c.wait_with_output()?;
+        let line = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(line.trim())
+            .with_context(|| format!("a JAX process printed `{}`", line.trim()))?;
+        imported.push(v["imported_unix_ms"].as_f64().context("imported_unix_ms")?);
+        known.push(v["known_unix_ms"].as_f64().context("known_unix_ms")?);
+    }
+    let last_known = known.iter().cloned().fold(f64::MIN, f64::max);
+    let last_import = imported.iter().cloned().fold(f64::MIN, f64::max);
+    println!(
+        "{{\"figure\":\"bootstrap_jax\",\"processes\":{n},\"total_ms\":{:.0},\"after_import_ms\":{:.0}}}",
+        last_known - started_unix,
+        last_known - last_import
+    );
+    Ok(())
+}
+
+async fn simulated(clients: &[Arc<CountingKv>], n: u32) -> Result<()> {
     let job = format!("bench-simulated-{n}");
     let liveness = LivenessConfig {
         heartbeat: Duration::from_secs(10),
         ttl: Duration::from_secs(120),
     };
-    let before = kv.ops.load(Ordering::Relaxed);
+    let before = total_ops(clients);
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
-            let kv = kv.clone();
+            let kv = clients[i as usize % clients.len()].clone();
             let job = job.clone();
             tokio::spawn(async move {
                 let id = format!("sim{n}-{i}");
@@ -212,12 +274,12 @@ async fn simulated(kv: Arc<CountingKv>, n: u32) -> Result<()> {
         }
     }
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    let ops = kv.ops.load(Ordering::Relaxed) - before;
+    let ops = total_ops(clients) - before;
     println!(
         "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2}}}",
         ops as f64 / n as f64
     );
-    jobs::finish_job(&*kv, &job).await?;
+    jobs::finish_job(&*clients[0], &job).await?;
     Ok(())
 }
 

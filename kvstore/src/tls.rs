@@ -232,8 +232,14 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 const KEEP_ALIVE: Duration = Duration::from_millis(500);
 
+/// Requests in flight per connection. Blocking gets and watches hold a
+/// stream each, so quinn's default (100) would let 100 waiting gets starve
+/// the writes that would wake them.
+const MAX_STREAMS: u32 = 8192;
+
 fn transport() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(MAX_STREAMS.into());
     t.keep_alive_interval(Some(KEEP_ALIVE));
     t.max_idle_timeout(Some(
         quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("a small timeout"),
