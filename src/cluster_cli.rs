@@ -49,11 +49,15 @@ pub enum CertsCommand {
 #[derive(Args)]
 pub struct CoordinatorArgs {
     /// This replica's id (never reuse the id of a removed replica).
-    #[arg(long)]
-    pub id: u64,
+    #[arg(long, required_unless_present = "kv")]
+    pub id: Option<u64>,
     /// Address to listen on; port 0 picks a free port (printed on start).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub listen: SocketAddr,
+    #[arg(long, value_name = "HOST:PORT", required_unless_present = "kv")]
+    pub listen: Option<SocketAddr>,
+    /// Attach to an etcd cluster (`etcd://HOST:PORT[,..]`) instead of
+    /// running a replica: only the coordinator's failure monitor runs here.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["id", "listen", "peers", "join", "data_dir"])]
+    pub kv: Option<String>,
     /// Initial voters, `1=HOST:PORT,2=HOST:PORT,...`, used to form a new
     /// cluster on first start (this replica included).
     #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
@@ -61,8 +65,8 @@ pub struct CoordinatorArgs {
     /// Join the cluster that the replica at ADDR belongs to.
     #[arg(long, value_name = "ADDR", conflicts_with = "peers")]
     pub join: Option<String>,
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "kv")]
+    pub data_dir: Option<PathBuf>,
     /// Take a snapshot (and compact the log) every N entries.
     #[arg(long, default_value_t = 20_000)]
     pub snapshot_every: u64,
@@ -224,32 +228,44 @@ pub fn certs(cmd: CertsCommand) -> Result<()> {
 }
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    if let Some(url) = &args.kv {
+        let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(connect_etcd(url).await?);
+        println!("coordinator attached to {url}");
+        let monitor = tokio::spawn(tessel_coordinator::monitor::run(kv));
+        wait_for_signal().await;
+        monitor.abort();
+        return Ok(());
+    }
+    let (Some(id), Some(listen), Some(data_dir)) = (args.id, args.listen, args.data_dir.clone())
+    else {
+        bail!("give --id, --listen and --data-dir, or --kv etcd://…");
+    };
     let tls = args.tls.load()?;
     let mut raft = ReplicaConfig::default_raft();
     raft.snapshot_policy = openraft_snapshot_policy(args.snapshot_every);
     raft.max_in_snapshot_log_to_keep = args.keep_log_entries;
     let peers: BTreeMap<u64, SocketAddr> = args.peers.iter().copied().collect();
-    if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&args.id) {
-        bail!("--peers must include this replica (id {})", args.id);
+    if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&id) {
+        bail!("--peers must include this replica (id {id})");
     }
     let cfg = ReplicaConfig {
-        id: args.id,
-        listen: args.listen,
+        id,
+        listen,
         peers,
-        data_dir: args.data_dir.clone(),
+        data_dir,
         tls: tls.clone(),
         raft,
     };
     let replica = Replica::start(cfg).await?;
     let addr = replica.local_addr()?;
     // Tests and scripts read this line to learn the port.
-    println!("replica {} listening on {addr}", args.id);
+    println!("replica {id} listening on {addr}");
     if let Some(join) = &args.join {
         let kv = RaftKv::connect(coordinators(join)?, tls.as_ref())?;
-        kv.add_replica(args.id, addr)
+        kv.add_replica(id, addr)
             .await
             .with_context(|| format!("joining the cluster of {join}"))?;
-        println!("replica {} joined", args.id);
+        println!("replica {id} joined");
     }
     // The coordinator's failure monitor, through this replica (every
     // replica runs one; their writes are idempotent inserts).
@@ -258,7 +274,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv));
     wait_for_signal().await;
     monitor.abort();
-    eprintln!("replica {} shutting down", args.id);
+    eprintln!("replica {id} shutting down");
     replica.shutdown().await;
     Ok(())
 }

@@ -59,3 +59,90 @@ fn a_malformed_etcd_url_is_refused() {
         "{o:?}"
     );
 }
+
+/// Kills its child when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Child(
+        Command::new(env!("CARGO_BIN_EXE_tessel"))
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("TESSEL_TEST_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn tessel"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_and_the_coordinator_run_on_etcd() {
+    use std::time::{Duration, Instant};
+    use tessel_coordinator::jobs::{self, JobAssignment};
+    use tessel_coordinator::keys;
+    use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
+    use tessel_kvstore::KvStore;
+
+    let etcd = LocalEtcd::start(3).await.unwrap();
+    let url = etcd.url();
+    let _monitor = spawn(&["coordinator", "--kv", &url]);
+    let worker = |id: &str| {
+        spawn(&[
+            "worker",
+            "--kv",
+            &url,
+            "--plugin",
+            "cpu",
+            "--devices",
+            "2",
+            "--worker-id",
+            id,
+            "--heartbeat-ms",
+            "500",
+            "--ttl-ms",
+            "2000",
+        ])
+    };
+    let _w0 = worker("w0");
+    let mut w1 = worker("w1");
+    let kv = EtcdKv::connect(&etcd.endpoints(), EtcdOptions::default())
+        .await
+        .unwrap();
+    for i in 0..2u32 {
+        let a = JobAssignment {
+            job: "e".into(),
+            process_index: i,
+            num_processes: 2,
+            topology_timeout_ms: 60_000,
+        };
+        jobs::assign(&kv, &format!("w{i}"), &a).await.unwrap();
+    }
+    let mut digests = Vec::new();
+    for i in 0..2 {
+        let key = keys::process_topology("e", i);
+        digests.push(
+            kv.get(key.as_bytes(), Duration::from_secs(60))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(digests[0], digests[1], "one topology");
+    // SIGKILL a worker: its etcd lease (2 s) expires and the job fails.
+    let killed = Instant::now();
+    let _ = w1.0.kill();
+    let f = jobs::wait_for_failure(&kv, "e", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("a failure event");
+    assert_eq!(f.worker.as_deref(), Some("w1"));
+    assert!(killed.elapsed() < Duration::from_secs(2) + Duration::from_secs(2));
+}

@@ -266,6 +266,33 @@ pub async fn leases_delete_their_keys_on_expiry_and_revoke(store: &dyn KvStore) 
         store.keep_alive(lease).await,
         Err(KvError::LeaseNotFound(lease))
     );
+    // Compare-and-swap and increment keep the key's lease.
+    let l3 = store.grant(Duration::from_secs(60)).await.unwrap();
+    store
+        .put_with_lease(b"conf/lease/cas", b"1", l3)
+        .await
+        .unwrap();
+    store
+        .put_with_lease(b"conf/lease/n", b"1", l3)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .compare_and_swap(b"conf/lease/cas", Some(b"1"), b"2")
+            .await
+            .unwrap(),
+        CasOutcome::Swapped { .. }
+    ));
+    store.increment(b"conf/lease/n", 1).await.unwrap();
+    store.revoke(l3).await.unwrap();
+    assert!(
+        store.try_get(b"conf/lease/cas").await.is_err(),
+        "a swapped key keeps its lease"
+    );
+    assert!(
+        store.try_get(b"conf/lease/n").await.is_err(),
+        "an incremented key keeps its lease"
+    );
     let l2 = store.grant(Duration::from_secs(60)).await.unwrap();
     store
         .put_with_lease(b"conf/lease/revoked", b"1", l2)

@@ -171,6 +171,31 @@ impl Device {
         Ok(args.local_hardware_id)
     }
 
+    /// The device's memory limit in bytes (`bytes_limit` of
+    /// `PJRT_Device_MemoryStats`), `None` where the plugin does not report
+    /// it (the CPU plugin: UNIMPLEMENTED).
+    pub fn memory_limit(&self) -> Result<Option<u64>> {
+        let mut args = ffi::PJRT_Device_MemoryStats_Args::new();
+        args.device = self.raw;
+        // SAFETY: the device is live; the plugin fills the output fields.
+        let r = unsafe {
+            pjrt_call!(
+                self.client.plugin_inner(),
+                PJRT_Device_MemoryStats,
+                &mut args
+            )
+        };
+        match r {
+            Ok(()) => Ok((args.bytes_limit_is_set && args.bytes_limit >= 0)
+                .then_some(args.bytes_limit as u64)),
+            Err(crate::Error::Pjrt {
+                code: crate::ErrorCode::Unimplemented,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Memories this device can address.
     pub fn memories(&self) -> Result<Vec<Memory>> {
         let mut args = ffi::PJRT_Device_AddressableMemories_Args::new();

@@ -337,6 +337,20 @@ pjrt_structs! {
     struct PJRT_Device_DefaultMemory_Args {
         struct_size: usize, extension_start: Ext, device: *mut PJRT_Device, memory: *mut PJRT_Memory,
     }
+    struct PJRT_Device_MemoryStats_Args {
+        struct_size: usize, extension_start: Ext, device: *mut PJRT_Device,
+        bytes_in_use: i64,
+        peak_bytes_in_use: i64, peak_bytes_in_use_is_set: bool,
+        num_allocs: i64, num_allocs_is_set: bool,
+        largest_alloc_size: i64, largest_alloc_size_is_set: bool,
+        bytes_limit: i64, bytes_limit_is_set: bool,
+        bytes_reserved: i64, bytes_reserved_is_set: bool,
+        peak_bytes_reserved: i64, peak_bytes_reserved_is_set: bool,
+        bytes_reservable_limit: i64, bytes_reservable_limit_is_set: bool,
+        largest_free_block_bytes: i64, largest_free_block_bytes_is_set: bool,
+        pool_bytes: i64, pool_bytes_is_set: bool,
+        peak_pool_bytes: i64, peak_pool_bytes_is_set: bool,
+    }
 
     struct PJRT_Memory_Id_Args { struct_size: usize, extension_start: Ext, memory: *mut PJRT_Memory, id: c_int }
     struct PJRT_Memory_Kind_Args {
@@ -483,7 +497,7 @@ pjrt_api! {
     PJRT_Device_LocalHardwareId: Fn<PJRT_Device_LocalHardwareId_Args>,
     PJRT_Device_AddressableMemories: Fn<PJRT_Device_AddressableMemories_Args>,
     PJRT_Device_DefaultMemory: Fn<PJRT_Device_DefaultMemory_Args>,
-    PJRT_Device_MemoryStats: Unused,
+    PJRT_Device_MemoryStats: Fn<PJRT_Device_MemoryStats_Args>,
     PJRT_Memory_Id: Fn<PJRT_Memory_Id_Args>,
     PJRT_Memory_Kind: Fn<PJRT_Memory_Kind_Args>,
     PJRT_Memory_DebugString: Fn<PJRT_Memory_DebugString_Args>,

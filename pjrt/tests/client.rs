@@ -58,6 +58,11 @@ fn devices_are_consistent() {
         assert!(!d.debug_string().unwrap().is_empty());
         assert!(!d.to_display_string().unwrap().is_empty());
         d.attributes().unwrap();
+        // CPU plugins report no limit (UNIMPLEMENTED or unset); the call
+        // itself must work on every build.
+        if let Some(limit) = d.memory_limit().unwrap() {
+            assert!(limit > 0);
+        }
         let mems = d.memories().unwrap();
         let default = d.default_memory().unwrap();
         assert!(mems

@@ -104,7 +104,7 @@ impl Worker {
                     None => by_kind.push(WorkerDevice {
                         kind,
                         count: 1,
-                        memory_bytes: None,
+                        memory_bytes: d.memory_limit().ok().flatten(),
                     }),
                 }
             }
@@ -302,7 +302,7 @@ impl Worker {
             devices.push(DeviceDescription {
                 local_hardware_id: d.local_hardware_id()?,
                 kind: d.kind()?,
-                memory_bytes: None,
+                memory_bytes: d.memory_limit().ok().flatten(),
                 attributes,
             });
         }

@@ -534,9 +534,13 @@ impl KvStore for EtcdKv {
             // existence check makes that explicit.
             when.push(Compare::create_revision(k.clone(), CompareOp::Greater, 0));
         }
+        // A swapped key keeps its lease, as in the state machine.
+        let put_opts = expected
+            .is_some()
+            .then(|| PutOptions::new().with_ignore_lease());
         let txn = Txn::new()
             .when(when)
-            .and_then([TxnOp::put(k.clone(), value, None)])
+            .and_then([TxnOp::put(k.clone(), value, put_opts)])
             .or_else([TxnOp::get(k, None)]);
         let r = self.txn(txn).await?;
         if r.succeeded() {
