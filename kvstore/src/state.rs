@@ -219,6 +219,26 @@ pub enum Op {
     RenewLeases,
 }
 
+/// The value an increment of `delta` gives the counter at `key` holding
+/// `current` (decimal text; `None` = 0). Shared by every backend.
+pub fn increment_value(key: &[u8], current: Option<&[u8]>, delta: i64) -> Result<i64> {
+    let current = match current {
+        None => 0,
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| {
+                KvError::InvalidArgument(format!(
+                    "key `{}` does not hold a decimal integer",
+                    show_key(key)
+                ))
+            })?,
+    };
+    current.checked_add(delta).ok_or_else(|| {
+        KvError::InvalidArgument(format!("incrementing `{}` overflows", show_key(key)))
+    })
+}
+
 impl Op {
     /// Bytes of keys and values this operation carries (for sizing batches
     /// and messages).
@@ -665,21 +685,8 @@ impl KvState {
             }
             Op::Increment { key, delta } => {
                 limits.check_key(key)?;
-                let current = match self.data.get(key) {
-                    None => 0,
-                    Some(kv) => std::str::from_utf8(&kv.value)
-                        .ok()
-                        .and_then(|s| s.parse::<i64>().ok())
-                        .ok_or_else(|| {
-                            KvError::InvalidArgument(format!(
-                                "key `{}` does not hold a decimal integer",
-                                show_key(key)
-                            ))
-                        })?,
-                };
-                let value = current.checked_add(*delta).ok_or_else(|| {
-                    KvError::InvalidArgument(format!("incrementing `{}` overflows", show_key(key)))
-                })?;
+                let value =
+                    increment_value(key, self.data.get(key).map(|kv| &kv.value[..]), *delta)?;
                 let lease = self.data.get(key).and_then(|kv| kv.lease);
                 let revision = self.write(key, value.to_string().into_bytes(), lease, events);
                 Ok(Output::Counter { revision, value })

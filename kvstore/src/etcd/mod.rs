@@ -40,7 +40,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::error::{show_key, KvError, Result};
-use crate::state::{Event, KeyValue, Limits};
+use crate::state::{increment_value, Event, KeyValue, Limits};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 
 /// Largest gRPC message read from etcd: the value limit plus headroom.
@@ -485,24 +485,11 @@ impl KvStore for EtcdKv {
         // Read, then write only if nobody wrote in between; else again.
         loop {
             let (kv, _) = self.read(&k).await?;
-            let (current, guard) = match &kv {
-                None => (0, Compare::create_revision(k.clone(), CompareOp::Equal, 0)),
-                Some(kv) => (
-                    std::str::from_utf8(kv.value())
-                        .ok()
-                        .and_then(|s| s.parse::<i64>().ok())
-                        .ok_or_else(|| {
-                            KvError::InvalidArgument(format!(
-                                "key `{}` does not hold a decimal integer",
-                                show_key(key)
-                            ))
-                        })?,
-                    Compare::mod_revision(k.clone(), CompareOp::Equal, kv.mod_revision()),
-                ),
+            let value = increment_value(key, kv.as_ref().map(|kv| kv.value()), delta)?;
+            let guard = match &kv {
+                None => Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                Some(kv) => Compare::mod_revision(k.clone(), CompareOp::Equal, kv.mod_revision()),
             };
-            let value = current.checked_add(delta).ok_or_else(|| {
-                KvError::InvalidArgument(format!("incrementing `{}` overflows", show_key(key)))
-            })?;
             let put_opts = kv.is_some().then(|| PutOptions::new().with_ignore_lease());
             let txn = Txn::new().when([guard]).and_then([TxnOp::put(
                 k.clone(),
