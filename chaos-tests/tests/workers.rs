@@ -90,6 +90,33 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
         .iter()
         .all(|w| matches!(w.state, registry::WorkerState::Alive { .. })
             && w.jobs == vec!["topo".to_string()]));
+
+    // The same, through the CLI.
+    let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(tessel_bin())
+            .args(args)
+            .args(["--coordinator", &coordinators.join(",")])
+            .arg("--tls-dir")
+            .arg(cluster.tls_dir())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = cli(&["workers"]);
+    for w in ["w0", "w1", "w2", "w3"] {
+        let row = table.lines().find(|l| l.starts_with(w)).expect(w);
+        assert!(
+            row.contains("alive") && row.contains("4×cpu") && row.ends_with("topo"),
+            "{row}"
+        );
+    }
+    let topo = cli(&["topology", "--job", "topo"]);
+    assert_eq!(topo.lines().count(), 17, "a header and 16 devices:\n{topo}");
+    let json: serde_json::Value =
+        serde_json::from_str(&cli(&["topology", "--job", "topo", "--json"])).unwrap();
+    assert_eq!(json["devices"].as_array().unwrap().len(), 16);
 }
 
 /// SHA-256 by sha256sum(1): an implementation independent of the worker's.
