@@ -195,6 +195,11 @@ pub struct LocalArgs {
     /// How long the topology exchange may take.
     #[arg(long, default_value_t = 60_000)]
     pub timeout_ms: u64,
+    /// Keep the cluster up after printing, until Ctrl-C, to explore it with
+    /// `tessel workers`, `tessel topology`, `tessel kv` (the addresses and
+    /// the TLS folder are printed on stderr).
+    #[arg(long)]
+    pub keep_running: bool,
 }
 
 /// Everything `tessel local` started; dropping it stops every child and
@@ -315,7 +320,9 @@ pub async fn local(args: LocalArgs) -> Result<()> {
     let mut cluster = LocalCluster::new()?;
     let result = tokio::select! {
         r = run_local(&mut cluster, &args) => r,
-        () = wait_for_signal() => Err(anyhow::anyhow!("interrupted")),
+        () = wait_for_signal() => {
+            if args.keep_running { Ok(()) } else { Err(anyhow::anyhow!("interrupted")) }
+        }
     };
     drop(cluster);
     result
@@ -365,5 +372,15 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
     }
     println!("{}", serde_json::to_string_pretty(&topology)?);
     jobs::finish_job(&kv, &job).await?;
+    if args.keep_running {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        eprintln!(
+            "cluster up: --coordinator {} --tls-dir {} (job `{job}`); Ctrl-C stops it",
+            cluster.addrs.join(","),
+            cluster.tls_dir().display()
+        );
+        std::future::pending::<()>().await;
+    }
     Ok(())
 }

@@ -290,6 +290,73 @@ fn tessel_local_prints_the_topology_and_leaves_nothing_behind() {
     assert_eq!(children_of_local(), 0, "no process outlives tessel local");
 }
 
+/// `tessel local --keep-running`, waiting until it printed the topology.
+fn local_kept_running() -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(tessel_bin())
+        .args([
+            "local",
+            "--workers",
+            "2",
+            "--print-topology",
+            "--keep-running",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    // The JSON ends with a closing brace alone on its line.
+    assert!(lines.any(|l| l.unwrap() == "}"), "the topology was printed");
+    child
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([format!("-{sig}"), child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ctrl_c_stops_every_child_of_tessel_local_and_removes_its_folder() {
+    let before = local_dirs();
+    let mut child = local_kept_running();
+    assert!(children_of_local() > 0, "the cluster is up");
+    signal(&child, "INT");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    wait_until("no child left", || children_of_local() == 0);
+    assert_eq!(local_dirs(), before, "temp folder removed");
+}
+
+#[test]
+fn children_exit_when_tessel_local_is_killed() {
+    let before = local_dirs();
+    let mut child = local_kept_running();
+    signal(&child, "KILL");
+    let _ = child.wait();
+    // Nobody could clean up after SIGKILL, but every child notices its
+    // parent is gone (stdin closes) and exits.
+    wait_until("no child left", || children_of_local() == 0);
+    for d in local_dirs() {
+        if !before.contains(&d) {
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(d));
+        }
+    }
+}
+
 fn local_dirs() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(std::env::temp_dir())
         .unwrap()
