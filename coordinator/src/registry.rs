@@ -378,7 +378,7 @@ pub(crate) mod tests {
     pub fn fast() -> LivenessConfig {
         LivenessConfig {
             heartbeat: Duration::from_millis(100),
-            ttl: Duration::from_millis(400),
+            ttl: Duration::from_millis(800),
         }
     }
 
@@ -424,7 +424,7 @@ pub(crate) mod tests {
             "{s:?}"
         );
         hb.stop();
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        tokio::time::sleep(Duration::from_millis(1300)).await;
         let s = list_workers(&*kv).await.unwrap();
         assert_eq!(s[0].state, WorkerState::Dead);
     }
