@@ -21,6 +21,7 @@ struct Cli {
 
 mod bench_bootstrap;
 mod bench_kv;
+mod bench_transfer;
 mod cluster_cli;
 mod node_cli;
 mod procs;
@@ -87,6 +88,8 @@ enum BenchCommand {
     Kv(bench_kv::BenchKvArgs),
     /// Worker start to global topology known by all, processes and simulated.
     Bootstrap(bench_bootstrap::BenchBootstrapArgs),
+    /// Point-to-point throughput between two processes: QUIC against TCP.
+    Transfer(bench_transfer::BenchTransferArgs),
 }
 
 #[derive(Subcommand)]
@@ -161,6 +164,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Bootstrap(args),
         } => runtime()?.block_on(bench_bootstrap::run(args)),
+        Command::Bench {
+            command: BenchCommand::Transfer(args),
+        } => runtime()?.block_on(bench_transfer::run(args)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
         } => plugin_info(&plugin.load()?),

@@ -1,0 +1,120 @@
+//! `tessel bench transfer`: point-to-point throughput between two processes
+//! on loopback, QUIC (tessel's transfer endpoint, mutual TLS) against a
+//! plain TCP stream in the same run.
+//!
+//! This process receives; a child `tessel bench transfer --send-to …`
+//! sends `--bytes` `--repeat` times over each path. Throughput is measured
+//! on the receiving side, from the first byte of a transfer to its last.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tessel::pjrt::ElementType;
+use tessel_kvstore::tls::{init_certs, TlsFiles};
+use tessel_transfer::{TransferConfig, TransferEndpoint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Args)]
+pub struct BenchTransferArgs {
+    /// Bytes per transfer.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub bytes: u64,
+    /// Transfers per path (the best and the median are reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: u32,
+    /// (internal) Run as the sender: QUIC address, TCP address, TLS folder.
+    #[arg(long, hide = true, num_args = 3, value_names = ["QUIC", "TCP", "TLS"])]
+    pub send_to: Option<Vec<String>>,
+}
+
+const T: Duration = Duration::from_secs(600);
+
+pub async fn run(args: BenchTransferArgs) -> Result<()> {
+    if let Some(to) = &args.send_to {
+        return sender(&args, to).await;
+    }
+    let dir = tempfile::tempdir()?;
+    let tls_dir = dir.path().join("tls");
+    init_certs(&tls_dir, &["127.0.0.1".into()])?;
+    let tls = TlsFiles::load(&tls_dir)?;
+    let quic = TransferEndpoint::bind(
+        "127.0.0.1:0".parse()?,
+        0,
+        Some(&tls),
+        TransferConfig::default(),
+    )?;
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["bench", "transfer", "--bytes", &args.bytes.to_string()])
+        .args(["--repeat", &args.repeat.to_string(), "--send-to"])
+        .arg(quic.local_addr()?.to_string())
+        .arg(tcp.local_addr()?.to_string())
+        .arg(&tls_dir)
+        .spawn()
+        .context("starting the sender")?;
+
+    let mut quic_s = Vec::new();
+    for _ in 0..args.repeat {
+        // The sender's first bytes arrive with its header: time from the
+        // moment the array is in the mailbox backwards is not possible, so
+        // the sender sends a 1-byte marker first and we time from it.
+        quic.recv(1, 0, T).await?;
+        let t = Instant::now();
+        let got = quic.recv(1, 1, T).await?;
+        quic_s.push(t.elapsed().as_secs_f64());
+        anyhow::ensure!(got.data.len() as u64 == args.bytes, "short transfer");
+    }
+    let (mut stream, _) = tcp.accept().await?;
+    stream.set_nodelay(true)?;
+    let mut tcp_s = Vec::new();
+    let mut buf = vec![0u8; args.bytes as usize];
+    for _ in 0..args.repeat {
+        let mut marker = [0u8; 1];
+        stream.read_exact(&mut marker).await?;
+        let t = Instant::now();
+        stream.read_exact(&mut buf).await?;
+        tcp_s.push(t.elapsed().as_secs_f64());
+    }
+    let _ = child.wait();
+    for (path, mut secs) in [("quic", quic_s), ("tcp", tcp_s)] {
+        secs.sort_by(f64::total_cmp);
+        let gbps = |s: f64| args.bytes as f64 / s / 1e9;
+        println!(
+            "{{\"figure\":\"point_to_point\",\"path\":\"{path}\",\"bytes\":{},\"runs\":{},\"best_gb_s\":{:.2},\"median_gb_s\":{:.2}}}",
+            args.bytes,
+            secs.len(),
+            gbps(secs[0]),
+            gbps(secs[secs.len() / 2])
+        );
+    }
+    Ok(())
+}
+
+async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
+    let quic_to: SocketAddr = to[0].parse()?;
+    let tcp_to: SocketAddr = to[1].parse()?;
+    let tls = TlsFiles::load(&PathBuf::from(&to[2]))?;
+    let ep = TransferEndpoint::bind(
+        "127.0.0.1:0".parse()?,
+        1,
+        Some(&tls),
+        TransferConfig::default(),
+    )?;
+    let data: Vec<u8> = (0..args.bytes).map(|i| i as u8).collect();
+    for _ in 0..args.repeat {
+        ep.send(quic_to, 0, ElementType::U8, &[1], &[1], T).await?;
+        ep.send(quic_to, 1, ElementType::U8, &[args.bytes], &data, T)
+            .await?;
+    }
+    let mut s = tokio::net::TcpStream::connect(tcp_to).await?;
+    s.set_nodelay(true)?;
+    for _ in 0..args.repeat {
+        s.write_all(&[1]).await?;
+        s.write_all(&data).await?;
+    }
+    s.flush().await?;
+    Ok(())
+}

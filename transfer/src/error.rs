@@ -1,0 +1,23 @@
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// What a transfer can fail with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransferError {
+    #[error("invalid transfer header: {0}")]
+    InvalidHeader(String),
+    #[error("{announced} bytes announced, over the {max}-byte limit")]
+    TooLarge { announced: u64, max: u64 },
+    #[error("cannot reach {addr}: {reason}")]
+    Connect { addr: SocketAddr, reason: String },
+    #[error("transfer with {peer}: {reason}")]
+    Stream { peer: String, reason: String },
+    #[error("{what}: deadline of {after:?} exceeded")]
+    DeadlineExceeded { what: String, after: Duration },
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("cannot bind {addr}: {reason}")]
+    Bind { addr: SocketAddr, reason: String },
+}
+
+pub type Result<T, E = TransferError> = std::result::Result<T, E>;

@@ -1,0 +1,149 @@
+//! The header in front of every transfer (sans-IO).
+//!
+//! Frame: `u32` big-endian length (≤ [`MAX_HEADER`]), then the postcard
+//! encoding of [`TransferHeader`]; the payload follows, exactly `byte_len`
+//! raw bytes (tensors never go through serde).
+//!
+//! Invariants:
+//! 1. A header is accepted only if its dtype is known, its dimensions give
+//!    exactly `byte_len` bytes without overflow, and `byte_len` is within
+//!    the receiver's limit; only then is anything allocated.
+//! 2. Decoding never panics and never allocates more than the frame.
+
+use serde::{Deserialize, Serialize};
+use tessel_pjrt::ElementType;
+
+use crate::error::{Result, TransferError};
+
+/// Largest encoded header.
+pub const MAX_HEADER: usize = 4096;
+/// Most dimensions a transferred array may have.
+pub const MAX_DIMS: usize = 32;
+
+/// What follows on the stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferHeader {
+    /// The sender's rank.
+    pub from: u32,
+    /// Matches a send with a receive.
+    pub tag: u64,
+    /// Element type name (`f32`, `bf16`, …).
+    pub dtype: String,
+    pub dims: Vec<u64>,
+    pub byte_len: u64,
+}
+
+impl TransferHeader {
+    pub fn new(from: u32, tag: u64, dtype: ElementType, dims: &[u64]) -> Result<TransferHeader> {
+        let h = TransferHeader {
+            from,
+            tag,
+            dtype: dtype.name().to_owned(),
+            dims: dims.to_vec(),
+            byte_len: expected_len(dtype, dims)?,
+        };
+        Ok(h)
+    }
+
+    pub fn element_type(&self) -> Result<ElementType> {
+        ElementType::parse(&self.dtype)
+            .ok_or_else(|| TransferError::InvalidHeader(format!("unknown dtype `{}`", self.dtype)))
+    }
+
+    /// Invariant 1.
+    pub fn validate(&self, max_bytes: u64) -> Result<()> {
+        if self.dims.len() > MAX_DIMS {
+            return Err(TransferError::InvalidHeader(format!(
+                "{} dimensions, over {MAX_DIMS}",
+                self.dims.len()
+            )));
+        }
+        let want = expected_len(self.element_type()?, &self.dims)?;
+        if want != self.byte_len {
+            return Err(TransferError::InvalidHeader(format!(
+                "{}{:?} is {want} bytes, the header says {}",
+                self.dtype, self.dims, self.byte_len
+            )));
+        }
+        if self.byte_len > max_bytes {
+            return Err(TransferError::TooLarge {
+                announced: self.byte_len,
+                max: max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The length-prefixed frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let body = postcard::to_allocvec(self).expect("a header always encodes");
+        let mut out = Vec::with_capacity(4 + body.len());
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// The body length in a frame's first four bytes (refused above
+    /// [`MAX_HEADER`]).
+    pub fn frame_len(prefix: [u8; 4]) -> Result<usize> {
+        let n = u32::from_be_bytes(prefix) as usize;
+        if n == 0 || n > MAX_HEADER {
+            return Err(TransferError::InvalidHeader(format!(
+                "a header of {n} bytes (1..={MAX_HEADER})"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// Decodes a frame body and validates it against `max_bytes`.
+    pub fn decode(body: &[u8], max_bytes: u64) -> Result<TransferHeader> {
+        let h: TransferHeader =
+            postcard::from_bytes(body).map_err(|e| TransferError::InvalidHeader(e.to_string()))?;
+        h.validate(max_bytes)?;
+        Ok(h)
+    }
+}
+
+fn expected_len(dtype: ElementType, dims: &[u64]) -> Result<u64> {
+    dims.iter()
+        .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| TransferError::InvalidHeader(format!("{dims:?} overflows")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_are_checked() {
+        let h = TransferHeader::new(3, 9, ElementType::BF16, &[4, 5]).unwrap();
+        assert_eq!(h.byte_len, 40);
+        let frame = h.encode();
+        let n = TransferHeader::frame_len(frame[..4].try_into().unwrap()).unwrap();
+        assert_eq!(
+            TransferHeader::decode(&frame[4..4 + n], 1 << 20).unwrap(),
+            h
+        );
+
+        let mut lie = h.clone();
+        lie.byte_len = 41;
+        assert!(
+            lie.validate(1 << 20).is_err(),
+            "length must match the shape"
+        );
+        let tib = TransferHeader::new(0, 0, ElementType::U8, &[1 << 40]).unwrap();
+        assert_eq!(
+            tib.validate(1 << 30),
+            Err(TransferError::TooLarge {
+                announced: 1 << 40,
+                max: 1 << 30
+            })
+        );
+        let mut bad = h.clone();
+        bad.dtype = "f128".into();
+        assert!(bad.validate(1 << 20).is_err());
+        assert!(TransferHeader::new(0, 0, ElementType::F64, &[u64::MAX, 2]).is_err());
+        assert!(TransferHeader::frame_len([0xff; 4]).is_err());
+        assert!(TransferHeader::decode(&[0xff; 9], 1 << 20).is_err());
+    }
+}

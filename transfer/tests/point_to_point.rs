@@ -1,0 +1,172 @@
+//! Point-to-point transfers between two endpoints over loopback QUIC with
+//! mutual TLS: every dtype, many small arrays, a large one, and what must
+//! be refused.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tessel_kvstore::tls::{init_certs, TlsFiles};
+use tessel_pjrt::ElementType;
+use tessel_transfer::{TransferConfig, TransferEndpoint, TransferError, TransferHeader, ALPN};
+
+const T: Duration = Duration::from_secs(60);
+
+fn certs() -> (tempfile::TempDir, TlsFiles) {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &["127.0.0.1".into()]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    (dir, tls)
+}
+
+fn pair(tls: &TlsFiles, cfg: TransferConfig) -> (TransferEndpoint, TransferEndpoint, SocketAddr) {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let a = TransferEndpoint::bind(any, 0, Some(tls), TransferConfig::default()).unwrap();
+    let b = TransferEndpoint::bind(any, 1, Some(tls), cfg).unwrap();
+    let b_addr = b.local_addr().unwrap();
+    (a, b, b_addr)
+}
+
+/// Deterministic bytes that differ at every position of a period.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dtype_arrives_byte_for_byte() {
+    let (_d, tls) = certs();
+    let (a, b, to) = pair(&tls, TransferConfig::default());
+    for (i, dtype) in ElementType::ALL.into_iter().enumerate() {
+        let dims = [3u64, 5, 7];
+        let data = pattern(105 * dtype.size(), i as u8);
+        a.send(to, i as u64, dtype, &dims, &data, T).await.unwrap();
+        let got = b.recv(0, i as u64, T).await.unwrap();
+        assert_eq!((got.dtype, got.dims.as_slice()), (dtype, &dims[..]));
+        assert_eq!(got.data, data, "{}", dtype.name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_small_arrays_arrive_in_order_per_tag() {
+    let (_d, tls) = certs();
+    let (a, b, to) = pair(&tls, TransferConfig::default());
+    let a = std::sync::Arc::new(a);
+    // 100 concurrent senders, 100 arrays each, on their own tags.
+    let senders: Vec<_> = (0..100u64)
+        .map(|tag| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                for k in 0..100u32 {
+                    let data = [tag as u32, k].map(u32::to_le_bytes).concat();
+                    a.send(to, tag, ElementType::U32, &[2], &data, T)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for tag in 0..100u64 {
+        for k in 0..100u32 {
+            let got = b.recv(0, tag, T).await.unwrap();
+            assert_eq!(got.data, [tag as u32, k].map(u32::to_le_bytes).concat());
+        }
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_array_streams_through() {
+    let (_d, tls) = certs();
+    let (a, b, to) = pair(&tls, TransferConfig::default());
+    let len = 256usize << 20;
+    let data = pattern(len, 7);
+    let dims = [len as u64 / 4];
+    let (sent, got) = tokio::join!(
+        a.send(to, 1, ElementType::F32, &dims, &data, T),
+        b.recv(0, 1, T)
+    );
+    sent.unwrap();
+    assert!(got.unwrap().data == data, "256 MiB byte for byte");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_limit_and_lying_headers_are_refused_and_the_endpoint_keeps_serving() {
+    let (_d, tls) = certs();
+    let small = TransferConfig {
+        max_bytes: 1 << 20,
+        ..TransferConfig::default()
+    };
+    let (a, b, to) = pair(&tls, small);
+    let big = vec![0u8; 2 << 20];
+    let e = a
+        .send(to, 1, ElementType::U8, &[2 << 20], &big, T)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, TransferError::Stream { .. }), "{e}");
+
+    // A raw client announcing 1 TiB: refused from the header alone.
+    let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    client.set_default_client_config(tls.client_config(ALPN).unwrap());
+    let conn = client
+        .connect(to, tessel_kvstore::tls::SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let tib = TransferHeader::new(9, 9, ElementType::U8, &[1 << 40]).unwrap();
+    send.write_all(&tib.encode()).await.unwrap();
+    let mut ack = [0u8; 1];
+    recv.read_exact(&mut ack).await.unwrap();
+    assert_eq!(ack, [1], "refused");
+
+    // Everyone else is still served.
+    a.send(to, 2, ElementType::U8, &[3], b"abc", T)
+        .await
+        .unwrap();
+    assert_eq!(b.recv(0, 2, T).await.unwrap().data, b"abc");
+    // A send whose data does not match its shape never leaves.
+    assert!(matches!(
+        a.send(to, 3, ElementType::F32, &[2], b"abc", T).await,
+        Err(TransferError::InvalidHeader(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_from_another_ca_is_refused() {
+    let (_d1, tls) = certs();
+    let (_d2, other) = certs();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let b = TransferEndpoint::bind(any, 1, Some(&tls), TransferConfig::default()).unwrap();
+    let stranger = TransferEndpoint::bind(any, 0, Some(&other), TransferConfig::default()).unwrap();
+    let e = stranger
+        .send(
+            b.local_addr().unwrap(),
+            1,
+            ElementType::U8,
+            &[1],
+            b"x",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TransferError::Connect { .. } | TransferError::Stream { .. }
+        ),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_with_nothing_sent_times_out() {
+    let (_d, tls) = certs();
+    let (_a, b, _) = pair(&tls, TransferConfig::default());
+    assert!(matches!(
+        b.recv(0, 1, Duration::from_millis(100)).await,
+        Err(TransferError::DeadlineExceeded { .. })
+    ));
+}
