@@ -24,23 +24,13 @@
 
 use crate::error::{CoordinatorError, Result};
 
-/// Worker ids and job ids are path components: 1–128 bytes, no `/`,
-/// spaces or control characters.
+/// Worker ids and job ids are path components
+/// ([`tessel_kvstore::check_path_component`]).
 pub fn check_id(what: &str, s: &str) -> Result<()> {
-    if s.is_empty()
-        || s.len() > 128
-        || s.bytes()
-            .any(|b| b == b'/' || b == b' ' || b.is_ascii_control())
-    {
-        return Err(CoordinatorError::Invalid {
-            what: what.into(),
-            reason: format!(
-                "`{}` must be 1-128 bytes without `/`, spaces or control characters",
-                s.escape_debug()
-            ),
-        });
-    }
-    Ok(())
+    tessel_kvstore::check_path_component(what, s).map_err(|reason| CoordinatorError::Invalid {
+        what: what.into(),
+        reason,
+    })
 }
 
 pub const WORKERS: &str = "workers/";

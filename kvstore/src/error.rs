@@ -9,6 +9,22 @@ pub fn show_key(key: &[u8]) -> String {
     key.escape_ascii().to_string()
 }
 
+/// Ids used as one component of a key path (job, worker, stream ids): 1–128
+/// bytes, no `/`, spaces or control characters. The reason on refusal.
+pub fn check_path_component(what: &str, s: &str) -> std::result::Result<(), String> {
+    if s.is_empty()
+        || s.len() > 128
+        || s.bytes()
+            .any(|b| b == b'/' || b == b' ' || b.is_ascii_control())
+    {
+        return Err(format!(
+            "{what} `{}` must be 1-128 bytes without `/`, spaces or control characters",
+            s.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
 /// What a key-value operation can fail with. Serializable: the replicated
 /// state machine returns it as part of a command's result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]

@@ -26,7 +26,7 @@ mod store;
 pub mod tls;
 pub mod wire;
 
-pub use error::{show_key, KvError, Result};
+pub use error::{check_path_component, show_key, KvError, Result};
 pub use local::LocalState;
 pub use memory::MemoryKv;
 pub use state::{BarrierStatus, Event, KeyValue, Limits};

@@ -51,8 +51,7 @@ impl Clique {
         for d in &self.devices {
             bytes.extend_from_slice(&d.to_le_bytes());
         }
-        let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
-        digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+        crate::sha256_hex(&bytes)
     }
 }
 

@@ -10,19 +10,10 @@
 //! [`LocalTopology`]: crate::LocalTopology
 //! [`Published`]: crate::exchange::Published
 
-/// Job ids and stream keys are path components: no `/`, no control bytes.
+/// Job ids and stream keys are path components
+/// ([`tessel_kvstore::check_path_component`]).
 pub fn check_component(what: &str, s: &str) -> crate::Result<()> {
-    if s.is_empty()
-        || s.len() > 128
-        || s.bytes()
-            .any(|b| b == b'/' || b.is_ascii_control() || b == b' ')
-    {
-        return Err(crate::TopologyError::Invalid(format!(
-            "{what} `{}` must be 1-128 bytes without `/`, spaces or control characters",
-            s.escape_debug()
-        )));
-    }
-    Ok(())
+    tessel_kvstore::check_path_component(what, s).map_err(crate::TopologyError::Invalid)
 }
 
 pub fn local_prefix(job: &str) -> String {

@@ -23,3 +23,10 @@ pub use error::{Result, TopologyError};
 pub use exchange::exchange;
 pub use mesh::Mesh;
 pub use types::{DeviceDescription, GlobalDevice, GlobalTopology, LocalTopology, ProcessEntry};
+
+/// SHA-256 of `bytes`, in lowercase hex (KV keys of collective ids, the
+/// topology digests workers publish).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}

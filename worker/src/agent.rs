@@ -354,8 +354,7 @@ impl Worker {
 
 /// SHA-256 of the encoded topology, in hex.
 pub fn topology_digest(t: &GlobalTopology) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, &t.encode());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    tessel_topology::sha256_hex(&t.encode())
 }
 
 fn kv_err(context: &'static str) -> impl FnOnce(tessel_kvstore::KvError) -> WorkerError {
