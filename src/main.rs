@@ -25,6 +25,7 @@ mod bench_transfer;
 mod cluster_cli;
 mod node_cli;
 mod procs;
+mod transfer_cli;
 
 #[derive(Subcommand)]
 enum Command {
@@ -60,6 +61,9 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// (internal) One rank of a transfer group, driven over stdin/stdout.
+    #[command(hide = true)]
+    TransferRank(transfer_cli::TransferRankArgs),
     /// Compile and run a StableHLO program (MLIR text or bytecode) on this host.
     Run {
         /// The program: a `.mlir` file (text or bytecode) whose entry is `@main`.
@@ -167,6 +171,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Transfer(args),
         } => runtime()?.block_on(bench_transfer::run(args)),
+        Command::TransferRank(args) => runtime()?.block_on(transfer_cli::run(args)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
         } => plugin_info(&plugin.load()?),

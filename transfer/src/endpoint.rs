@@ -15,9 +15,18 @@
 //! 3. Received arrays wait in a mailbox keyed by (sender rank, tag) until
 //!    a `recv` takes them; each is delivered once, in arrival order.
 //! 4. Every call has a deadline; a connection per peer is reused.
+//! 5. Same-host path: to a peer with our boot id (unless `force_network`),
+//!    the sender writes the payload to a fresh file `tessel-{pid}-{n}` in
+//!    the shared-memory folder (tmpfs) and sends only the header naming
+//!    it; the receiver checks the name and the file's length against the
+//!    validated header, reads it and removes it. The sender removes it too
+//!    when the transfer fails, so no file outlives a transfer.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,7 +36,7 @@ use tessel_pjrt::ElementType;
 use tokio::sync::Notify;
 
 use crate::error::{Result, TransferError};
-use crate::header::TransferHeader;
+use crate::header::{check_shm_name, TransferHeader};
 
 /// ALPN of the transfer protocol.
 pub const ALPN: &[u8] = b"tessel-transfer";
@@ -43,6 +52,13 @@ pub struct TransferConfig {
     /// Per-stream and per-connection receive windows.
     pub stream_window: u64,
     pub connection_window: u64,
+    /// This host's boot id: peers with the same one get the shared-memory
+    /// path (invariant 5). `None` disables it.
+    pub boot_id: Option<String>,
+    /// Use the network even to peers on this host.
+    pub force_network: bool,
+    /// Where shared-memory files live (a tmpfs).
+    pub shm_dir: PathBuf,
 }
 
 impl Default for TransferConfig {
@@ -51,7 +67,24 @@ impl Default for TransferConfig {
             max_bytes: 64 << 30,
             stream_window: 16 << 20,
             connection_window: 64 << 20,
+            boot_id: None,
+            force_network: false,
+            shm_dir: PathBuf::from("/dev/shm"),
         }
+    }
+}
+
+/// Where a peer listens and which host it runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// The peer's boot id, when known (same as ours → shared memory).
+    pub boot_id: Option<String>,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr, boot_id: Option<String>) -> Peer {
+        Peer { addr, boot_id }
     }
 }
 
@@ -64,8 +97,9 @@ impl TransferConfig {
         t.send_window(self.connection_window);
         t.max_concurrent_bidi_streams(clamp(4096));
         t.keep_alive_interval(Some(Duration::from_millis(500)));
+        // A dead peer is noticed within 2 s (as in the KV transport).
         t.max_idle_timeout(Some(
-            quinn::IdleTimeout::try_from(Duration::from_secs(5)).expect("small"),
+            quinn::IdleTimeout::try_from(Duration::from_secs(2)).expect("small"),
         ));
         Arc::new(t)
     }
@@ -92,6 +126,8 @@ pub struct TransferEndpoint {
     conns: Mutex<HashMap<SocketAddr, Connection>>,
     mailbox: Arc<Mailbox>,
     accept: tokio::task::JoinHandle<()>,
+    cfg: TransferConfig,
+    shm_files: AtomicU64,
 }
 
 impl Drop for TransferEndpoint {
@@ -126,13 +162,15 @@ impl TransferEndpoint {
         })?;
         endpoint.set_default_client_config(client);
         let mailbox = Arc::new(Mailbox::default());
-        let accept = tokio::spawn(accept_loop(endpoint.clone(), mailbox.clone(), cfg));
+        let accept = tokio::spawn(accept_loop(endpoint.clone(), mailbox.clone(), cfg.clone()));
         Ok(TransferEndpoint {
             rank,
             endpoint,
             conns: Mutex::new(HashMap::new()),
             mailbox,
             accept,
+            cfg,
+            shm_files: AtomicU64::new(0),
         })
     }
 
@@ -169,8 +207,8 @@ impl TransferEndpoint {
         Ok(conn)
     }
 
-    /// Sends an array to `peer` under `tag`; returns once the peer stored
-    /// it (invariant 4: within `timeout`).
+    /// Sends an array over the network to `peer` under `tag`; returns once
+    /// the peer stored it (invariant 4: within `timeout`).
     pub async fn send(
         &self,
         peer: SocketAddr,
@@ -180,7 +218,31 @@ impl TransferEndpoint {
         data: &[u8],
         timeout: Duration,
     ) -> Result<()> {
-        let header = TransferHeader::new(self.rank, tag, dtype, dims)?;
+        self.send_to(&Peer::new(peer, None), tag, dtype, dims, data, timeout)
+            .await
+    }
+
+    /// Whether transfers to `peer` take the shared-memory path.
+    pub fn same_host(&self, peer: &Peer) -> bool {
+        !self.cfg.force_network
+            && self.cfg.boot_id.is_some()
+            && peer.boot_id.is_some()
+            && self.cfg.boot_id == peer.boot_id
+    }
+
+    /// Sends an array to `peer` under `tag`, through shared memory when the
+    /// peer is on this host (invariant 5), else over QUIC; returns once the
+    /// peer stored it.
+    pub async fn send_to(
+        &self,
+        peer: &Peer,
+        tag: u64,
+        dtype: ElementType,
+        dims: &[u64],
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut header = TransferHeader::new(self.rank, tag, dtype, dims)?;
         if header.byte_len != data.len() as u64 {
             return Err(TransferError::InvalidHeader(format!(
                 "{}{dims:?} is {} bytes, the data has {}",
@@ -189,10 +251,29 @@ impl TransferEndpoint {
                 data.len()
             )));
         }
+        let shm = if self.same_host(peer) {
+            let name = format!(
+                "{}{}-{}",
+                crate::header::SHM_PREFIX,
+                std::process::id(),
+                self.shm_files.fetch_add(1, Ordering::Relaxed)
+            );
+            let path = self.cfg.shm_dir.join(&name);
+            write_shm(&path, data).map_err(|e| TransferError::Stream {
+                peer: peer.addr.to_string(),
+                reason: format!("shared memory {}: {e}", path.display()),
+            })?;
+            header.shm = Some(name);
+            Some(path)
+        } else {
+            None
+        };
+        let payload = if shm.is_some() { &[][..] } else { data };
+        let addr = peer.addr;
         let attempt = async {
-            let conn = self.connection(peer).await?;
+            let conn = self.connection(addr).await?;
             let stream_err = |reason: String| TransferError::Stream {
-                peer: peer.to_string(),
+                peer: addr.to_string(),
                 reason,
             };
             let (mut send, mut recv) = conn
@@ -202,7 +283,7 @@ impl TransferEndpoint {
             send.write_all(&header.encode())
                 .await
                 .map_err(|e| stream_err(e.to_string()))?;
-            send.write_all(data)
+            send.write_all(payload)
                 .await
                 .map_err(|e| stream_err(e.to_string()))?;
             send.finish().map_err(|e| stream_err(e.to_string()))?;
@@ -215,23 +296,47 @@ impl TransferEndpoint {
                 _ => Err(stream_err("the receiver refused the transfer".into())),
             }
         };
-        tokio::time::timeout(timeout, attempt).await.map_err(|_| {
+        let result = tokio::time::timeout(timeout, attempt).await.map_err(|_| {
             TransferError::DeadlineExceeded {
-                what: format!("send of tag {tag} to {peer}"),
+                what: format!("send of tag {tag} to {addr}"),
                 after: timeout,
             }
-        })?
+        })?;
+        if let (Err(_), Some(path)) = (&result, &shm) {
+            // Invariant 5: the receiver may never have taken it.
+            let _ = std::fs::remove_file(path);
+        }
+        result
     }
 
     /// Takes the next array `from` sent under `tag`, waiting up to
     /// `timeout` (invariant 3).
     pub async fn recv(&self, from: u32, tag: u64, timeout: Duration) -> Result<Received> {
+        self.recv_first(&[(from, tag)], timeout)
+            .await
+            .map(|(_, r)| r)
+            .map_err(|e| match e {
+                TransferError::DeadlineExceeded { after, .. } => TransferError::DeadlineExceeded {
+                    what: format!("receive of tag {tag} from rank {from}"),
+                    after,
+                },
+                e => e,
+            })
+    }
+
+    /// Takes the next array under the first of `keys` (sender rank, tag)
+    /// that has one, waiting up to `timeout`; returns the key's index.
+    pub async fn recv_first(
+        &self,
+        keys: &[(u32, u64)],
+        timeout: Duration,
+    ) -> Result<(usize, Received)> {
         let wait = async {
             loop {
                 let arrived = self.mailbox.arrived.notified();
                 tokio::pin!(arrived);
                 arrived.as_mut().enable();
-                if let Some(r) = self.take(from, tag) {
+                if let Some(r) = self.take(keys) {
                     return r;
                 }
                 arrived.await;
@@ -240,20 +345,68 @@ impl TransferEndpoint {
         tokio::time::timeout(timeout, wait)
             .await
             .map_err(|_| TransferError::DeadlineExceeded {
-                what: format!("receive of tag {tag} from rank {from}"),
+                what: format!("receive of {keys:?}"),
                 after: timeout,
             })
     }
 
-    fn take(&self, from: u32, tag: u64) -> Option<Received> {
+    fn take(&self, keys: &[(u32, u64)]) -> Option<(usize, Received)> {
         let mut slots = self.mailbox.slots.lock().expect("not poisoned");
-        let queue = slots.get_mut(&(from, tag))?;
-        let r = queue.pop_front();
-        if queue.is_empty() {
-            slots.remove(&(from, tag));
+        for (i, key) in keys.iter().enumerate() {
+            let Some(queue) = slots.get_mut(key) else {
+                continue;
+            };
+            let r = queue.pop_front();
+            if queue.is_empty() {
+                slots.remove(key);
+            }
+            if let Some(r) = r {
+                return Some((i, r));
+            }
         }
-        r
+        None
     }
+
+    /// Drops every waiting array whose tag `matches` (what a broken
+    /// collective left behind).
+    pub fn discard(&self, matches: impl Fn(u64) -> bool) {
+        self.mailbox
+            .slots
+            .lock()
+            .expect("not poisoned")
+            .retain(|(_, tag), _| !matches(*tag));
+    }
+}
+
+fn write_shm(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    let written = f.write_all(data);
+    if written.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    written
+}
+
+/// Reads and removes the shared-memory file a validated header names.
+fn read_shm(dir: &std::path::Path, name: &str, byte_len: u64) -> Result<Vec<u8>> {
+    check_shm_name(name)?;
+    let path = dir.join(name);
+    let fail = |reason: String| TransferError::Stream {
+        peer: "incoming".into(),
+        reason: format!("shared memory {}: {reason}", path.display()),
+    };
+    let mut f = std::fs::File::open(&path).map_err(|e| fail(e.to_string()))?;
+    let _ = std::fs::remove_file(&path);
+    let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
+    if len != byte_len {
+        return Err(fail(format!("{len} bytes, the header says {byte_len}")));
+    }
+    let mut data = vec![0u8; byte_len as usize];
+    f.read_exact(&mut data).map_err(|e| fail(e.to_string()))?;
+    Ok(data)
 }
 
 async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferConfig) {
@@ -264,9 +417,9 @@ async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferCon
             let Ok(conn) = incoming.await else { return };
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let mailbox = mailbox.clone();
-                let max = cfg.max_bytes;
+                let cfg = cfg.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = receive(send, recv, &mailbox, max).await {
+                    if let Err(e) = receive(send, recv, &mailbox, &cfg).await {
                         tracing::warn!(error = %e, "transfer refused");
                     }
                 });
@@ -280,8 +433,9 @@ async fn receive(
     mut send: SendStream,
     mut recv: RecvStream,
     mailbox: &Mailbox,
-    max_bytes: u64,
+    cfg: &TransferConfig,
 ) -> Result<()> {
+    let max_bytes = cfg.max_bytes;
     let stream_err = |reason: String| TransferError::Stream {
         peer: "incoming".into(),
         reason,
@@ -310,10 +464,23 @@ async fn receive(
             return Err(e);
         }
     };
-    let mut data = vec![0u8; header.byte_len as usize];
-    recv.read_exact(&mut data)
-        .await
-        .map_err(|e| stream_err(format!("payload: {e}")))?;
+    let data = match &header.shm {
+        Some(name) => match read_shm(&cfg.shm_dir, name, header.byte_len) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = send.write_all(&[1]).await;
+                let _ = send.finish();
+                return Err(e);
+            }
+        },
+        None => {
+            let mut data = vec![0u8; header.byte_len as usize];
+            recv.read_exact(&mut data)
+                .await
+                .map_err(|e| stream_err(format!("payload: {e}")))?;
+            data
+        }
+    };
     {
         let mut slots = mailbox.slots.lock().expect("not poisoned");
         slots

@@ -16,6 +16,14 @@ pub enum TransferError {
     DeadlineExceeded { what: String, after: Duration },
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("ranks disagree on the collective: {0}")]
+    Mismatch(String),
+    #[error("rank {rank} aborted the collective: {reason}")]
+    Aborted { rank: u32, reason: String },
+    #[error("the communicator is broken by an earlier failure ({0}); create a new one")]
+    Broken(String),
     #[error("cannot bind {addr}: {reason}")]
     Bind { addr: SocketAddr, reason: String },
 }

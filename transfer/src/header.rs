@@ -31,6 +31,10 @@ pub struct TransferHeader {
     pub dtype: String,
     pub dims: Vec<u64>,
     pub byte_len: u64,
+    /// Same-host path: the payload is not on the stream but in this file of
+    /// the shared-memory folder (`tessel-…`, no separators); the receiver
+    /// reads and removes it.
+    pub shm: Option<String>,
 }
 
 impl TransferHeader {
@@ -41,6 +45,7 @@ impl TransferHeader {
             dtype: dtype.name().to_owned(),
             dims: dims.to_vec(),
             byte_len: expected_len(dtype, dims)?,
+            shm: None,
         };
         Ok(h)
     }
@@ -64,6 +69,9 @@ impl TransferHeader {
                 "{}{:?} is {want} bytes, the header says {}",
                 self.dtype, self.dims, self.byte_len
             )));
+        }
+        if let Some(name) = &self.shm {
+            check_shm_name(name)?;
         }
         if self.byte_len > max_bytes {
             return Err(TransferError::TooLarge {
@@ -102,6 +110,25 @@ impl TransferHeader {
         h.validate(max_bytes)?;
         Ok(h)
     }
+}
+
+/// Prefix of every shared-memory file name.
+pub const SHM_PREFIX: &str = "tessel-";
+
+/// A shared-memory file name a peer may name: `tessel-` then at most 64
+/// ASCII letters, digits or dashes (so it can only name our own files, in
+/// the shared-memory folder).
+pub fn check_shm_name(name: &str) -> Result<()> {
+    let rest = name.strip_prefix(SHM_PREFIX).unwrap_or("");
+    if rest.is_empty()
+        || rest.len() > 64
+        || !rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(TransferError::InvalidHeader(format!(
+            "shared-memory name {name:?} is not `{SHM_PREFIX}` and up to 64 letters, digits or dashes"
+        )));
+    }
+    Ok(())
 }
 
 fn expected_len(dtype: ElementType, dims: &[u64]) -> Result<u64> {
@@ -145,5 +172,13 @@ mod tests {
         assert!(TransferHeader::new(0, 0, ElementType::F64, &[u64::MAX, 2]).is_err());
         assert!(TransferHeader::frame_len([0xff; 4]).is_err());
         assert!(TransferHeader::decode(&[0xff; 9], 1 << 20).is_err());
+        for name in ["../etc/passwd", "tessel-", "tessel-a/b", "other-1", "tessel-a.b"] {
+            let mut shm = h.clone();
+            shm.shm = Some(name.into());
+            assert!(shm.validate(1 << 20).is_err(), "{name}");
+        }
+        let mut shm = h.clone();
+        shm.shm = Some("tessel-12-34".into());
+        shm.validate(1 << 20).unwrap();
     }
 }

@@ -1,15 +1,23 @@
 //! tessel's transfer layer: moves tensors between workers over QUIC
 //! (quinn, mutual TLS from the cluster CA, ALPN `tessel-transfer`).
 //!
-//! Built so far: point to point ([`TransferEndpoint::send`] /
-//! [`TransferEndpoint::recv`]) of host bytes with a validated header
-//! ([`header`], sans-IO). Still to come (issue 5): PJRT buffers directly,
-//! the same-host shared-memory path, and the collectives.
+//! - Point to point ([`TransferEndpoint::send_to`] /
+//!   [`TransferEndpoint::recv`]) of host bytes with a validated header
+//!   ([`header`], sans-IO); peers on the same host (same boot id) exchange
+//!   payloads through shared memory.
+//! - Collectives ([`Communicator`]): ring all-reduce, reduce-scatter,
+//!   all-gather, broadcast, barrier; reductions in [`reduce`] (sans-IO,
+//!   with the single-process reference).
 
+mod collective;
 mod endpoint;
 mod error;
 pub mod header;
+pub mod reduce;
+pub mod testing;
 
-pub use endpoint::{Received, TransferConfig, TransferEndpoint, ALPN};
+pub use collective::{CollectiveConfig, Communicator, Descriptor};
+pub use endpoint::{Peer, Received, TransferConfig, TransferEndpoint, ALPN};
+pub use reduce::ReduceOp;
 pub use error::{Result, TransferError};
 pub use header::TransferHeader;

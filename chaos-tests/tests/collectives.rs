@@ -1,0 +1,304 @@
+//! The transfer layer between real processes on loopback
+//! (`tessel transfer-rank`), organised by the property each test proves.
+//! Inputs are `testing::pattern(dtype, count, rank, seed)`, so this process
+//! computes every expected result itself with the single-process reference.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tessel_chaos_tests::ranks::{RankGroup, RankOptions};
+use tessel_pjrt::ElementType;
+use tessel_topology::sha256_hex;
+use tessel_transfer::reduce::{reference_reduce, segment, REDUCIBLE};
+use tessel_transfer::testing::pattern;
+use tessel_transfer::ReduceOp;
+
+const T: Duration = Duration::from_secs(120);
+
+fn ok(answers: &[Value]) -> Vec<String> {
+    answers
+        .iter()
+        .enumerate()
+        .map(|(r, a)| {
+            assert_eq!(a["ok"], true, "rank {r}: {a}");
+            a["sha256"].as_str().expect("digest").to_owned()
+        })
+        .collect()
+}
+
+fn inputs(n: usize, dtype: ElementType, count: usize, seed: u64) -> Vec<Vec<u8>> {
+    (0..n as u32)
+        .map(|r| pattern(dtype, count, r, seed))
+        .collect()
+}
+
+/// Every collective, every reducible dtype and operator, equal bit for bit
+/// to the single-process reference, for `n` ranks on `path`.
+fn collectives_match_the_reference(n: usize, force_network: bool) {
+    let mut g = RankGroup::start(
+        n,
+        &RankOptions {
+            force_network,
+            // Small chunks: several per segment, and uneven segments.
+            chunk_bytes: Some(256),
+            ..RankOptions::default()
+        },
+    );
+    let count = 1003;
+    for (i, dtype) in REDUCIBLE.into_iter().enumerate() {
+        for op in ReduceOp::ALL {
+            let seed = 10 * i as u64 + op as u64;
+            let cmd = json!({"op": "all_reduce", "reduce": op.name(), "dtype": dtype.name(),
+                             "count": count, "seed": seed});
+            let want = reference_reduce(op, dtype, &inputs(n, dtype, count, seed)).unwrap();
+            let got = ok(&g.all(&cmd, T));
+            for (r, d) in got.iter().enumerate() {
+                assert_eq!(
+                    d,
+                    &sha256_hex(&want),
+                    "all_reduce {} {} on rank {r} of {n}",
+                    op.name(),
+                    dtype.name()
+                );
+            }
+        }
+    }
+
+    let dtype = ElementType::S64;
+    let cmd = json!({"op": "reduce_scatter", "reduce": "sum", "dtype": "s64", "count": count, "seed": 5});
+    let full = reference_reduce(ReduceOp::Sum, dtype, &inputs(n, dtype, count, 5)).unwrap();
+    for (r, d) in ok(&g.all(&cmd, T)).iter().enumerate() {
+        let seg = segment(count, n, r);
+        let want = &full[seg.start * 8..seg.end * 8];
+        assert_eq!(d, &sha256_hex(want), "reduce_scatter on rank {r} of {n}");
+    }
+
+    let cmd = json!({"op": "all_gather", "dtype": "bf16", "count": 333, "seed": 6});
+    let want = inputs(n, ElementType::BF16, 333, 6).concat();
+    for d in ok(&g.all(&cmd, T)) {
+        assert_eq!(d, sha256_hex(&want), "all_gather of {n}");
+    }
+
+    let root = n - 1;
+    let cmd = json!({"op": "broadcast", "root": root, "dtype": "f64", "count": 999, "seed": 7});
+    let want = pattern(ElementType::F64, 999, root as u32, 7);
+    for d in ok(&g.all(&cmd, T)) {
+        assert_eq!(d, sha256_hex(&want), "broadcast of {n}");
+    }
+    ok(&g.all(&json!({"op": "barrier"}), T));
+}
+
+#[test]
+fn collectives_of_two_ranks_over_shared_memory_match_the_reference() {
+    collectives_match_the_reference(2, false);
+}
+
+#[test]
+fn collectives_of_three_ranks_over_shared_memory_match_the_reference() {
+    collectives_match_the_reference(3, false);
+}
+
+#[test]
+fn collectives_of_four_ranks_over_shared_memory_match_the_reference() {
+    collectives_match_the_reference(4, false);
+}
+
+#[test]
+fn collectives_of_two_ranks_over_the_network_match_the_reference() {
+    collectives_match_the_reference(2, true);
+}
+
+#[test]
+fn collectives_of_three_ranks_over_the_network_match_the_reference() {
+    collectives_match_the_reference(3, true);
+}
+
+#[test]
+fn collectives_of_four_ranks_over_the_network_match_the_reference() {
+    collectives_match_the_reference(4, true);
+}
+
+/// Ranks that look like two hosts (two boot ids): shared memory inside a
+/// host, the network across, in one ring.
+#[test]
+fn mixed_paths_in_one_ring_match_the_reference() {
+    let ids = ["host-a", "host-a", "host-b", "host-b"]
+        .map(String::from)
+        .to_vec();
+    let mut g = RankGroup::start(
+        4,
+        &RankOptions {
+            boot_ids: Some(ids),
+            chunk_bytes: Some(1024),
+            ..RankOptions::default()
+        },
+    );
+    let cmd = json!({"op": "all_reduce", "reduce": "mean", "dtype": "f32", "count": 100_000, "seed": 3});
+    let want = reference_reduce(
+        ReduceOp::Mean,
+        ElementType::F32,
+        &inputs(4, ElementType::F32, 100_000, 3),
+    )
+    .unwrap();
+    for d in ok(&g.all(&cmd, T)) {
+        assert_eq!(d, sha256_hex(&want));
+    }
+}
+
+/// 1 GiB point to point, and 10,000 small arrays of every dtype, byte for
+/// byte (the sender's digest of what it sent equals the receiver's).
+fn point_to_point(force_network: bool) {
+    let mut g = RankGroup::start(
+        2,
+        &RankOptions {
+            force_network,
+            ..RankOptions::default()
+        },
+    );
+    let count = (1usize << 30) / 8;
+    g.send(0, &json!({"op": "send", "to": 1, "tag": 0, "dtype": "s64", "count": count, "seed": 1}));
+    g.send(1, &json!({"op": "recv", "from": 0, "tag": 0, "dtype": "s64", "count": count}));
+    let sent = ok(&[g.answer(0, T)]);
+    let got = ok(&[g.answer(1, T)]);
+    assert_eq!(sent, got, "1 GiB");
+
+    let mut tag = 1u64 << 32;
+    for dtype in ElementType::ALL {
+        let repeat = 770; // 13 dtypes × 770 = 10,010 arrays
+        g.send(
+            0,
+            &json!({"op": "send", "to": 1, "tag": tag, "dtype": dtype.name(), "count": 17,
+                    "seed": 2, "repeat": repeat}),
+        );
+        g.send(
+            1,
+            &json!({"op": "recv", "from": 0, "tag": tag, "dtype": dtype.name(), "count": 17,
+                    "repeat": repeat}),
+        );
+        let sent = ok(&[g.answer(0, T)]);
+        let got = ok(&[g.answer(1, T)]);
+        assert_eq!(sent, got, "{}", dtype.name());
+        tag += 1 << 20;
+    }
+}
+
+#[test]
+fn point_to_point_over_the_network_is_byte_exact() {
+    point_to_point(true);
+}
+
+#[test]
+fn point_to_point_over_shared_memory_is_byte_exact() {
+    point_to_point(false);
+    assert!(
+        no_shm_files_left(),
+        "every shared-memory file is removed after its transfer"
+    );
+}
+
+fn no_shm_files_left() -> bool {
+    // Files of processes that are gone (this test's ranks are).
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(Result::ok).all(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(pid) = name
+                    .strip_prefix("tessel-")
+                    .and_then(|r| r.split('-').next())
+                else {
+                    return true;
+                };
+                std::path::Path::new(&format!("/proc/{pid}")).exists()
+            })
+        })
+        .unwrap_or(true)
+}
+
+/// Different sizes or dtypes → every rank gets the same error, at once.
+#[test]
+fn mismatched_collectives_fail_the_same_way_on_every_rank() {
+    for force_network in [false, true] {
+        let mut g = RankGroup::start(
+            3,
+            &RankOptions {
+                force_network,
+                timeout_ms: Some(30_000),
+                ..RankOptions::default()
+            },
+        );
+        let started = Instant::now();
+        for r in 0..3 {
+            let count = if r == 1 { 200 } else { 100 };
+            g.send(
+                r,
+                &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": count, "seed": 1}),
+            );
+        }
+        let errors: Vec<String> = (0..3)
+            .map(|r| {
+                let a = g.answer(r, T);
+                assert_eq!(a["ok"], false, "rank {r}: {a}");
+                a["error"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert!(
+            errors.iter().all(|e| e == &errors[0]),
+            "the same error everywhere: {errors:?}"
+        );
+        assert!(errors[0].contains("rank 1: all_reduce sum of 800 bytes of f32"));
+        assert!(started.elapsed() < Duration::from_secs(10), "no hang");
+
+        // A dtype mismatch in a fresh group.
+        let mut g = RankGroup::start(2, &RankOptions::default());
+        g.send(0, &json!({"op": "all_gather", "dtype": "f32", "count": 10, "seed": 1}));
+        g.send(1, &json!({"op": "all_gather", "dtype": "s32", "count": 10, "seed": 1}));
+        let (a, b) = (g.answer(0, T), g.answer(1, T));
+        assert_eq!(a["ok"], false);
+        assert_eq!(a["error"], b["error"]);
+    }
+}
+
+/// SIGKILL of a rank mid-all-reduce: every other rank fails within the
+/// deadline (and hands out nothing); the communicator is then broken.
+#[test]
+fn a_killed_rank_fails_the_others_within_the_deadline() {
+    let deadline_ms = 10_000;
+    let mut g = RankGroup::start(
+        4,
+        &RankOptions {
+            force_network: true,
+            timeout_ms: Some(deadline_ms),
+            ..RankOptions::default()
+        },
+    );
+    // Warm up the connections, then a long series of all-reduces.
+    ok(&g.all(
+        &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": 1024, "seed": 1}),
+        T,
+    ));
+    let cmd = json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32",
+                     "count": 4 << 20, "seed": 1, "repeat": 1000});
+    for r in 0..4 {
+        g.send(r, &cmd);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed_at = Instant::now();
+    g.kill(2);
+    for r in [0, 1, 3] {
+        let a = g.answer(r, Duration::from_millis(deadline_ms + 5_000));
+        eprintln!("rank {r} after {:?}: {a}", killed_at.elapsed());
+        assert_eq!(a["ok"], false, "rank {r} must fail: {a}");
+        assert!(a.get("sha256").is_none(), "no partial result");
+        assert!(
+            killed_at.elapsed() < Duration::from_millis(deadline_ms + 1_000),
+            "rank {r} failed {:?} after the kill: {a}",
+            killed_at.elapsed()
+        );
+    }
+    for r in [0, 1, 3] {
+        g.send(r, &json!({"op": "barrier"}));
+        let a = g.answer(r, T);
+        assert_eq!(a["ok"], false);
+        assert!(a["error"].as_str().unwrap().contains("broken"), "{a}");
+    }
+}

@@ -1,0 +1,310 @@
+//! `tessel transfer-rank` (hidden): one rank of a transfer group driven
+//! over stdin/stdout, for the multi-process tests and `tessel bench
+//! transfer`.
+//!
+//! Protocol (one JSON value per line):
+//! 1. The rank binds port 0 and prints `{"rank":R,"addr":"IP:PORT","boot_id":"…"}`.
+//! 2. It reads the group: `[{"addr":"…","boot_id":"…"}, …]` in rank order.
+//! 3. It then runs one [`RankCommand`] per line and answers each with
+//!    `{"ok":true,"sha256":"…","ms":[…]}` (the digest of the last result,
+//!    the time of every repetition) or `{"ok":false,"error":"…"}`.
+//!    Inputs come from `tessel_transfer::testing::pattern(dtype, count,
+//!    rank, seed)`, so the driver can compute the expected digest itself.
+//!    End of input ends the process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use tessel::pjrt::ElementType;
+use tessel_kvstore::tls::TlsFiles;
+use tessel_transfer::testing::pattern;
+use tessel_transfer::{
+    CollectiveConfig, Communicator, Peer, ReduceOp, TransferConfig, TransferEndpoint,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[derive(Args)]
+pub struct TransferRankArgs {
+    #[arg(long)]
+    pub rank: u32,
+    /// The cluster's TLS folder (`tessel certs init`).
+    #[arg(long, conflicts_with = "insecure")]
+    pub tls_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub insecure: bool,
+    /// Use the network even to ranks on this host.
+    #[arg(long)]
+    pub force_network: bool,
+    /// Deadline of each collective.
+    #[arg(long, default_value_t = 60_000)]
+    pub timeout_ms: u64,
+    /// Largest message of a ring step.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub chunk_bytes: usize,
+}
+
+/// A member of the group as the driver passes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankAddress {
+    pub addr: SocketAddr,
+    pub boot_id: Option<String>,
+}
+
+/// One command (the tag is `op`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum RankCommand {
+    AllReduce {
+        reduce: String,
+        dtype: String,
+        count: usize,
+        seed: u64,
+        #[serde(default = "one")]
+        repeat: u32,
+    },
+    ReduceScatter {
+        reduce: String,
+        dtype: String,
+        count: usize,
+        seed: u64,
+    },
+    AllGather {
+        dtype: String,
+        count: usize,
+        seed: u64,
+    },
+    Broadcast {
+        root: u32,
+        dtype: String,
+        count: usize,
+        seed: u64,
+    },
+    Barrier,
+    /// `repeat` arrays of `count` elements to rank `to` on tags
+    /// `tag..tag+repeat`, up to 64 at a time; array i is pattern(i, seed).
+    /// The digest is of the concatenation sent.
+    Send {
+        to: u32,
+        tag: u64,
+        dtype: String,
+        count: usize,
+        seed: u64,
+        #[serde(default = "one")]
+        repeat: u32,
+    },
+    /// Receives what the matching `send` sent, checks dtype and shape, and
+    /// digests the concatenation.
+    Recv {
+        from: u32,
+        tag: u64,
+        dtype: String,
+        count: usize,
+        #[serde(default = "one")]
+        repeat: u32,
+    },
+}
+
+fn one() -> u32 {
+    1
+}
+
+pub async fn run(args: TransferRankArgs) -> Result<()> {
+    let tls = match (&args.tls_dir, args.insecure) {
+        (Some(dir), _) => Some(TlsFiles::load(dir)?),
+        (None, true) => None,
+        (None, false) => bail!("pass --tls-dir DIR, or --insecure"),
+    };
+    let boot_id = tessel_worker::HostFacts::read().boot_id;
+    let cfg = TransferConfig {
+        boot_id: Some(boot_id.clone()),
+        force_network: args.force_network,
+        ..TransferConfig::default()
+    };
+    let endpoint = Arc::new(TransferEndpoint::bind(
+        "127.0.0.1:0".parse()?,
+        args.rank,
+        tls.as_ref(),
+        cfg,
+    )?);
+    println!(
+        "{}",
+        serde_json::json!({"rank": args.rank, "addr": endpoint.local_addr()?.to_string(), "boot_id": boot_id})
+    );
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let group: Vec<RankAddress> = serde_json::from_str(
+        &lines
+            .next_line()
+            .await?
+            .context("stdin closed before the group")?,
+    )
+    .context("the group line")?;
+    let members: Vec<Peer> = group
+        .iter()
+        .map(|m| Peer::new(m.addr, m.boot_id.clone()))
+        .collect();
+    let mut comm = Communicator::new(
+        endpoint.clone(),
+        members.clone(),
+        1,
+        CollectiveConfig {
+            timeout: Duration::from_millis(args.timeout_ms),
+            chunk_bytes: args.chunk_bytes,
+        },
+    )?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    while let Some(line) = lines.next_line().await? {
+        let answer = match serde_json::from_str::<RankCommand>(&line) {
+            Ok(cmd) => execute(&mut comm, &endpoint, &members, args.rank, cmd, timeout).await,
+            Err(e) => Err(anyhow::anyhow!("bad command {line:?}: {e}")),
+        };
+        let json = match answer {
+            Ok((digest, ms)) => serde_json::json!({"ok": true, "sha256": digest, "ms": ms}),
+            Err(e) => serde_json::json!({"ok": false, "error": format!("{e:#}")}),
+        };
+        println!("{json}");
+    }
+    Ok(())
+}
+
+fn dtype(name: &str) -> Result<ElementType> {
+    ElementType::parse(name).with_context(|| format!("unknown dtype {name:?}"))
+}
+
+fn op(name: &str) -> Result<ReduceOp> {
+    ReduceOp::parse(name).with_context(|| format!("unknown reduction {name:?}"))
+}
+
+async fn execute(
+    comm: &mut Communicator,
+    endpoint: &TransferEndpoint,
+    members: &[Peer],
+    rank: u32,
+    cmd: RankCommand,
+    timeout: Duration,
+) -> Result<(String, Vec<f64>)> {
+    let digest = tessel_topology::sha256_hex;
+    let mut ms = Vec::new();
+    let mut timed = Instant::now();
+    let lap = |ms: &mut Vec<f64>, since: Instant| ms.push(since.elapsed().as_secs_f64() * 1e3);
+    let out = match cmd {
+        RankCommand::AllReduce {
+            reduce,
+            dtype: t,
+            count,
+            seed,
+            repeat,
+        } => {
+            let (op, t) = (op(&reduce)?, dtype(&t)?);
+            let mut last = Vec::new();
+            for _ in 0..repeat.max(1) {
+                let input = pattern(t, count, rank, seed);
+                timed = Instant::now();
+                last = comm.all_reduce(op, t, input).await?;
+                lap(&mut ms, timed);
+            }
+            last
+        }
+        RankCommand::ReduceScatter {
+            reduce,
+            dtype: t,
+            count,
+            seed,
+        } => {
+            let (op, t) = (op(&reduce)?, dtype(&t)?);
+            let out = comm
+                .reduce_scatter(op, t, pattern(t, count, rank, seed))
+                .await?;
+            lap(&mut ms, timed);
+            out
+        }
+        RankCommand::AllGather {
+            dtype: t,
+            count,
+            seed,
+        } => {
+            let t = dtype(&t)?;
+            let out = comm.all_gather(t, &pattern(t, count, rank, seed)).await?;
+            lap(&mut ms, timed);
+            out
+        }
+        RankCommand::Broadcast {
+            root,
+            dtype: t,
+            count,
+            seed,
+        } => {
+            let t = dtype(&t)?;
+            let input = if rank == root {
+                pattern(t, count, rank, seed)
+            } else {
+                vec![0; count * t.size()]
+            };
+            let out = comm.broadcast(root, t, input).await?;
+            lap(&mut ms, timed);
+            out
+        }
+        RankCommand::Barrier => {
+            comm.barrier().await?;
+            lap(&mut ms, timed);
+            Vec::new()
+        }
+        RankCommand::Send {
+            to,
+            tag,
+            dtype: t,
+            count,
+            seed,
+            repeat,
+        } => {
+            let t = dtype(&t)?;
+            let peer = members.get(to as usize).context("no such rank")?;
+            let dims = [count as u64];
+            let arrays: Vec<Vec<u8>> = (0..repeat).map(|i| pattern(t, count, i, seed)).collect();
+            timed = Instant::now();
+            for (b, batch) in arrays.chunks(64).enumerate() {
+                let sends = batch.iter().enumerate().map(|(k, data)| {
+                    let i = (b * 64 + k) as u64;
+                    endpoint.send_to(peer, tag + i, t, &dims, data, timeout)
+                });
+                futures::future::try_join_all(sends).await?;
+            }
+            lap(&mut ms, timed);
+            arrays.concat()
+        }
+        RankCommand::Recv {
+            from,
+            tag,
+            dtype: t,
+            count,
+            repeat,
+        } => {
+            let t = dtype(&t)?;
+            let mut all = Vec::new();
+            timed = Instant::now();
+            for i in 0..repeat {
+                let got = endpoint.recv(from, tag + u64::from(i), timeout).await?;
+                if got.dtype != t || got.dims != [count as u64] {
+                    bail!(
+                        "array {i}: {}{:?}, expected {}[{count}]",
+                        got.dtype.name(),
+                        got.dims,
+                        t.name()
+                    );
+                }
+                if all.is_empty() {
+                    all = got.data;
+                } else {
+                    all.extend_from_slice(&got.data);
+                }
+            }
+            lap(&mut ms, timed);
+            all
+        }
+    };
+    Ok((digest(&out), ms))
+}

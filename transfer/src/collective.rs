@@ -1,0 +1,644 @@
+//! Collectives over a group of processes, one [`TransferEndpoint`] each:
+//! ring all-reduce (reduce-scatter then all-gather, chunk-pipelined),
+//! all-gather, reduce-scatter, broadcast and barrier.
+//!
+//! Every collective starts with an all-to-all exchange of a small
+//! [`Descriptor`] (what the rank is about to do: kind, operator, dtype,
+//! bytes, root). It doubles as the barrier.
+//!
+//! Invariants:
+//! 1. Every rank calls the same collectives in the same order; the `n`th
+//!    call on a communicator uses sequence number `n` in all its tags, so
+//!    messages of different calls never meet.
+//! 2. Before any data moves, every rank holds every rank's descriptor; if
+//!    they differ, every rank fails with the same [`TransferError::Mismatch`]
+//!    (built from the full list in rank order) and nothing else is sent.
+//! 3. One deadline per call. A rank that fails (deadline, lost peer) tells
+//!    every other rank (`abort` messages), which fail at once with
+//!    [`TransferError::Aborted`] instead of waiting out their deadline.
+//! 4. A failed call hands out nothing (input buffers are taken by value and
+//!    dropped) and breaks the communicator: later calls fail with
+//!    [`TransferError::Broken`] and its waiting messages are discarded.
+//! 5. Float results follow the order documented in [`crate::reduce`], so
+//!    they equal [`crate::reduce::reference_reduce`] bit for bit.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::try_join_all;
+use serde::{Deserialize, Serialize};
+use tessel_pjrt::ElementType;
+
+use crate::endpoint::{Peer, TransferEndpoint};
+use crate::error::{Result, TransferError};
+use crate::reduce::{check_reducible, combine, finish_mean, segment, ReduceOp};
+
+/// Tag phases (2 bits).
+const PHASE_DESCRIPTOR: u64 = 0;
+const PHASE_REDUCE: u64 = 1;
+const PHASE_GATHER: u64 = 2;
+const PHASE_ABORT: u64 = 3;
+/// Most ring steps (10 bits) and chunks per message group (12 bits).
+const MAX_STEPS: usize = 1 << 10;
+const MAX_CHUNKS: usize = 1 << 12;
+
+/// Tuning and limits of a communicator.
+#[derive(Debug, Clone)]
+pub struct CollectiveConfig {
+    /// Deadline of one collective call.
+    pub timeout: Duration,
+    /// Largest message of a ring step (chunks pipeline sending with
+    /// reducing).
+    pub chunk_bytes: usize,
+}
+
+impl Default for CollectiveConfig {
+    fn default() -> Self {
+        CollectiveConfig {
+            timeout: Duration::from_secs(60),
+            chunk_bytes: 4 << 20,
+        }
+    }
+}
+
+/// What a rank is about to do (invariant 2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Descriptor {
+    pub kind: String,
+    pub op: Option<ReduceOp>,
+    pub dtype: String,
+    pub bytes: u64,
+    pub root: Option<u32>,
+}
+
+impl std::fmt::Display for Descriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        if let Some(op) = self.op {
+            write!(f, " {}", op.name())?;
+        }
+        write!(f, " of {} bytes of {}", self.bytes, self.dtype)?;
+        if let Some(root) = self.root {
+            write!(f, " from root {root}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A group of processes that run collectives together; rank `i` is
+/// `members[i]`.
+pub struct Communicator {
+    endpoint: Arc<TransferEndpoint>,
+    members: Vec<Peer>,
+    rank: usize,
+    group: u16,
+    seq: u64,
+    cfg: CollectiveConfig,
+    broken: Option<String>,
+}
+
+impl Communicator {
+    /// `group` separates communicators that share endpoints (e.g. the first
+    /// two bytes of the clique's `CollectiveId`). The endpoint's rank is this
+    /// process's rank in `members`.
+    pub fn new(
+        endpoint: Arc<TransferEndpoint>,
+        members: Vec<Peer>,
+        group: u16,
+        cfg: CollectiveConfig,
+    ) -> Result<Communicator> {
+        let rank = endpoint.rank() as usize;
+        if members.is_empty() || rank >= members.len() {
+            return Err(TransferError::InvalidArgument(format!(
+                "rank {rank} of a group of {}",
+                members.len()
+            )));
+        }
+        if members.len() > MAX_STEPS {
+            return Err(TransferError::InvalidArgument(format!(
+                "{} members, at most {MAX_STEPS}",
+                members.len()
+            )));
+        }
+        if cfg.chunk_bytes < 8 {
+            return Err(TransferError::InvalidArgument(
+                "chunk_bytes must be at least 8".into(),
+            ));
+        }
+        Ok(Communicator {
+            endpoint,
+            members,
+            rank,
+            group,
+            seq: 0,
+            cfg,
+            broken: None,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Sums (or means, maxes, mins) `data` element-wise across all ranks;
+    /// every rank gets the same bytes.
+    pub async fn all_reduce(
+        &mut self,
+        op: ReduceOp,
+        dtype: ElementType,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        check_reducible(dtype)?;
+        let d = descriptor("all_reduce", Some(op), dtype, data.len(), None);
+        self.run(d, |call| call.all_reduce(op, dtype, data)).await
+    }
+
+    /// Reduces across ranks and gives rank `r` segment `r` of the result
+    /// (segments as in [`crate::reduce::segment`]).
+    pub async fn reduce_scatter(
+        &mut self,
+        op: ReduceOp,
+        dtype: ElementType,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        check_reducible(dtype)?;
+        let d = descriptor("reduce_scatter", Some(op), dtype, data.len(), None);
+        self.run(d, |call| call.reduce_scatter(op, dtype, data)).await
+    }
+
+    /// Concatenates every rank's `data` in rank order (equal sizes).
+    pub async fn all_gather(&mut self, dtype: ElementType, data: &[u8]) -> Result<Vec<u8>> {
+        let d = descriptor("all_gather", None, dtype, data.len(), None);
+        self.run(d, |call| call.all_gather(dtype, data)).await
+    }
+
+    /// Every rank gets `root`'s `data`; the others pass a buffer of the same
+    /// length (its contents are ignored).
+    pub async fn broadcast(
+        &mut self,
+        root: u32,
+        dtype: ElementType,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        if root as usize >= self.size() {
+            return Err(TransferError::InvalidArgument(format!(
+                "root {root} of a group of {}",
+                self.size()
+            )));
+        }
+        let d = descriptor("broadcast", None, dtype, data.len(), Some(root));
+        self.run(d, |call| call.broadcast(root as usize, dtype, data))
+            .await
+    }
+
+    /// Returns once every rank has entered it.
+    pub async fn barrier(&mut self) -> Result<()> {
+        let d = descriptor("barrier", None, ElementType::U8, 0, None);
+        self.run(d, |_| async { Ok(()) }).await
+    }
+
+    /// One call: invariants 1–4 around the collective's own steps.
+    async fn run<T, F, Fut>(&mut self, d: Descriptor, body: F) -> Result<T>
+    where
+        F: FnOnce(Call) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        if let Some(reason) = &self.broken {
+            return Err(TransferError::Broken(reason.clone()));
+        }
+        if self.size() > 1 && d.bytes as usize / self.size() / self.cfg.chunk_bytes >= MAX_CHUNKS
+        {
+            return Err(TransferError::InvalidArgument(format!(
+                "{} bytes need more than {MAX_CHUNKS} chunks of {} bytes per rank; raise chunk_bytes",
+                d.bytes, self.cfg.chunk_bytes
+            )));
+        }
+        let seq = self.seq;
+        self.seq += 1;
+        let call = Call {
+            endpoint: self.endpoint.clone(),
+            members: self.members.clone(),
+            rank: self.rank,
+            base: (u64::from(self.group) << 48) | ((seq & 0xff_ffff) << 24),
+            deadline: Instant::now() + self.cfg.timeout,
+            timeout: self.cfg.timeout,
+            chunk_bytes: self.cfg.chunk_bytes,
+            what: format!("{} #{seq}", d.kind),
+        };
+        let endpoint = self.endpoint.clone();
+        let members = self.members.clone();
+        let rank = self.rank;
+        let base = call.base;
+        let what = call.what.clone();
+        let result = match call.exchange_descriptors(&d).await {
+            Ok(()) => body(call).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &result {
+            let reason = format!("{what} failed: {e}");
+            if !matches!(e, TransferError::Aborted { .. } | TransferError::Mismatch(_)) {
+                tell_others(&endpoint, &members, rank, base, &reason);
+            }
+            let prefix = base >> 24;
+            endpoint.discard(move |tag| tag >> 24 == prefix);
+            self.broken = Some(reason);
+        }
+        result
+    }
+}
+
+fn descriptor(
+    kind: &str,
+    op: Option<ReduceOp>,
+    dtype: ElementType,
+    bytes: usize,
+    root: Option<u32>,
+) -> Descriptor {
+    Descriptor {
+        kind: kind.into(),
+        op,
+        dtype: dtype.name().into(),
+        bytes: bytes as u64,
+        root,
+    }
+}
+
+/// Invariant 3: best effort, in the background, bounded.
+fn tell_others(
+    endpoint: &Arc<TransferEndpoint>,
+    members: &[Peer],
+    rank: usize,
+    base: u64,
+    reason: &str,
+) {
+    for (r, peer) in members.iter().enumerate() {
+        if r == rank {
+            continue;
+        }
+        let endpoint = endpoint.clone();
+        let peer = peer.clone();
+        let bytes = reason.as_bytes().to_vec();
+        tokio::spawn(async move {
+            let _ = endpoint
+                .send_to(
+                    &peer,
+                    base | (PHASE_ABORT << 22),
+                    ElementType::U8,
+                    &[bytes.len() as u64],
+                    &bytes,
+                    Duration::from_secs(2),
+                )
+                .await;
+        });
+    }
+}
+
+/// The state of one collective call.
+struct Call {
+    endpoint: Arc<TransferEndpoint>,
+    members: Vec<Peer>,
+    rank: usize,
+    base: u64,
+    deadline: Instant,
+    timeout: Duration,
+    chunk_bytes: usize,
+    what: String,
+}
+
+impl Call {
+    fn n(&self) -> usize {
+        self.members.len()
+    }
+
+    fn tag(&self, phase: u64, step: usize, chunk: usize) -> u64 {
+        self.base | (phase << 22) | ((step as u64) << 12) | chunk as u64
+    }
+
+    fn left(&self) -> Result<Duration> {
+        self.deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| self.deadline_exceeded())
+    }
+
+    fn deadline_exceeded(&self) -> TransferError {
+        TransferError::DeadlineExceeded {
+            what: self.what.clone(),
+            after: self.timeout,
+        }
+    }
+
+    async fn send(&self, to: usize, tag: u64, dtype: ElementType, data: &[u8]) -> Result<()> {
+        let count = (data.len() / dtype.size()) as u64;
+        self.endpoint
+            .send_to(&self.members[to], tag, dtype, &[count], data, self.left()?)
+            .await
+            .map_err(|e| match e {
+                TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
+                e => e,
+            })
+    }
+
+    /// Waits for `tag` from `from`, or an abort from anyone (invariant 3).
+    async fn recv(&self, from: usize, tag: u64) -> Result<Vec<u8>> {
+        let abort = self.base | (PHASE_ABORT << 22);
+        let mut keys = vec![(from as u32, tag)];
+        keys.extend(
+            (0..self.n())
+                .filter(|&r| r != self.rank)
+                .map(|r| (r as u32, abort)),
+        );
+        let (i, got) = self
+            .endpoint
+            .recv_first(&keys, self.left()?)
+            .await
+            .map_err(|e| match e {
+                TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
+                e => e,
+            })?;
+        if i > 0 {
+            return Err(TransferError::Aborted {
+                rank: keys[i].0,
+                reason: String::from_utf8_lossy(&got.data).into_owned(),
+            });
+        }
+        Ok(got.data)
+    }
+
+    /// Invariant 2.
+    async fn exchange_descriptors(&self, mine: &Descriptor) -> Result<()> {
+        if self.n() == 1 {
+            return Ok(());
+        }
+        let bytes = postcard::to_allocvec(mine).expect("a descriptor always encodes");
+        let tag = self.tag(PHASE_DESCRIPTOR, 0, 0);
+        let sends = (0..self.n())
+            .filter(|&r| r != self.rank)
+            .map(|r| self.send(r, tag, ElementType::U8, &bytes));
+        let recvs = async {
+            let mut all = Vec::with_capacity(self.n());
+            for r in 0..self.n() {
+                if r == self.rank {
+                    all.push(mine.clone());
+                    continue;
+                }
+                let got = self.recv(r, tag).await?;
+                let d: Descriptor = postcard::from_bytes(&got).map_err(|e| {
+                    TransferError::InvalidHeader(format!("descriptor from rank {r}: {e}"))
+                })?;
+                all.push(d);
+            }
+            Ok::<_, TransferError>(all)
+        };
+        let (_, all) = futures::try_join!(try_join_all(sends), recvs)?;
+        if all.iter().any(|d| d != mine) {
+            let list = all
+                .iter()
+                .enumerate()
+                .map(|(r, d)| format!("rank {r}: {d}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(TransferError::Mismatch(list));
+        }
+        Ok(())
+    }
+
+    /// One ring pass of `n - 1` steps. At step `s` this rank sends the
+    /// segment `send_seg(s)` to the next rank and receives `recv_seg(s)`
+    /// from the previous one, combining it with `op` (reduce phase) or
+    /// storing it (gather phase). Each segment travels as chunks, so
+    /// reducing chunk k overlaps with receiving chunk k + 1.
+    async fn ring(
+        &self,
+        phase: u64,
+        op: Option<ReduceOp>,
+        dtype: ElementType,
+        buf: &mut [u8],
+        segments: &[Range<usize>],
+        send_seg: impl Fn(usize) -> usize,
+        recv_seg: impl Fn(usize) -> usize,
+    ) -> Result<()> {
+        let n = self.n();
+        let next = (self.rank + 1) % n;
+        let prev = (self.rank + n - 1) % n;
+        let chunk = (self.chunk_bytes / dtype.size()).max(1) * dtype.size();
+        for step in 0..n - 1 {
+            let out = segments[send_seg(step)].clone();
+            let inc = segments[recv_seg(step)].clone();
+            let (out_buf, in_buf) = disjoint(buf, out, inc);
+            let sends = out_buf
+                .chunks(chunk)
+                .enumerate()
+                .map(|(k, c)| self.send(next, self.tag(phase, step, k), dtype, c));
+            let recvs = async {
+                for (k, dst) in in_buf.chunks_mut(chunk).enumerate() {
+                    let got = self.recv(prev, self.tag(phase, step, k)).await?;
+                    if got.len() != dst.len() {
+                        return Err(TransferError::Mismatch(format!(
+                            "rank {prev} sent {} bytes for a {}-byte chunk",
+                            got.len(),
+                            dst.len()
+                        )));
+                    }
+                    match op {
+                        Some(op) => combine(op, dtype, dst, &got)?,
+                        None => dst.copy_from_slice(&got),
+                    }
+                }
+                Ok(())
+            };
+            futures::try_join!(try_join_all(sends), recvs)?;
+        }
+        Ok(())
+    }
+
+    fn byte_segments(&self, dtype: ElementType, bytes: usize) -> Vec<Range<usize>> {
+        let size = dtype.size();
+        let count = bytes / size;
+        (0..self.n())
+            .map(|j| {
+                let r = segment(count, self.n(), j);
+                r.start * size..r.end * size
+            })
+            .collect()
+    }
+
+    /// Reduce-scatter leaving segment `r` complete on rank `r`: at step `s`
+    /// rank `r` sends segment `r - s - 1` and receives `r - s - 2` (mod n),
+    /// so segment `j` is folded from rank `j + 1` around to `j`.
+    async fn reduce_phase(
+        &self,
+        op: ReduceOp,
+        dtype: ElementType,
+        buf: &mut [u8],
+        segs: &[Range<usize>],
+    ) -> Result<()> {
+        let (n, r) = (self.n(), self.rank);
+        self.ring(
+            PHASE_REDUCE,
+            Some(op),
+            dtype,
+            buf,
+            segs,
+            |s| (r + 2 * n - s - 1) % n,
+            |s| (r + 2 * n - s - 2) % n,
+        )
+        .await?;
+        if op == ReduceOp::Mean {
+            finish_mean(dtype, &mut buf[segs[r].clone()], n)?;
+        }
+        Ok(())
+    }
+
+    /// All-gather where rank `r` starts with segment `r`: at step `s` it
+    /// sends `r - s` and receives `r - s - 1` (mod n).
+    async fn gather_phase(
+        &self,
+        dtype: ElementType,
+        buf: &mut [u8],
+        segs: &[Range<usize>],
+    ) -> Result<()> {
+        let (n, r) = (self.n(), self.rank);
+        self.ring(
+            PHASE_GATHER,
+            None,
+            dtype,
+            buf,
+            segs,
+            |s| (r + n - s) % n,
+            |s| (r + 2 * n - s - 1) % n,
+        )
+        .await
+    }
+
+    async fn all_reduce(self, op: ReduceOp, dtype: ElementType, mut data: Vec<u8>) -> Result<Vec<u8>> {
+        let segs = self.byte_segments(dtype, data.len());
+        if self.n() > 1 {
+            self.reduce_phase(op, dtype, &mut data, &segs).await?;
+            self.gather_phase(dtype, &mut data, &segs).await?;
+        }
+        Ok(data)
+    }
+
+    async fn reduce_scatter(
+        self,
+        op: ReduceOp,
+        dtype: ElementType,
+        mut data: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let segs = self.byte_segments(dtype, data.len());
+        if self.n() > 1 {
+            self.reduce_phase(op, dtype, &mut data, &segs).await?;
+        }
+        Ok(data[segs[self.rank].clone()].to_vec())
+    }
+
+    async fn all_gather(self, dtype: ElementType, data: &[u8]) -> Result<Vec<u8>> {
+        let len = data.len();
+        let mut buf = vec![0u8; len * self.n()];
+        buf[self.rank * len..(self.rank + 1) * len].copy_from_slice(data);
+        let segs: Vec<_> = (0..self.n()).map(|j| j * len..(j + 1) * len).collect();
+        if self.n() > 1 {
+            self.gather_phase(dtype, &mut buf, &segs).await?;
+        }
+        Ok(buf)
+    }
+
+    /// Pipelined along the ring from the root: each rank forwards chunk k
+    /// to the next rank as soon as it has it.
+    async fn broadcast(self, root: usize, dtype: ElementType, mut data: Vec<u8>) -> Result<Vec<u8>> {
+        let n = self.n();
+        if n == 1 {
+            return Ok(data);
+        }
+        let next = (self.rank + 1) % n;
+        let prev = (self.rank + n - 1) % n;
+        let last = (root + n - 1) % n;
+        let chunk = (self.chunk_bytes / dtype.size()).max(1) * dtype.size();
+        let forward = self.rank != last;
+        if self.rank == root {
+            let sends = data
+                .chunks(chunk)
+                .enumerate()
+                .map(|(k, c)| self.send(next, self.tag(PHASE_GATHER, 0, k), dtype, c));
+            try_join_all(sends).await?;
+            return Ok(data);
+        }
+        let mut sends = Vec::new();
+        for (k, dst) in data.chunks_mut(chunk).enumerate() {
+            let got = self.recv(prev, self.tag(PHASE_GATHER, 0, k)).await?;
+            if got.len() != dst.len() {
+                return Err(TransferError::Mismatch(format!(
+                    "rank {prev} sent {} bytes for a {}-byte chunk",
+                    got.len(),
+                    dst.len()
+                )));
+            }
+            dst.copy_from_slice(&got);
+            if forward {
+                sends.push(got);
+            }
+        }
+        let fwd = sends
+            .iter()
+            .enumerate()
+            .map(|(k, c)| self.send(next, self.tag(PHASE_GATHER, 0, k), dtype, c));
+        try_join_all(fwd).await?;
+        Ok(data)
+    }
+}
+
+/// `(&buf[a], &mut buf[b])` for non-overlapping ranges.
+fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
+    debug_assert!(a.end <= b.start || b.end <= a.start);
+    if a.start < b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.end - b.start])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.end - a.start], &mut lo[b])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disjoint_halves() {
+        let mut v: Vec<u8> = (0..10).collect();
+        let (a, b) = disjoint(&mut v, 0..3, 5..10);
+        assert_eq!(a, &[0, 1, 2]);
+        b[0] = 99;
+        let (a, b) = disjoint(&mut v, 5..7, 1..2);
+        assert_eq!(a, &[99, 6]);
+        assert_eq!(b, &[1]);
+    }
+
+    #[test]
+    fn ring_schedules_visit_every_segment_once_per_pass() {
+        // Reduce phase: the segment a rank receives at step s is the one
+        // it sends at step s + 1, and after n - 1 steps rank r has received
+        // segment r last.
+        for n in 2..7usize {
+            for r in 0..n {
+                let send = |s: usize| (r + 2 * n - s - 1) % n;
+                let recv = |s: usize| (r + 2 * n - s - 2) % n;
+                for s in 0..n - 2 {
+                    assert_eq!(recv(s), send(s + 1));
+                }
+                assert_eq!(recv(n - 2), r);
+                // What rank r sends at step s is what r + 1 receives.
+                let recv_next = |s: usize| ((r + 1) + 2 * n - s - 2) % n;
+                for s in 0..n - 1 {
+                    assert_eq!(send(s), recv_next(s));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! Element-wise reductions on raw little-endian arrays (sans-IO), and the
+//! single-process reference of every collective.
+//!
+//! Reduction order (what makes float results reproducible): the ring
+//! all-reduce and reduce-scatter cut an array of `count` elements into one
+//! segment per rank, segment `j` being elements
+//! `[j * count / n, (j + 1) * count / n)`. Segment `j` is folded left along
+//! the ring starting after its owner: `((x[j+1] ⊕ x[j+2]) ⊕ …) ⊕ x[j]`
+//! (ranks mod `n`). [`reference_reduce`] applies exactly that order, so a
+//! distributed result equals it bit for bit.
+//!
+//! Invariants:
+//! 1. Integer sums wrap (two's complement) and are therefore exact modulo
+//!    2^bits and independent of order; integer means divide the sum by the
+//!    rank count, rounding toward zero.
+//! 2. `f16` and `bf16` are combined in `f32` and rounded back after every
+//!    step (as the reference does), so the rounding sequence is fixed.
+//! 3. `max`/`min` on floats follow IEEE maxNum/minNum (a NaN operand loses).
+
+use half::{bf16, f16};
+use tessel_pjrt::ElementType;
+
+use crate::error::{Result, TransferError};
+
+/// A reduction operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ReduceOp> {
+        ReduceOp::ALL.into_iter().find(|op| op.name() == s)
+    }
+}
+
+/// The element types collectives reduce.
+pub const REDUCIBLE: [ElementType; 6] = [
+    ElementType::F32,
+    ElementType::F64,
+    ElementType::F16,
+    ElementType::BF16,
+    ElementType::S32,
+    ElementType::S64,
+];
+
+/// Fails unless `dtype` is one of [`REDUCIBLE`].
+pub fn check_reducible(dtype: ElementType) -> Result<()> {
+    if REDUCIBLE.contains(&dtype) {
+        Ok(())
+    } else {
+        Err(TransferError::InvalidArgument(format!(
+            "{} cannot be reduced (supported: f32, f64, f16, bf16, s32, s64)",
+            dtype.name()
+        )))
+    }
+}
+
+/// `own[i] = incoming[i] ⊕ own[i]` for every element. Both slices hold the
+/// same number of `dtype` elements. For `Mean` this sums; [`finish_mean`]
+/// divides once at the end.
+pub fn combine(op: ReduceOp, dtype: ElementType, own: &mut [u8], incoming: &[u8]) -> Result<()> {
+    check_reducible(dtype)?;
+    if own.len() != incoming.len() || own.len() % dtype.size() != 0 {
+        return Err(TransferError::InvalidArgument(format!(
+            "cannot combine {} bytes with {} bytes of {}",
+            incoming.len(),
+            own.len(),
+            dtype.name()
+        )));
+    }
+    match dtype {
+        ElementType::F32 => zip::<f32>(own, incoming, |a, b| float_op(op, a, b)),
+        ElementType::F64 => zip::<f64>(own, incoming, |a, b| float_op(op, a, b)),
+        ElementType::F16 => zip::<u16>(own, incoming, |a, b| {
+            let r = float_op(op, f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32());
+            f16::from_f32(r).to_bits()
+        }),
+        ElementType::BF16 => zip::<u16>(own, incoming, |a, b| {
+            let r = float_op(op, bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32());
+            bf16::from_f32(r).to_bits()
+        }),
+        ElementType::S32 => zip::<i32>(own, incoming, |a, b| int_op(op, a, b)),
+        ElementType::S64 => zip::<i64>(own, incoming, |a, b| int_op(op, a, b)),
+        _ => unreachable!("checked by check_reducible"),
+    }
+    Ok(())
+}
+
+/// Divides every element by `ranks` (the last step of `Mean`).
+pub fn finish_mean(dtype: ElementType, data: &mut [u8], ranks: usize) -> Result<()> {
+    check_reducible(dtype)?;
+    let n = ranks as f64;
+    match dtype {
+        ElementType::F32 => map::<f32>(data, |x| x / ranks as f32),
+        ElementType::F64 => map::<f64>(data, |x| x / n),
+        ElementType::F16 => map::<u16>(data, |x| {
+            f16::from_f32(f16::from_bits(x).to_f32() / ranks as f32).to_bits()
+        }),
+        ElementType::BF16 => map::<u16>(data, |x| {
+            bf16::from_f32(bf16::from_bits(x).to_f32() / ranks as f32).to_bits()
+        }),
+        ElementType::S32 => map::<i32>(data, |x| x / ranks as i32),
+        ElementType::S64 => map::<i64>(data, |x| x / ranks as i64),
+        _ => unreachable!("checked by check_reducible"),
+    }
+    Ok(())
+}
+
+trait FloatLike: Copy + std::ops::Add<Output = Self> + PartialOrd {
+    fn max_num(self, other: Self) -> Self;
+    fn min_num(self, other: Self) -> Self;
+}
+
+impl FloatLike for f32 {
+    fn max_num(self, other: Self) -> Self {
+        self.max(other)
+    }
+    fn min_num(self, other: Self) -> Self {
+        self.min(other)
+    }
+}
+
+impl FloatLike for f64 {
+    fn max_num(self, other: Self) -> Self {
+        self.max(other)
+    }
+    fn min_num(self, other: Self) -> Self {
+        self.min(other)
+    }
+}
+
+fn float_op<T: FloatLike>(op: ReduceOp, incoming: T, own: T) -> T {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => incoming + own,
+        ReduceOp::Max => incoming.max_num(own),
+        ReduceOp::Min => incoming.min_num(own),
+    }
+}
+
+trait IntLike: Copy + Ord {
+    fn wrapping_sum(self, other: Self) -> Self;
+}
+
+impl IntLike for i32 {
+    fn wrapping_sum(self, other: Self) -> Self {
+        self.wrapping_add(other)
+    }
+}
+
+impl IntLike for i64 {
+    fn wrapping_sum(self, other: Self) -> Self {
+        self.wrapping_add(other)
+    }
+}
+
+fn int_op<T: IntLike>(op: ReduceOp, incoming: T, own: T) -> T {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => incoming.wrapping_sum(own),
+        ReduceOp::Max => incoming.max(own),
+        ReduceOp::Min => incoming.min(own),
+    }
+}
+
+/// Applies `f(incoming, own)` element-wise in place; aligned buffers are
+/// viewed as `T` directly (vectorizable), others go element by element.
+fn zip<T: bytemuck::Pod>(own: &mut [u8], incoming: &[u8], f: impl Fn(T, T) -> T) {
+    if let (Ok(a), Ok(b)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(own),
+        bytemuck::try_cast_slice::<u8, T>(incoming),
+    ) {
+        for (x, y) in a.iter_mut().zip(b) {
+            *x = f(*y, *x);
+        }
+        return;
+    }
+    let size = std::mem::size_of::<T>();
+    for (x, y) in own.chunks_exact_mut(size).zip(incoming.chunks_exact(size)) {
+        let r = f(bytemuck::pod_read_unaligned(y), bytemuck::pod_read_unaligned(x));
+        x.copy_from_slice(bytemuck::bytes_of(&r));
+    }
+}
+
+fn map<T: bytemuck::Pod>(data: &mut [u8], f: impl Fn(T) -> T) {
+    if let Ok(a) = bytemuck::try_cast_slice_mut::<u8, T>(data) {
+        for x in a.iter_mut() {
+            *x = f(*x);
+        }
+        return;
+    }
+    let size = std::mem::size_of::<T>();
+    for x in data.chunks_exact_mut(size) {
+        let r = f(bytemuck::pod_read_unaligned(x));
+        x.copy_from_slice(bytemuck::bytes_of(&r));
+    }
+}
+
+/// Element range `[start, end)` of segment `j` when `count` elements are cut
+/// into `n` segments.
+pub fn segment(count: usize, n: usize, j: usize) -> std::ops::Range<usize> {
+    let at = |i: usize| ((i as u128 * count as u128) / n as u128) as usize;
+    at(j)..at(j + 1)
+}
+
+/// The single-process reference of `all_reduce`: every rank's result, in
+/// the documented order (module docs). `inputs[r]` is rank r's array.
+pub fn reference_reduce(op: ReduceOp, dtype: ElementType, inputs: &[Vec<u8>]) -> Result<Vec<u8>> {
+    let n = inputs.len();
+    let size = dtype.size();
+    let Some(first) = inputs.first() else {
+        return Err(TransferError::InvalidArgument("no inputs".into()));
+    };
+    if inputs.iter().any(|i| i.len() != first.len()) || first.len() % size != 0 {
+        return Err(TransferError::InvalidArgument(
+            "inputs differ in length".into(),
+        ));
+    }
+    let count = first.len() / size;
+    let mut out = vec![0u8; first.len()];
+    for j in 0..n {
+        let r = segment(count, n, j);
+        let bytes = r.start * size..r.end * size;
+        // Starts at rank j+1, folds j+2, …, ends with j.
+        let mut acc = inputs[(j + 1) % n][bytes.clone()].to_vec();
+        for step in 2..=n {
+            let rank = (j + step) % n;
+            let mut own = inputs[rank][bytes.clone()].to_vec();
+            combine(op, dtype, &mut own, &acc)?;
+            acc = own;
+        }
+        if op == ReduceOp::Mean {
+            finish_mean(dtype, &mut acc, n)?;
+        }
+        out[bytes].copy_from_slice(&acc);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+        bytemuck::cast_slice(v).to_vec()
+    }
+
+    #[test]
+    fn integer_ops_are_exact_and_sums_wrap() {
+        let a = bytes(&[1i32, -5, i32::MAX, 7]);
+        let b = bytes(&[2i32, 3, 1, -7]);
+        let mut own = a.clone();
+        combine(ReduceOp::Sum, ElementType::S32, &mut own, &b).unwrap();
+        assert_eq!(own, bytes(&[3i32, -2, i32::MIN, 0]));
+        let mut own = a.clone();
+        combine(ReduceOp::Max, ElementType::S32, &mut own, &b).unwrap();
+        assert_eq!(own, bytes(&[2i32, 3, i32::MAX, 7]));
+        let mut own = a;
+        combine(ReduceOp::Min, ElementType::S32, &mut own, &b).unwrap();
+        assert_eq!(own, bytes(&[1i32, -5, 1, -7]));
+        let mut m = bytes(&[7i64, -7]);
+        finish_mean(ElementType::S64, &mut m, 2).unwrap();
+        assert_eq!(m, bytes(&[3i64, -3]), "toward zero");
+    }
+
+    #[test]
+    fn half_types_round_through_f32() {
+        let a = bytes(&[f16::from_f32(1.5).to_bits(), f16::from_f32(-2.0).to_bits()]);
+        let b = bytes(&[f16::from_f32(0.25).to_bits(), f16::from_f32(8.0).to_bits()]);
+        let mut own = a;
+        combine(ReduceOp::Sum, ElementType::F16, &mut own, &b).unwrap();
+        let v: Vec<u16> = bytemuck::pod_collect_to_vec(&own);
+        assert_eq!(f16::from_bits(v[0]).to_f32(), 1.75);
+        assert_eq!(f16::from_bits(v[1]).to_f32(), 6.0);
+        let mut own = bytes(&[bf16::from_f32(3.0).to_bits()]);
+        combine(
+            ReduceOp::Max,
+            ElementType::BF16,
+            &mut own,
+            &bytes(&[bf16::from_f32(4.0).to_bits()]),
+        )
+        .unwrap();
+        let v: Vec<u16> = bytemuck::pod_collect_to_vec(&own);
+        assert_eq!(bf16::from_bits(v[0]).to_f32(), 4.0);
+    }
+
+    #[test]
+    fn unaligned_buffers_give_the_same_result() {
+        let a: Vec<f32> = (0..33).map(|i| i as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..33).map(|i| 1.0 / (i as f32 + 1.0)).collect();
+        let mut aligned = bytes(&a);
+        combine(ReduceOp::Sum, ElementType::F32, &mut aligned, &bytes(&b)).unwrap();
+        let mut backing = vec![0u8; 1 + 33 * 4];
+        backing[1..].copy_from_slice(&bytes(&a));
+        let mut inc = vec![0u8; 1 + 33 * 4];
+        inc[1..].copy_from_slice(&bytes(&b));
+        combine(ReduceOp::Sum, ElementType::F32, &mut backing[1..], &inc[1..]).unwrap();
+        assert_eq!(&backing[1..], &aligned[..]);
+    }
+
+    #[test]
+    fn unsupported_types_and_lengths_are_refused() {
+        let mut own = vec![0u8; 4];
+        assert!(combine(ReduceOp::Sum, ElementType::U8, &mut own, &[0; 4]).is_err());
+        assert!(combine(ReduceOp::Sum, ElementType::F32, &mut own, &[0; 8]).is_err());
+        assert!(combine(ReduceOp::Sum, ElementType::F64, &mut own, &[0; 4]).is_err());
+    }
+
+    #[test]
+    fn segments_cover_the_array_without_overlap() {
+        for count in [0usize, 1, 5, 7, 1000] {
+            for n in 1..6 {
+                let mut next = 0;
+                for j in 0..n {
+                    let r = segment(count, n, j);
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+
+    #[test]
+    fn reference_follows_the_documented_order() {
+        // Three ranks, three elements: segment j holds element j and is
+        // folded from rank j+1: ((x[j+1] + x[j+2]) + x[j]).
+        let x = [1e8f32, 1.0, -1e8];
+        let inputs: Vec<Vec<u8>> = (0..3).map(|r| bytes(&[x[r], x[r], x[r]])).collect();
+        let out = reference_reduce(ReduceOp::Sum, ElementType::F32, &inputs).unwrap();
+        let out: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
+        let order = |j: usize| (x[(j + 1) % 3] + x[(j + 2) % 3]) + x[j];
+        assert_eq!(out, vec![order(0), order(1), order(2)]);
+        // The order matters for these values: not every segment is equal.
+        assert_ne!(out[0], out[1]);
+    }
+}
