@@ -5,6 +5,13 @@
 //! This process receives; a child `tessel bench transfer --send-to …`
 //! sends `--bytes` `--repeat` times over each path. Throughput is measured
 //! on the receiving side, from the first byte of a transfer to its last.
+//!
+//! Then the all-reduce: `--ranks` groups of `tessel transfer-rank`
+//! processes, each path (network: QUIC between all ranks; shm: the
+//! same-host shared-memory path), `--all-reduce-bytes` of f32 summed
+//! `--repeat` times after one warm-up. A call's time is the slowest rank's;
+//! algorithm bandwidth is bytes / time, bus bandwidth that × 2(n−1)/n (the
+//! bytes each rank moves in a ring, as nccl-tests reports it).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,6 +32,18 @@ pub struct BenchTransferArgs {
     /// Transfers per path (the best and the median are reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: u32,
+    /// Bytes of f32 per all-reduce (0 skips the all-reduce figures).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub all_reduce_bytes: u64,
+    /// Group sizes for the all-reduce.
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    pub ranks: Vec<usize>,
+    /// Largest message of a ring step (the collectives' chunk size).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub chunk_bytes: usize,
+    /// Skip the point-to-point figures.
+    #[arg(long)]
+    pub no_point_to_point: bool,
     /// (internal) Run as the sender: QUIC address, TCP address, TLS folder.
     #[arg(long, hide = true, num_args = 3, value_names = ["QUIC", "TCP", "TLS"])]
     pub send_to: Option<Vec<String>>,
@@ -36,6 +55,62 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
     if let Some(to) = &args.send_to {
         return sender(&args, to).await;
     }
+    if !args.no_point_to_point {
+        point_to_point(&args).await?;
+    }
+    if args.all_reduce_bytes > 0 {
+        for &n in &args.ranks {
+            for path in ["network", "shm"] {
+                all_reduce(&args, n, path)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<()> {
+    use tessel::rank_group::{RankGroup, RankOptions};
+    anyhow::ensure!(n >= 1, "--ranks: at least 1");
+    let count = (args.all_reduce_bytes / 4) as usize;
+    let opts = RankOptions {
+        force_network: path == "network",
+        timeout_ms: Some(T.as_millis() as u64),
+        chunk_bytes: Some(args.chunk_bytes),
+        ..RankOptions::default()
+    };
+    let mut g = RankGroup::start(&std::env::current_exe()?, n, &opts)?;
+    let cmd = |repeat: u32| {
+        serde_json::json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32",
+                           "count": count, "seed": 1, "repeat": repeat})
+    };
+    let check = |answers: Vec<serde_json::Value>| -> Result<Vec<Vec<f64>>> {
+        answers
+            .into_iter()
+            .map(|a| {
+                anyhow::ensure!(a["ok"] == true, "all-reduce failed: {a}");
+                Ok(serde_json::from_value(a["ms"].clone())?)
+            })
+            .collect()
+    };
+    check(g.all(&cmd(1), T)?)?;
+    let per_rank = check(g.all(&cmd(args.repeat), T)?)?;
+    let mut ms: Vec<f64> = (0..args.repeat as usize)
+        .map(|i| per_rank.iter().map(|r| r[i]).fold(0.0, f64::max))
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let (best, median) = (ms[0], ms[ms.len() / 2]);
+    let bytes = (count * 4) as f64;
+    let algbw = bytes / (median / 1e3) / 1e9;
+    println!(
+        "{{\"figure\":\"all_reduce\",\"ranks\":{n},\"path\":\"{path}\",\"dtype\":\"f32\",\"bytes\":{},\"runs\":{},\"best_ms\":{best:.1},\"median_ms\":{median:.1},\"algbw_gb_s\":{algbw:.2},\"busbw_gb_s\":{:.2}}}",
+        count * 4,
+        ms.len(),
+        algbw * 2.0 * (n as f64 - 1.0) / n as f64
+    );
+    Ok(())
+}
+
+async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let tls_dir = dir.path().join("tls");
     init_certs(&tls_dir, &["127.0.0.1".into()])?;
@@ -49,6 +124,7 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["bench", "transfer", "--bytes", &args.bytes.to_string()])
+        .args(["--all-reduce-bytes", "0"])
         .args(["--repeat", &args.repeat.to_string(), "--send-to"])
         .arg(quic.local_addr()?.to_string())
         .arg(tcp.local_addr()?.to_string())
@@ -108,6 +184,17 @@ async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
         ep.send(quic_to, 0, ElementType::U8, &[1], &[1], T).await?;
         ep.send(quic_to, 1, ElementType::U8, &[args.bytes], &data, T)
             .await?;
+    }
+    if let Some(st) = ep.connection_stats(quic_to) {
+        eprintln!(
+            "quic sender: path MTU {} B, {} datagrams in {} send calls ({} B each on average), {} lost packets, congestion window {} B",
+            st.path.current_mtu,
+            st.udp_tx.datagrams,
+            st.udp_tx.ios,
+            st.udp_tx.bytes / st.udp_tx.datagrams.max(1),
+            st.path.lost_packets,
+            st.path.cwnd
+        );
     }
     let mut s = tokio::net::TcpStream::connect(tcp_to).await?;
     s.set_nodelay(true)?;

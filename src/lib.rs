@@ -27,5 +27,6 @@ pub use tessel_pjrt as pjrt;
 
 pub mod array;
 pub mod mlir;
+pub mod rank_group;
 pub mod run;
 pub mod sharding;

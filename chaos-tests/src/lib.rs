@@ -3,7 +3,6 @@
 //! real signals, and clean up children and folders however a test ends.
 
 pub mod linearizability;
-pub mod ranks;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

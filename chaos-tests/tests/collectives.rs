@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tessel_chaos_tests::ranks::{RankGroup, RankOptions};
+use tessel::rank_group::{RankGroup, RankOptions};
+use tessel_chaos_tests::tessel_bin;
 use tessel_pjrt::ElementType;
 use tessel_topology::sha256_hex;
 use tessel_transfer::reduce::{reference_reduce, segment, REDUCIBLE};
@@ -36,6 +37,7 @@ fn inputs(n: usize, dtype: ElementType, count: usize, seed: u64) -> Vec<Vec<u8>>
 /// to the single-process reference, for `n` ranks on `path`.
 fn collectives_match_the_reference(n: usize, force_network: bool) {
     let mut g = RankGroup::start(
+        &tessel_bin(),
         n,
         &RankOptions {
             force_network,
@@ -43,7 +45,8 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
             chunk_bytes: Some(256),
             ..RankOptions::default()
         },
-    );
+    )
+    .unwrap();
     let count = 1003;
     for (i, dtype) in REDUCIBLE.into_iter().enumerate() {
         for op in ReduceOp::ALL {
@@ -51,7 +54,7 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
             let cmd = json!({"op": "all_reduce", "reduce": op.name(), "dtype": dtype.name(),
                              "count": count, "seed": seed});
             let want = reference_reduce(op, dtype, &inputs(n, dtype, count, seed)).unwrap();
-            let got = ok(&g.all(&cmd, T));
+            let got = ok(&g.all(&cmd, T).unwrap());
             for (r, d) in got.iter().enumerate() {
                 assert_eq!(
                     d,
@@ -65,9 +68,10 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
     }
 
     let dtype = ElementType::S64;
-    let cmd = json!({"op": "reduce_scatter", "reduce": "sum", "dtype": "s64", "count": count, "seed": 5});
+    let cmd =
+        json!({"op": "reduce_scatter", "reduce": "sum", "dtype": "s64", "count": count, "seed": 5});
     let full = reference_reduce(ReduceOp::Sum, dtype, &inputs(n, dtype, count, 5)).unwrap();
-    for (r, d) in ok(&g.all(&cmd, T)).iter().enumerate() {
+    for (r, d) in ok(&g.all(&cmd, T).unwrap()).iter().enumerate() {
         let seg = segment(count, n, r);
         let want = &full[seg.start * 8..seg.end * 8];
         assert_eq!(d, &sha256_hex(want), "reduce_scatter on rank {r} of {n}");
@@ -75,17 +79,17 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
 
     let cmd = json!({"op": "all_gather", "dtype": "bf16", "count": 333, "seed": 6});
     let want = inputs(n, ElementType::BF16, 333, 6).concat();
-    for d in ok(&g.all(&cmd, T)) {
+    for d in ok(&g.all(&cmd, T).unwrap()) {
         assert_eq!(d, sha256_hex(&want), "all_gather of {n}");
     }
 
     let root = n - 1;
     let cmd = json!({"op": "broadcast", "root": root, "dtype": "f64", "count": 999, "seed": 7});
     let want = pattern(ElementType::F64, 999, root as u32, 7);
-    for d in ok(&g.all(&cmd, T)) {
+    for d in ok(&g.all(&cmd, T).unwrap()) {
         assert_eq!(d, sha256_hex(&want), "broadcast of {n}");
     }
-    ok(&g.all(&json!({"op": "barrier"}), T));
+    ok(&g.all(&json!({"op": "barrier"}), T).unwrap());
 }
 
 #[test]
@@ -126,21 +130,24 @@ fn mixed_paths_in_one_ring_match_the_reference() {
         .map(String::from)
         .to_vec();
     let mut g = RankGroup::start(
+        &tessel_bin(),
         4,
         &RankOptions {
             boot_ids: Some(ids),
             chunk_bytes: Some(1024),
             ..RankOptions::default()
         },
-    );
-    let cmd = json!({"op": "all_reduce", "reduce": "mean", "dtype": "f32", "count": 100_000, "seed": 3});
+    )
+    .unwrap();
+    let cmd =
+        json!({"op": "all_reduce", "reduce": "mean", "dtype": "f32", "count": 100_000, "seed": 3});
     let want = reference_reduce(
         ReduceOp::Mean,
         ElementType::F32,
         &inputs(4, ElementType::F32, 100_000, 3),
     )
     .unwrap();
-    for d in ok(&g.all(&cmd, T)) {
+    for d in ok(&g.all(&cmd, T).unwrap()) {
         assert_eq!(d, sha256_hex(&want));
     }
 }
@@ -149,17 +156,27 @@ fn mixed_paths_in_one_ring_match_the_reference() {
 /// byte (the sender's digest of what it sent equals the receiver's).
 fn point_to_point(force_network: bool) {
     let mut g = RankGroup::start(
+        &tessel_bin(),
         2,
         &RankOptions {
             force_network,
             ..RankOptions::default()
         },
-    );
+    )
+    .unwrap();
     let count = (1usize << 30) / 8;
-    g.send(0, &json!({"op": "send", "to": 1, "tag": 0, "dtype": "s64", "count": count, "seed": 1}));
-    g.send(1, &json!({"op": "recv", "from": 0, "tag": 0, "dtype": "s64", "count": count}));
-    let sent = ok(&[g.answer(0, T)]);
-    let got = ok(&[g.answer(1, T)]);
+    g.send(
+        0,
+        &json!({"op": "send", "to": 1, "tag": 0, "dtype": "s64", "count": count, "seed": 1}),
+    )
+    .unwrap();
+    g.send(
+        1,
+        &json!({"op": "recv", "from": 0, "tag": 0, "dtype": "s64", "count": count}),
+    )
+    .unwrap();
+    let sent = ok(&[g.answer(0, T).unwrap()]);
+    let got = ok(&[g.answer(1, T).unwrap()]);
     assert_eq!(sent, got, "1 GiB");
 
     let mut tag = 1u64 << 32;
@@ -169,14 +186,16 @@ fn point_to_point(force_network: bool) {
             0,
             &json!({"op": "send", "to": 1, "tag": tag, "dtype": dtype.name(), "count": 17,
                     "seed": 2, "repeat": repeat}),
-        );
+        )
+        .unwrap();
         g.send(
             1,
             &json!({"op": "recv", "from": 0, "tag": tag, "dtype": dtype.name(), "count": 17,
                     "repeat": repeat}),
-        );
-        let sent = ok(&[g.answer(0, T)]);
-        let got = ok(&[g.answer(1, T)]);
+        )
+        .unwrap();
+        let sent = ok(&[g.answer(0, T).unwrap()]);
+        let got = ok(&[g.answer(1, T).unwrap()]);
         assert_eq!(sent, got, "{}", dtype.name());
         tag += 1 << 20;
     }
@@ -219,24 +238,26 @@ fn no_shm_files_left() -> bool {
 fn mismatched_collectives_fail_the_same_way_on_every_rank() {
     for force_network in [false, true] {
         let mut g = RankGroup::start(
+            &tessel_bin(),
             3,
             &RankOptions {
                 force_network,
                 timeout_ms: Some(30_000),
                 ..RankOptions::default()
             },
-        );
+        )
+        .unwrap();
         let started = Instant::now();
         for r in 0..3 {
             let count = if r == 1 { 200 } else { 100 };
             g.send(
                 r,
                 &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": count, "seed": 1}),
-            );
+            ).unwrap();
         }
         let errors: Vec<String> = (0..3)
             .map(|r| {
-                let a = g.answer(r, T);
+                let a = g.answer(r, T).unwrap();
                 assert_eq!(a["ok"], false, "rank {r}: {a}");
                 a["error"].as_str().unwrap().to_owned()
             })
@@ -249,10 +270,18 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
         assert!(started.elapsed() < Duration::from_secs(10), "no hang");
 
         // A dtype mismatch in a fresh group.
-        let mut g = RankGroup::start(2, &RankOptions::default());
-        g.send(0, &json!({"op": "all_gather", "dtype": "f32", "count": 10, "seed": 1}));
-        g.send(1, &json!({"op": "all_gather", "dtype": "s32", "count": 10, "seed": 1}));
-        let (a, b) = (g.answer(0, T), g.answer(1, T));
+        let mut g = RankGroup::start(&tessel_bin(), 2, &RankOptions::default()).unwrap();
+        g.send(
+            0,
+            &json!({"op": "all_gather", "dtype": "f32", "count": 10, "seed": 1}),
+        )
+        .unwrap();
+        g.send(
+            1,
+            &json!({"op": "all_gather", "dtype": "s32", "count": 10, "seed": 1}),
+        )
+        .unwrap();
+        let (a, b) = (g.answer(0, T).unwrap(), g.answer(1, T).unwrap());
         assert_eq!(a["ok"], false);
         assert_eq!(a["error"], b["error"]);
     }
@@ -264,28 +293,34 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
 fn a_killed_rank_fails_the_others_within_the_deadline() {
     let deadline_ms = 10_000;
     let mut g = RankGroup::start(
+        &tessel_bin(),
         4,
         &RankOptions {
             force_network: true,
             timeout_ms: Some(deadline_ms),
             ..RankOptions::default()
         },
-    );
+    )
+    .unwrap();
     // Warm up the connections, then a long series of all-reduces.
-    ok(&g.all(
-        &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": 1024, "seed": 1}),
-        T,
-    ));
+    ok(&g
+        .all(
+            &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": 1024, "seed": 1}),
+            T,
+        )
+        .unwrap());
     let cmd = json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32",
                      "count": 4 << 20, "seed": 1, "repeat": 1000});
     for r in 0..4 {
-        g.send(r, &cmd);
+        g.send(r, &cmd).unwrap();
     }
     std::thread::sleep(Duration::from_millis(1500));
     let killed_at = Instant::now();
     g.kill(2);
     for r in [0, 1, 3] {
-        let a = g.answer(r, Duration::from_millis(deadline_ms + 5_000));
+        let a = g
+            .answer(r, Duration::from_millis(deadline_ms + 5_000))
+            .unwrap();
         eprintln!("rank {r} after {:?}: {a}", killed_at.elapsed());
         assert_eq!(a["ok"], false, "rank {r} must fail: {a}");
         assert!(a.get("sha256").is_none(), "no partial result");
@@ -296,8 +331,8 @@ fn a_killed_rank_fails_the_others_within_the_deadline() {
         );
     }
     for r in [0, 1, 3] {
-        g.send(r, &json!({"op": "barrier"}));
-        let a = g.answer(r, T);
+        g.send(r, &json!({"op": "barrier"})).unwrap();
+        let a = g.answer(r, T).unwrap();
         assert_eq!(a["ok"], false);
         assert!(a["error"].as_str().unwrap().contains("broken"), "{a}");
     }

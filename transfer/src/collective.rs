@@ -168,7 +168,8 @@ impl Communicator {
     ) -> Result<Vec<u8>> {
         check_reducible(dtype)?;
         let d = descriptor("reduce_scatter", Some(op), dtype, data.len(), None);
-        self.run(d, |call| call.reduce_scatter(op, dtype, data)).await
+        self.run(d, |call| call.reduce_scatter(op, dtype, data))
+            .await
     }
 
     /// Concatenates every rank's `data` in rank order (equal sizes).
@@ -211,8 +212,7 @@ impl Communicator {
         if let Some(reason) = &self.broken {
             return Err(TransferError::Broken(reason.clone()));
         }
-        if self.size() > 1 && d.bytes as usize / self.size() / self.cfg.chunk_bytes >= MAX_CHUNKS
-        {
+        if self.size() > 1 && d.bytes as usize / self.size() / self.cfg.chunk_bytes >= MAX_CHUNKS {
             return Err(TransferError::InvalidArgument(format!(
                 "{} bytes need more than {MAX_CHUNKS} chunks of {} bytes per rank; raise chunk_bytes",
                 d.bytes, self.cfg.chunk_bytes
@@ -241,7 +241,10 @@ impl Communicator {
         };
         if let Err(e) = &result {
             let reason = format!("{what} failed: {e}");
-            if !matches!(e, TransferError::Aborted { .. } | TransferError::Mismatch(_)) {
+            if !matches!(
+                e,
+                TransferError::Aborted { .. } | TransferError::Mismatch(_)
+            ) {
                 tell_others(&endpoint, &members, rank, base, &reason);
             }
             let prefix = base >> 24;
@@ -409,7 +412,7 @@ impl Call {
     }
 
     /// One ring pass of `n - 1` steps. At step `s` this rank sends the
-    /// segment `send_seg(s)` to the next rank and receives `recv_seg(s)`
+    /// segment `schedule(s).0` to the next rank and receives `schedule(s).1`
     /// from the previous one, combining it with `op` (reduce phase) or
     /// storing it (gather phase). Each segment travels as chunks, so
     /// reducing chunk k overlaps with receiving chunk k + 1.
@@ -420,16 +423,16 @@ impl Call {
         dtype: ElementType,
         buf: &mut [u8],
         segments: &[Range<usize>],
-        send_seg: impl Fn(usize) -> usize,
-        recv_seg: impl Fn(usize) -> usize,
+        schedule: impl Fn(usize) -> (usize, usize),
     ) -> Result<()> {
         let n = self.n();
         let next = (self.rank + 1) % n;
         let prev = (self.rank + n - 1) % n;
         let chunk = (self.chunk_bytes / dtype.size()).max(1) * dtype.size();
         for step in 0..n - 1 {
-            let out = segments[send_seg(step)].clone();
-            let inc = segments[recv_seg(step)].clone();
+            let (send_seg, recv_seg) = schedule(step);
+            let out = segments[send_seg].clone();
+            let inc = segments[recv_seg].clone();
             let (out_buf, in_buf) = disjoint(buf, out, inc);
             let sends = out_buf
                 .chunks(chunk)
@@ -479,15 +482,9 @@ impl Call {
         segs: &[Range<usize>],
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
-        self.ring(
-            PHASE_REDUCE,
-            Some(op),
-            dtype,
-            buf,
-            segs,
-            |s| (r + 2 * n - s - 1) % n,
-            |s| (r + 2 * n - s - 2) % n,
-        )
+        self.ring(PHASE_REDUCE, Some(op), dtype, buf, segs, |s| {
+            ((r + 2 * n - s - 1) % n, (r + 2 * n - s - 2) % n)
+        })
         .await?;
         if op == ReduceOp::Mean {
             finish_mean(dtype, &mut buf[segs[r].clone()], n)?;
@@ -504,19 +501,18 @@ impl Call {
         segs: &[Range<usize>],
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
-        self.ring(
-            PHASE_GATHER,
-            None,
-            dtype,
-            buf,
-            segs,
-            |s| (r + n - s) % n,
-            |s| (r + 2 * n - s - 1) % n,
-        )
+        self.ring(PHASE_GATHER, None, dtype, buf, segs, |s| {
+            ((r + n - s) % n, (r + 2 * n - s - 1) % n)
+        })
         .await
     }
 
-    async fn all_reduce(self, op: ReduceOp, dtype: ElementType, mut data: Vec<u8>) -> Result<Vec<u8>> {
+    async fn all_reduce(
+        self,
+        op: ReduceOp,
+        dtype: ElementType,
+        mut data: Vec<u8>,
+    ) -> Result<Vec<u8>> {
         let segs = self.byte_segments(dtype, data.len());
         if self.n() > 1 {
             self.reduce_phase(op, dtype, &mut data, &segs).await?;
@@ -551,7 +547,12 @@ impl Call {
 
     /// Pipelined along the ring from the root: each rank forwards chunk k
     /// to the next rank as soon as it has it.
-    async fn broadcast(self, root: usize, dtype: ElementType, mut data: Vec<u8>) -> Result<Vec<u8>> {
+    async fn broadcast(
+        self,
+        root: usize,
+        dtype: ElementType,
+        mut data: Vec<u8>,
+    ) -> Result<Vec<u8>> {
         let n = self.n();
         if n == 1 {
             return Ok(data);

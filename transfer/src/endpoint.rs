@@ -16,17 +16,14 @@
 //!    a `recv` takes them; each is delivered once, in arrival order.
 //! 4. Every call has a deadline; a connection per peer is reused.
 //! 5. Same-host path: to a peer with our boot id (unless `force_network`),
-//!    the sender writes the payload to a fresh file `tessel-{pid}-{n}` in
-//!    the shared-memory folder (tmpfs) and sends only the header naming
-//!    it; the receiver checks the name and the file's length against the
-//!    validated header, reads it and removes it. The sender removes it too
-//!    when the transfer fails, so no file outlives a transfer.
+//!    the sender writes the payload to a file of the shared-memory folder
+//!    (tmpfs, see [`crate::shm`]) and sends only the header naming it; the
+//!    receiver checks the name and the file's length against the validated
+//!    header and reads it before acknowledging.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,7 +33,8 @@ use tessel_pjrt::ElementType;
 use tokio::sync::Notify;
 
 use crate::error::{Result, TransferError};
-use crate::header::{check_shm_name, TransferHeader};
+use crate::header::TransferHeader;
+use crate::shm::ShmPool;
 
 /// ALPN of the transfer protocol.
 pub const ALPN: &[u8] = b"tessel-transfer";
@@ -57,6 +55,14 @@ pub struct TransferConfig {
     pub boot_id: Option<String>,
     /// Use the network even to peers on this host.
     pub force_network: bool,
+    /// Largest UDP payload MTU discovery may reach (and we accept). Paths
+    /// that carry less are found by discovery's probes, so a high bound is
+    /// safe; loopback and jumbo-frame networks gain from it.
+    pub max_udp_payload: u16,
+    /// UDP socket buffers asked of the kernel (capped by
+    /// `net.core.rmem_max`/`wmem_max`): a burst that overflows the receive
+    /// buffer is lost and costs a congestion-window cut.
+    pub socket_buffer: usize,
     /// Where shared-memory files live (a tmpfs).
     pub shm_dir: PathBuf,
 }
@@ -69,6 +75,8 @@ impl Default for TransferConfig {
             connection_window: 64 << 20,
             boot_id: None,
             force_network: false,
+            max_udp_payload: 65527,
+            socket_buffer: 8 << 20,
             shm_dir: PathBuf::from("/dev/shm"),
         }
     }
@@ -96,6 +104,10 @@ impl TransferConfig {
         t.receive_window(clamp(self.connection_window));
         t.send_window(self.connection_window);
         t.max_concurrent_bidi_streams(clamp(4096));
+        let mut mtu = quinn::MtuDiscoveryConfig::default();
+        mtu.upper_bound(self.max_udp_payload);
+        t.mtu_discovery_config(Some(mtu));
+
         t.keep_alive_interval(Some(Duration::from_millis(500)));
         // A dead peer is noticed within 2 s (as in the KV transport).
         t.max_idle_timeout(Some(
@@ -127,7 +139,7 @@ pub struct TransferEndpoint {
     mailbox: Arc<Mailbox>,
     accept: tokio::task::JoinHandle<()>,
     cfg: TransferConfig,
-    shm_files: AtomicU64,
+    shm: ShmPool,
 }
 
 impl Drop for TransferEndpoint {
@@ -156,10 +168,19 @@ impl TransferEndpoint {
         };
         server.transport_config(cfg.transport());
         client.transport_config(cfg.transport());
-        let mut endpoint = Endpoint::server(server, addr).map_err(|e| TransferError::Bind {
-            addr,
-            reason: e.to_string(),
-        })?;
+        let bind_err = |reason: String| TransferError::Bind { addr, reason };
+        let mut endpoint_cfg = quinn::EndpointConfig::default();
+        endpoint_cfg
+            .max_udp_payload_size(cfg.max_udp_payload.max(1200))
+            .map_err(|e| bind_err(e.to_string()))?;
+        let socket = udp_socket(addr, cfg.socket_buffer).map_err(|e| bind_err(e.to_string()))?;
+        let mut endpoint = Endpoint::new(
+            endpoint_cfg,
+            Some(server),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(|e| bind_err(e.to_string()))?;
         endpoint.set_default_client_config(client);
         let mailbox = Arc::new(Mailbox::default());
         let accept = tokio::spawn(accept_loop(endpoint.clone(), mailbox.clone(), cfg.clone()));
@@ -169,8 +190,8 @@ impl TransferEndpoint {
             conns: Mutex::new(HashMap::new()),
             mailbox,
             accept,
+            shm: ShmPool::new(cfg.shm_dir.clone()),
             cfg,
-            shm_files: AtomicU64::new(0),
         })
     }
 
@@ -222,6 +243,53 @@ impl TransferEndpoint {
             .await
     }
 
+    /// Sends a PJRT buffer (copied to host memory first) to `peer` under
+    /// `tag`.
+    pub async fn send_buffer(
+        &self,
+        peer: &Peer,
+        tag: u64,
+        buffer: &tessel_pjrt::Buffer,
+        timeout: Duration,
+    ) -> Result<()> {
+        let pjrt = |e: tessel_pjrt::Error| TransferError::Pjrt(e.to_string());
+        let host = buffer.to_host().map_err(pjrt)?.await.map_err(pjrt)?;
+        let dims: Vec<u64> = host.dims().iter().map(|&d| d as u64).collect();
+        self.send_to(peer, tag, host.element_type(), &dims, host.bytes(), timeout)
+            .await
+    }
+
+    /// Receives the next array `from` sent under `tag` onto `device` (the
+    /// receiver chooses the device).
+    pub async fn recv_buffer(
+        &self,
+        from: u32,
+        tag: u64,
+        device: &tessel_pjrt::Device,
+        timeout: Duration,
+    ) -> Result<tessel_pjrt::Buffer> {
+        let got = self.recv(from, tag, timeout).await?;
+        let dims = got
+            .dims
+            .iter()
+            .map(|&d| i64::try_from(d))
+            .collect::<std::result::Result<Vec<i64>, _>>()
+            .map_err(|_| TransferError::InvalidHeader(format!("dimensions {:?}", got.dims)))?;
+        device
+            .client()
+            .buffer_from_bytes(got.dtype, &dims, &got.data, device)
+            .map_err(|e| TransferError::Pjrt(e.to_string()))
+    }
+
+    /// QUIC statistics of the connection to `peer` (for benchmarks).
+    pub fn connection_stats(&self, peer: SocketAddr) -> Option<quinn::ConnectionStats> {
+        self.conns
+            .lock()
+            .expect("not poisoned")
+            .get(&peer)
+            .map(|c| c.stats())
+    }
+
     /// Whether transfers to `peer` take the shared-memory path.
     pub fn same_host(&self, peer: &Peer) -> bool {
         !self.cfg.force_network
@@ -252,19 +320,12 @@ impl TransferEndpoint {
             )));
         }
         let shm = if self.same_host(peer) {
-            let name = format!(
-                "{}{}-{}",
-                crate::header::SHM_PREFIX,
-                std::process::id(),
-                self.shm_files.fetch_add(1, Ordering::Relaxed)
-            );
-            let path = self.cfg.shm_dir.join(&name);
-            write_shm(&path, data).map_err(|e| TransferError::Stream {
+            let f = self.shm.write(data).map_err(|e| TransferError::Stream {
                 peer: peer.addr.to_string(),
-                reason: format!("shared memory {}: {e}", path.display()),
+                reason: format!("shared memory in {}: {e}", self.cfg.shm_dir.display()),
             })?;
-            header.shm = Some(name);
-            Some(path)
+            header.shm = Some(f.name.clone());
+            Some(f)
         } else {
             None
         };
@@ -302,9 +363,8 @@ impl TransferEndpoint {
                 after: timeout,
             }
         })?;
-        if let (Err(_), Some(path)) = (&result, &shm) {
-            // Invariant 5: the receiver may never have taken it.
-            let _ = std::fs::remove_file(path);
+        if let Some(f) = shm {
+            self.shm.release(f, result.is_ok());
         }
         result
     }
@@ -378,35 +438,14 @@ impl TransferEndpoint {
     }
 }
 
-fn write_shm(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)?;
-    let written = f.write_all(data);
-    if written.is_err() {
-        let _ = std::fs::remove_file(path);
-    }
-    written
-}
-
-/// Reads and removes the shared-memory file a validated header names.
-fn read_shm(dir: &std::path::Path, name: &str, byte_len: u64) -> Result<Vec<u8>> {
-    check_shm_name(name)?;
-    let path = dir.join(name);
-    let fail = |reason: String| TransferError::Stream {
-        peer: "incoming".into(),
-        reason: format!("shared memory {}: {reason}", path.display()),
-    };
-    let mut f = std::fs::File::open(&path).map_err(|e| fail(e.to_string()))?;
-    let _ = std::fs::remove_file(&path);
-    let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
-    if len != byte_len {
-        return Err(fail(format!("{len} bytes, the header says {byte_len}")));
-    }
-    let mut data = vec![0u8; byte_len as usize];
-    f.read_exact(&mut data).map_err(|e| fail(e.to_string()))?;
-    Ok(data)
+fn udp_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // Best effort: the kernel caps both at its maximum.
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
 }
 
 async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferConfig) {
@@ -465,7 +504,7 @@ async fn receive(
         }
     };
     let data = match &header.shm {
-        Some(name) => match read_shm(&cfg.shm_dir, name, header.byte_len) {
+        Some(name) => match crate::shm::read(&cfg.shm_dir, name, header.byte_len) {
             Ok(d) => d,
             Err(e) => {
                 let _ = send.write_all(&[1]).await;

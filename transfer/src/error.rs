@@ -16,6 +16,8 @@ pub enum TransferError {
     DeadlineExceeded { what: String, after: Duration },
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("PJRT: {0}")]
+    Pjrt(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("ranks disagree on the collective: {0}")]

@@ -172,7 +172,13 @@ mod tests {
         assert!(TransferHeader::new(0, 0, ElementType::F64, &[u64::MAX, 2]).is_err());
         assert!(TransferHeader::frame_len([0xff; 4]).is_err());
         assert!(TransferHeader::decode(&[0xff; 9], 1 << 20).is_err());
-        for name in ["../etc/passwd", "tessel-", "tessel-a/b", "other-1", "tessel-a.b"] {
+        for name in [
+            "../etc/passwd",
+            "tessel-",
+            "tessel-a/b",
+            "other-1",
+            "tessel-a.b",
+        ] {
             let mut shm = h.clone();
             shm.shm = Some(name.into());
             assert!(shm.validate(1 << 20).is_err(), "{name}");

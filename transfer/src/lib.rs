@@ -14,10 +14,11 @@ mod endpoint;
 mod error;
 pub mod header;
 pub mod reduce;
+pub mod shm;
 pub mod testing;
 
 pub use collective::{CollectiveConfig, Communicator, Descriptor};
 pub use endpoint::{Peer, Received, TransferConfig, TransferEndpoint, ALPN};
-pub use reduce::ReduceOp;
 pub use error::{Result, TransferError};
 pub use header::TransferHeader;
+pub use reduce::ReduceOp;

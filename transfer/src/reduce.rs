@@ -190,7 +190,10 @@ fn zip<T: bytemuck::Pod>(own: &mut [u8], incoming: &[u8], f: impl Fn(T, T) -> T)
     }
     let size = std::mem::size_of::<T>();
     for (x, y) in own.chunks_exact_mut(size).zip(incoming.chunks_exact(size)) {
-        let r = f(bytemuck::pod_read_unaligned(y), bytemuck::pod_read_unaligned(x));
+        let r = f(
+            bytemuck::pod_read_unaligned(y),
+            bytemuck::pod_read_unaligned(x),
+        );
         x.copy_from_slice(bytemuck::bytes_of(&r));
     }
 }
@@ -307,7 +310,13 @@ mod tests {
         backing[1..].copy_from_slice(&bytes(&a));
         let mut inc = vec![0u8; 1 + 33 * 4];
         inc[1..].copy_from_slice(&bytes(&b));
-        combine(ReduceOp::Sum, ElementType::F32, &mut backing[1..], &inc[1..]).unwrap();
+        combine(
+            ReduceOp::Sum,
+            ElementType::F32,
+            &mut backing[1..],
+            &inc[1..],
+        )
+        .unwrap();
         assert_eq!(&backing[1..], &aligned[..]);
     }
 

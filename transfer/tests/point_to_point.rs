@@ -170,3 +170,35 @@ async fn a_receive_with_nothing_sent_times_out() {
         Err(TransferError::DeadlineExceeded { .. })
     ));
 }
+
+/// A PJRT buffer on one client arrives on the device the receiver picks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pjrt_buffers_arrive_on_the_chosen_device() {
+    use tessel_pjrt::{locate, Client, ClientOptions, Plugin};
+    let plugin = Plugin::load(locate::resolve(Some("cpu")).expect("the CPU plugin")).unwrap();
+    let opts = || ClientOptions::default().option("cpu_device_count", 2i64);
+    let sender = Client::create(&plugin, opts()).unwrap();
+    let receiver = Client::create(&plugin, opts()).unwrap();
+    let (_d, tls) = certs();
+    let (a, b, to) = pair(&tls, TransferConfig::default());
+    let values: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let src = sender
+        .buffer_from_slice(&values, &[2, 3, 4], &sender.devices().unwrap()[0])
+        .unwrap();
+    let peer = tessel_transfer::Peer::new(to, None);
+    a.send_buffer(&peer, 7, &src, T).await.unwrap();
+    let device = receiver.devices().unwrap()[1].clone();
+    let got = b.recv_buffer(0, 7, &device, T).await.unwrap();
+    assert_eq!(got.dims().unwrap(), vec![2, 3, 4]);
+    assert_eq!(got.element_type().unwrap(), ElementType::F32);
+    assert_eq!(got.device().unwrap().id().unwrap(), device.id().unwrap());
+    assert_eq!(
+        got.to_host()
+            .unwrap()
+            .await
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        values
+    );
+}

@@ -1,0 +1,185 @@
+//! The same-host path's files: the sender writes a payload into a file of
+//! the shared-memory folder (a tmpfs: the pages are memory shared through
+//! the page cache) and names it in the header; the receiver reads it.
+//!
+//! Invariants:
+//! 1. A file belongs to its sender (`tessel-{pid}-{n}`) and serves one
+//!    transfer at a time; after the receiver's acknowledgement it goes back
+//!    to the sender's pool and is overwritten in place by a later payload
+//!    of the same length (no page allocation on the hot path).
+//! 2. A file whose transfer failed is removed, the pool keeps at most
+//!    [`MAX_FREE`] files, and dropping the pool removes them: no file
+//!    outlives its process. Files of processes that died without dropping
+//!    their pool are removed by the next pool created on the host.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::error::{Result, TransferError};
+use crate::header::{check_shm_name, SHM_PREFIX};
+
+/// Most idle files a pool keeps.
+pub const MAX_FREE: usize = 64;
+
+/// A file carrying one payload.
+pub(crate) struct ShmFile {
+    pub name: String,
+    file: File,
+    len: u64,
+}
+
+pub(crate) struct ShmPool {
+    dir: PathBuf,
+    next: AtomicU64,
+    free: Mutex<HashMap<u64, Vec<ShmFile>>>,
+}
+
+impl ShmPool {
+    pub fn new(dir: PathBuf) -> ShmPool {
+        sweep_dead(&dir);
+        ShmPool {
+            dir,
+            next: AtomicU64::new(0),
+            free: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A file holding `data` (invariant 1).
+    pub fn write(&self, data: &[u8]) -> std::io::Result<ShmFile> {
+        let len = data.len() as u64;
+        let reused = self
+            .free
+            .lock()
+            .expect("not poisoned")
+            .get_mut(&len)
+            .and_then(Vec::pop);
+        let f = match reused {
+            Some(f) => f,
+            None => {
+                let name = format!(
+                    "{SHM_PREFIX}{}-{}",
+                    std::process::id(),
+                    self.next.fetch_add(1, Ordering::Relaxed)
+                );
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(self.dir.join(&name))?;
+                ShmFile { name, file, len }
+            }
+        };
+        if let Err(e) = f.file.write_all_at(data, 0) {
+            self.release(f, false);
+            return Err(e);
+        }
+        Ok(f)
+    }
+
+    /// Back to the pool after an acknowledged transfer, else removed
+    /// (invariant 2).
+    pub fn release(&self, f: ShmFile, delivered: bool) {
+        if delivered {
+            let mut free = self.free.lock().expect("not poisoned");
+            if free.values().map(Vec::len).sum::<usize>() < MAX_FREE {
+                free.entry(f.len).or_default().push(f);
+                return;
+            }
+        }
+        let _ = std::fs::remove_file(self.dir.join(&f.name));
+    }
+}
+
+impl Drop for ShmPool {
+    fn drop(&mut self) {
+        let free = std::mem::take(&mut *self.free.lock().expect("not poisoned"));
+        for f in free.into_values().flatten() {
+            let _ = std::fs::remove_file(self.dir.join(&f.name));
+        }
+    }
+}
+
+/// Removes `tessel-{pid}-…` files of processes that no longer exist.
+fn sweep_dead(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(std::result::Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(SHM_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Reads the payload a validated header names (the receiver's side).
+pub(crate) fn read(dir: &Path, name: &str, byte_len: u64) -> Result<Vec<u8>> {
+    check_shm_name(name)?;
+    let path = dir.join(name);
+    let fail = |reason: String| TransferError::Stream {
+        peer: "incoming".into(),
+        reason: format!("shared memory {}: {reason}", path.display()),
+    };
+    let f = File::open(&path).map_err(|e| fail(e.to_string()))?;
+    let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
+    if len != byte_len {
+        return Err(fail(format!("{len} bytes, the header says {byte_len}")));
+    }
+    let mut data = vec![0u8; byte_len as usize];
+    f.read_exact_at(&mut data, 0)
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_reused_after_delivery_and_removed_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = ShmPool::new(dir.path().to_path_buf());
+        let a = pool.write(b"hello").unwrap();
+        let name = a.name.clone();
+        assert_eq!(read(dir.path(), &name, 5).unwrap(), b"hello");
+        assert!(read(dir.path(), &name, 6).is_err(), "length checked");
+        pool.release(a, true);
+        let b = pool.write(b"world").unwrap();
+        assert_eq!(b.name, name, "same length: reused");
+        assert_eq!(read(dir.path(), &name, 5).unwrap(), b"world");
+        pool.release(b, false);
+        assert!(!dir.path().join(&name).exists(), "failed: removed");
+        let c = pool.write(b"again").unwrap();
+        pool.release(c, true);
+        drop(pool);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn files_of_dead_processes_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        // pid 0 never names a live process in /proc
+        let dead = dir.path().join(format!("{SHM_PREFIX}4194305-0"));
+        let live = dir
+            .path()
+            .join(format!("{SHM_PREFIX}{}-99", std::process::id()));
+        let other = dir.path().join("unrelated");
+        for p in [&dead, &live, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let _pool = ShmPool::new(dir.path().to_path_buf());
+        assert!(!dead.exists());
+        assert!(live.exists() && other.exists());
+    }
+}
