@@ -177,29 +177,10 @@ fn total_ops(clients: &[Arc<CountingKv>]) -> u64 {
 /// first to the last one knowing the global devices, and that minus the
 /// slowest `import jax`.
 fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let address = format!("127.0.0.1:{port}");
     let started_unix = keys::unix_ms() as f64;
-    let mut children = Vec::new();
-    for i in 0..n {
-        let child = std::process::Command::new(python)
-            .args(["-c", JAX_SCRIPT, &address, &n.to_string(), &i.to_string()])
-            .env("JAX_PLATFORMS", "cpu")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", python.display()))?;
-        children.push(child);
-    }
     let mut imported = Vec::new();
     let mut known = Vec::new();
-    for c in children {
-        let out = c.wait_with_output()?;
-        let line = String::from_utf8_lossy(&out.stdout);
-        let v: serde_json::Value = serde_json::from_str(line.trim())
-            .with_context(|| format!("a JAX process printed `{}`", line.trim()))?;
+    for v in crate::bench_jax::run_group(python, JAX_SCRIPT, n, &[])? {
         imported.push(v["imported_unix_ms"].as_f64().context("imported_unix_ms")?);
         known.push(v["known_unix_ms"].as_f64().context("known_unix_ms")?);
     }

@@ -41,6 +41,11 @@ pub struct BenchTransferArgs {
     /// Largest message of a ring step (the collectives' chunk size).
     #[arg(long, default_value_t = 4 << 20)]
     pub chunk_bytes: usize,
+    /// Also time JAX's all-reduce (CPU, gloo; `pmap` + `psum` across
+    /// processes) for the same sizes with this Python, which must have
+    /// `jax` installed.
+    #[arg(long, value_name = "PYTHON")]
+    pub jax: Option<PathBuf>,
     /// Skip the point-to-point figures.
     #[arg(long)]
     pub no_point_to_point: bool,
@@ -62,6 +67,9 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
         for &n in &args.ranks {
             for path in ["network", "shm"] {
                 all_reduce(&args, n, path)?;
+            }
+            if let Some(python) = &args.jax {
+                jax_all_reduce(&args, python, n)?;
             }
         }
     }
@@ -94,20 +102,43 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<()> {
     };
     check(g.all(&cmd(1), T)?)?;
     let per_rank = check(g.all(&cmd(args.repeat), T)?)?;
-    let mut ms: Vec<f64> = (0..args.repeat as usize)
+    report_all_reduce(n, path, count * 4, &per_rank);
+    Ok(())
+}
+
+/// One JAX process (scripts/jax_allreduce.py, embedded).
+const JAX_SCRIPT: &str = include_str!("../scripts/jax_allreduce.py");
+
+fn jax_all_reduce(args: &BenchTransferArgs, python: &std::path::Path, n: usize) -> Result<()> {
+    let count = args.all_reduce_bytes / 4;
+    let extra = [count.to_string(), args.repeat.to_string()];
+    let per_rank: Vec<Vec<f64>> =
+        crate::bench_jax::run_group(python, JAX_SCRIPT, n as u32, &extra)?
+            .into_iter()
+            .map(|v| Ok(serde_json::from_value(v["ms"].clone())?))
+            .collect::<Result<_>>()?;
+    report_all_reduce(n, "jax_gloo", count as usize * 4, &per_rank);
+    Ok(())
+}
+
+/// One JSON line: per call the slowest rank's time, best and median of
+/// the calls, algorithm and bus bandwidth at the median.
+fn report_all_reduce(n: usize, path: &str, bytes: usize, per_rank: &[Vec<f64>]) {
+    let calls = per_rank.iter().map(Vec::len).min().unwrap_or(0);
+    let mut ms: Vec<f64> = (0..calls)
         .map(|i| per_rank.iter().map(|r| r[i]).fold(0.0, f64::max))
         .collect();
+    if ms.is_empty() {
+        return;
+    }
     ms.sort_by(f64::total_cmp);
     let (best, median) = (ms[0], ms[ms.len() / 2]);
-    let bytes = (count * 4) as f64;
-    let algbw = bytes / (median / 1e3) / 1e9;
+    let algbw = bytes as f64 / (median / 1e3) / 1e9;
     println!(
-        "{{\"figure\":\"all_reduce\",\"ranks\":{n},\"path\":\"{path}\",\"dtype\":\"f32\",\"bytes\":{},\"runs\":{},\"best_ms\":{best:.1},\"median_ms\":{median:.1},\"algbw_gb_s\":{algbw:.2},\"busbw_gb_s\":{:.2}}}",
-        count * 4,
+        "{{\"figure\":\"all_reduce\",\"ranks\":{n},\"path\":\"{path}\",\"dtype\":\"f32\",\"bytes\":{bytes},\"runs\":{},\"best_ms\":{best:.1},\"median_ms\":{median:.1},\"algbw_gb_s\":{algbw:.2},\"busbw_gb_s\":{:.2}}}",
         ms.len(),
         algbw * 2.0 * (n as f64 - 1.0) / n as f64
     );
-    Ok(())
 }
 
 async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {

@@ -20,6 +20,7 @@ struct Cli {
 }
 
 mod bench_bootstrap;
+mod bench_jax;
 mod bench_kv;
 mod bench_transfer;
 mod cluster_cli;

@@ -72,6 +72,39 @@ pub struct Descriptor {
     pub root: Option<u32>,
 }
 
+/// Largest encoded descriptor.
+pub const MAX_DESCRIPTOR: usize = 1024;
+
+impl Descriptor {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("a descriptor always encodes")
+    }
+
+    /// Decodes a peer's descriptor: bounded size, a known kind and dtype.
+    pub fn decode(bytes: &[u8]) -> Result<Descriptor> {
+        let bad =
+            |why: String| TransferError::InvalidHeader(format!("collective descriptor: {why}"));
+        if bytes.len() > MAX_DESCRIPTOR {
+            return Err(bad(format!("{} bytes, over {MAX_DESCRIPTOR}", bytes.len())));
+        }
+        let d: Descriptor = postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
+        const KINDS: [&str; 5] = [
+            "all_reduce",
+            "reduce_scatter",
+            "all_gather",
+            "broadcast",
+            "barrier",
+        ];
+        if !KINDS.contains(&d.kind.as_str()) {
+            return Err(bad(format!("unknown kind {:?}", d.kind)));
+        }
+        if ElementType::parse(&d.dtype).is_none() {
+            return Err(bad(format!("unknown dtype {:?}", d.dtype)));
+        }
+        Ok(d)
+    }
+}
+
 impl std::fmt::Display for Descriptor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.kind)?;
@@ -378,7 +411,7 @@ impl Call {
         if self.n() == 1 {
             return Ok(());
         }
-        let bytes = postcard::to_allocvec(mine).expect("a descriptor always encodes");
+        let bytes = mine.encode();
         let tag = self.tag(PHASE_DESCRIPTOR, 0, 0);
         let sends = (0..self.n())
             .filter(|&r| r != self.rank)
@@ -391,8 +424,9 @@ impl Call {
                     continue;
                 }
                 let got = self.recv(r, tag).await?;
-                let d: Descriptor = postcard::from_bytes(&got).map_err(|e| {
-                    TransferError::InvalidHeader(format!("descriptor from rank {r}: {e}"))
+                let d = Descriptor::decode(&got).map_err(|e| TransferError::Stream {
+                    peer: format!("rank {r}"),
+                    reason: e.to_string(),
                 })?;
                 all.push(d);
             }
@@ -609,6 +643,27 @@ fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descriptors_round_trip_and_bad_ones_are_refused() {
+        let d = descriptor(
+            "all_reduce",
+            Some(ReduceOp::Mean),
+            ElementType::BF16,
+            64,
+            None,
+        );
+        assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
+        assert_eq!(d.to_string(), "all_reduce mean of 64 bytes of bf16");
+        let mut bad = d.clone();
+        bad.kind = "all_to_all".into();
+        assert!(Descriptor::decode(&bad.encode()).is_err());
+        bad = d.clone();
+        bad.dtype = "f8".into();
+        assert!(Descriptor::decode(&bad.encode()).is_err());
+        assert!(Descriptor::decode(&[0xff; 5]).is_err());
+        assert!(Descriptor::decode(&vec![0; MAX_DESCRIPTOR + 1]).is_err());
+    }
 
     #[test]
     fn disjoint_halves() {

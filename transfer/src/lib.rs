@@ -8,6 +8,27 @@
 //! - Collectives ([`Communicator`]): ring all-reduce, reduce-scatter,
 //!   all-gather, broadcast, barrier; reductions in [`reduce`] (sans-IO,
 //!   with the single-process reference).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use tessel_transfer::{CollectiveConfig, Communicator, Peer, ReduceOp, TransferConfig, TransferEndpoint};
+//! use tessel_pjrt::ElementType;
+//! # async fn example(peers: Vec<std::net::SocketAddr>, rank: u32) -> tessel_transfer::Result<()> {
+//! let tls = tessel_kvstore::tls::TlsFiles::load("tls".as_ref()).unwrap();
+//! let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok();
+//! let cfg = TransferConfig { boot_id: boot_id.clone(), ..TransferConfig::default() };
+//! // Each process binds its endpoint and learns the others' addresses
+//! // (tessel's workers publish them in the job's topology).
+//! let endpoint = Arc::new(TransferEndpoint::bind("0.0.0.0:0".parse().unwrap(), rank, Some(&tls), cfg)?);
+//! let members = peers.into_iter().map(|a| Peer::new(a, None)).collect();
+//! let mut comm = Communicator::new(endpoint, members, 0, CollectiveConfig::default())?;
+//! let grads: Vec<f32> = vec![0.5; 1024];
+//! let mean = comm
+//!     .all_reduce(ReduceOp::Mean, ElementType::F32, bytemuck::cast_slice(&grads).to_vec())
+//!     .await?;
+//! assert_eq!(mean.len(), 4096);
+//! # Ok(()) }
+//! ```
 
 mod collective;
 mod endpoint;
