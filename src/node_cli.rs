@@ -1,5 +1,6 @@
 //! The node-side commands: `worker`, `workers`, `topology`, `local`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,11 +41,53 @@ pub struct WorkerArgs {
     /// An explicit slice index for the topology (default: by boot id).
     #[arg(long)]
     pub slice: Option<u32>,
+    /// The address job processes bind their transfer endpoints to (default:
+    /// the address this host uses to reach the first coordinator).
+    #[arg(long, value_name = "IP")]
+    pub transfer_ip: Option<std::net::IpAddr>,
+}
+
+/// The local address of the route to `target` (no packet is sent).
+fn outbound_ip(target: SocketAddr) -> Result<std::net::IpAddr> {
+    let any: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse()?
+    } else {
+        "[::]:0".parse()?
+    };
+    let socket = std::net::UdpSocket::bind(any)?;
+    socket
+        .connect(target)
+        .with_context(|| format!("no route to {target}"))?;
+    Ok(socket.local_addr()?.ip())
+}
+
+/// Where this worker's job processes listen for transfers.
+fn transfer_ip(args: &WorkerArgs) -> Result<std::net::IpAddr> {
+    if let Some(ip) = args.transfer_ip {
+        return Ok(ip);
+    }
+    let first = match (&args.target.coordinator, &args.target.kv) {
+        (Some(list), _) => list.split(',').next().unwrap_or_default().trim().to_owned(),
+        (None, Some(url)) => url
+            .trim_start_matches("etcd://")
+            .split(',')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        (None, None) => String::new(),
+    };
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&first)
+        .with_context(|| format!("cannot resolve {first:?} to choose --transfer-ip"))?
+        .next()
+        .with_context(|| format!("{first:?} resolves to nothing; pass --transfer-ip"))?;
+    outbound_ip(target)
 }
 
 pub async fn worker(args: WorkerArgs) -> Result<()> {
     let kv: Arc<dyn KvStore> = Arc::from(args.target.connect().await?);
     let plugin = locate::resolve(args.plugin.as_deref())?;
+    let transfer_ip = transfer_ip(&args)?;
     let worker_id = match args.worker_id {
         Some(id) => id,
         None => tessel_worker::HostFacts::read().hostname,
@@ -58,6 +101,8 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
             ttl: Duration::from_millis(args.ttl_ms),
         },
         slice_index: args.slice,
+        transfer_ip,
+        transfer_tls: args.target.tls.load()?,
     };
     let w = Worker::start(kv, cfg).await?;
     // Launchers, benchmarks and tests read this line.

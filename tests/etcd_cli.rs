@@ -110,6 +110,8 @@ async fn workers_and_the_coordinator_run_on_etcd() {
             "500",
             "--ttl-ms",
             "2000",
+            // Transfers between workers: no cluster CA in this test.
+            "--insecure",
         ])
     };
     let _w0 = worker("w0");

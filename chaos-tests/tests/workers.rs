@@ -78,6 +78,22 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
             "process {p} owns a contiguous block"
         );
     }
+    // Every process published its transfer endpoint (and passed the
+    // job's barrier over them before its digest appeared).
+    let endpoints: std::collections::BTreeSet<_> = t
+        .processes
+        .iter()
+        .map(|p| {
+            let a: std::net::SocketAddr = p
+                .transfer_endpoint
+                .as_deref()
+                .expect("a transfer endpoint")
+                .parse()
+                .expect("an address");
+            a
+        })
+        .collect();
+    assert_eq!(endpoints.len(), 4, "one endpoint per process");
     assert_eq!(
         sha256sum_hex(&t.encode()).as_bytes(),
         &d[0][..],

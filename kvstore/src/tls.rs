@@ -134,6 +134,16 @@ pub struct TlsFiles {
     key: PrivateKeyDer<'static>,
 }
 
+impl std::fmt::Debug for TlsFiles {
+    /// Never prints the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("ca_certificates", &self.ca.len())
+            .field("chain_certificates", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Clone for TlsFiles {
     fn clone(&self) -> Self {
         TlsFiles {

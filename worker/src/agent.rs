@@ -8,14 +8,20 @@
 //! 2. Each job process gets its own PJRT client (the per-node client) whose
 //!    KV callbacks are bound to that job's namespace; the client lives until
 //!    the job is done or failed.
-//! 3. Every job process publishes a digest of the global topology it holds,
+//! 3. Every job process publishes a digest of the global topology it holds
+//!    once its transfer layer is connected (invariant 5),
 //!    and records any failure event it observed, so the submitter (and
 //!    tests) can check what each process saw.
 //! 4. PJRT calls that may block — client creation and destruction, where a
 //!    plugin may call back into the KV and wait — run on blocking threads,
 //!    never on the async runtime's workers.
+//! 5. Each job process binds its own transfer endpoint (rank = process
+//!    index), publishes its address in its local topology, and passes a
+//!    barrier with every other process of the job over the transfer layer
+//!    (mutual TLS; shared memory on the same host) after the exchange.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +33,7 @@ use tessel_coordinator::{keys, LivenessConfig, WorkerDevice, WorkerInfo};
 use tessel_kvstore::{Event, KvStore};
 use tessel_pjrt::{Client, ClientOptions, Plugin};
 use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
+use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint};
 
 use crate::error::{Result, WorkerError};
 use crate::host::HostFacts;
@@ -44,6 +51,11 @@ pub struct WorkerConfig {
     pub liveness: LivenessConfig,
     /// An explicit slice index for topologies.
     pub slice_index: Option<u32>,
+    /// Where job processes bind their transfer endpoints (an address the
+    /// other workers can reach; the port is chosen per job), and the
+    /// cluster's TLS files for it (`None`: `--insecure`).
+    pub transfer_ip: std::net::IpAddr,
+    pub transfer_tls: Option<tessel_kvstore::tls::TlsFiles>,
 }
 
 /// What the probe client found.
@@ -66,6 +78,44 @@ pub struct Worker {
     facts: PluginFacts,
     host: HostFacts,
     registration: Registration,
+}
+
+/// The job's communicator: one member per process, at the transfer
+/// endpoint its topology entry names.
+fn communicator(
+    endpoint: Arc<TransferEndpoint>,
+    topology: &GlobalTopology,
+    job: &str,
+    timeout: Duration,
+) -> Result<Communicator> {
+    let members = topology
+        .processes
+        .iter()
+        .map(|p| {
+            let addr = p
+                .transfer_endpoint
+                .as_deref()
+                .and_then(|a| a.parse().ok())
+                .ok_or_else(|| {
+                    WorkerError::Internal(format!(
+                        "process {} published no usable transfer endpoint ({:?})",
+                        p.process_index, p.transfer_endpoint
+                    ))
+                })?;
+            Ok(Peer::new(addr, Some(p.boot_id.clone())))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let digest = tessel_topology::sha256_hex(job.as_bytes());
+    let group = u16::from_str_radix(&digest[..4], 16).unwrap_or(0);
+    Ok(Communicator::new(
+        endpoint,
+        members,
+        group,
+        CollectiveConfig {
+            timeout,
+            ..CollectiveConfig::default()
+        },
+    )?)
 }
 
 fn client_options(platform: &str, devices: Option<usize>) -> ClientOptions {
@@ -239,11 +289,22 @@ impl Worker {
         });
     }
 
-    /// One job process: client, topology, then wait for the end (2, 3).
+    /// One job process: client, transfer endpoint, topology, a barrier of
+    /// every process over the transfer layer, then wait for the end (2, 3).
     async fn run_job(&self, a: &JobAssignment) -> Result<()> {
         jobs::join_job(&*self.kv, &a.job, &self.registration).await?;
         let client = self.job_client(a).await?;
-        let local = self.describe(&client, a).await?;
+        let endpoint = Arc::new(TransferEndpoint::bind(
+            SocketAddr::new(self.cfg.transfer_ip, 0),
+            a.process_index,
+            self.cfg.transfer_tls.as_ref(),
+            TransferConfig {
+                boot_id: Some(self.host.boot_id.clone()),
+                ..TransferConfig::default()
+            },
+        )?);
+        let mut local = self.describe(&client, a).await?;
+        local.transfer_endpoint = Some(endpoint.local_addr()?.to_string());
         let timeout = Duration::from_millis(a.topology_timeout_ms);
         let started = std::time::Instant::now();
         let topology = exchange(&*self.kv, &a.job, &local, timeout).await?;
@@ -254,6 +315,9 @@ impl Worker {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "global topology known"
         );
+        let mut comm = communicator(endpoint, &topology, &a.job, timeout)?;
+        comm.barrier().await?;
+        tracing::info!(job = %a.job, process = a.process_index, "transfer layer connected");
         self.kv
             .put(
                 keys::process_topology(&a.job, a.process_index).as_bytes(),
@@ -262,6 +326,7 @@ impl Worker {
             .await
             .map_err(kv_err("publishing the topology digest"))?;
         let outcome = self.wait_for_end(a).await;
+        drop(comm);
         // Drop the client off the runtime (invariant 4).
         let _ = tokio::task::spawn_blocking(move || drop(client)).await;
         outcome

@@ -11,6 +11,8 @@ pub enum WorkerError {
     Coordinator(#[from] CoordinatorError),
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    #[error("transfer: {0}")]
+    Transfer(#[from] tessel_transfer::TransferError),
     #[error("{context}: {source}")]
     Kv {
         context: String,
