@@ -78,8 +78,8 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
             "process {p} owns a contiguous block"
         );
     }
-    // Every process published its transfer endpoint (and passed the
-    // job's barrier over them before its digest appeared).
+    // Every process published its transfer endpoint, and all of them pass
+    // the job's barrier over those endpoints.
     let endpoints: std::collections::BTreeSet<_> = t
         .processes
         .iter()
@@ -94,6 +94,15 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
         })
         .collect();
     assert_eq!(endpoints.len(), 4, "one endpoint per process");
+    for i in 0..4 {
+        let key = keys::process_transfer_ready("topo", i);
+        let ms = kv
+            .get(key.as_bytes(), Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("process {i} never passed the transfer barrier: {e}"));
+        let ms: f64 = String::from_utf8(ms).unwrap().parse().unwrap();
+        assert!(ms >= 0.0);
+    }
     assert_eq!(
         sha256sum_hex(&t.encode()).as_bytes(),
         &d[0][..],

@@ -13,6 +13,8 @@
 //!   worker runs process `process_index` of the job.
 //! * `jobs/{job}/processes/{index:05}/topology`: SHA-256 (hex) of the
 //!   global topology that process holds.
+//! * `jobs/{job}/processes/{index:05}/transfer_ready`: the process passed
+//!   the job's barrier over the transfer layer (value: its time in ms).
 //! * `jobs/{job}/processes/{index:05}/failure_seen`: the failure that
 //!   process observed.
 //! * `jobs/{job}/done`: the job is over; workers leave it and drop its
@@ -81,6 +83,10 @@ pub fn process_topology(job: &str, index: u32) -> String {
 
 pub fn process_topologies(job: &str) -> String {
     format!("jobs/{job}/processes/")
+}
+
+pub fn process_transfer_ready(job: &str, index: u32) -> String {
+    format!("jobs/{job}/processes/{index:05}/transfer_ready")
 }
 
 pub fn process_failure_seen(job: &str, index: u32) -> String {

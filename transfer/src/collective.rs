@@ -2,9 +2,9 @@
 //! ring all-reduce (reduce-scatter then all-gather, chunk-pipelined),
 //! all-gather, reduce-scatter, broadcast and barrier.
 //!
-//! Every collective starts with an all-to-all exchange of a small
+//! Every collective starts with a ring all-gather of a small
 //! [`Descriptor`] (what the rank is about to do: kind, operator, dtype,
-//! bytes, root). It doubles as the barrier.
+//! bytes, root): only neighbours connect. It doubles as the barrier.
 //!
 //! Invariants:
 //! 1. Every rank calls the same collectives in the same order; the `n`th
@@ -411,28 +411,30 @@ impl Call {
         if self.n() == 1 {
             return Ok(());
         }
-        let bytes = mine.encode();
-        let tag = self.tag(PHASE_DESCRIPTOR, 0, 0);
-        let sends = (0..self.n())
-            .filter(|&r| r != self.rank)
-            .map(|r| self.send(r, tag, ElementType::U8, &bytes));
-        let recvs = async {
-            let mut all = Vec::with_capacity(self.n());
-            for r in 0..self.n() {
-                if r == self.rank {
-                    all.push(mine.clone());
-                    continue;
-                }
-                let got = self.recv(r, tag).await?;
-                let d = Descriptor::decode(&got).map_err(|e| TransferError::Stream {
-                    peer: format!("rank {r}"),
-                    reason: e.to_string(),
-                })?;
-                all.push(d);
-            }
-            Ok::<_, TransferError>(all)
-        };
-        let (_, all) = futures::try_join!(try_join_all(sends), recvs)?;
+        // A ring all-gather: at step s, pass on the descriptor of rank
+        // r - s (our own first) and take that of rank r - s - 1. Only
+        // neighbours connect, and every rank ends with all of them.
+        let (n, r) = (self.n(), self.rank);
+        let next = (r + 1) % n;
+        let prev = (r + n - 1) % n;
+        let mut all: Vec<Option<Descriptor>> = vec![None; n];
+        all[r] = Some(mine.clone());
+        let mut forward = mine.encode();
+        for step in 0..n - 1 {
+            let tag = self.tag(PHASE_DESCRIPTOR, step, 0);
+            let (_, got) = futures::try_join!(
+                self.send(next, tag, ElementType::U8, &forward),
+                self.recv(prev, tag)
+            )?;
+            let origin = (r + 2 * n - step - 1) % n;
+            let d = Descriptor::decode(&got).map_err(|e| TransferError::Stream {
+                peer: format!("rank {prev}"),
+                reason: format!("descriptor of rank {origin}: {e}"),
+            })?;
+            all[origin] = Some(d);
+            forward = got;
+        }
+        let all: Vec<Descriptor> = all.into_iter().flatten().collect();
         if all.iter().any(|d| d != mine) {
             let list = all
                 .iter()

@@ -8,10 +8,10 @@
 //! 2. Each job process gets its own PJRT client (the per-node client) whose
 //!    KV callbacks are bound to that job's namespace; the client lives until
 //!    the job is done or failed.
-//! 3. Every job process publishes a digest of the global topology it holds
-//!    once its transfer layer is connected (invariant 5),
-//!    and records any failure event it observed, so the submitter (and
-//!    tests) can check what each process saw.
+//! 3. Every job process publishes a digest of the global topology it holds,
+//!    then whether its transfer layer is connected (invariant 5), and
+//!    records any failure event it observed, so the submitter (and tests)
+//!    can check what each process saw.
 //! 4. PJRT calls that may block — client creation and destruction, where a
 //!    plugin may call back into the KV and wait — run on blocking threads,
 //!    never on the async runtime's workers.
@@ -315,9 +315,6 @@ impl Worker {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "global topology known"
         );
-        let mut comm = communicator(endpoint, &topology, &a.job, timeout)?;
-        comm.barrier().await?;
-        tracing::info!(job = %a.job, process = a.process_index, "transfer layer connected");
         self.kv
             .put(
                 keys::process_topology(&a.job, a.process_index).as_bytes(),
@@ -325,6 +322,22 @@ impl Worker {
             )
             .await
             .map_err(kv_err("publishing the topology digest"))?;
+        let mut comm = communicator(endpoint, &topology, &a.job, timeout)?;
+        let barrier = std::time::Instant::now();
+        comm.barrier().await?;
+        tracing::info!(
+            job = %a.job,
+            process = a.process_index,
+            barrier_ms = barrier.elapsed().as_secs_f64() * 1e3,
+            "transfer layer connected"
+        );
+        self.kv
+            .put(
+                keys::process_transfer_ready(&a.job, a.process_index).as_bytes(),
+                format!("{:.1}", barrier.elapsed().as_secs_f64() * 1e3).as_bytes(),
+            )
+            .await
+            .map_err(kv_err("publishing transfer readiness"))?;
         let outcome = self.wait_for_end(a).await;
         drop(comm);
         // Drop the client off the runtime (invariant 4).
