@@ -26,6 +26,7 @@
 pub use tessel_pjrt as pjrt;
 
 pub mod array;
+pub mod job;
 pub mod mlir;
 pub mod rank_group;
 pub mod run;

@@ -62,6 +62,12 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Check a job spec (TOML) without a cluster: names, files, program
+    /// signatures against array shapes, mesh against devices.
+    Validate {
+        /// The job spec.
+        spec: PathBuf,
+    },
     /// (internal) One rank of a transfer group, driven over stdin/stdout.
     #[command(hide = true)]
     TransferRank(transfer_cli::TransferRankArgs),
@@ -172,6 +178,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Transfer(args),
         } => runtime()?.block_on(bench_transfer::run(args)),
+        Command::Validate { spec } => validate_spec(&spec),
         Command::TransferRank(args) => runtime()?.block_on(transfer_cli::run(args)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
@@ -213,6 +220,25 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn validate_spec(path: &Path) -> Result<()> {
+    let v = tessel::job::JobSpec::load(path)?;
+    let s = &v.spec;
+    println!(
+        "{}: job `{}` is valid — {} processes × {} devices, mesh {}, {} steps of {} operations",
+        path.display(),
+        s.name,
+        s.processes,
+        s.devices_per_process,
+        s.mesh,
+        s.steps,
+        s.plan.len()
+    );
+    for (name, t) in &v.local_types {
+        println!("  {name}: {t} per process");
+    }
+    Ok(())
 }
 
 /// `--arg`: an existing file is read as `.npy`, anything else is a literal.

@@ -289,3 +289,40 @@ fn an_etcd_url_without_the_etcd_feature_says_how_to_get_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--features etcd"), "{err}");
 }
+
+#[test]
+fn validate_accepts_the_example_job_and_names_every_bad_field() {
+    let out = ok(&tessel(&[
+        "validate",
+        "examples/linear-regression/job.toml",
+    ]));
+    assert!(out.contains("is valid"), "{out}");
+    assert!(out.contains("x: f32[256, 8] per process"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/linear-regression");
+    let spec = std::fs::read_to_string(example.join("job.toml"))
+        .unwrap()
+        .replace(
+            "file = \"train.mlir\"",
+            &format!("file = {:?}", example.join("train.mlir")),
+        )
+        .replace("\"w0.npy\"", &format!("{:?}", example.join("w0.npy")))
+        .replace("\"x.npy\"", &format!("{:?}", example.join("x.npy")))
+        .replace("\"y.npy\"", "\"missing.npy\"")
+        .replace("mesh = \"data=4\"", "mesh = \"data=2\"")
+        .replace(
+            "inputs = [\"w\", \"x\", \"y\"]",
+            "inputs = [\"w\", \"x\", \"z\"]",
+        );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, spec).unwrap();
+    let err = fails(&tessel(&["validate", path.to_str().unwrap()]));
+    for want in [
+        "mesh: `data=2` has 2 devices, the job has 4",
+        "arrays.y.init.file: no such file",
+        "plan[0].inputs[2]: unknown array `z`",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+}

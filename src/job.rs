@@ -1,0 +1,851 @@
+//! `JobSpec`: what a user submits (a TOML file for the CLI, this struct for
+//! the API), and its validation at submit time.
+//!
+//! ```toml
+//! name = "mlp"
+//! processes = 4
+//! devices_per_process = 1
+//! plugin = "cpu"
+//! mesh = "data=4"
+//! steps = 100
+//! max_restarts = 2
+//!
+//! [programs.train_step]
+//! file = "train_step.mlir"        # relative to the spec's folder
+//!
+//! [arrays.w]
+//! dtype = "f32"
+//! shape = [8, 4]
+//! init = { kind = "normal", mean = 0.0, std = 0.1, seed = 1 }
+//!
+//! [arrays.x]
+//! dtype = "f32"
+//! shape = [256, 8]
+//! sharding = { split = "data", dim = 0 }
+//! init = { kind = "npy", file = "x.npy" }
+//!
+//! [[plan]]
+//! op = "execute"
+//! program = "train_step"
+//! inputs = ["w", "x", "$step"]
+//! outputs = ["grad", "loss"]
+//!
+//! [[plan]]
+//! op = "all_reduce"
+//! array = "grad"
+//! reduce = "mean"
+//!
+//! [report]
+//! arrays = ["loss"]
+//! every = 10
+//!
+//! [checkpoint]
+//! dir = "ckpt"
+//! every = 50
+//! ```
+//!
+//! Invariants of a [`ValidatedJob`]:
+//! 1. Every name it uses (program, array, mesh axis, built-in) resolves,
+//!    and every file it names exists (and programs parse).
+//! 2. The mesh covers exactly `processes × devices_per_process` devices and
+//!    every split dimension divides evenly over its axis.
+//! 3. Every `execute` step passes, per parameter, an array whose dtype and
+//!    process-local shape equal the program's parameter type, and its
+//!    outputs are declared arrays whose process-local types equal the
+//!    program's results.
+//! 4. Errors name the field (`plan[1].inputs[2]`, `arrays.w.shape`) and
+//!    all of them are reported at once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tessel_pjrt::ElementType;
+
+use crate::mlir::{parse_signature, Signature, TensorType};
+
+/// Built-in scalar inputs (`s32[]`): the step number, this process's index,
+/// and the index of the shard a device holds along the first mesh axis.
+pub const BUILTINS: [&str; 3] = ["$step", "$process", "$shard"];
+
+/// A job as submitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    pub processes: u32,
+    #[serde(default = "one")]
+    pub devices_per_process: u32,
+    #[serde(default = "default_plugin")]
+    pub plugin: String,
+    /// Named axes, outermost first: `"data=4"`, `"data=2,model=2"`.
+    pub mesh: String,
+    pub programs: BTreeMap<String, ProgramSpec>,
+    pub arrays: BTreeMap<String, ArraySpec>,
+    pub steps: u64,
+    pub plan: Vec<PlanStep>,
+    #[serde(default)]
+    pub report: Option<ReportSpec>,
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointSpec>,
+    #[serde(default)]
+    pub max_restarts: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_plugin() -> String {
+    "cpu".into()
+}
+
+/// A StableHLO program and its compile options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramSpec {
+    /// MLIR text, relative to the spec's folder.
+    pub file: PathBuf,
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// SPMD partitions over a process's devices (default: all of them).
+    #[serde(default)]
+    pub partitions: Option<u32>,
+}
+
+/// A named array.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArraySpec {
+    pub dtype: String,
+    /// The global shape.
+    pub shape: Vec<i64>,
+    #[serde(default)]
+    pub sharding: ShardingSpec,
+    #[serde(default)]
+    pub init: Init,
+}
+
+/// How an array is laid over the mesh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(untagged)]
+pub enum ShardingSpec {
+    /// `"replicated"`: every device holds all of it.
+    #[default]
+    Replicated,
+    /// `{ split = "data", dim = 0 }`: dimension `dim` cut along `split`.
+    Split { split: String, dim: usize },
+}
+
+impl ShardingSpec {
+    fn describe(&self) -> String {
+        match self {
+            ShardingSpec::Replicated => "replicated".into(),
+            ShardingSpec::Split { split, dim } => format!("dimension {dim} split along {split}"),
+        }
+    }
+}
+
+/// Initial values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Init {
+    #[default]
+    Zeros,
+    Constant {
+        value: f64,
+    },
+    Normal {
+        mean: f64,
+        std: f64,
+        seed: u64,
+    },
+    Uniform {
+        low: f64,
+        high: f64,
+        seed: u64,
+    },
+    /// A `.npy` file of the global shape, split by the sharding.
+    Npy {
+        file: PathBuf,
+    },
+}
+
+/// One step of the plan, run `steps` times in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum PlanStep {
+    Execute {
+        program: String,
+        inputs: Vec<String>,
+        outputs: Vec<String>,
+    },
+    AllReduce {
+        array: String,
+        /// sum, mean, max, min.
+        reduce: String,
+    },
+    AllGather {
+        array: String,
+    },
+    Reshard {
+        array: String,
+        sharding: ShardingSpec,
+    },
+}
+
+/// Scalars reported every `every` steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportSpec {
+    pub arrays: Vec<String>,
+    pub every: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    pub dir: PathBuf,
+    pub every: u64,
+}
+
+/// One problem with a spec, at a field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Why a spec was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum JobSpecError {
+    #[error("cannot read {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    Syntax { path: PathBuf, reason: String },
+    #[error("invalid job spec:\n  {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
+    Invalid(Vec<FieldError>),
+}
+
+/// A spec that passed every check, with what the checks learned.
+#[derive(Debug, Clone)]
+pub struct ValidatedJob {
+    pub spec: JobSpec,
+    /// The folder relative paths are resolved against.
+    pub base: PathBuf,
+    pub mesh: Vec<(String, usize)>,
+    /// Each program's `@main` signature.
+    pub signatures: BTreeMap<String, Signature>,
+    /// Each array's type as one process holds it.
+    pub local_types: BTreeMap<String, TensorType>,
+}
+
+impl JobSpec {
+    /// Parses a TOML spec (syntax and field names only).
+    pub fn from_toml(text: &str, path: &Path) -> Result<JobSpec, JobSpecError> {
+        toml::from_str(text).map_err(|e| JobSpecError::Syntax {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Reads, parses and validates a spec file.
+    pub fn load(path: &Path) -> Result<ValidatedJob, JobSpecError> {
+        let text = std::fs::read_to_string(path).map_err(|e| JobSpecError::Read {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let spec = JobSpec::from_toml(&text, path)?;
+        let base = path.parent().unwrap_or(Path::new(".")).to_owned();
+        spec.validate(&base)
+    }
+
+    /// Every check of the module docs; `base` resolves relative paths.
+    pub fn validate(&self, base: &Path) -> Result<ValidatedJob, JobSpecError> {
+        let mut v = Validation::default();
+        v.check(self, base);
+        if v.errors.is_empty() {
+            Ok(ValidatedJob {
+                spec: self.clone(),
+                base: base.to_owned(),
+                mesh: v.mesh,
+                signatures: v.signatures,
+                local_types: v.local_types,
+            })
+        } else {
+            Err(JobSpecError::Invalid(v.errors))
+        }
+    }
+}
+
+#[derive(Default)]
+struct Validation {
+    errors: Vec<FieldError>,
+    mesh: Vec<(String, usize)>,
+    signatures: BTreeMap<String, Signature>,
+    local_types: BTreeMap<String, TensorType>,
+}
+
+impl Validation {
+    fn err(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(FieldError {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn check(&mut self, s: &JobSpec, base: &Path) {
+        if let Err(m) = tessel_kvstore::check_path_component("job name", &s.name) {
+            self.err("name", m);
+        }
+        if s.processes == 0 {
+            self.err("processes", "at least 1");
+        }
+        if s.devices_per_process == 0 {
+            self.err("devices_per_process", "at least 1");
+        }
+        if s.steps == 0 {
+            self.err("steps", "at least 1");
+        }
+        self.check_mesh(s);
+        for (name, p) in &s.programs {
+            self.check_program(s, name, p, base);
+        }
+        for (name, a) in &s.arrays {
+            self.check_array(s, name, a, base);
+        }
+        for (i, step) in s.plan.iter().enumerate() {
+            self.check_step(s, i, step);
+        }
+        if s.plan.is_empty() {
+            self.err("plan", "no steps");
+        }
+        if let Some(r) = &s.report {
+            if r.every == 0 {
+                self.err("report.every", "at least 1");
+            }
+            for (i, a) in r.arrays.iter().enumerate() {
+                match s.arrays.get(a) {
+                    None => self.err(
+                        format!("report.arrays[{i}]"),
+                        format!("unknown array `{a}`"),
+                    ),
+                    Some(spec) if !spec.shape.is_empty() => self.err(
+                        format!("report.arrays[{i}]"),
+                        format!(
+                            "`{a}` has shape {:?}; only scalars are reported",
+                            spec.shape
+                        ),
+                    ),
+                    Some(_) => {}
+                }
+            }
+        }
+        if let Some(c) = &s.checkpoint {
+            if c.every == 0 {
+                self.err("checkpoint.every", "at least 1");
+            }
+        }
+    }
+
+    fn check_mesh(&mut self, s: &JobSpec) {
+        match tessel_topology::Mesh::parse_axes(&s.mesh) {
+            Ok(axes) => {
+                let devices: usize = axes.iter().map(|(_, n)| n).product();
+                let want = s.processes as usize * s.devices_per_process as usize;
+                if devices != want {
+                    self.err(
+                        "mesh",
+                        format!(
+                            "`{}` has {devices} devices, the job has {want} ({} processes × {} devices)",
+                            s.mesh, s.processes, s.devices_per_process
+                        ),
+                    );
+                }
+                self.mesh = axes;
+            }
+            Err(e) => self.err("mesh", e.to_string()),
+        }
+    }
+
+    fn check_program(&mut self, s: &JobSpec, name: &str, p: &ProgramSpec, base: &Path) {
+        let field = format!("programs.{name}");
+        if p.replicas == 0 {
+            self.err(format!("{field}.replicas"), "at least 1");
+        }
+        let partitions = p.partitions.unwrap_or(s.devices_per_process);
+        if partitions == 0 || p.replicas * partitions > s.devices_per_process {
+            self.err(
+                format!("{field}.partitions"),
+                format!(
+                    "{} replicas × {partitions} partitions do not fit the {} devices of a process",
+                    p.replicas, s.devices_per_process
+                ),
+            );
+        }
+        let path = base.join(&p.file);
+        match std::fs::read_to_string(&path) {
+            Err(e) => self.err(
+                format!("{field}.file"),
+                format!("cannot read {}: {e}", path.display()),
+            ),
+            Ok(text) => match parse_signature(&text) {
+                Ok(sig) => {
+                    self.signatures.insert(name.to_owned(), sig);
+                }
+                Err(e) => self.err(format!("{field}.file"), format!("{}: {e}", path.display())),
+            },
+        }
+    }
+
+    fn check_array(&mut self, s: &JobSpec, name: &str, a: &ArraySpec, base: &Path) {
+        let field = format!("arrays.{name}");
+        if BUILTINS.contains(&name) || name.starts_with('$') {
+            self.err(&field, "names starting with `$` are reserved for built-ins");
+        }
+        let Some(dtype) = ElementType::parse(&a.dtype) else {
+            self.err(
+                format!("{field}.dtype"),
+                format!("unknown dtype `{}`", a.dtype),
+            );
+            return;
+        };
+        if let Some(d) = a.shape.iter().find(|&&d| d < 0) {
+            self.err(format!("{field}.shape"), format!("negative dimension {d}"));
+            return;
+        }
+        if let Some(local) =
+            self.local_shape(s, &format!("{field}.sharding"), &a.shape, &a.sharding)
+        {
+            self.local_types.insert(
+                name.to_owned(),
+                TensorType {
+                    element_type: dtype,
+                    dims: local,
+                },
+            );
+        }
+        match &a.init {
+            Init::Npy { file } => {
+                let path = base.join(file);
+                if !path.is_file() {
+                    self.err(
+                        format!("{field}.init.file"),
+                        format!("no such file {}", path.display()),
+                    );
+                }
+            }
+            Init::Normal { std, .. } if std.is_nan() || *std < 0.0 => {
+                self.err(format!("{field}.init.std"), "must be ≥ 0");
+            }
+            Init::Uniform { low, high, .. }
+                if low.partial_cmp(high) != Some(std::cmp::Ordering::Less) =>
+            {
+                self.err(format!("{field}.init"), "low must be below high");
+            }
+            _ => {}
+        }
+    }
+
+    /// The shape one process holds (invariant 2): a split dimension is cut
+    /// over the axis, of which a process holds the coordinates its devices
+    /// cover (devices of a process are contiguous, row-major over the mesh).
+    fn local_shape(
+        &mut self,
+        s: &JobSpec,
+        field: &str,
+        shape: &[i64],
+        sharding: &ShardingSpec,
+    ) -> Option<Vec<i64>> {
+        let ShardingSpec::Split { split, dim } = sharding else {
+            return Some(shape.to_vec());
+        };
+        let Some(k) = self.mesh.iter().position(|(a, _)| a == split) else {
+            let axes: Vec<&str> = self.mesh.iter().map(|(a, _)| a.as_str()).collect();
+            self.err(
+                field,
+                format!("unknown mesh axis `{split}` (axes: {})", axes.join(", ")),
+            );
+            return None;
+        };
+        if *dim >= shape.len() {
+            self.err(
+                field,
+                format!("dimension {dim} of a rank-{} array", shape.len()),
+            );
+            return None;
+        }
+        let size = self.mesh[k].1 as i64;
+        if shape[*dim] % size != 0 {
+            self.err(
+                field,
+                format!(
+                    "dimension {dim} ({}) does not divide over `{split}` ({size})",
+                    shape[*dim]
+                ),
+            );
+            return None;
+        }
+        let per_process = s.devices_per_process.max(1) as usize;
+        let inner: usize = self.mesh[k + 1..].iter().map(|(_, n)| n).product();
+        let covered: std::collections::BTreeSet<usize> = (0..per_process)
+            .map(|i| (i / inner.max(1)) % self.mesh[k].1)
+            .collect();
+        let mut local = shape.to_vec();
+        local[*dim] = shape[*dim] / size * covered.len() as i64;
+        Some(local)
+    }
+
+    fn check_step(&mut self, s: &JobSpec, i: usize, step: &PlanStep) {
+        let field = format!("plan[{i}]");
+        let known = |a: &str| s.arrays.contains_key(a);
+        match step {
+            PlanStep::Execute {
+                program,
+                inputs,
+                outputs,
+            } => {
+                if !s.programs.contains_key(program) {
+                    self.err(
+                        format!("{field}.program"),
+                        format!("unknown program `{program}`"),
+                    );
+                    return;
+                }
+                let Some(sig) = self.signatures.get(program).cloned() else {
+                    return; // its file was already reported
+                };
+                if inputs.len() != sig.parameters.len() {
+                    self.err(
+                        format!("{field}.inputs"),
+                        format!(
+                            "`{program}` takes {} parameters, {} given",
+                            sig.parameters.len(),
+                            inputs.len()
+                        ),
+                    );
+                }
+                for (j, (name, param)) in inputs.iter().zip(&sig.parameters).enumerate() {
+                    let at = format!("{field}.inputs[{j}]");
+                    let got = if BUILTINS.contains(&name.as_str()) {
+                        TensorType {
+                            element_type: ElementType::S32,
+                            dims: vec![],
+                        }
+                    } else if let Some(t) = self.local_types.get(name) {
+                        t.clone()
+                    } else {
+                        if !known(name) {
+                            self.err(at, format!("unknown array `{name}`"));
+                        }
+                        continue;
+                    };
+                    if got != param.ty {
+                        self.err(
+                            at,
+                            format!(
+                                "`{name}` is {got} per process, `{program}` parameter {} ({}) is {}",
+                                j, param.name, param.ty
+                            ),
+                        );
+                    }
+                }
+                if outputs.len() != sig.results.len() {
+                    self.err(
+                        format!("{field}.outputs"),
+                        format!(
+                            "`{program}` returns {} results, {} named",
+                            sig.results.len(),
+                            outputs.len()
+                        ),
+                    );
+                }
+                for (j, (name, result)) in outputs.iter().zip(&sig.results).enumerate() {
+                    let at = format!("{field}.outputs[{j}]");
+                    match self.local_types.get(name) {
+                        None if !known(name) => self.err(
+                            at,
+                            format!("unknown array `{name}` (declare it under [arrays])"),
+                        ),
+                        Some(t) if *t != result.ty => self.err(
+                            at,
+                            format!(
+                                "`{name}` is {t} per process, `{program}` result {j} is {}",
+                                result.ty
+                            ),
+                        ),
+                        _ => {}
+                    }
+                }
+            }
+            PlanStep::AllReduce { array, reduce } => {
+                if !known(array) {
+                    self.err(format!("{field}.array"), format!("unknown array `{array}`"));
+                } else if let Some(t) = self.local_types.get(array) {
+                    if let Err(e) = tessel_transfer::reduce::check_reducible(t.element_type) {
+                        self.err(format!("{field}.array"), e.to_string());
+                    }
+                }
+                if tessel_transfer::ReduceOp::parse(reduce).is_none() {
+                    self.err(
+                        format!("{field}.reduce"),
+                        format!("unknown reduction `{reduce}` (sum, mean, max, min)"),
+                    );
+                }
+            }
+            PlanStep::AllGather { array } => {
+                if !known(array) {
+                    self.err(format!("{field}.array"), format!("unknown array `{array}`"));
+                }
+            }
+            PlanStep::Reshard { array, sharding } => match s.arrays.get(array) {
+                None => self.err(format!("{field}.array"), format!("unknown array `{array}`")),
+                Some(a) => {
+                    let at = format!("{field}.sharding");
+                    if self.local_shape(s, &at, &a.shape, sharding).is_none() {
+                        self.err(
+                            at,
+                            format!("cannot reshard `{array}` to {}", sharding.describe()),
+                        );
+                    }
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the signature matters to validation.
+    const TRAIN: &str = r#"module @m attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<8x4xf32>, %arg1: tensor<64x8xf32>, %arg2: tensor<i32>) -> (tensor<8x4xf32>, tensor<f32>) {
+    %c = stablehlo.constant dense<0.0> : tensor<f32>
+    return %arg0, %c : tensor<8x4xf32>, tensor<f32>
+  }
+}
+"#;
+
+    const SPEC: &str = r#"
+name = "mlp"
+processes = 4
+mesh = "data=4"
+steps = 10
+
+[programs.train]
+file = "train.mlir"
+
+[arrays.w]
+dtype = "f32"
+shape = [8, 4]
+init = { kind = "normal", mean = 0.0, std = 0.1, seed = 1 }
+
+[arrays.x]
+dtype = "f32"
+shape = [256, 8]
+sharding = { split = "data", dim = 0 }
+init = { kind = "npy", file = "x.npy" }
+
+[arrays.grad]
+dtype = "f32"
+shape = [8, 4]
+
+[arrays.loss]
+dtype = "f32"
+shape = []
+
+[[plan]]
+op = "execute"
+program = "train"
+inputs = ["w", "x", "$step"]
+outputs = ["grad", "loss"]
+
+[[plan]]
+op = "all_reduce"
+array = "grad"
+reduce = "mean"
+
+[report]
+arrays = ["loss"]
+every = 5
+"#;
+
+    fn folder() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("train.mlir"), TRAIN).unwrap();
+        std::fs::write(dir.path().join("x.npy"), b"checked when loaded").unwrap();
+        dir
+    }
+
+    fn validate(text: &str) -> Result<ValidatedJob, JobSpecError> {
+        let dir = folder();
+        let path = dir.path().join("job.toml");
+        std::fs::write(&path, text).unwrap();
+        JobSpec::load(&path)
+    }
+
+    /// The spec with `from` replaced by `to`, and the errors it gets.
+    fn errors(from: &str, to: &str) -> Vec<FieldError> {
+        assert!(SPEC.contains(from), "{from}");
+        match validate(&SPEC.replacen(from, to, 1)) {
+            Err(JobSpecError::Invalid(e)) => e,
+            other => panic!("expected field errors, got {other:?}"),
+        }
+    }
+
+    fn has(errors: &[FieldError], field: &str, words: &str) -> bool {
+        errors
+            .iter()
+            .any(|e| e.field == field && e.message.contains(words))
+    }
+
+    #[test]
+    fn a_valid_spec_passes_with_process_local_types() {
+        let v = validate(SPEC).unwrap();
+        assert_eq!(v.mesh, vec![("data".to_string(), 4)]);
+        assert_eq!(
+            v.local_types["x"].dims,
+            vec![64, 8],
+            "256 rows over 4 processes"
+        );
+        assert_eq!(v.local_types["w"].dims, vec![8, 4], "replicated");
+        assert_eq!(v.signatures["train"].parameters.len(), 3);
+    }
+
+    #[test]
+    fn two_devices_per_process_hold_two_shards() {
+        let spec = SPEC
+            .replace("processes = 4", "processes = 2\ndevices_per_process = 2")
+            .replace(
+                "file = \"train.mlir\"",
+                "file = \"train.mlir\"\npartitions = 1",
+            );
+        let e = match validate(&spec) {
+            Err(JobSpecError::Invalid(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        // Each process now holds 128 rows; the program takes 64.
+        assert!(
+            has(&e, "plan[0].inputs[1]", "f32[128, 8] per process"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_names_are_refused_naming_the_field() {
+        assert!(has(
+            &errors(r#"inputs = ["w", "x""#, r#"inputs = ["w3", "x""#),
+            "plan[0].inputs[0]",
+            "unknown array `w3`"
+        ));
+        assert!(has(
+            &errors(r#"program = "train""#, r#"program = "eval""#),
+            "plan[0].program",
+            "unknown program"
+        ));
+        assert!(has(
+            &errors("split = \"data\"", "split = \"model\""),
+            "arrays.x.sharding",
+            "unknown mesh axis `model`"
+        ));
+        assert!(has(
+            &errors("reduce = \"mean\"", "reduce = \"median\""),
+            "plan[1].reduce",
+            "unknown reduction"
+        ));
+        assert!(has(
+            &errors(r#"arrays = ["loss"]"#, r#"arrays = ["w"]"#),
+            "report.arrays[0]",
+            "only scalars"
+        ));
+        assert!(has(
+            &errors("dtype = \"f32\"", "dtype = \"f128\""),
+            "arrays.w.dtype",
+            "unknown dtype"
+        ));
+    }
+
+    #[test]
+    fn missing_files_are_refused() {
+        assert!(has(
+            &errors("train.mlir", "nope.mlir"),
+            "programs.train.file",
+            "cannot read"
+        ));
+        assert!(has(
+            &errors("x.npy", "nope.npy"),
+            "arrays.x.init.file",
+            "no such file"
+        ));
+    }
+
+    #[test]
+    fn signatures_must_match_array_types() {
+        let e = errors("shape = [8, 4]\ninit", "shape = [8, 5]\ninit");
+        assert!(
+            has(&e, "plan[0].inputs[0]", "`w` is f32[8, 5] per process"),
+            "{e:?}"
+        );
+        let e = errors(
+            r#"outputs = ["grad", "loss"]"#,
+            r#"outputs = ["loss", "grad"]"#,
+        );
+        assert!(has(&e, "plan[0].outputs[0]", "result 0"), "{e:?}");
+        let e = errors(r#"inputs = ["w", "x", "$step"]"#, r#"inputs = ["w", "x"]"#);
+        assert!(
+            has(&e, "plan[0].inputs", "takes 3 parameters, 2 given"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_mesh_must_cover_the_devices_and_splits_divide() {
+        assert!(has(
+            &errors("mesh = \"data=4\"", "mesh = \"data=8\""),
+            "mesh",
+            "8 devices, the job has 4"
+        ));
+        assert!(has(
+            &errors("shape = [256, 8]", "shape = [254, 8]"),
+            "arrays.x.sharding",
+            "does not divide"
+        ));
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let e = errors("steps = 10", "steps = 0\nmax_restarts = 1")
+            .into_iter()
+            .chain(errors("processes = 4", "processes = 0"))
+            .collect::<Vec<_>>();
+        assert!(has(&e, "steps", "at least 1"));
+        assert!(has(&e, "processes", "at least 1"));
+        let spec = SPEC
+            .replace("steps = 10", "steps = 0")
+            .replace("every = 5", "every = 0");
+        match validate(&spec) {
+            Err(JobSpecError::Invalid(e)) => assert!(e.len() >= 2, "{e:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_toml_are_syntax_errors() {
+        let e = validate(&SPEC.replace("steps = 10", "steps = 10\nepochs = 3")).unwrap_err();
+        assert!(
+            matches!(&e, JobSpecError::Syntax { reason, .. } if reason.contains("epochs")),
+            "{e}"
+        );
+        let e = validate("name = ").unwrap_err();
+        assert!(matches!(e, JobSpecError::Syntax { .. }));
+        let e = validate(&SPEC.replace("op = \"all_reduce\"", "op = \"all_to_all\"")).unwrap_err();
+        assert!(e.to_string().contains("all_to_all"), "{e}");
+    }
+}
