@@ -306,9 +306,9 @@ mod tests {
         let b: Vec<f32> = (0..33).map(|i| 1.0 / (i as f32 + 1.0)).collect();
         let mut aligned = bytes(&a);
         combine(ReduceOp::Sum, ElementType::F32, &mut aligned, &bytes(&b)).unwrap();
-        let mut backing = vec![0u8; 1 + 33 * 4];
+        let mut backing = [0u8; 1 + 33 * 4];
         backing[1..].copy_from_slice(&bytes(&a));
-        let mut inc = vec![0u8; 1 + 33 * 4];
+        let mut inc = [0u8; 1 + 33 * 4];
         inc[1..].copy_from_slice(&bytes(&b));
         combine(
             ReduceOp::Sum,
