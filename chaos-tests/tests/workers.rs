@@ -167,6 +167,16 @@ async fn a_killed_worker_fails_the_job_for_everyone_within_ttl_plus_one_second()
     let kv = cluster.client();
     assign_all(&kv, "fail", &["w0", "w1", "w2"], 3, 30_000).await;
     digests(&kv, "fail", 3, Duration::from_secs(60)).await;
+    // Up means past the transfer barrier too: kill only then, so the
+    // failure comes from the lease, not from a barrier cut short.
+    for i in 0..3 {
+        kv.get(
+            keys::process_transfer_ready("fail", i).as_bytes(),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    }
     let killed_at = Instant::now();
     workers[2].kill();
     let failure = jobs::wait_for_failure(&kv, "fail", Duration::from_secs(10))

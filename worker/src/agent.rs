@@ -283,7 +283,17 @@ impl Worker {
                     reason: e.to_string(),
                     unix_ms: keys::unix_ms(),
                 };
-                let _ = jobs::fail_job(&*self.kv, &job, &failure).await;
+                // The job's failure event is the first one recorded; this
+                // process saw that one, whoever caused it (invariant 3).
+                if let Ok(first) = jobs::fail_job(&*self.kv, &job, &failure).await {
+                    let _ = self
+                        .kv
+                        .put(
+                            keys::process_failure_seen(&job, a.process_index).as_bytes(),
+                            first.to_string().as_bytes(),
+                        )
+                        .await;
+                }
             }
             running.lock().expect("not poisoned").remove(&job);
         });
