@@ -128,13 +128,43 @@ pub struct ArraySpec {
 
 /// How an array is laid over the mesh.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(untagged)]
+#[serde(try_from = "ShardingRepr", into = "ShardingRepr")]
 pub enum ShardingSpec {
     /// `"replicated"`: every device holds all of it.
     #[default]
     Replicated,
     /// `{ split = "data", dim = 0 }`: dimension `dim` cut along `split`.
     Split { split: String, dim: usize },
+}
+
+/// `"replicated"` or `{ split, dim }` as written in TOML.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum ShardingRepr {
+    Name(String),
+    Split { split: String, dim: usize },
+}
+
+impl TryFrom<ShardingRepr> for ShardingSpec {
+    type Error = String;
+    fn try_from(r: ShardingRepr) -> Result<Self, String> {
+        match r {
+            ShardingRepr::Name(n) if n == "replicated" => Ok(ShardingSpec::Replicated),
+            ShardingRepr::Name(n) => Err(format!(
+                "unknown sharding `{n}` (\"replicated\" or {{ split = AXIS, dim = N }})"
+            )),
+            ShardingRepr::Split { split, dim } => Ok(ShardingSpec::Split { split, dim }),
+        }
+    }
+}
+
+impl From<ShardingSpec> for ShardingRepr {
+    fn from(s: ShardingSpec) -> Self {
+        match s {
+            ShardingSpec::Replicated => ShardingRepr::Name("replicated".into()),
+            ShardingSpec::Split { split, dim } => ShardingRepr::Split { split, dim },
+        }
+    }
 }
 
 impl ShardingSpec {
@@ -233,12 +263,39 @@ pub enum JobSpecError {
     Invalid(Vec<FieldError>),
 }
 
+/// Where a spec's files (programs, `.npy` initializers) come from: a
+/// folder on the submitter's disk, or the copies a job carries.
+pub trait SpecFiles {
+    /// The file at `path` (relative to the spec), or why it cannot be read.
+    fn read(&self, path: &Path) -> Result<Vec<u8>, String>;
+}
+
+/// Files relative to a folder.
+pub struct FolderFiles(pub PathBuf);
+
+impl SpecFiles for FolderFiles {
+    fn read(&self, path: &Path) -> Result<Vec<u8>, String> {
+        let full = self.0.join(path);
+        std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
+    }
+}
+
+impl SpecFiles for BTreeMap<PathBuf, Vec<u8>> {
+    fn read(&self, path: &Path) -> Result<Vec<u8>, String> {
+        self.get(path)
+            .cloned()
+            .ok_or_else(|| format!("{} is not among the job's files", path.display()))
+    }
+}
+
 /// A spec that passed every check, with what the checks learned.
 #[derive(Debug, Clone)]
 pub struct ValidatedJob {
     pub spec: JobSpec,
-    /// The folder relative paths are resolved against.
-    pub base: PathBuf,
+    /// The spec's own text (TOML), as it travels to the workers.
+    pub text: String,
+    /// The contents of every file the spec names, by the path it names.
+    pub files: BTreeMap<PathBuf, Vec<u8>>,
     pub mesh: Vec<(String, usize)>,
     /// Each program's `@main` signature.
     pub signatures: BTreeMap<String, Signature>,
@@ -263,17 +320,18 @@ impl JobSpec {
         })?;
         let spec = JobSpec::from_toml(&text, path)?;
         let base = path.parent().unwrap_or(Path::new(".")).to_owned();
-        spec.validate(&base)
+        spec.validate(&FolderFiles(base))
     }
 
-    /// Every check of the module docs; `base` resolves relative paths.
-    pub fn validate(&self, base: &Path) -> Result<ValidatedJob, JobSpecError> {
+    /// Every check of the module docs, reading files from `files`.
+    pub fn validate(&self, files: &dyn SpecFiles) -> Result<ValidatedJob, JobSpecError> {
         let mut v = Validation::default();
-        v.check(self, base);
+        v.check(self, files);
         if v.errors.is_empty() {
             Ok(ValidatedJob {
                 spec: self.clone(),
-                base: base.to_owned(),
+                text: toml::to_string(self).expect("a spec always encodes"),
+                files: v.files,
                 mesh: v.mesh,
                 signatures: v.signatures,
                 local_types: v.local_types,
@@ -290,6 +348,7 @@ struct Validation {
     mesh: Vec<(String, usize)>,
     signatures: BTreeMap<String, Signature>,
     local_types: BTreeMap<String, TensorType>,
+    files: BTreeMap<PathBuf, Vec<u8>>,
 }
 
 impl Validation {
@@ -300,7 +359,7 @@ impl Validation {
         });
     }
 
-    fn check(&mut self, s: &JobSpec, base: &Path) {
+    fn check(&mut self, s: &JobSpec, base: &dyn SpecFiles) {
         if let Err(m) = tessel_kvstore::check_path_component("job name", &s.name) {
             self.err("name", m);
         }
@@ -374,7 +433,7 @@ impl Validation {
         }
     }
 
-    fn check_program(&mut self, s: &JobSpec, name: &str, p: &ProgramSpec, base: &Path) {
+    fn check_program(&mut self, s: &JobSpec, name: &str, p: &ProgramSpec, base: &dyn SpecFiles) {
         let field = format!("programs.{name}");
         if p.replicas == 0 {
             self.err(format!("{field}.replicas"), "at least 1");
@@ -389,22 +448,23 @@ impl Validation {
                 ),
             );
         }
-        let path = base.join(&p.file);
-        match std::fs::read_to_string(&path) {
-            Err(e) => self.err(
-                format!("{field}.file"),
-                format!("cannot read {}: {e}", path.display()),
-            ),
+        let path = &p.file;
+        let text = base
+            .read(path)
+            .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8 MLIR text".to_owned()));
+        match text {
+            Err(e) => self.err(format!("{field}.file"), e),
             Ok(text) => match parse_signature(&text) {
                 Ok(sig) => {
                     self.signatures.insert(name.to_owned(), sig);
+                    self.files.insert(path.clone(), text.into_bytes());
                 }
                 Err(e) => self.err(format!("{field}.file"), format!("{}: {e}", path.display())),
             },
         }
     }
 
-    fn check_array(&mut self, s: &JobSpec, name: &str, a: &ArraySpec, base: &Path) {
+    fn check_array(&mut self, s: &JobSpec, name: &str, a: &ArraySpec, base: &dyn SpecFiles) {
         let field = format!("arrays.{name}");
         if BUILTINS.contains(&name) || name.starts_with('$') {
             self.err(&field, "names starting with `$` are reserved for built-ins");
@@ -432,15 +492,29 @@ impl Validation {
             );
         }
         match &a.init {
-            Init::Npy { file } => {
-                let path = base.join(file);
-                if !path.is_file() {
-                    self.err(
+            Init::Npy { file } => match base.read(file) {
+                Err(e) => self.err(format!("{field}.init.file"), e),
+                Ok(bytes) => match crate::array::read_npy(&bytes) {
+                    Err(e) => self.err(
                         format!("{field}.init.file"),
-                        format!("no such file {}", path.display()),
-                    );
-                }
-            }
+                        format!("{}: {e}", file.display()),
+                    ),
+                    Ok(b) if b.element_type() != dtype || b.dims() != a.shape.as_slice() => self
+                        .err(
+                            format!("{field}.init.file"),
+                            format!(
+                                "{} holds {}{:?}, the array is {dtype}{:?}",
+                                file.display(),
+                                b.element_type(),
+                                b.dims(),
+                                a.shape
+                            ),
+                        ),
+                    Ok(_) => {
+                        self.files.insert(file.clone(), bytes);
+                    }
+                },
+            },
             Init::Normal { std, .. } if std.is_nan() || *std < 0.0 => {
                 self.err(format!("{field}.init.std"), "must be ≥ 0");
             }
@@ -493,12 +567,23 @@ impl Validation {
             return None;
         }
         let per_process = s.devices_per_process.max(1) as usize;
-        let inner: usize = self.mesh[k + 1..].iter().map(|(_, n)| n).product();
-        let covered: std::collections::BTreeSet<usize> = (0..per_process)
-            .map(|i| (i / inner.max(1)) % self.mesh[k].1)
-            .collect();
+        let mut count = None;
+        for p in 0..s.processes as usize {
+            match crate::layout::process_block(&self.mesh, per_process, p, k) {
+                Ok((_, n)) if count.is_none_or(|c| c == n) => count = Some(n),
+                Ok(_) => {
+                    self.err(field, "processes would hold blocks of different sizes");
+                    return None;
+                }
+                Err(e) => {
+                    self.err(field, e);
+                    return None;
+                }
+            }
+        }
+        let covered = count.unwrap_or(1);
         let mut local = shape.to_vec();
-        local[*dim] = shape[*dim] / size * covered.len() as i64;
+        local[*dim] = shape[*dim] / size * covered as i64;
         Some(local)
     }
 
@@ -680,7 +765,15 @@ every = 5
     fn folder() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("train.mlir"), TRAIN).unwrap();
-        std::fs::write(dir.path().join("x.npy"), b"checked when loaded").unwrap();
+        let x = tessel_pjrt::HostBuffer::from_slice(&[0f32; 256 * 8], &[256, 8]).unwrap();
+        std::fs::write(dir.path().join("x.npy"), crate::array::write_npy(&x)).unwrap();
+        let wrong = tessel_pjrt::HostBuffer::from_slice(&[0f32; 8], &[8]).unwrap();
+        std::fs::write(
+            dir.path().join("wrong.npy"),
+            crate::array::write_npy(&wrong),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("junk.npy"), b"not an array").unwrap();
         dir
     }
 
@@ -773,6 +866,28 @@ every = 5
     }
 
     #[test]
+    fn the_spec_text_round_trips_and_names_shardings() {
+        let v = validate(&SPEC.replace(
+            "dtype = \"f32\"\nshape = [8, 4]\ninit",
+            "dtype = \"f32\"\nshape = [8, 4]\nsharding = \"replicated\"\ninit",
+        ))
+        .unwrap();
+        let again = JobSpec::from_toml(&v.text, Path::new("again")).unwrap();
+        assert_eq!(again, v.spec);
+        assert_eq!(v.spec.arrays["w"].sharding, ShardingSpec::Replicated);
+        let bad = SPEC.replace(
+            "sharding = { split = \"data\", dim = 0 }",
+            "sharding = \"rows\"",
+        );
+        match validate(&bad) {
+            Err(JobSpecError::Syntax { reason, .. }) => {
+                assert!(reason.contains("unknown sharding `rows`"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn missing_files_are_refused() {
         assert!(has(
             &errors("train.mlir", "nope.mlir"),
@@ -782,7 +897,17 @@ every = 5
         assert!(has(
             &errors("x.npy", "nope.npy"),
             "arrays.x.init.file",
-            "no such file"
+            "cannot read"
+        ));
+        assert!(has(
+            &errors("x.npy", "wrong.npy"),
+            "arrays.x.init.file",
+            "holds f32[8], the array is f32[256, 8]"
+        ));
+        assert!(has(
+            &errors("x.npy", "junk.npy"),
+            "arrays.x.init.file",
+            "NUMPY magic"
         ));
     }
 

@@ -26,8 +26,11 @@
 pub use tessel_pjrt as pjrt;
 
 pub mod array;
+pub mod init;
 pub mod job;
+pub mod layout;
 pub mod mlir;
+pub mod plan;
 pub mod rank_group;
 pub mod run;
 pub mod sharding;

@@ -24,6 +24,7 @@ mod bench_jax;
 mod bench_kv;
 mod bench_transfer;
 mod cluster_cli;
+mod job_cli;
 mod node_cli;
 mod procs;
 mod transfer_cli;

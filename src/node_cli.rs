@@ -104,7 +104,9 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         transfer_ip,
         transfer_tls: args.target.tls.load()?,
     };
-    let w = Worker::start(kv, cfg).await?;
+    let w = Worker::start(kv, cfg)
+        .await?
+        .with_runner(Arc::new(tessel::plan::PlanRunner));
     // Launchers, benchmarks and tests read this line.
     let (load, ready_at) = w.plugin_load();
     println!(
@@ -222,14 +224,20 @@ pub async fn topology(args: TopologyArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct LocalArgs {
+    /// A job spec to run on the fresh cluster: one worker per process of
+    /// the spec; exits with the job's status.
+    pub job: Option<PathBuf>,
+    /// Where to write every array's final value (`NAME.npy`).
+    #[arg(long, value_name = "DIR", requires = "job")]
+    pub out: Option<PathBuf>,
     /// Coordinator replicas to start.
     #[arg(long, default_value_t = 3)]
     pub coordinators: u64,
-    /// Worker processes to start.
-    #[arg(long, default_value_t = 2)]
+    /// Worker processes to start (without a job spec).
+    #[arg(long, default_value_t = 2, conflicts_with = "job")]
     pub workers: u32,
-    /// CPU devices per worker.
-    #[arg(long, default_value_t = 2)]
+    /// CPU devices per worker (without a job spec).
+    #[arg(long, default_value_t = 2, conflicts_with = "job")]
     pub devices_per_worker: usize,
     /// A plugin name or path for the workers.
     #[arg(long, value_name = "NAME|PATH")]
@@ -353,18 +361,28 @@ impl Drop for LocalCluster {
 }
 
 pub async fn local(args: LocalArgs) -> Result<()> {
-    if !args.print_topology {
-        bail!(
-            "running a job needs the scheduler, which tessel does not have yet; \
-             use --print-topology to bring the cluster up and print its topology"
-        );
+    if args.job.is_none() && !args.print_topology {
+        bail!("give a job spec to run, or --print-topology to bring the cluster up and print its topology");
+    }
+    if args.job.is_some() && args.print_topology {
+        bail!("--print-topology is for a cluster without a job");
     }
     if args.workers == 0 || args.coordinators == 0 {
         bail!("--workers and --coordinators must be at least 1");
     }
+    // Refuse a bad spec before starting anything.
+    let job = match &args.job {
+        Some(path) => Some(tessel::job::JobSpec::load(path)?),
+        None => None,
+    };
     let mut cluster = LocalCluster::new()?;
     let result = tokio::select! {
-        r = run_local(&mut cluster, &args) => r,
+        r = async {
+            match &job {
+                Some(job) => crate::job_cli::run_on_local(&mut cluster, &args, job).await,
+                None => run_local(&mut cluster, &args).await,
+            }
+        } => r,
         () = wait_for_signal() => {
             if args.keep_running { Ok(()) } else { Err(anyhow::anyhow!("interrupted")) }
         }
@@ -373,21 +391,34 @@ pub async fn local(args: LocalArgs) -> Result<()> {
     result
 }
 
+impl LocalCluster {
+    /// Starts `n` workers `w0..` with `devices` devices each and waits
+    /// until every one has registered.
+    pub fn start_workers(
+        &mut self,
+        n: u32,
+        plugin: &std::path::Path,
+        devices: usize,
+    ) -> Result<()> {
+        for i in 0..n {
+            let wargs = self.worker_args(&format!("w{i}"), plugin, devices);
+            self.workers
+                .push(ChildProc::spawn(&format!("worker w{i}"), &wargs, &[])?);
+        }
+        for w in &mut self.workers {
+            w.wait_for(Duration::from_secs(120), |l| {
+                l.contains(" registered as incarnation ").then_some(())
+            })?;
+        }
+        Ok(())
+    }
+}
+
 async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
     cluster.start_coordinators(args.coordinators)?;
     let kv = cluster.client()?;
     let plugin = locate::resolve(args.plugin.as_deref())?;
-    for i in 0..args.workers {
-        let wargs = cluster.worker_args(&format!("w{i}"), &plugin, args.devices_per_worker);
-        cluster
-            .workers
-            .push(ChildProc::spawn(&format!("worker w{i}"), &wargs, &[])?);
-    }
-    for w in &mut cluster.workers {
-        w.wait_for(Duration::from_secs(120), |l| {
-            l.contains(" registered as incarnation ").then_some(())
-        })?;
-    }
+    cluster.start_workers(args.workers, &plugin, args.devices_per_worker)?;
     let job = format!("local-{}", std::process::id());
     for i in 0..args.workers {
         let a = JobAssignment {

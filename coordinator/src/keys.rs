@@ -93,6 +93,26 @@ pub fn process_failure_seen(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/failure_seen")
 }
 
+/// The job's bundle: its spec text and the files it names.
+pub fn job_spec(job: &str) -> String {
+    format!("jobs/{job}/spec")
+}
+
+/// Reported scalars, one key per reported step (zero-padded, so a listing
+/// is in step order).
+pub fn job_reports(job: &str) -> String {
+    format!("jobs/{job}/reports/")
+}
+
+pub fn job_report(job: &str, step: u64) -> String {
+    format!("jobs/{job}/reports/{step:012}")
+}
+
+/// What a process's run of the plan ended with (JSON: steps, timings).
+pub fn process_result(job: &str, index: u32) -> String {
+    format!("jobs/{job}/processes/{index:05}/result")
+}
+
 pub fn job_done(job: &str) -> String {
     format!("jobs/{job}/done")
 }

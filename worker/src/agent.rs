@@ -19,6 +19,9 @@
 //!    index), publishes its address in its local topology, and passes a
 //!    barrier with every other process of the job over the transfer layer
 //!    (mutual TLS; shared memory on the same host) after the exchange.
+//! 6. A job with a plan (`jobs/{job}/spec`) runs it once the barrier has
+//!    passed; a process that finishes publishes its result, one that fails
+//!    fails the job (invariant 2 of `jobs`: everyone sees that failure).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -38,6 +41,7 @@ use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, Tran
 use crate::error::{Result, WorkerError};
 use crate::host::HostFacts;
 use crate::job_kv::JobKv;
+use crate::runner::{JobProcess, JobRunner};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -78,6 +82,7 @@ pub struct Worker {
     facts: PluginFacts,
     host: HostFacts,
     registration: Registration,
+    runner: Option<Arc<dyn JobRunner>>,
 }
 
 /// The job's communicator: one member per process, at the transfer
@@ -199,7 +204,15 @@ impl Worker {
             facts,
             host,
             registration,
+            runner: None,
         })
+    }
+
+    /// Who runs the plans of jobs that carry one (invariant 6). Without a
+    /// runner, such a job fails with a message saying so.
+    pub fn with_runner(mut self, runner: Arc<dyn JobRunner>) -> Worker {
+        self.runner = Some(runner);
+        self
     }
 
     pub fn registration(&self) -> &Registration {
@@ -348,6 +361,47 @@ impl Worker {
             )
             .await
             .map_err(kv_err("publishing transfer readiness"))?;
+        let spec = self
+            .kv
+            .try_get(keys::job_spec(&a.job).as_bytes())
+            .await
+            .map(Some)
+            .or_else(|e| match e {
+                tessel_kvstore::KvError::NotFound(_) => Ok(None),
+                e => Err(e),
+            })
+            .map_err(kv_err("reading the job's spec"))?;
+        if let Some(spec) = spec {
+            let runner = self.runner.as_ref().ok_or_else(|| {
+                WorkerError::Internal("this worker was started without a job runner".into())
+            })?;
+            let run = runner.run(JobProcess {
+                job: &a.job,
+                process_index: a.process_index,
+                num_processes: a.num_processes,
+                spec,
+                client: &client,
+                communicator: &mut comm,
+                kv: &*self.kv,
+            });
+            // A failure elsewhere (a process's error, a lost worker) stops
+            // this process's plan at its next await instead of leaving it
+            // waiting in a collective until the deadline.
+            let result = tokio::select! {
+                r = run => r.map_err(WorkerError::Job)?,
+                f = self.job_failed(&a.job) => {
+                    let f = f?;
+                    return Err(WorkerError::Job(format!("the job failed: {f}")));
+                }
+            };
+            self.kv
+                .put(
+                    keys::process_result(&a.job, a.process_index).as_bytes(),
+                    &result,
+                )
+                .await
+                .map_err(kv_err("publishing the process's result"))?;
+        }
         let outcome = self.wait_for_end(a).await;
         drop(comm);
         // Drop the client off the runtime (invariant 4).
@@ -403,6 +457,17 @@ impl Worker {
             devices,
             transfer_endpoint: None,
         })
+    }
+
+    /// Returns the job's failure event once there is one.
+    async fn job_failed(&self, job: &str) -> Result<JobFailure> {
+        loop {
+            if let Some(f) =
+                jobs::wait_for_failure(&*self.kv, job, Duration::from_secs(3600)).await?
+            {
+                return Ok(f);
+            }
+        }
     }
 
     /// Waits for `done`, or for a failure event, which it records.

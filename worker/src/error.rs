@@ -19,6 +19,9 @@ pub enum WorkerError {
         #[source]
         source: KvError,
     },
+    /// The job's plan failed in this process, or the job failed elsewhere.
+    #[error("{0}")]
+    Job(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

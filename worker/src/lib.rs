@@ -4,14 +4,18 @@
 //! id, incarnation, lease), keeps its lease alive, and runs the job
 //! processes assigned to it: for each, a per-node PJRT client whose KV
 //! callbacks are bound to the job's namespace ([`JobKv`]), and the global
-//! topology exchange over the coordinator's KV.
+//! topology exchange over the coordinator's KV. A job that carries a plan
+//! (`jobs/{job}/spec`) is then run by the [`JobRunner`] the binary gives
+//! the worker.
 
 pub mod agent;
 mod error;
 pub mod host;
 pub mod job_kv;
+pub mod runner;
 
 pub use agent::{topology_digest, Worker, WorkerConfig};
 pub use error::{Result, WorkerError};
 pub use host::HostFacts;
 pub use job_kv::JobKv;
+pub use runner::{JobProcess, JobRunner};
