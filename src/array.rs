@@ -378,6 +378,31 @@ pub fn format_array(array: &HostBuffer) -> String {
     out
 }
 
+/// Every element as f64 (integers exactly up to 2^53).
+pub fn to_f64(a: &HostBuffer) -> Vec<f64> {
+    fn conv<T: tessel_pjrt::NativeType + Copy>(a: &HostBuffer, f: impl Fn(T) -> f64) -> Vec<f64> {
+        a.to_vec::<T>()
+            .expect("type checked")
+            .into_iter()
+            .map(f)
+            .collect()
+    }
+    match a.element_type() {
+        ElementType::Pred | ElementType::U8 => a.bytes().iter().map(|&b| b as f64).collect(),
+        ElementType::S8 => a.bytes().iter().map(|&b| b as i8 as f64).collect(),
+        ElementType::S16 => conv::<i16>(a, |v| v as f64),
+        ElementType::S32 => conv::<i32>(a, |v| v as f64),
+        ElementType::S64 => conv::<i64>(a, |v| v as f64),
+        ElementType::U16 => conv::<u16>(a, |v| v as f64),
+        ElementType::U32 => conv::<u32>(a, |v| v as f64),
+        ElementType::U64 => conv::<u64>(a, |v| v as f64),
+        ElementType::F16 => conv::<f16>(a, |v| v.to_f64()),
+        ElementType::BF16 => conv::<bf16>(a, |v| v.to_f64()),
+        ElementType::F32 => conv::<f32>(a, |v| v as f64),
+        ElementType::F64 => conv::<f64>(a, |v| v),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,6 +69,15 @@ enum Command {
         /// The job spec.
         spec: PathBuf,
     },
+    /// Compare two `.npy` arrays: same type and shape, and the largest
+    /// element-wise difference within `--atol` (exit code 1 if not).
+    Compare {
+        a: PathBuf,
+        b: PathBuf,
+        /// Largest allowed absolute difference.
+        #[arg(long, default_value_t = 0.0)]
+        atol: f64,
+    },
     /// (internal) One rank of a transfer group, driven over stdin/stdout.
     #[command(hide = true)]
     TransferRank(transfer_cli::TransferRankArgs),
@@ -180,6 +189,7 @@ fn run(cli: Cli) -> Result<()> {
             command: BenchCommand::Transfer(args),
         } => runtime()?.block_on(bench_transfer::run(args)),
         Command::Validate { spec } => validate_spec(&spec),
+        Command::Compare { a, b, atol } => compare_arrays(&a, &b, atol),
         Command::TransferRank(args) => runtime()?.block_on(transfer_cli::run(args)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
@@ -238,6 +248,47 @@ fn validate_spec(path: &Path) -> Result<()> {
     );
     for (name, t) in &v.local_types {
         println!("  {name}: {t} per process");
+    }
+    Ok(())
+}
+
+fn compare_arrays(a: &Path, b: &Path, atol: f64) -> Result<()> {
+    let load = |p: &Path| -> Result<HostBuffer> {
+        let data = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
+        read_npy(&data).with_context(|| p.display().to_string())
+    };
+    let (x, y) = (load(a)?, load(b)?);
+    if x.element_type() != y.element_type() || x.dims() != y.dims() {
+        bail!(
+            "{} is {}{:?}, {} is {}{:?}",
+            a.display(),
+            x.element_type(),
+            x.dims(),
+            b.display(),
+            y.element_type(),
+            y.dims()
+        );
+    }
+    let (xs, ys) = (tessel::array::to_f64(&x), tessel::array::to_f64(&y));
+    let (mut worst, mut at) = (0.0f64, 0usize);
+    for (i, (p, q)) in xs.iter().zip(&ys).enumerate() {
+        let d = (p - q).abs();
+        if d > worst || d.is_nan() {
+            (worst, at) = (d, i);
+        }
+    }
+    let name = a.file_name().unwrap_or_default().to_string_lossy();
+    println!(
+        "{name}: {}{:?}, max |a - b| = {worst:.3e} (element {at}), tolerance {atol:.1e}",
+        x.element_type(),
+        x.dims()
+    );
+    if worst > atol || worst.is_nan() {
+        bail!(
+            "{} and {} differ by {worst:e} > {atol:e}",
+            a.display(),
+            b.display()
+        );
     }
     Ok(())
 }

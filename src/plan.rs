@@ -432,21 +432,10 @@ impl ProcessPlan {
 
 /// The value of a one-element array as f64.
 pub fn scalar_f64(b: &HostBuffer) -> Option<f64> {
-    use half::{bf16, f16};
-    if b.dims().iter().product::<i64>() != 1 {
-        return None;
+    match crate::array::to_f64(b).as_slice() {
+        [v] => Some(*v),
+        _ => None,
     }
-    Some(match b.element_type() {
-        ElementType::F32 => b.to_vec::<f32>().ok()?[0] as f64,
-        ElementType::F64 => b.to_vec::<f64>().ok()?[0],
-        ElementType::F16 => b.to_vec::<f16>().ok()?[0].to_f64(),
-        ElementType::BF16 => b.to_vec::<bf16>().ok()?[0].to_f64(),
-        ElementType::S32 => b.to_vec::<i32>().ok()?[0] as f64,
-        ElementType::S64 => b.to_vec::<i64>().ok()?[0] as f64,
-        ElementType::U32 => b.to_vec::<u32>().ok()?[0] as f64,
-        ElementType::Pred | ElementType::U8 => b.bytes()[0] as f64,
-        _ => return None,
-    })
 }
 
 /// One report: the step it followed and the scalars.

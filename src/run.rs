@@ -91,9 +91,11 @@ impl ProgramSource {
     pub fn partitions(&self, requested: Option<usize>) -> Result<usize, RunError> {
         let declared = self.signature.as_ref().and_then(|s| s.num_partitions);
         let partitions = match (requested, declared) {
-            (Some(p), Some(d)) if p != d => return Err(args_error(format!(
+            (Some(p), Some(d)) if p != d => {
+                return Err(args_error(format!(
                 "the program declares mhlo.num_partitions = {d}, but {p} partitions were requested"
-            ))),
+            )))
+            }
             (Some(p), _) | (None, Some(p)) => p,
             (None, None) => 1,
         };
