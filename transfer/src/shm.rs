@@ -3,7 +3,9 @@
 //! the page cache) and names it in the header; the receiver reads it.
 //!
 //! Invariants:
-//! 1. A file belongs to its sender (`tessel-{pid}-{n}`) and serves one
+//! 1. A file belongs to its sender (`tessel-{pid}-{n}`, `n` from one
+//!    counter for every pool of the process, since a worker holds one
+//!    endpoint per job) and serves one
 //!    transfer at a time; after the receiver's acknowledgement it goes back
 //!    to the sender's pool and is overwritten in place by a later payload
 //!    of the same length (no page allocation on the hot path).
@@ -32,9 +34,11 @@ pub(crate) struct ShmFile {
     len: u64,
 }
 
+/// The process's file counter (invariant 1).
+static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
+
 pub(crate) struct ShmPool {
     dir: PathBuf,
-    next: AtomicU64,
     free: Mutex<HashMap<u64, Vec<ShmFile>>>,
 }
 
@@ -43,7 +47,6 @@ impl ShmPool {
         sweep_dead(&dir);
         ShmPool {
             dir,
-            next: AtomicU64::new(0),
             free: Mutex::new(HashMap::new()),
         }
     }
@@ -63,7 +66,7 @@ impl ShmPool {
                 let name = format!(
                     "{SHM_PREFIX}{}-{}",
                     std::process::id(),
-                    self.next.fetch_add(1, Ordering::Relaxed)
+                    NEXT_FILE.fetch_add(1, Ordering::Relaxed)
                 );
                 let file = std::fs::OpenOptions::new()
                     .read(true)
@@ -164,6 +167,19 @@ mod tests {
         pool.release(c, true);
         drop(pool);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn two_pools_of_one_process_never_pick_the_same_name() {
+        // A worker holds one endpoint (and pool) per job, in one folder.
+        let dir = tempfile::tempdir().unwrap();
+        let first = ShmPool::new(dir.path().to_path_buf());
+        let second = ShmPool::new(dir.path().to_path_buf());
+        let a = first.write(b"one").unwrap();
+        let b = second.write(b"two").unwrap();
+        assert_ne!(a.name, b.name);
+        first.release(a, true);
+        second.release(b, true);
     }
 
     #[test]
