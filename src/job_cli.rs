@@ -144,23 +144,23 @@ fn format_values(r: &StepReport) -> String {
 fn summarize(job: &ValidatedJob, results: &[ProcessResult]) {
     let Some(first) = results.first() else { return };
     let t = &first.timings;
-    let steps = t.steps.max(1) as f64;
-    let loop_s = t.compute_s + t.collective_s + t.coordination_s;
     println!(
-        "job `{}` succeeded: {} steps in {:.2} s ({:.1} steps/s; compile {:.2} s, init {:.3} s)",
+        "job `{}` succeeded: {} steps in {:.2} s ({:.1} steps/s, {:.3} ms per step; compile {:.2} s, init {:.3} s)",
         job.spec.name,
         t.steps,
         t.run_s,
-        steps / loop_s.max(1e-9),
+        t.steps as f64 / t.loop_s.max(1e-9),
+        1e3 * t.loop_s / t.steps.max(1) as f64,
         t.compile_s,
         t.init_s
     );
     if let Some(r) = &first.last_report {
         println!("final: {}", format_values(r));
     }
-    let share = |x: f64| 100.0 * x / loop_s.max(1e-9);
     for r in results {
         let t = &r.timings;
+        let steps = t.steps.max(1) as f64;
+        let share = |x: f64| 100.0 * x / t.loop_s.max(1e-9);
         println!(
             "  process {}: per step {:.3} ms compute ({:.0}%), {:.3} ms collectives ({:.0}%), {:.3} ms coordination ({:.0}%)",
             r.process,

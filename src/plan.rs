@@ -126,6 +126,8 @@ pub struct PlanTimings {
     /// Reports to the KV.
     pub coordination_s: f64,
     pub steps: u64,
+    /// Wall time of the step loop (reports included).
+    pub loop_s: f64,
     pub run_s: f64,
 }
 
@@ -480,6 +482,7 @@ pub async fn run_job_process(
     );
     let spec = plan.spec().clone();
     let mut last_report = None;
+    let loop_started = Instant::now();
     for step in 0..spec.steps {
         plan.run_step(client, step, comm).await?;
         let Some(r) = &spec.report else { continue };
@@ -503,6 +506,7 @@ pub async fn run_job_process(
             plan.timings.coordination_s += t.elapsed().as_secs_f64();
         }
     }
+    plan.timings.loop_s = loop_started.elapsed().as_secs_f64();
     if let Some(dir) = &bundle.output_dir {
         let names: Vec<String> = spec.arrays.keys().cloned().collect();
         for name in names {

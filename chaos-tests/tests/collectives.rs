@@ -10,7 +10,7 @@ use tessel::rank_group::{RankGroup, RankOptions};
 use tessel_chaos_tests::tessel_bin;
 use tessel_pjrt::ElementType;
 use tessel_topology::sha256_hex;
-use tessel_transfer::reduce::{reference_reduce, segment, REDUCIBLE};
+use tessel_transfer::reduce::{reference_reduce, reference_ring_reduce, segment, REDUCIBLE};
 use tessel_transfer::testing::pattern;
 use tessel_transfer::ReduceOp;
 
@@ -47,8 +47,14 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
         },
     )
     .unwrap();
-    let count = 1003;
-    for (i, dtype) in REDUCIBLE.into_iter().enumerate() {
+    // Both all-reduce algorithms: data riding with the descriptors (small)
+    // and the chunked ring (over SMALL_ALL_REDUCE bytes for every dtype).
+    let large = tessel_transfer::reduce::SMALL_ALL_REDUCE / 2 + 3;
+    for (i, dtype, count) in REDUCIBLE
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, d)| [(i, d, 1003), (i, d, large)])
+    {
         for op in ReduceOp::ALL {
             let seed = 10 * i as u64 + op as u64;
             let cmd = json!({"op": "all_reduce", "reduce": op.name(), "dtype": dtype.name(),
@@ -59,7 +65,7 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
                 assert_eq!(
                     d,
                     &sha256_hex(&want),
-                    "all_reduce {} {} on rank {r} of {n}",
+                    "all_reduce {} {} of {count} on rank {r} of {n}",
                     op.name(),
                     dtype.name()
                 );
@@ -67,10 +73,11 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
         }
     }
 
+    let count = 1003;
     let dtype = ElementType::S64;
     let cmd =
         json!({"op": "reduce_scatter", "reduce": "sum", "dtype": "s64", "count": count, "seed": 5});
-    let full = reference_reduce(ReduceOp::Sum, dtype, &inputs(n, dtype, count, 5)).unwrap();
+    let full = reference_ring_reduce(ReduceOp::Sum, dtype, &inputs(n, dtype, count, 5)).unwrap();
     for (r, d) in ok(&g.all(&cmd, T).unwrap()).iter().enumerate() {
         let seg = segment(count, n, r);
         let want = &full[seg.start * 8..seg.end * 8];
@@ -237,37 +244,42 @@ fn no_shm_files_left() -> bool {
 #[test]
 fn mismatched_collectives_fail_the_same_way_on_every_rank() {
     for force_network in [false, true] {
-        let mut g = RankGroup::start(
-            &tessel_bin(),
-            3,
-            &RankOptions {
-                force_network,
-                timeout_ms: Some(30_000),
-                ..RankOptions::default()
-            },
-        )
-        .unwrap();
-        let started = Instant::now();
-        for r in 0..3 {
-            let count = if r == 1 { 200 } else { 100 };
-            g.send(
-                r,
-                &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": count, "seed": 1}),
-            ).unwrap();
+        // Sizes that differ, and sizes that differ in algorithm (small
+        // data riding with the descriptors against the ring).
+        for (other, bytes) in [(200, 800), (20_000, 80_000)] {
+            let mut g = RankGroup::start(
+                &tessel_bin(),
+                3,
+                &RankOptions {
+                    force_network,
+                    timeout_ms: Some(30_000),
+                    ..RankOptions::default()
+                },
+            )
+            .unwrap();
+            let started = Instant::now();
+            for r in 0..3 {
+                let count = if r == 1 { other } else { 100 };
+                g.send(
+                    r,
+                    &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": count, "seed": 1}),
+                ).unwrap();
+            }
+            let errors: Vec<String> = (0..3)
+                .map(|r| {
+                    let a = g.answer(r, T).unwrap();
+                    assert_eq!(a["ok"], false, "rank {r}: {a}");
+                    a["error"].as_str().unwrap().to_owned()
+                })
+                .collect();
+            assert!(
+                errors.iter().all(|e| e == &errors[0]),
+                "the same error everywhere: {errors:?}"
+            );
+            let want = format!("rank 1: all_reduce sum of {bytes} bytes of f32");
+            assert!(errors[0].contains(&want), "{}", errors[0]);
+            assert!(started.elapsed() < Duration::from_secs(10), "no hang");
         }
-        let errors: Vec<String> = (0..3)
-            .map(|r| {
-                let a = g.answer(r, T).unwrap();
-                assert_eq!(a["ok"], false, "rank {r}: {a}");
-                a["error"].as_str().unwrap().to_owned()
-            })
-            .collect();
-        assert!(
-            errors.iter().all(|e| e == &errors[0]),
-            "the same error everywhere: {errors:?}"
-        );
-        assert!(errors[0].contains("rank 1: all_reduce sum of 800 bytes of f32"));
-        assert!(started.elapsed() < Duration::from_secs(10), "no hang");
 
         // A dtype mismatch in a fresh group.
         let mut g = RankGroup::start(&tessel_bin(), 2, &RankOptions::default()).unwrap();

@@ -38,7 +38,7 @@ pub mod reduce;
 pub mod shm;
 pub mod testing;
 
-pub use collective::{CollectiveConfig, Communicator, Descriptor};
+pub use collective::{CollectiveConfig, Communicator, Descriptor, DescriptorFrame};
 pub use endpoint::{Peer, Received, TransferConfig, TransferEndpoint, ALPN};
 pub use error::{Result, TransferError};
 pub use header::TransferHeader;

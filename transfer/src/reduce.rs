@@ -6,8 +6,10 @@
 //! segment per rank, segment `j` being elements
 //! `[j * count / n, (j + 1) * count / n)`. Segment `j` is folded left along
 //! the ring starting after its owner: `((x[j+1] ⊕ x[j+2]) ⊕ …) ⊕ x[j]`
-//! (ranks mod `n`). [`reference_reduce`] applies exactly that order, so a
-//! distributed result equals it bit for bit.
+//! (ranks mod `n`). An all-reduce of at most [`SMALL_ALL_REDUCE`] bytes
+//! (with more than one rank) is instead folded in rank order on every rank:
+//! `((x[0] ⊕ x[1]) ⊕ …) ⊕ x[n-1]`. [`reference_reduce`] applies exactly
+//! these orders, so a distributed result equals it bit for bit.
 //!
 //! Invariants:
 //! 1. Integer sums wrap (two's complement) and are therefore exact modulo
@@ -219,9 +221,48 @@ pub fn segment(count: usize, n: usize, j: usize) -> std::ops::Range<usize> {
     at(j)..at(j + 1)
 }
 
+/// Largest all-reduce whose data travels with the descriptors and is
+/// reduced in rank order (module docs).
+pub const SMALL_ALL_REDUCE: usize = 64 << 10;
+
+/// Whether an all-reduce of `bytes` takes the small path.
+pub fn all_reduce_is_small(bytes: usize) -> bool {
+    bytes <= SMALL_ALL_REDUCE
+}
+
 /// The single-process reference of `all_reduce`: every rank's result, in
 /// the documented order (module docs). `inputs[r]` is rank r's array.
 pub fn reference_reduce(op: ReduceOp, dtype: ElementType, inputs: &[Vec<u8>]) -> Result<Vec<u8>> {
+    let n = inputs.len();
+    let size = dtype.size();
+    let Some(first) = inputs.first() else {
+        return Err(TransferError::InvalidArgument("no inputs".into()));
+    };
+    if inputs.iter().any(|i| i.len() != first.len()) || first.len() % size != 0 {
+        return Err(TransferError::InvalidArgument(
+            "inputs differ in length".into(),
+        ));
+    }
+    if n > 1 && all_reduce_is_small(first.len()) {
+        let mut acc = first.clone();
+        for x in &inputs[1..] {
+            combine(op, dtype, &mut acc, x)?;
+        }
+        if op == ReduceOp::Mean {
+            finish_mean(dtype, &mut acc, n)?;
+        }
+        return Ok(acc);
+    }
+    reference_ring_reduce(op, dtype, inputs)
+}
+
+/// The ring's order at any size: what `reduce_scatter` computes (each rank
+/// keeping its segment) and what a large `all_reduce` computes.
+pub fn reference_ring_reduce(
+    op: ReduceOp,
+    dtype: ElementType,
+    inputs: &[Vec<u8>],
+) -> Result<Vec<u8>> {
     let n = inputs.len();
     let size = dtype.size();
     let Some(first) = inputs.first() else {
@@ -345,15 +386,21 @@ mod tests {
 
     #[test]
     fn reference_follows_the_documented_order() {
-        // Three ranks, three elements: segment j holds element j and is
-        // folded from rank j+1: ((x[j+1] + x[j+2]) + x[j]).
         let x = [1e8f32, 1.0, -1e8];
-        let inputs: Vec<Vec<u8>> = (0..3).map(|r| bytes(&[x[r], x[r], x[r]])).collect();
+        // Large: three ranks, three segments of k elements; segment j is
+        // folded from rank j+1: ((x[j+1] + x[j+2]) + x[j]).
+        let k = SMALL_ALL_REDUCE / 4 / 3 + 1;
+        let inputs: Vec<Vec<u8>> = (0..3).map(|r| bytes(&vec![x[r]; 3 * k])).collect();
         let out = reference_reduce(ReduceOp::Sum, ElementType::F32, &inputs).unwrap();
         let out: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
         let order = |j: usize| (x[(j + 1) % 3] + x[(j + 2) % 3]) + x[j];
-        assert_eq!(out, vec![order(0), order(1), order(2)]);
+        assert_eq!([out[0], out[k], out[2 * k]], [order(0), order(1), order(2)]);
         // The order matters for these values: not every segment is equal.
-        assert_ne!(out[0], out[1]);
+        assert_ne!(out[0], out[k]);
+        // Small: every element folded in rank order, ((x[0] + x[1]) + x[2]).
+        let inputs: Vec<Vec<u8>> = (0..3).map(|r| bytes(&[x[r]; 3])).collect();
+        let out = reference_reduce(ReduceOp::Sum, ElementType::F32, &inputs).unwrap();
+        let out: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
+        assert_eq!(out, vec![(x[0] + x[1]) + x[2]; 3]);
     }
 }
