@@ -41,7 +41,7 @@ pub async fn run_on_local(
         s.mesh,
         s.steps
     );
-    let results = submit_and_follow(&kv, &id, job, out, &workers, args.timeout_ms).await?;
+    let results = submit_and_follow(&kv, &id, job, out, &workers, args.timeout_ms, true).await?;
     summarize(job, &results);
     if let Some(d) = &args.out {
         println!("final arrays written to {}", d.display());
@@ -59,6 +59,7 @@ pub async fn submit_and_follow(
     out: Option<std::path::PathBuf>,
     workers: &[String],
     topology_timeout_ms: u64,
+    print_reports: bool,
 ) -> Result<Vec<ProcessResult>> {
     let bundle = JobBundle::new(job, out).encode();
     if bundle.len() > tessel::plan::MAX_BUNDLE {
@@ -112,7 +113,7 @@ pub async fn submit_and_follow(
         tokio::select! {
             ev = reports.next() => {
                 let Some(ev) = ev else { bail!("the report watch ended") };
-                if let Event::Put(pair) = ev? {
+                if let (true, Event::Put(pair)) = (print_reports, ev?) {
                     if let Ok(r) = serde_json::from_slice::<StepReport>(&pair.value) {
                         let now = Instant::now();
                         let rate = match last {

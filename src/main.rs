@@ -21,6 +21,7 @@ struct Cli {
 
 mod bench_bootstrap;
 mod bench_jax;
+mod bench_job;
 mod bench_kv;
 mod bench_transfer;
 mod cluster_cli;
@@ -111,6 +112,9 @@ enum BenchCommand {
     Bootstrap(bench_bootstrap::BenchBootstrapArgs),
     /// Point-to-point throughput between two processes: QUIC against TCP.
     Transfer(bench_transfer::BenchTransferArgs),
+    /// A job's step time on a local cluster (default: the MLP demo), and
+    /// the same training in JAX over gloo.
+    Job(bench_job::BenchJobArgs),
 }
 
 #[derive(Subcommand)]
@@ -188,6 +192,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Transfer(args),
         } => runtime()?.block_on(bench_transfer::run(args)),
+        Command::Bench {
+            command: BenchCommand::Job(args),
+        } => runtime()?.block_on(bench_job::run(args)),
         Command::Validate { spec } => validate_spec(&spec),
         Command::Compare { a, b, atol } => compare_arrays(&a, &b, atol),
         Command::TransferRank(args) => runtime()?.block_on(transfer_cli::run(args)),
