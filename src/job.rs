@@ -296,6 +296,9 @@ pub struct ValidatedJob {
     pub text: String,
     /// The contents of every file the spec names, by the path it names.
     pub files: BTreeMap<PathBuf, Vec<u8>>,
+    /// The spec's folder (relative paths such as `checkpoint.dir` resolve
+    /// against it); `.` when the spec did not come from a file.
+    pub base: PathBuf,
     pub mesh: Vec<(String, usize)>,
     /// Each program's `@main` signature.
     pub signatures: BTreeMap<String, Signature>,
@@ -320,7 +323,9 @@ impl JobSpec {
         })?;
         let spec = JobSpec::from_toml(&text, path)?;
         let base = path.parent().unwrap_or(Path::new(".")).to_owned();
-        spec.validate(&FolderFiles(base))
+        let mut job = spec.validate(&FolderFiles(base.clone()))?;
+        job.base = base;
+        Ok(job)
     }
 
     /// Every check of the module docs, reading files from `files`.
@@ -332,6 +337,7 @@ impl JobSpec {
                 spec: self.clone(),
                 text: toml::to_string(self).expect("a spec always encodes"),
                 files: v.files,
+                base: PathBuf::from("."),
                 mesh: v.mesh,
                 signatures: v.signatures,
                 local_types: v.local_types,
@@ -360,8 +366,17 @@ impl Validation {
     }
 
     fn check(&mut self, s: &JobSpec, base: &dyn SpecFiles) {
-        if let Err(m) = tessel_kvstore::check_path_component("job name", &s.name) {
-            self.err("name", m);
+        // Letters, digits, `-` and `_`: the scheduler derives ids from it
+        // (`NAME.N`, attempts `NAME.N@A`) that no name can collide with.
+        let good = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if s.name.is_empty() || s.name.len() > 64 || !s.name.chars().all(good) {
+            self.err(
+                "name",
+                format!(
+                    "`{}`: 1-64 letters, digits, `-` or `_`",
+                    s.name.escape_debug()
+                ),
+            );
         }
         if s.processes == 0 {
             self.err("processes", "at least 1");

@@ -61,7 +61,7 @@ pub async fn submit_and_follow(
     topology_timeout_ms: u64,
     print_reports: bool,
 ) -> Result<Vec<ProcessResult>> {
-    let bundle = JobBundle::new(job, out).encode();
+    let bundle = JobBundle::new(id, job, &job.base, out).encode();
     if bundle.len() > tessel::plan::MAX_BUNDLE {
         bail!(
             "the job with its files is {} bytes; at most {} travel with a job",

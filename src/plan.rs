@@ -35,6 +35,9 @@ pub const MAX_BUNDLE: usize = 4 << 20;
 /// A job as it travels to the workers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobBundle {
+    /// The job's id: reports go to `jobs/{job}/reports/`, checkpoints to
+    /// `{checkpoint_dir}/{job}/` (the same for every attempt of a job).
+    pub job: String,
     /// The spec (TOML).
     pub spec: String,
     /// Every file the spec names, by the path it names.
@@ -42,11 +45,26 @@ pub struct JobBundle {
     /// Where process 0 writes every array's final global value as
     /// `NAME.npy` (a path on its host).
     pub output_dir: Option<String>,
+    /// The spec's `checkpoint.dir`, made absolute by the submitter (a
+    /// folder every process can reach: one host, or a shared filesystem).
+    pub checkpoint_dir: Option<String>,
 }
 
 impl JobBundle {
-    pub fn new(job: &ValidatedJob, output_dir: Option<PathBuf>) -> JobBundle {
+    /// `base` resolves a relative `checkpoint.dir` (the spec's folder).
+    pub fn new(
+        job_id: &str,
+        job: &ValidatedJob,
+        base: &std::path::Path,
+        output_dir: Option<PathBuf>,
+    ) -> JobBundle {
         JobBundle {
+            job: job_id.to_owned(),
+            checkpoint_dir: job
+                .spec
+                .checkpoint
+                .as_ref()
+                .map(|c| base.join(&c.dir).display().to_string()),
             spec: job.text.clone(),
             files: job
                 .files
@@ -125,6 +143,10 @@ pub struct PlanTimings {
     pub collective_s: f64,
     /// Reports to the KV.
     pub coordination_s: f64,
+    /// Writing checkpoints (files, fsync, the barrier, the manifest).
+    pub checkpoint_s: f64,
+    /// The step the run started at (after a restore: the checkpoint's + 1).
+    pub first_step: u64,
     pub steps: u64,
     /// Wall time of the step loop (reports included).
     pub loop_s: f64,
@@ -423,6 +445,51 @@ impl ProcessPlan {
         Ok(Some((*dim, first * chunk, (first + count) * chunk)))
     }
 
+    /// The arrays a checkpoint holds: those the plan writes (outputs of
+    /// `execute`, targets of collectives). The others keep their initial
+    /// values, which a restart recreates.
+    pub fn checkpointed(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for op in &self.job.spec.plan {
+            match op {
+                PlanStep::Execute { outputs, .. } => names.extend(outputs.iter().cloned()),
+                PlanStep::AllReduce { array, .. }
+                | PlanStep::AllGather { array }
+                | PlanStep::Reshard { array, .. } => names.push(array.clone()),
+            }
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Replaces arrays with restored blocks, checking each against the
+    /// block this process holds under the recorded sharding.
+    pub fn restore(&mut self, blocks: Vec<(String, LocalArray)>) -> Result<(), String> {
+        for (name, a) in blocks {
+            let spec = self
+                .job
+                .spec
+                .arrays
+                .get(&name)
+                .ok_or_else(|| format!("the checkpoint holds unknown array `{name}`"))?;
+            let mut dims = spec.shape.clone();
+            if let Some((d, lo, hi)) = self.block(&name, &a.sharding)? {
+                dims[d] = (hi - lo) as i64;
+            }
+            if a.value.dims() != dims.as_slice() || a.value.element_type().name() != spec.dtype {
+                return Err(format!(
+                    "checkpointed `{name}` is {}{:?}, this process holds {}{dims:?}",
+                    a.value.element_type(),
+                    a.value.dims(),
+                    spec.dtype
+                ));
+            }
+            self.arrays.insert(name, a);
+        }
+        Ok(())
+    }
+
     /// The scalars to report, as f64.
     pub fn scalars(&self, names: &[String]) -> BTreeMap<String, f64> {
         names
@@ -481,10 +548,57 @@ pub async fn run_job_process(
         "plan ready"
     );
     let spec = plan.spec().clone();
+    let checkpoints = match (&bundle.checkpoint_dir, &spec.checkpoint) {
+        (Some(dir), Some(c)) => Some((
+            crate::checkpoint::CheckpointDir::new(
+                PathBuf::from(dir).join(&bundle.job),
+                &bundle.spec,
+            ),
+            c.every,
+        )),
+        _ => None,
+    };
+    let mut first_step = 0;
+    if let Some((dir, _)) = &checkpoints {
+        if let Some(step) = dir.latest().map_err(PlanError::Other)? {
+            let restored = dir
+                .read(step, index, &plan.checkpointed())
+                .map_err(PlanError::Other)?;
+            plan.restore(restored).map_err(PlanError::Other)?;
+            first_step = step + 1;
+            tracing::info!(
+                job = process.job,
+                process = index,
+                step,
+                "restored from checkpoint"
+            );
+        }
+    }
     let mut last_report = None;
     let loop_started = Instant::now();
-    for step in 0..spec.steps {
+    for step in first_step..spec.steps {
         plan.run_step(client, step, comm).await?;
+        if let Some((dir, every)) = &checkpoints {
+            if (step + 1) % every == 0 && step + 1 < spec.steps {
+                let t = Instant::now();
+                let arrays = plan.checkpointed();
+                let blocks: Vec<(&str, &LocalArray)> = arrays
+                    .iter()
+                    .map(|n| (n.as_str(), plan.array(n).expect("declared")))
+                    .collect();
+                tokio::task::block_in_place(|| dir.write_blocks(step, index, &blocks))
+                    .map_err(PlanError::Other)?;
+                // A checkpoint counts once every process's blocks are durable.
+                comm.barrier()
+                    .await
+                    .map_err(|e| PlanError::Other(format!("checkpoint barrier: {e}")))?;
+                if index == 0 {
+                    tokio::task::block_in_place(|| dir.commit(step, spec.processes, &blocks))
+                        .map_err(PlanError::Other)?;
+                }
+                plan.timings.checkpoint_s += t.elapsed().as_secs_f64();
+            }
+        }
         let Some(r) = &spec.report else { continue };
         let last = step + 1 == spec.steps;
         if index == 0 && ((step + 1) % r.every == 0 || last) {
@@ -497,7 +611,7 @@ pub async fn run_job_process(
             process
                 .kv
                 .put(
-                    tessel_coordinator::keys::job_report(process.job, step).as_bytes(),
+                    tessel_coordinator::keys::job_report(&bundle.job, step).as_bytes(),
                     &serde_json::to_vec(&report).expect("encodes"),
                 )
                 .await
@@ -507,6 +621,7 @@ pub async fn run_job_process(
         }
     }
     plan.timings.loop_s = loop_started.elapsed().as_secs_f64();
+    plan.timings.first_step = first_step;
     if let Some(dir) = &bundle.output_dir {
         let names: Vec<String> = spec.arrays.keys().cloned().collect();
         for name in names {
