@@ -227,13 +227,24 @@ pub fn certs(cmd: CertsCommand) -> Result<()> {
     }
 }
 
+async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
+    tessel_coordinator::scheduler::run(
+        kv,
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(120),
+    )
+    .await
+}
+
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     if let Some(url) = &args.kv {
         let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(connect_etcd(url).await?);
         println!("coordinator attached to {url}");
-        let monitor = tokio::spawn(tessel_coordinator::monitor::run(kv));
+        let monitor = tokio::spawn(tessel_coordinator::monitor::run(kv.clone()));
+        let scheduler = tokio::spawn(scheduler(kv));
         wait_for_signal().await;
         monitor.abort();
+        scheduler.abort();
         return Ok(());
     }
     let (Some(id), Some(listen), Some(data_dir)) = (args.id, args.listen, args.data_dir.clone())
@@ -271,9 +282,13 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     // replica runs one; their writes are idempotent inserts).
     let monitor_kv: std::sync::Arc<dyn KvStore> =
         std::sync::Arc::new(RaftKv::connect(vec![addr], tls.as_ref())?);
-    let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv));
+    let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv.clone()));
+    // The scheduler too: passes commit by compare-and-swap of one value,
+    // so replicas' passes never interleave.
+    let scheduler = tokio::spawn(scheduler(monitor_kv));
     wait_for_signal().await;
     monitor.abort();
+    scheduler.abort();
     eprintln!("replica {id} shutting down");
     replica.shutdown().await;
     Ok(())

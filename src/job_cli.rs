@@ -174,3 +174,173 @@ fn summarize(job: &ValidatedJob, results: &[ProcessResult]) {
         );
     }
 }
+
+/// `tessel submit SPEC [--wait]`.
+#[derive(clap::Args)]
+pub struct SubmitArgs {
+    /// The job spec (TOML).
+    pub spec: std::path::PathBuf,
+    #[command(flatten)]
+    pub target: crate::cluster_cli::KvTargetArgs,
+    /// Follow the job with a progress bar until it ends; the exit code is
+    /// 0 only if it succeeded.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// `tessel jobs`, `tessel job ID`, `tessel cancel ID`.
+#[derive(clap::Args)]
+pub struct JobIdArgs {
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub target: crate::cluster_cli::KvTargetArgs,
+}
+
+/// `tessel fetch ID ARRAY --out FILE.npy`.
+#[derive(clap::Args)]
+pub struct FetchArgs {
+    pub id: String,
+    pub array: String,
+    #[arg(long, value_name = "FILE.npy")]
+    pub out: std::path::PathBuf,
+    #[command(flatten)]
+    pub target: crate::cluster_cli::KvTargetArgs,
+}
+
+async fn client(target: &crate::cluster_cli::KvTargetArgs) -> Result<tessel::client::Client> {
+    let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(target.connect().await?);
+    Ok(tessel::client::Client::from_store(kv))
+}
+
+pub async fn submit(args: SubmitArgs) -> Result<()> {
+    let job = tessel::job::JobSpec::load(&args.spec)?;
+    let client = client(&args.target).await?;
+    let id = client.submit(&job).await?;
+    println!("{id}");
+    if args.wait {
+        follow(&client, &id, job.spec.steps).await?;
+    }
+    Ok(())
+}
+
+/// Progress bar over the job's reports; state changes above it.
+async fn follow(client: &tessel::client::Client, id: &str, steps: u64) -> Result<()> {
+    use tessel::client::JobUpdate;
+    let bar = indicatif::ProgressBar::new(steps);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:32} [{bar:30}] {pos}/{len} steps  {per_sec}  ETA {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    let say = |line: String| {
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    };
+    let mut updates = client.events(id).await?;
+    while let Some(u) = updates.next().await {
+        match u? {
+            JobUpdate::State(e) => {
+                let why = e.reason.map(|r| format!(": {r}")).unwrap_or_default();
+                say(format!(
+                    "{id}: {} → {} (attempt {}){why}",
+                    e.from, e.to, e.attempt
+                ));
+            }
+            JobUpdate::Report(r) => {
+                bar.set_position(r.step + 1);
+                bar.set_message(format_values(&r));
+            }
+        }
+    }
+    bar.finish();
+    let rec = client.wait(id).await?;
+    match rec.state {
+        tessel_coordinator::scheduler::JobState::Succeeded => Ok(()),
+        s => bail!(
+            "job `{id}` ended {s}: {}",
+            rec.reason.unwrap_or_else(|| "no reason recorded".into())
+        ),
+    }
+}
+
+pub async fn jobs(args: JobIdArgs) -> Result<()> {
+    let client = client(&args.target).await?;
+    println!(
+        "{:<24} {:<10} {:>9} {:>7} {:>8}  {:<24} REASON",
+        "ID", "STATE", "PROCESSES", "ATTEMPT", "RESTARTS", "WORKERS"
+    );
+    for j in client.list().await? {
+        println!(
+            "{:<24} {:<10} {:>9} {:>7} {:>8}  {:<24} {}",
+            j.id,
+            j.state.name(),
+            format!("{}×{}", j.processes, j.devices_per_process),
+            j.attempt,
+            format!("{}/{}", j.restarts, j.max_restarts),
+            j.placement.join(","),
+            j.reason.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+pub async fn job(args: JobIdArgs) -> Result<()> {
+    let id = args.id.context("give a job id")?;
+    let client = client(&args.target).await?;
+    let j = client.job(&id).await?;
+    println!("job {}  ({})", j.id, j.name);
+    println!("  state      {}", j.state);
+    if let Some(r) = &j.reason {
+        println!("  reason     {r}");
+    }
+    println!(
+        "  processes  {} × {} devices",
+        j.processes, j.devices_per_process
+    );
+    println!(
+        "  attempt    {} (restarts {}/{})",
+        j.attempt, j.restarts, j.max_restarts
+    );
+    for (i, w) in j.placement.iter().enumerate() {
+        println!("  process {i:<3} on worker {w}");
+    }
+    let reports = client
+        .store()
+        .list(keys::job_reports(&id).as_bytes())
+        .await?;
+    for pair in reports.iter().rev().take(5).rev() {
+        if let Ok(r) = serde_json::from_slice::<StepReport>(&pair.value) {
+            println!("  step {:>8}  {}", r.step + 1, format_values(&r));
+        }
+    }
+    Ok(())
+}
+
+pub async fn cancel(args: JobIdArgs) -> Result<()> {
+    let id = args.id.context("give a job id")?;
+    client(&args.target).await?.cancel(&id).await?;
+    println!("cancellation of {id} requested");
+    Ok(())
+}
+
+pub async fn fetch(args: FetchArgs) -> Result<()> {
+    let a = client(&args.target)
+        .await?
+        .fetch(&args.id, &args.array)
+        .await?;
+    std::fs::write(&args.out, tessel::array::write_npy(&a))
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!(
+        "{}: {}{:?} written to {}",
+        args.array,
+        a.element_type(),
+        a.dims(),
+        args.out.display()
+    );
+    Ok(())
+}

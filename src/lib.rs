@@ -27,6 +27,7 @@ pub use tessel_pjrt as pjrt;
 
 pub mod array;
 pub mod checkpoint;
+pub mod client;
 pub mod init;
 pub mod job;
 pub mod layout;

@@ -49,6 +49,16 @@ enum Command {
     Topology(node_cli::TopologyArgs),
     /// Start coordinators and workers as processes on this machine.
     Local(node_cli::LocalArgs),
+    /// Submit a job spec to the cluster's scheduler (prints the job id).
+    Submit(job_cli::SubmitArgs),
+    /// Jobs the scheduler knows: state, attempt, workers, reason.
+    Jobs(job_cli::JobIdArgs),
+    /// One job: state, placement, restarts, last reports.
+    Job(job_cli::JobIdArgs),
+    /// Cancel a job (its devices are freed).
+    Cancel(job_cli::JobIdArgs),
+    /// Write an array a finished job's plan wrote to a `.npy` file.
+    Fetch(job_cli::FetchArgs),
     /// Benchmarks (JSON lines on stdout).
     Bench {
         #[command(subcommand)]
@@ -182,6 +192,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Workers(args) => runtime()?.block_on(node_cli::workers(args)),
         Command::Topology(args) => runtime()?.block_on(node_cli::topology(args)),
         Command::Local(args) => runtime()?.block_on(node_cli::local(args)),
+        Command::Submit(args) => runtime()?.block_on(job_cli::submit(args)),
+        Command::Jobs(args) => runtime()?.block_on(job_cli::jobs(args)),
+        Command::Job(args) => runtime()?.block_on(job_cli::job(args)),
+        Command::Cancel(args) => runtime()?.block_on(job_cli::cancel(args)),
+        Command::Fetch(args) => runtime()?.block_on(job_cli::fetch(args)),
         Command::Cluster { command } => runtime()?.block_on(cluster_cli::cluster(command)),
         Command::Bench {
             command: BenchCommand::Kv(args),

@@ -29,6 +29,9 @@ use crate::job::{JobSpec, JobSpecError, PlanStep, ShardingSpec, ValidatedJob, BU
 use crate::layout::{concat_dim, process_block, shard_index, slice_dim};
 use crate::run::{CompiledProgram, ProgramSource, RunError};
 
+/// Largest final array kept in the KV for `fetch` (as `.npy`).
+pub const MAX_FETCHABLE: usize = (4 << 20) - 4096;
+
 /// Largest encoded bundle a worker decodes (it also has to fit one KV value).
 pub const MAX_BUNDLE: usize = 4 << 20;
 
@@ -622,6 +625,26 @@ pub async fn run_job_process(
     }
     plan.timings.loop_s = loop_started.elapsed().as_secs_f64();
     plan.timings.first_step = first_step;
+    // The arrays the plan wrote, gathered, for `fetch` (process 0 stores
+    // those that fit one KV value).
+    for name in plan.checkpointed() {
+        let global = plan.gather(&name, comm).await.map_err(PlanError::Other)?;
+        if index == 0 {
+            let npy = crate::array::write_npy(&global);
+            if npy.len() <= MAX_FETCHABLE {
+                process
+                    .kv
+                    .put(
+                        tessel_coordinator::keys::job_array(&bundle.job, &name).as_bytes(),
+                        &npy,
+                    )
+                    .await
+                    .map_err(|e| PlanError::Other(format!("storing `{name}`: {e}")))?;
+            } else {
+                tracing::warn!(array = %name, bytes = npy.len(), "too large to keep for fetch");
+            }
+        }
+    }
     if let Some(dir) = &bundle.output_dir {
         let names: Vec<String> = spec.arrays.keys().cloned().collect();
         for name in names {

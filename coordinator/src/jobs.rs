@@ -178,6 +178,20 @@ pub async fn wait_for_failure(
     }
 }
 
+/// The job's failure event, if there is one now.
+pub async fn failure_of(kv: &dyn KvStore, job: &str) -> Result<Option<JobFailure>> {
+    match kv.try_get(keys::job_failure(job).as_bytes()).await {
+        Ok(v) => Ok(Some(
+            postcard::from_bytes(&v).map_err(CoordinatorError::decode("a job failure"))?,
+        )),
+        Err(KvError::NotFound(_)) => Ok(None),
+        Err(e) => Err(CoordinatorError::Kv {
+            context: format!("reading the failure of job `{job}`"),
+            source: e,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

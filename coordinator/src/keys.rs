@@ -108,6 +108,11 @@ pub fn job_report(job: &str, step: u64) -> String {
     format!("jobs/{job}/reports/{step:012}")
 }
 
+/// An array's final value (`.npy`), written by process 0 at the end.
+pub fn job_array(job: &str, array: &str) -> String {
+    format!("jobs/{job}/arrays/{array}")
+}
+
 /// What a process's run of the plan ended with (JSON: steps, timings).
 pub fn process_result(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/result")
@@ -115,6 +120,28 @@ pub fn process_result(job: &str, index: u32) -> String {
 
 pub fn job_done(job: &str) -> String {
     format!("jobs/{job}/done")
+}
+
+/// The scheduler's whole state (one value, replaced by compare-and-swap).
+pub const SCHED_STATE: &str = "sched/state";
+
+/// A submitted job's bundle (spec and files), copied to each attempt.
+pub fn sched_bundle(job: &str) -> String {
+    format!("sched/jobs/{job}/bundle")
+}
+
+/// A request to cancel the job.
+pub fn sched_cancel(job: &str) -> String {
+    format!("sched/jobs/{job}/cancel")
+}
+
+/// The job's state changes, in order.
+pub fn sched_events(job: &str) -> String {
+    format!("sched/jobs/{job}/events/")
+}
+
+pub fn sched_event(job: &str, seq: u64) -> String {
+    format!("sched/jobs/{job}/events/{seq:012}")
 }
 
 /// `workers/{worker}/alive` → the worker id.

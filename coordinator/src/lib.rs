@@ -9,6 +9,8 @@
 //!   id and an incarnation; its lease is its liveness.
 //! * [`jobs`]: which workers a job uses, and the job's failure event.
 //! * [`monitor`]: turns expired leases into job failure events.
+//! * [`scheduler`]: the job queue, gang scheduling, the job state machine
+//!   and restarts.
 //!
 //! The keys are listed in [`keys`] and in ARCHITECTURE.md.
 //!
@@ -19,6 +21,7 @@ pub mod jobs;
 pub mod keys;
 pub mod monitor;
 pub mod registry;
+pub mod scheduler;
 
 pub use error::{CoordinatorError, Result};
 pub use jobs::JobFailure;

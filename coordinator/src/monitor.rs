@@ -59,6 +59,11 @@ pub async fn fail_jobs_of(
     Ok(failed)
 }
 
+/// The reason of a failure event for a worker whose lease expired.
+pub const LOST_LEASE: &str = "lost its lease";
+/// The reason for a worker that registered again (a new incarnation).
+pub const RESTARTED: &str = "restarted";
+
 /// Fails the jobs of every worker that is not alive (invariant 2's pass).
 pub async fn reconcile(kv: &dyn KvStore) -> Result<()> {
     for w in list_workers(kv).await? {
@@ -70,9 +75,9 @@ pub async fn reconcile(kv: &dyn KvStore) -> Result<()> {
             WorkerState::Dead => None,
         };
         let reason = if alive.is_some() {
-            "restarted"
+            RESTARTED
         } else {
-            "lost its lease"
+            LOST_LEASE
         };
         fail_jobs_of(kv, &w.record.info.worker_id, alive, reason).await?;
     }
@@ -111,7 +116,7 @@ async fn run_once(kv: &dyn KvStore) -> Result<()> {
             Event::Delete { key, .. } => {
                 if let Some(worker) = keys::parse_alive(&key) {
                     seen.remove(worker);
-                    fail_jobs_of(kv, worker, None, "lost its lease").await?;
+                    fail_jobs_of(kv, worker, None, LOST_LEASE).await?;
                 }
             }
             Event::Put(p) => {
@@ -119,7 +124,7 @@ async fn run_once(kv: &dyn KvStore) -> Result<()> {
                     (keys::parse_alive(&p.key), keys::parse_alive_value(&p.value))
                 {
                     if seen.get(worker) != Some(&inc) {
-                        fail_jobs_of(kv, worker, Some(inc), "restarted").await?;
+                        fail_jobs_of(kv, worker, Some(inc), RESTARTED).await?;
                         seen.insert(worker.to_owned(), inc);
                     }
                 }

@@ -1,0 +1,718 @@
+//! The job scheduler: a queue of submitted jobs, gang-scheduled onto
+//! registered workers, driven through a persisted state machine.
+//!
+//! ```text
+//! Pending ──placed──▶ Scheduled ──every process ready──▶ Running ──all results──▶ Succeeded
+//!    ▲                    │                                  │
+//!    │                    └──────────── failure ─────────────┤──▶ Failed
+//!    └──── Restarting ◀── a worker was lost, restarts left ──┘
+//! any non-terminal state ──cancel──▶ Cancelled
+//! ```
+//!
+//! The decision logic ([`SchedulerState::advance`]) is pure; [`run`] is the
+//! I/O around it: it reads what the workers published, advances the state,
+//! commits it and then carries out what the new state asks for.
+//!
+//! Invariants:
+//! 1. The whole scheduler state is one KV value (`sched/state`), replaced
+//!    only by compare-and-swap from the bytes a pass read: passes of
+//!    several coordinators (or of a deposed one) never interleave, so a
+//!    device is never given to two jobs and no transition is lost. A job
+//!    survives any coordinator's death with the KV.
+//! 2. Gang scheduling: a job is placed all at once — one process per
+//!    worker, on alive workers with `devices_per_process` free devices —
+//!    or stays Pending with the reason visible.
+//! 3. Attempt `a` of job `id` runs as instance `id@a` (its own KV
+//!    namespace: topology, transfer ids, results); a restart is a new
+//!    attempt, so nothing of the lost one is reused.
+//! 4. Side effects (the instance's bundle, assignments, the `done` key,
+//!    events) follow a committed state and are idempotent: a pass that
+//!    dies after its commit is completed by the next one.
+//! 5. Every transition appends one event (`sched/jobs/{id}/events/{seq}`,
+//!    inserted, so it is written once), in the order of the transitions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tessel_kvstore::{KvError, KvStore};
+
+use crate::error::{CoordinatorError, Result};
+use crate::jobs::{self, JobAssignment, JobFailure};
+use crate::keys;
+use crate::registry::{list_workers, WorkerState};
+
+/// Finished jobs kept in the state for listing.
+pub const KEEP_FINISHED: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    Pending,
+    Scheduled,
+    Running,
+    Restarting,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Pending => "Pending",
+            JobState::Scheduled => "Scheduled",
+            JobState::Running => "Running",
+            JobState::Restarting => "Restarting",
+            JobState::Succeeded => "Succeeded",
+            JobState::Failed => "Failed",
+            JobState::Cancelled => "Cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One job as the scheduler tracks it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: String,
+    pub name: String,
+    pub state: JobState,
+    pub processes: u32,
+    pub devices_per_process: u32,
+    pub max_restarts: u32,
+    pub restarts: u32,
+    /// The current (or last) attempt; 0 before the first placement.
+    pub attempt: u32,
+    /// The worker of each process of the current attempt.
+    pub placement: Vec<String>,
+    /// Why it waits, or why it failed.
+    pub reason: Option<String>,
+    pub submitted_unix_ms: u64,
+    pub updated_unix_ms: u64,
+    /// Events appended so far (the next event's sequence number).
+    pub events: u64,
+}
+
+impl JobRecord {
+    /// The KV namespace of the current attempt (invariant 3).
+    pub fn instance(&self) -> String {
+        instance(&self.id, self.attempt)
+    }
+}
+
+pub fn instance(id: &str, attempt: u32) -> String {
+    format!("{id}@{attempt}")
+}
+
+/// A state change, as appended to the job's events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobEvent {
+    pub seq: u64,
+    pub unix_ms: u64,
+    pub from: JobState,
+    pub to: JobState,
+    pub attempt: u32,
+    pub reason: Option<String>,
+}
+
+/// What the workers published about a job's current attempt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observed {
+    pub cancel_requested: bool,
+    pub failure: Option<JobFailure>,
+    /// Processes past the transfer barrier.
+    pub ready: u32,
+    /// Processes that published their result.
+    pub finished: u32,
+}
+
+/// An alive worker and its devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerCapacity {
+    pub worker: String,
+    pub devices: u32,
+}
+
+/// Whether a failure is the loss of a worker (which a restart can cure),
+/// rather than an error of the job itself.
+pub fn is_worker_loss(f: &JobFailure) -> bool {
+    f.worker.is_some()
+        && (f.reason == crate::monitor::LOST_LEASE || f.reason == crate::monitor::RESTARTED)
+}
+
+/// The persisted state: every job, in submission order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerState {
+    pub jobs: Vec<JobRecord>,
+    /// Ids handed out so far (`NAME.N`).
+    pub next_id: u64,
+}
+
+impl SchedulerState {
+    pub fn decode(bytes: &[u8]) -> Result<SchedulerState> {
+        postcard::from_bytes(bytes).map_err(CoordinatorError::decode("the scheduler state"))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("always encodes")
+    }
+
+    pub fn job(&self, id: &str) -> Option<&JobRecord> {
+        self.jobs.iter().find(|j| j.id == id)
+    }
+
+    /// Queues a job (Pending) and returns its id.
+    pub fn submit(
+        &mut self,
+        name: &str,
+        processes: u32,
+        devices_per_process: u32,
+        max_restarts: u32,
+        now: u64,
+    ) -> String {
+        self.next_id += 1;
+        let id = format!("{name}.{}", self.next_id);
+        self.jobs.push(JobRecord {
+            id: id.clone(),
+            name: name.to_owned(),
+            state: JobState::Pending,
+            processes,
+            devices_per_process,
+            max_restarts,
+            restarts: 0,
+            attempt: 0,
+            placement: Vec::new(),
+            reason: None,
+            submitted_unix_ms: now,
+            updated_unix_ms: now,
+            events: 0,
+        });
+        id
+    }
+
+    /// Devices in use per worker (Scheduled and Running jobs).
+    fn used(&self) -> BTreeMap<String, u32> {
+        let mut used = BTreeMap::new();
+        for j in &self.jobs {
+            if matches!(j.state, JobState::Scheduled | JobState::Running) {
+                for w in &j.placement {
+                    *used.entry(w.clone()).or_insert(0) += j.devices_per_process;
+                }
+            }
+        }
+        used
+    }
+
+    /// One pass of the state machine over every job, in submission order
+    /// (earlier jobs are placed first). Returns the events to append.
+    pub fn advance(
+        &mut self,
+        observed: &BTreeMap<String, Observed>,
+        workers: &[WorkerCapacity],
+        now: u64,
+    ) -> Vec<(String, JobEvent)> {
+        let mut events = Vec::new();
+        for i in 0..self.jobs.len() {
+            let none = Observed::default();
+            let obs = observed.get(&self.jobs[i].id).unwrap_or(&none);
+            let used = self.used();
+            let job = &mut self.jobs[i];
+            let from = job.state;
+            let next: Option<(JobState, Option<String>)> = match job.state {
+                _ if job.state.is_terminal() => None,
+                _ if obs.cancel_requested => Some((JobState::Cancelled, Some("cancelled".into()))),
+                JobState::Pending => match place(job, workers, &used) {
+                    Ok(placement) => {
+                        job.placement = placement;
+                        job.attempt += 1;
+                        Some((JobState::Scheduled, None))
+                    }
+                    Err(why) => {
+                        if job.reason.as_deref() != Some(why.as_str()) {
+                            job.reason = Some(why);
+                            job.updated_unix_ms = now;
+                        }
+                        None
+                    }
+                },
+                JobState::Scheduled | JobState::Running => match &obs.failure {
+                    Some(f) if is_worker_loss(f) && job.restarts < job.max_restarts => {
+                        job.restarts += 1;
+                        Some((JobState::Restarting, Some(f.to_string())))
+                    }
+                    Some(f) => Some((JobState::Failed, Some(f.to_string()))),
+                    None if obs.finished == job.processes => Some((JobState::Succeeded, None)),
+                    None if job.state == JobState::Scheduled && obs.ready == job.processes => {
+                        Some((JobState::Running, None))
+                    }
+                    None => None,
+                },
+                JobState::Restarting => Some((JobState::Pending, None)),
+                _ => None,
+            };
+            if let Some((to, reason)) = next {
+                job.state = to;
+                job.reason = reason.clone();
+                job.updated_unix_ms = now;
+                let e = JobEvent {
+                    seq: job.events,
+                    unix_ms: now,
+                    from,
+                    to,
+                    attempt: job.attempt,
+                    reason,
+                };
+                job.events += 1;
+                events.push((job.id.clone(), e));
+            }
+        }
+        // Keep the newest finished jobs only.
+        let finished = self.jobs.iter().filter(|j| j.state.is_terminal()).count();
+        if finished > KEEP_FINISHED {
+            let mut drop = finished - KEEP_FINISHED;
+            self.jobs.retain(|j| {
+                if drop > 0 && j.state.is_terminal() {
+                    drop -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        events
+    }
+}
+
+/// Invariant 2: one process per worker, on workers with enough free
+/// devices, preferring the least used (then by id, for determinism).
+pub fn place(
+    job: &JobRecord,
+    workers: &[WorkerCapacity],
+    used: &BTreeMap<String, u32>,
+) -> std::result::Result<Vec<String>, String> {
+    let mut fit: Vec<(u32, &str)> = workers
+        .iter()
+        .filter_map(|w| {
+            let u = used.get(&w.worker).copied().unwrap_or(0);
+            (w.devices.saturating_sub(u) >= job.devices_per_process)
+                .then_some((u, w.worker.as_str()))
+        })
+        .collect();
+    if fit.len() < job.processes as usize {
+        return Err(format!(
+            "waiting for {} workers with {} free devices each; {} of {} alive workers have them",
+            job.processes,
+            job.devices_per_process,
+            fit.len(),
+            workers.len()
+        ));
+    }
+    fit.sort();
+    Ok(fit
+        .into_iter()
+        .take(job.processes as usize)
+        .map(|(_, w)| w.to_owned())
+        .collect())
+}
+
+/// Queues a job: stores its bundle and adds it to the state (invariant 1).
+pub async fn submit(
+    kv: &dyn KvStore,
+    name: &str,
+    processes: u32,
+    devices_per_process: u32,
+    max_restarts: u32,
+    bundle_for: impl Fn(&str) -> Vec<u8>,
+) -> Result<String> {
+    loop {
+        let (old, mut state) = read_state(kv).await?;
+        let id = state.submit(
+            name,
+            processes,
+            devices_per_process,
+            max_restarts,
+            keys::unix_ms(),
+        );
+        // The bundle first: a job in the state always has one.
+        kv.put(keys::sched_bundle(&id).as_bytes(), &bundle_for(&id))
+            .await
+            .map_err(CoordinatorError::kv("storing the job's bundle"))?;
+        if commit(kv, old.as_deref(), &state).await? {
+            return Ok(id);
+        }
+        let _ = kv.delete(keys::sched_bundle(&id).as_bytes()).await;
+    }
+}
+
+/// Asks the scheduler to cancel a job.
+pub async fn cancel(kv: &dyn KvStore, id: &str) -> Result<()> {
+    keys::check_id("job id", id)?;
+    let (_, state) = read_state(kv).await?;
+    if state.job(id).is_none() {
+        return Err(CoordinatorError::Invalid {
+            what: "job id".into(),
+            reason: format!("no job `{id}`"),
+        });
+    }
+    kv.put(keys::sched_cancel(id).as_bytes(), b"cancel")
+        .await
+        .map_err(CoordinatorError::kv("requesting cancellation"))?;
+    Ok(())
+}
+
+/// The state and the bytes it was read from (`None`: no state yet).
+pub async fn read_state(kv: &dyn KvStore) -> Result<(Option<Vec<u8>>, SchedulerState)> {
+    match kv.try_get(keys::SCHED_STATE.as_bytes()).await {
+        Ok(bytes) => {
+            let s = SchedulerState::decode(&bytes)?;
+            Ok((Some(bytes), s))
+        }
+        Err(KvError::NotFound(_)) => Ok((None, SchedulerState::default())),
+        Err(e) => Err(CoordinatorError::kv("reading the scheduler state")(e)),
+    }
+}
+
+/// Compare-and-swap of the state; false when another pass won.
+async fn commit(kv: &dyn KvStore, old: Option<&[u8]>, new: &SchedulerState) -> Result<bool> {
+    match kv
+        .compare_and_swap(keys::SCHED_STATE.as_bytes(), old, &new.encode())
+        .await
+        .map_err(CoordinatorError::kv("writing the scheduler state"))?
+    {
+        tessel_kvstore::CasOutcome::Swapped { .. } => Ok(true),
+        _ => Ok(false),
+    }
+}
+
+/// What the workers published about `job`'s current attempt.
+async fn observe(kv: &dyn KvStore, job: &JobRecord) -> Result<Observed> {
+    let mut o = Observed {
+        cancel_requested: kv
+            .try_get(keys::sched_cancel(&job.id).as_bytes())
+            .await
+            .is_ok(),
+        ..Observed::default()
+    };
+    if matches!(job.state, JobState::Scheduled | JobState::Running) {
+        let inst = job.instance();
+        o.failure = jobs::wait_for_failure(kv, &inst, Duration::ZERO)
+            .await
+            .unwrap_or(None);
+        for kv_pair in kv
+            .list(keys::process_topologies(&inst).as_bytes())
+            .await
+            .map_err(CoordinatorError::kv("listing the job's processes"))?
+        {
+            if kv_pair.key.ends_with(b"/transfer_ready") {
+                o.ready += 1;
+            } else if kv_pair.key.ends_with(b"/result") {
+                o.finished += 1;
+            }
+        }
+    }
+    Ok(o)
+}
+
+async fn capacity(kv: &dyn KvStore) -> Result<Vec<WorkerCapacity>> {
+    Ok(list_workers(kv)
+        .await?
+        .into_iter()
+        .filter(|w| matches!(w.state, WorkerState::Alive { .. }))
+        .map(|w| WorkerCapacity {
+            devices: w.record.info.devices.iter().map(|d| d.count).sum(),
+            worker: w.record.info.worker_id,
+        })
+        .collect())
+}
+
+/// Invariant 4: what a committed state asks for, idempotently.
+async fn carry_out(
+    kv: &dyn KvStore,
+    state: &SchedulerState,
+    events: &[(String, JobEvent)],
+    topology_timeout: Duration,
+) -> Result<()> {
+    for (id, e) in events {
+        let bytes = postcard::to_allocvec(e).expect("always encodes");
+        match kv
+            .insert(keys::sched_event(id, e.seq).as_bytes(), &bytes)
+            .await
+        {
+            Ok(_) | Err(KvError::AlreadyExists(_)) => {}
+            Err(e) => return Err(CoordinatorError::kv("appending a job event")(e)),
+        }
+        tracing::info!(job = %id, from = %e.from, to = %e.to, attempt = e.attempt, reason = ?e.reason, "job state");
+        if matches!(
+            e.to,
+            JobState::Restarting | JobState::Failed | JobState::Cancelled | JobState::Succeeded
+        ) && e.attempt > 0
+        {
+            jobs::finish_job(kv, &instance(id, e.attempt)).await?;
+        }
+    }
+    for job in &state.jobs {
+        if job.state != JobState::Scheduled {
+            continue;
+        }
+        let inst = job.instance();
+        if jobs::wait_for_failure(kv, &inst, Duration::ZERO)
+            .await
+            .unwrap_or(None)
+            .is_some()
+        {
+            continue;
+        }
+        let spec_key = keys::job_spec(&inst);
+        if let Err(KvError::NotFound(_)) = kv.try_get(spec_key.as_bytes()).await {
+            let bundle = kv
+                .try_get(keys::sched_bundle(&job.id).as_bytes())
+                .await
+                .map_err(CoordinatorError::kv("reading the job's bundle"))?;
+            kv.put(spec_key.as_bytes(), &bundle)
+                .await
+                .map_err(CoordinatorError::kv("placing the job's bundle"))?;
+        }
+        for (i, w) in job.placement.iter().enumerate() {
+            if kv
+                .try_get(keys::assignment(w, &inst).as_bytes())
+                .await
+                .is_ok()
+            {
+                continue;
+            }
+            jobs::assign(
+                kv,
+                w,
+                &JobAssignment {
+                    job: inst.clone(),
+                    process_index: i as u32,
+                    num_processes: job.processes,
+                    topology_timeout_ms: topology_timeout.as_millis() as u64,
+                },
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// One pass: observe, advance, commit, carry out. Returns whether it
+/// committed a change.
+pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<bool> {
+    let (old, mut state) = read_state(kv).await?;
+    let mut observed = BTreeMap::new();
+    for job in state.jobs.iter().filter(|j| !j.state.is_terminal()) {
+        observed.insert(job.id.clone(), observe(kv, job).await?);
+    }
+    let workers = capacity(kv).await?;
+    let before = state.clone();
+    let events = state.advance(&observed, &workers, keys::unix_ms());
+    let changed = state != before;
+    if changed && !commit(kv, old.as_deref(), &state).await? {
+        return Ok(false); // another pass won; the next one starts over
+    }
+    carry_out(kv, &state, &events, topology_timeout).await?;
+    Ok(changed)
+}
+
+/// Runs passes every `interval` until the task is dropped; errors are
+/// logged and retried (the state is in the KV, nothing is lost).
+pub async fn run(kv: Arc<dyn KvStore>, interval: Duration, topology_timeout: Duration) {
+    loop {
+        if let Err(e) = pass(&*kv, topology_timeout).await {
+            tracing::warn!(error = %e, "scheduler pass failed");
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers(n: u32, devices: u32) -> Vec<WorkerCapacity> {
+        (0..n)
+            .map(|i| WorkerCapacity {
+                worker: format!("w{i}"),
+                devices,
+            })
+            .collect()
+    }
+
+    fn obs(id: &str, o: Observed) -> BTreeMap<String, Observed> {
+        [(id.to_owned(), o)].into_iter().collect()
+    }
+
+    fn lost(worker: &str) -> JobFailure {
+        JobFailure {
+            worker: Some(worker.into()),
+            incarnation: Some(1),
+            reason: crate::monitor::LOST_LEASE.into(),
+            unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_job_runs_through_to_success() {
+        let mut s = SchedulerState::default();
+        let id = s.submit("mlp", 2, 1, 0, 0);
+        assert_eq!(id, "mlp.1");
+        let w = workers(2, 1);
+        let e = s.advance(&BTreeMap::new(), &w, 1);
+        assert_eq!(e[0].1.to, JobState::Scheduled);
+        assert_eq!(s.jobs[0].placement, vec!["w0", "w1"]);
+        assert_eq!(s.jobs[0].instance(), "mlp.1@1");
+        let e = s.advance(
+            &obs(
+                &id,
+                Observed {
+                    ready: 2,
+                    ..Default::default()
+                },
+            ),
+            &w,
+            2,
+        );
+        assert_eq!(e[0].1.to, JobState::Running);
+        assert!(s
+            .advance(
+                &obs(
+                    &id,
+                    Observed {
+                        ready: 2,
+                        finished: 1,
+                        ..Default::default()
+                    }
+                ),
+                &w,
+                3
+            )
+            .is_empty());
+        let e = s.advance(
+            &obs(
+                &id,
+                Observed {
+                    ready: 2,
+                    finished: 2,
+                    ..Default::default()
+                },
+            ),
+            &w,
+            4,
+        );
+        assert_eq!(
+            (e[0].1.from, e[0].1.to, e[0].1.seq),
+            (JobState::Running, JobState::Succeeded, 2)
+        );
+    }
+
+    #[test]
+    fn gang_scheduling_is_all_or_nothing_and_waits_with_a_reason() {
+        let mut s = SchedulerState::default();
+        let big = s.submit("big", 3, 1, 0, 0);
+        let small = s.submit("small", 2, 1, 0, 0);
+        let e = s.advance(&BTreeMap::new(), &workers(2, 1), 1);
+        // big cannot fit, small can: placed, big waits with its reason.
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].0, small);
+        let b = s.job(&big).unwrap();
+        assert_eq!(b.state, JobState::Pending);
+        assert!(
+            b.reason
+                .as_deref()
+                .unwrap()
+                .contains("waiting for 3 workers"),
+            "{:?}",
+            b.reason
+        );
+        // Devices in use are not given twice.
+        let third = s.submit("third", 1, 1, 0, 2);
+        s.advance(&BTreeMap::new(), &workers(2, 1), 3);
+        assert_eq!(s.job(&third).unwrap().state, JobState::Pending);
+        // Two devices per worker: room for both.
+        s.advance(&BTreeMap::new(), &workers(2, 2), 4);
+        assert_eq!(s.job(&third).unwrap().state, JobState::Scheduled);
+    }
+
+    #[test]
+    fn a_lost_worker_restarts_while_restarts_remain_then_fails() {
+        let mut s = SchedulerState::default();
+        let id = s.submit("mlp", 2, 1, 1, 0);
+        let w = workers(3, 1);
+        s.advance(&BTreeMap::new(), &w, 1);
+        let failed = Observed {
+            failure: Some(lost("w1")),
+            ..Default::default()
+        };
+        let e = s.advance(&obs(&id, failed.clone()), &w, 2);
+        assert_eq!(e[0].1.to, JobState::Restarting);
+        let e = s.advance(&BTreeMap::new(), &w, 3);
+        assert_eq!(e[0].1.to, JobState::Pending);
+        let e = s.advance(&BTreeMap::new(), &w, 4);
+        assert_eq!(e[0].1.to, JobState::Scheduled);
+        assert_eq!(s.jobs[0].attempt, 2);
+        assert_eq!(s.jobs[0].instance(), "mlp.1@2");
+        // No restarts left: the next loss fails it.
+        let e = s.advance(&obs(&id, failed), &w, 5);
+        assert_eq!(e[0].1.to, JobState::Failed);
+        // An error of the job itself never restarts.
+        let mut s = SchedulerState::default();
+        let id = s.submit("bad", 1, 1, 5, 0);
+        s.advance(&BTreeMap::new(), &w, 1);
+        let compile = JobFailure {
+            reason: "program `p`: type mismatch".into(),
+            ..lost("w0")
+        };
+        let e = s.advance(
+            &obs(
+                &id,
+                Observed {
+                    failure: Some(compile),
+                    ..Default::default()
+                },
+            ),
+            &w,
+            2,
+        );
+        assert_eq!(e[0].1.to, JobState::Failed);
+    }
+
+    #[test]
+    fn cancel_ends_any_live_state_and_frees_devices() {
+        let mut s = SchedulerState::default();
+        let a = s.submit("a", 2, 1, 0, 0);
+        let b = s.submit("b", 2, 1, 0, 0);
+        let w = workers(2, 1);
+        s.advance(&BTreeMap::new(), &w, 1);
+        assert_eq!(s.job(&b).unwrap().state, JobState::Pending);
+        let e = s.advance(
+            &obs(
+                &a,
+                Observed {
+                    cancel_requested: true,
+                    ..Default::default()
+                },
+            ),
+            &w,
+            2,
+        );
+        assert_eq!(e[0].1.to, JobState::Cancelled);
+        // b is placed on the devices a held, in the same or the next pass.
+        s.advance(&BTreeMap::new(), &w, 3);
+        assert_eq!(s.job(&b).unwrap().state, JobState::Scheduled);
+        assert!(SchedulerState::decode(&s.encode()).unwrap() == s);
+    }
+}

@@ -1,0 +1,213 @@
+//! Submitting and following jobs: the Rust API behind `tessel submit`,
+//! `jobs`, `job`, `cancel` and `fetch`.
+//!
+//! ```no_run
+//! use futures::StreamExt;
+//! use tessel::client::{Client, JobUpdate};
+//! use tessel::job::JobSpec;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let tls = tessel_kvstore::tls::TlsFiles::load("tls".as_ref())?;
+//! let client = Client::connect(&["127.0.0.1:7000".parse()?], Some(&tls))?;
+//! let job = JobSpec::load("examples/mlp-data-parallel/job.toml".as_ref())?;
+//! let id = client.submit(&job).await?;
+//! let mut updates = client.events(&id).await?;
+//! while let Some(update) = updates.next().await {
+//!     match update? {
+//!         JobUpdate::State(e) => println!("{id}: {} → {}", e.from, e.to),
+//!         JobUpdate::Report(r) => println!("step {}: {:?}", r.step, r.values),
+//!     }
+//! }
+//! let done = client.wait(&id).await?;
+//! println!("{id} ended {}", done.state);
+//! let w1 = client.fetch(&id, "w1").await?;
+//! println!("w1: {:?}", w1.dims());
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tessel_coordinator::keys;
+use tessel_coordinator::scheduler::{self, JobEvent, JobRecord};
+use tessel_kvstore::{Event, KvError, KvStore};
+use tessel_pjrt::HostBuffer;
+
+use crate::job::ValidatedJob;
+use crate::plan::{JobBundle, StepReport, MAX_BUNDLE};
+
+/// What a client call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no job `{0}`")]
+    NoSuchJob(String),
+    #[error("job `{job}` has no array `{array}` to fetch (only arrays the plan writes, up to 4 MiB, are kept)")]
+    NoSuchArray { job: String, array: String },
+    #[error("the job with its files is {bytes} bytes; at most {MAX_BUNDLE} travel with a job")]
+    TooLarge { bytes: usize },
+    #[error("{context}: {source}")]
+    Kv {
+        context: &'static str,
+        #[source]
+        source: KvError,
+    },
+    #[error(transparent)]
+    Coordinator(#[from] tessel_coordinator::CoordinatorError),
+    #[error("{0}")]
+    Decode(String),
+}
+
+fn kv_err(context: &'static str) -> impl FnOnce(KvError) -> ClientError {
+    move |source| ClientError::Kv { context, source }
+}
+
+/// A change of a job: a state transition or a step report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobUpdate {
+    State(JobEvent),
+    Report(StepReport),
+}
+
+/// A connection to a tessel cluster's coordinators.
+#[derive(Clone)]
+pub struct Client {
+    kv: Arc<dyn KvStore>,
+}
+
+impl Client {
+    /// Connects to the coordinator replicas at `addrs` (any of them
+    /// serves; mutual TLS with the cluster's files, or `None` for a cluster
+    /// started with `--insecure`).
+    pub fn connect(
+        addrs: &[SocketAddr],
+        tls: Option<&tessel_kvstore::tls::TlsFiles>,
+    ) -> Result<Client, ClientError> {
+        let kv = tessel_kvstore::raft::client::RaftKv::connect(addrs.to_vec(), tls)
+            .map_err(kv_err("connecting to the coordinators"))?;
+        Ok(Client { kv: Arc::new(kv) })
+    }
+
+    /// A client over any key-value backend (etcd, or a test double).
+    pub fn from_store(kv: Arc<dyn KvStore>) -> Client {
+        Client { kv }
+    }
+
+    /// Queues a validated job; returns its id (`NAME.N`).
+    pub async fn submit(&self, job: &ValidatedJob) -> Result<String, ClientError> {
+        let size = JobBundle::new("x", job, &job.base, None).encode().len();
+        if size > MAX_BUNDLE {
+            return Err(ClientError::TooLarge { bytes: size });
+        }
+        let s = &job.spec;
+        Ok(scheduler::submit(
+            &*self.kv,
+            &s.name,
+            s.processes,
+            s.devices_per_process,
+            s.max_restarts,
+            |id| JobBundle::new(id, job, &job.base, None).encode(),
+        )
+        .await?)
+    }
+
+    /// Every job the scheduler knows (finished ones: the newest few
+    /// hundred), in submission order.
+    pub async fn list(&self) -> Result<Vec<JobRecord>, ClientError> {
+        Ok(scheduler::read_state(&*self.kv).await?.1.jobs)
+    }
+
+    pub async fn job(&self, id: &str) -> Result<JobRecord, ClientError> {
+        self.list()
+            .await?
+            .into_iter()
+            .find(|j| j.id == id)
+            .ok_or_else(|| ClientError::NoSuchJob(id.to_owned()))
+    }
+
+    /// Asks the scheduler to stop the job and free its devices.
+    pub async fn cancel(&self, id: &str) -> Result<(), ClientError> {
+        Ok(scheduler::cancel(&*self.kv, id).await?)
+    }
+
+    /// The job's state changes and reports from its beginning, then live.
+    /// Ends when the job has ended (after its last event).
+    pub async fn events(
+        &self,
+        id: &str,
+    ) -> Result<Pin<Box<dyn Stream<Item = Result<JobUpdate, ClientError>> + Send>>, ClientError>
+    {
+        self.job(id).await?;
+        let states = self
+            .kv
+            .watch(keys::sched_events(id).as_bytes(), 0)
+            .await
+            .map_err(kv_err("watching the job's events"))?
+            .map(|ev| -> Result<Option<JobUpdate>, ClientError> {
+                match ev.map_err(kv_err("watching the job's events"))? {
+                    Event::Put(p) => postcard::from_bytes::<JobEvent>(&p.value)
+                        .map(|e| Some(JobUpdate::State(e)))
+                        .map_err(|e| ClientError::Decode(e.to_string())),
+                    Event::Delete { .. } => Ok(None),
+                }
+            });
+        let reports = self
+            .kv
+            .watch(keys::job_reports(id).as_bytes(), 0)
+            .await
+            .map_err(kv_err("watching the job's reports"))?
+            .map(|ev| -> Result<Option<JobUpdate>, ClientError> {
+                match ev.map_err(kv_err("watching the job's reports"))? {
+                    Event::Put(p) => serde_json::from_slice::<StepReport>(&p.value)
+                        .map(|r| Some(JobUpdate::Report(r)))
+                        .map_err(|e| ClientError::Decode(e.to_string())),
+                    Event::Delete { .. } => Ok(None),
+                }
+            });
+        let merged = Box::pin(
+            futures::stream::select(states, reports).filter_map(|r| async move { r.transpose() }),
+        );
+        // Ends right after the terminal state change.
+        let merged = futures::stream::unfold((merged, false), |(mut s, ended)| async move {
+            if ended {
+                return None;
+            }
+            let item = s.next().await?;
+            let end = matches!(&item, Ok(JobUpdate::State(e)) if e.to.is_terminal());
+            Some((item, (s, end)))
+        });
+        Ok(Box::pin(merged))
+    }
+
+    /// Waits until the job has ended; returns its final record.
+    pub async fn wait(&self, id: &str) -> Result<JobRecord, ClientError> {
+        loop {
+            let j = self.job(id).await?;
+            if j.state.is_terminal() {
+                return Ok(j);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The final value of an array the job's plan wrote, gathered.
+    pub async fn fetch(&self, id: &str, array: &str) -> Result<HostBuffer, ClientError> {
+        match self.kv.try_get(keys::job_array(id, array).as_bytes()).await {
+            Ok(bytes) => {
+                crate::array::read_npy(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+            }
+            Err(KvError::NotFound(_)) => Err(ClientError::NoSuchArray {
+                job: id.to_owned(),
+                array: array.to_owned(),
+            }),
+            Err(e) => Err(kv_err("reading the array")(e)),
+        }
+    }
+
+    /// The key-value store this client talks to.
+    pub fn store(&self) -> &Arc<dyn KvStore> {
+        &self.kv
+    }
+}
