@@ -580,6 +580,9 @@ pub async fn run_job_process(
     let mut last_report = None;
     let loop_started = Instant::now();
     for step in first_step..spec.steps {
+        // A plan without collectives never waits: yield once a step so the
+        // worker can stop it (failure elsewhere, cancellation).
+        tokio::task::yield_now().await;
         plan.run_step(client, step, comm).await?;
         if let Some((dir, every)) = &checkpoints {
             if (step + 1) % every == 0 && step + 1 < spec.steps {

@@ -21,7 +21,9 @@
 //!    (mutual TLS; shared memory on the same host) after the exchange.
 //! 6. A job with a plan (`jobs/{job}/spec`) runs it once the barrier has
 //!    passed; a process that finishes publishes its result, one that fails
-//!    fails the job (invariant 2 of `jobs`: everyone sees that failure).
+//!    fails the job (invariant 2 of `jobs`: everyone sees that failure). A
+//!    failure elsewhere or the job's end (cancellation) stops the plan at
+//!    its next await.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -387,20 +389,28 @@ impl Worker {
             // A failure elsewhere (a process's error, a lost worker) stops
             // this process's plan at its next await instead of leaving it
             // waiting in a collective until the deadline.
+            // Cancellation (the job's `done` key) stops it the same way.
             let result = tokio::select! {
-                r = run => r.map_err(WorkerError::Job)?,
+                r = run => Some(r.map_err(WorkerError::Job)?),
                 f = self.job_failed(&a.job) => {
                     let f = f?;
                     return Err(WorkerError::Job(format!("the job failed: {f}")));
                 }
+                d = self.job_done(&a.job) => {
+                    d?;
+                    tracing::info!(job = %a.job, process = a.process_index, "job ended before its plan did");
+                    None
+                }
             };
-            self.kv
-                .put(
-                    keys::process_result(&a.job, a.process_index).as_bytes(),
-                    &result,
-                )
-                .await
-                .map_err(kv_err("publishing the process's result"))?;
+            if let Some(result) = result {
+                self.kv
+                    .put(
+                        keys::process_result(&a.job, a.process_index).as_bytes(),
+                        &result,
+                    )
+                    .await
+                    .map_err(kv_err("publishing the process's result"))?;
+            }
         }
         let outcome = self.wait_for_end(a).await;
         drop(comm);
@@ -466,6 +476,22 @@ impl Worker {
                 jobs::wait_for_failure(&*self.kv, job, Duration::from_secs(3600)).await?
             {
                 return Ok(f);
+            }
+        }
+    }
+
+    /// Returns once the job's `done` key exists.
+    async fn job_done(&self, job: &str) -> Result<()> {
+        let done = keys::job_done(job);
+        loop {
+            match self
+                .kv
+                .get(done.as_bytes(), Duration::from_secs(3600))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(tessel_kvstore::KvError::DeadlineExceeded { .. }) => continue,
+                Err(e) => return Err(kv_err("waiting for the job's end")(e)),
             }
         }
     }

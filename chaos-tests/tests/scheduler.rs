@@ -1,0 +1,255 @@
+//! The scheduler in the coordinator processes, with real workers: restarts
+//! from checkpoints after a SIGKILLed worker, a SIGKILLed coordinator
+//! leader, gang scheduling that waits, and cancellation.
+//!
+//! Organised by the property each test proves.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessel::client::Client;
+use tessel::job::{JobSpec, ValidatedJob};
+use tessel_chaos_tests::{spawn_worker, KvCluster, WorkerProc};
+use tessel_coordinator::keys;
+use tessel_coordinator::scheduler::{JobRecord, JobState};
+use tessel_kvstore::KvStore;
+
+const LIVENESS: [&str; 4] = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
+
+fn example_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp-data-parallel")
+}
+
+/// The MLP demo spec with `steps`, `max_restarts` and checkpoints every
+/// 100 steps under `ckpt` (absolute).
+fn mlp(steps: u64, max_restarts: u32, ckpt: &Path) -> ValidatedJob {
+    let path = example_dir().join("job.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut spec = JobSpec::from_toml(&text, &path).unwrap();
+    spec.steps = steps;
+    spec.max_restarts = max_restarts;
+    spec.checkpoint = Some(tessel::job::CheckpointSpec {
+        dir: ckpt.to_owned(),
+        every: 100,
+    });
+    let mut job = spec
+        .validate(&tessel::job::FolderFiles(example_dir()))
+        .unwrap();
+    job.base = example_dir();
+    job
+}
+
+/// `n` workers with one CPU device each.
+fn workers(cluster: &KvCluster, n: usize) -> HashMap<String, WorkerProc> {
+    let flags: Vec<&str> = LIVENESS.iter().copied().chain(["--devices", "1"]).collect();
+    (0..n)
+        .map(|i| {
+            let id = format!("w{i}");
+            let w = spawn_worker(cluster, &id, &flags);
+            (id, w)
+        })
+        .collect()
+}
+
+async fn wait_state(client: &Client, id: &str, want: JobState, within: Duration) -> JobRecord {
+    let deadline = Instant::now() + within;
+    loop {
+        let j = client.job(id).await.unwrap();
+        if j.state == want {
+            return j;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} is {} ({:?}), not {want}, after {within:?}",
+            j.state,
+            j.reason
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn params(client: &Client, id: &str) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for p in ["w1", "b1", "w2", "b2"] {
+        out.push(client.fetch(id, p).await.unwrap().bytes().to_vec());
+    }
+    out
+}
+
+/// kill -9 a worker mid-job: the job goes Restarting, runs again as a new
+/// attempt on the workers left, restores the newest complete checkpoint
+/// and ends with exactly the parameters of an undisturbed run (the
+/// all-reduce order is fixed and CPU programs are deterministic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_worker_restarts_the_job_from_its_checkpoint_to_the_same_result() {
+    let cluster = KvCluster::start(3, &[]);
+    let mut ws = workers(&cluster, 5);
+    let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
+    let client = Client::from_store(kv.clone());
+    let ckpt = tempfile::tempdir().unwrap();
+
+    let calm = client.submit(&mlp(600, 0, ckpt.path())).await.unwrap();
+    let done = client.wait(&calm).await.unwrap();
+    assert_eq!(done.state, JobState::Succeeded, "{:?}", done.reason);
+
+    let id = client.submit(&mlp(600, 2, ckpt.path())).await.unwrap();
+    // Past the checkpoint of step 200 (reports come every 100 steps).
+    kv.get(
+        keys::job_report(&id, 299).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("the job reached step 300");
+    let victim = client.job(&id).await.unwrap().placement[1].clone();
+    ws.get_mut(&victim).unwrap().kill();
+
+    let end = client.wait(&id).await.unwrap();
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    assert_eq!((end.restarts, end.attempt), (1, 2));
+    assert!(!end.placement.contains(&victim), "{:?}", end.placement);
+    // The second attempt started from a checkpoint, not from step 0.
+    let results = kv
+        .list(keys::process_topologies(&end.instance()).as_bytes())
+        .await
+        .unwrap();
+    let first_step = results
+        .iter()
+        .find(|p| p.key.ends_with(b"/result"))
+        .map(|p| serde_json::from_slice::<serde_json::Value>(&p.value).unwrap())
+        .unwrap()["timings"]["first_step"]
+        .as_u64()
+        .unwrap();
+    assert!(first_step >= 200, "restored at step {first_step}");
+    assert_eq!(params(&client, &id).await, params(&client, &calm).await);
+    // The events tell the story.
+    let events: Vec<(JobState, JobState)> = kv
+        .list(keys::sched_events(&id).as_bytes())
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let e: tessel_coordinator::scheduler::JobEvent =
+                postcard::from_bytes(&p.value).unwrap();
+            (e.from, e.to)
+        })
+        .collect();
+    assert!(
+        events.contains(&(JobState::Running, JobState::Restarting)),
+        "{events:?}"
+    );
+    assert_eq!(
+        events.last(),
+        Some(&(JobState::Running, JobState::Succeeded))
+    );
+}
+
+/// kill -9 the coordinator leader mid-job: the job goes on (the workers
+/// and the scheduler of another replica carry it) and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinator_leader_loses_no_job() {
+    let mut cluster = KvCluster::start(3, &[]);
+    let _ws = workers(&cluster, 4);
+    let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
+    let client = Client::from_store(kv.clone());
+    let ckpt = tempfile::tempdir().unwrap();
+    let id = client.submit(&mlp(800, 0, ckpt.path())).await.unwrap();
+    kv.get(
+        keys::job_report(&id, 99).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("the job is running");
+    let leader = cluster.leader().await;
+    cluster.procs.get_mut(&leader).unwrap().kill();
+    let end = client.wait(&id).await.unwrap();
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    assert_eq!(end.attempt, 1, "no restart was needed");
+}
+
+const ADD: &str = "func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  %0 = stablehlo.add %a, %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}\n";
+
+fn tiny(dir: &Path, name: &str, processes: u32, steps: u64) -> ValidatedJob {
+    std::fs::write(dir.join("double.mlir"), ADD).unwrap();
+    let spec = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &spec,
+        format!(
+            "name = \"{name}\"\nprocesses = {processes}\nmesh = \"data={processes}\"\nsteps = {steps}\n\n\
+             [programs.double]\nfile = \"double.mlir\"\n\n\
+             [arrays.a]\ndtype = \"f32\"\nshape = [4]\ninit = {{ kind = \"constant\", value = 1.0 }}\n\n\
+             [[plan]]\nop = \"execute\"\nprogram = \"double\"\ninputs = [\"a\"]\noutputs = [\"a\"]\n"
+        ),
+    )
+    .unwrap();
+    JobSpec::load(&spec).unwrap()
+}
+
+/// A job larger than the cluster waits with its reason; devices in use are
+/// not given twice; cancelling a running job frees its devices for the
+/// next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
+    let cluster = KvCluster::start(3, &[]);
+    let _ws = workers(&cluster, 2);
+    let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
+    let client = Client::from_store(kv.clone());
+    let dir = tempfile::tempdir().unwrap();
+
+    let big = client
+        .submit(&tiny(dir.path(), "big", 3, 10))
+        .await
+        .unwrap();
+    let long = client
+        .submit(&tiny(dir.path(), "long", 2, 100_000_000))
+        .await
+        .unwrap();
+    let next = client
+        .submit(&tiny(dir.path(), "next", 2, 10))
+        .await
+        .unwrap();
+    wait_state(&client, &long, JobState::Running, Duration::from_secs(60)).await;
+    let b = client.job(&big).await.unwrap();
+    assert_eq!(b.state, JobState::Pending);
+    assert!(
+        b.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("waiting for 3 workers"),
+        "{:?}",
+        b.reason
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let n = client.job(&next).await.unwrap();
+    assert_eq!(n.state, JobState::Pending, "devices are busy");
+
+    client.cancel(&long).await.unwrap();
+    wait_state(&client, &long, JobState::Cancelled, Duration::from_secs(30)).await;
+    let n = wait_state(&client, &next, JobState::Succeeded, Duration::from_secs(60)).await;
+    assert_eq!(n.attempt, 1);
+    // The cancelled job's processes left: its workers hold no assignment.
+    for w in ["w0", "w1"] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = kv
+                .list(keys::assignments(w).as_bytes())
+                .await
+                .unwrap()
+                .iter()
+                .all(|p| !p.key.ends_with(format!("{long}@1").as_bytes()));
+            if left {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{w} still runs {long}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let a = client.fetch(&next, "a").await.unwrap();
+    assert_eq!(
+        a.to_vec::<f32>().unwrap(),
+        vec![1024.0; 4],
+        "2^10 after 10 doublings"
+    );
+    assert_eq!(client.job(&big).await.unwrap().state, JobState::Pending);
+}
