@@ -37,16 +37,13 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
     let s = &job.spec;
     let plugin = locate::resolve(Some(&s.plugin))?;
     let mut tessel_ms = Vec::new();
-    for run in 0..args.repeat {
+    for _ in 0..args.repeat {
         let mut cluster = LocalCluster::new()?;
         cluster.start_coordinators(3)?;
         let kv = cluster.client()?;
         cluster.start_workers(s.processes, &plugin, s.devices_per_process as usize)?;
-        let workers: Vec<String> = (0..s.processes).map(|i| format!("w{i}")).collect();
-        let id = format!("bench-{}-{run}", std::process::id());
-        let results =
-            crate::job_cli::submit_and_follow(&kv, &id, &job, None, &workers, 60_000, false)
-                .await?;
+        let client = tessel::client::Client::from_store(std::sync::Arc::new(kv));
+        let (_, results) = crate::job_cli::run_scheduled(&client, &job, false).await?;
         drop(cluster);
         // The slowest process sets the pace; shares are its own.
         let slowest = results

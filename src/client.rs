@@ -97,7 +97,7 @@ impl Client {
 
     /// Queues a validated job; returns its id (`NAME.N`).
     pub async fn submit(&self, job: &ValidatedJob) -> Result<String, ClientError> {
-        let size = JobBundle::new("x", job, &job.base, None).encode().len();
+        let size = JobBundle::new("x", job, &job.base).encode().len();
         if size > MAX_BUNDLE {
             return Err(ClientError::TooLarge { bytes: size });
         }
@@ -108,7 +108,7 @@ impl Client {
             s.processes,
             s.devices_per_process,
             s.max_restarts,
-            |id| JobBundle::new(id, job, &job.base, None).encode(),
+            |id| JobBundle::new(id, job, &job.base).encode(),
         )
         .await?)
     }

@@ -230,7 +230,7 @@ pub fn certs(cmd: CertsCommand) -> Result<()> {
 async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
     tessel_coordinator::scheduler::run(
         kv,
-        std::time::Duration::from_millis(200),
+        std::time::Duration::from_millis(500),
         std::time::Duration::from_secs(120),
     )
     .await

@@ -1,22 +1,23 @@
-//! Running a job spec on a cluster and following it: the bundle goes to
-//! `jobs/{job}/spec`, every worker gets an assignment, reports are printed
-//! as they arrive, and the job ends when every process has published its
-//! result (or with the job's failure event).
+//! The job commands: `tessel local JOB.toml` (a fresh local cluster),
+//! `submit`, `jobs`, `job`, `cancel` and `fetch`, all through the
+//! scheduler ([`tessel::client::Client`]).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
+use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
 use tessel::pjrt::locate;
-use tessel::plan::{JobBundle, ProcessResult, StepReport};
-use tessel_coordinator::jobs::{self, JobAssignment};
+use tessel::plan::{ProcessResult, StepReport};
 use tessel_coordinator::keys;
-use tessel_kvstore::{Event, KvStore};
+use tessel_coordinator::scheduler::JobState;
+use tessel_kvstore::KvStore;
 
 use crate::node_cli::{LocalArgs, LocalCluster};
 
-/// `tessel local JOB.toml`: a fresh cluster with one worker per process.
+/// `tessel local JOB.toml`: a fresh cluster with one worker per process;
+/// the job goes through the scheduler like any other.
 pub async fn run_on_local(
     cluster: &mut LocalCluster,
     args: &LocalArgs,
@@ -27,110 +28,87 @@ pub async fn run_on_local(
     cluster.start_coordinators(args.coordinators)?;
     let kv = cluster.client()?;
     cluster.start_workers(s.processes, &plugin, s.devices_per_process as usize)?;
-    let out = match &args.out {
-        Some(d) => Some(std::path::absolute(d).context("resolving --out")?),
-        None => None,
-    };
-    let id = format!("{}-{}", s.name, std::process::id());
-    let workers: Vec<String> = (0..s.processes).map(|i| format!("w{i}")).collect();
     eprintln!(
-        "job `{id}`: {} processes × {} devices ({}), mesh {}, {} steps",
+        "{} processes × {} devices ({}), mesh {}, {} steps",
         s.processes,
         s.devices_per_process,
         plugin.display(),
         s.mesh,
         s.steps
     );
-    let results = submit_and_follow(&kv, &id, job, out, &workers, args.timeout_ms, true).await?;
+    let client = Client::from_store(std::sync::Arc::new(kv));
+    let (id, results) = run_scheduled(&client, job, true).await?;
     summarize(job, &results);
-    if let Some(d) = &args.out {
-        println!("final arrays written to {}", d.display());
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for name in tessel::plan::written_arrays(&job.spec) {
+            let a = client.fetch(&id, &name).await?;
+            let path = dir.join(format!("{name}.npy"));
+            std::fs::write(&path, tessel::array::write_npy(&a))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        println!("final arrays written to {}", dir.display());
     }
-    jobs::finish_job(&kv, &id).await?;
     Ok(())
 }
 
-/// Puts the bundle, assigns process `i` to `workers[i]`, prints reports
-/// and returns every process's result.
-pub async fn submit_and_follow(
-    kv: &dyn KvStore,
-    id: &str,
+/// Submits `job` to the scheduler, follows it (printing state changes and
+/// reports when `print`), and returns its id and every process's result;
+/// an error if it did not succeed.
+pub async fn run_scheduled(
+    client: &Client,
     job: &ValidatedJob,
-    out: Option<std::path::PathBuf>,
-    workers: &[String],
-    topology_timeout_ms: u64,
-    print_reports: bool,
-) -> Result<Vec<ProcessResult>> {
-    let bundle = JobBundle::new(id, job, &job.base, out).encode();
-    if bundle.len() > tessel::plan::MAX_BUNDLE {
+    print: bool,
+) -> Result<(String, Vec<ProcessResult>)> {
+    let id = client.submit(job).await?;
+    let started = Instant::now();
+    let mut last: Option<(u64, Instant)> = None;
+    let mut updates = client.events(&id).await?;
+    while let Some(u) = updates.next().await {
+        match u? {
+            JobUpdate::State(e) if print => {
+                let why = e.reason.map(|r| format!(": {r}")).unwrap_or_default();
+                eprintln!(
+                    "job `{id}`: {} → {} (attempt {}){why}",
+                    e.from, e.to, e.attempt
+                );
+            }
+            JobUpdate::Report(r) if print => {
+                let now = Instant::now();
+                let rate = match last {
+                    Some((step, t)) if r.step > step => {
+                        (r.step - step) as f64 / now.duration_since(t).as_secs_f64()
+                    }
+                    _ => (r.step + 1) as f64 / started.elapsed().as_secs_f64(),
+                };
+                last = Some((r.step, now));
+                println!(
+                    "step {:>6}  {}  ({rate:.0} steps/s)",
+                    r.step + 1,
+                    format_values(&r)
+                );
+            }
+            _ => {}
+        }
+    }
+    let rec = client.wait(&id).await?;
+    if rec.state != JobState::Succeeded {
         bail!(
-            "the job with its files is {} bytes; at most {} travel with a job",
-            bundle.len(),
-            tessel::plan::MAX_BUNDLE
+            "job `{id}` ended {}: {}",
+            rec.state,
+            rec.reason.unwrap_or_else(|| "no reason recorded".into())
         );
     }
-    kv.put(keys::job_spec(id).as_bytes(), &bundle)
-        .await
-        .context("storing the job's spec")?;
-    let rev = kv.revision().await?;
-    let mut reports = kv.watch(keys::job_reports(id).as_bytes(), rev + 1).await?;
-    let n = job.spec.processes;
-    for (i, w) in workers.iter().enumerate() {
-        let a = JobAssignment {
-            job: id.to_owned(),
-            process_index: i as u32,
-            num_processes: n,
-            topology_timeout_ms,
-        };
-        jobs::assign(kv, w, &a).await?;
-    }
-    let started = Instant::now();
-    let results = async {
-        let mut out = Vec::new();
-        for i in 0..n {
-            let key = keys::process_result(id, i);
-            let bytes = loop {
-                match kv.get(key.as_bytes(), Duration::from_secs(3600)).await {
-                    Ok(b) => break b,
-                    Err(tessel_kvstore::KvError::DeadlineExceeded { .. }) => continue,
-                    Err(e) => return Err(anyhow::Error::from(e)),
-                }
-            };
-            out.push(serde_json::from_slice::<ProcessResult>(&bytes)?);
-        }
-        Ok(out)
-    };
-    let failure = async {
-        loop {
-            if let Some(f) = jobs::wait_for_failure(kv, id, Duration::from_secs(3600)).await? {
-                return anyhow::Ok(f);
-            }
-        }
-    };
-    tokio::pin!(results, failure);
-    let mut last: Option<(u64, Instant)> = None;
-    loop {
-        tokio::select! {
-            ev = reports.next() => {
-                let Some(ev) = ev else { bail!("the report watch ended") };
-                if let (true, Event::Put(pair)) = (print_reports, ev?) {
-                    if let Ok(r) = serde_json::from_slice::<StepReport>(&pair.value) {
-                        let now = Instant::now();
-                        let rate = match last {
-                            Some((step, t)) if r.step > step => {
-                                (r.step - step) as f64 / now.duration_since(t).as_secs_f64()
-                            }
-                            _ => (r.step + 1) as f64 / started.elapsed().as_secs_f64(),
-                        };
-                        last = Some((r.step, now));
-                        println!("step {:>6}  {}  ({rate:.0} steps/s)", r.step + 1, format_values(&r));
-                    }
-                }
-            }
-            r = &mut results => return r,
-            f = &mut failure => bail!("job `{id}` failed: {}", f?),
-        }
-    }
+    let mut results: Vec<ProcessResult> = client
+        .store()
+        .list(keys::process_topologies(&rec.instance()).as_bytes())
+        .await?
+        .iter()
+        .filter(|p| p.key.ends_with(b"/result"))
+        .map(|p| serde_json::from_slice(&p.value))
+        .collect::<Result<_, _>>()?;
+    results.sort_by_key(|r| r.process);
+    Ok((id, results))
 }
 
 fn format_values(r: &StepReport) -> String {
@@ -207,9 +185,9 @@ pub struct FetchArgs {
     pub target: crate::cluster_cli::KvTargetArgs,
 }
 
-async fn client(target: &crate::cluster_cli::KvTargetArgs) -> Result<tessel::client::Client> {
+async fn client(target: &crate::cluster_cli::KvTargetArgs) -> Result<Client> {
     let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(target.connect().await?);
-    Ok(tessel::client::Client::from_store(kv))
+    Ok(Client::from_store(kv))
 }
 
 pub async fn submit(args: SubmitArgs) -> Result<()> {
@@ -224,8 +202,7 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
 }
 
 /// Progress bar over the job's reports; state changes above it.
-async fn follow(client: &tessel::client::Client, id: &str, steps: u64) -> Result<()> {
-    use tessel::client::JobUpdate;
+async fn follow(client: &Client, id: &str, steps: u64) -> Result<()> {
     let bar = indicatif::ProgressBar::new(steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template(

@@ -45,9 +45,6 @@ pub struct JobBundle {
     pub spec: String,
     /// Every file the spec names, by the path it names.
     pub files: Vec<(String, Vec<u8>)>,
-    /// Where process 0 writes every array's final global value as
-    /// `NAME.npy` (a path on its host).
-    pub output_dir: Option<String>,
     /// The spec's `checkpoint.dir`, made absolute by the submitter (a
     /// folder every process can reach: one host, or a shared filesystem).
     pub checkpoint_dir: Option<String>,
@@ -55,12 +52,7 @@ pub struct JobBundle {
 
 impl JobBundle {
     /// `base` resolves a relative `checkpoint.dir` (the spec's folder).
-    pub fn new(
-        job_id: &str,
-        job: &ValidatedJob,
-        base: &std::path::Path,
-        output_dir: Option<PathBuf>,
-    ) -> JobBundle {
+    pub fn new(job_id: &str, job: &ValidatedJob, base: &std::path::Path) -> JobBundle {
         JobBundle {
             job: job_id.to_owned(),
             checkpoint_dir: job
@@ -74,7 +66,6 @@ impl JobBundle {
                 .iter()
                 .map(|(p, b)| (p.display().to_string(), b.clone()))
                 .collect(),
-            output_dir: output_dir.map(|d| d.display().to_string()),
         }
     }
 
@@ -452,18 +443,7 @@ impl ProcessPlan {
     /// `execute`, targets of collectives). The others keep their initial
     /// values, which a restart recreates.
     pub fn checkpointed(&self) -> Vec<String> {
-        let mut names: Vec<String> = Vec::new();
-        for op in &self.job.spec.plan {
-            match op {
-                PlanStep::Execute { outputs, .. } => names.extend(outputs.iter().cloned()),
-                PlanStep::AllReduce { array, .. }
-                | PlanStep::AllGather { array }
-                | PlanStep::Reshard { array, .. } => names.push(array.clone()),
-            }
-        }
-        names.sort();
-        names.dedup();
-        names
+        written_arrays(&self.job.spec)
     }
 
     /// Replaces arrays with restored blocks, checking each against the
@@ -502,6 +482,23 @@ impl ProcessPlan {
     }
 }
 
+/// The arrays a plan writes (outputs of `execute`, targets of
+/// collectives), sorted: what checkpoints hold and what `fetch` can get.
+pub fn written_arrays(spec: &JobSpec) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for op in &spec.plan {
+        match op {
+            PlanStep::Execute { outputs, .. } => names.extend(outputs.iter().cloned()),
+            PlanStep::AllReduce { array, .. }
+            | PlanStep::AllGather { array }
+            | PlanStep::Reshard { array, .. } => names.push(array.clone()),
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// The value of a one-element array as f64.
 pub fn scalar_f64(b: &HostBuffer) -> Option<f64> {
     match crate::array::to_f64(b).as_slice() {
@@ -527,7 +524,7 @@ pub struct ProcessResult {
 }
 
 /// Runs a whole job in one process: decode, prepare, every step, reports
-/// (process 0), the final arrays (process 0, with an output folder).
+/// (process 0), the final arrays (process 0).
 pub async fn run_job_process(
     process: tessel_worker::JobProcess<'_>,
 ) -> Result<ProcessResult, PlanError> {
@@ -645,18 +642,6 @@ pub async fn run_job_process(
                     .map_err(|e| PlanError::Other(format!("storing `{name}`: {e}")))?;
             } else {
                 tracing::warn!(array = %name, bytes = npy.len(), "too large to keep for fetch");
-            }
-        }
-    }
-    if let Some(dir) = &bundle.output_dir {
-        let names: Vec<String> = spec.arrays.keys().cloned().collect();
-        for name in names {
-            let global = plan.gather(&name, comm).await.map_err(PlanError::Other)?;
-            if index == 0 {
-                let path = PathBuf::from(dir).join(format!("{name}.npy"));
-                std::fs::create_dir_all(dir)
-                    .and_then(|()| std::fs::write(&path, crate::array::write_npy(&global)))
-                    .map_err(|e| PlanError::Other(format!("writing {}: {e}", path.display())))?;
             }
         }
     }

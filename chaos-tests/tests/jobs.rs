@@ -117,7 +117,7 @@ async fn submit(kv: &dyn KvStore, id: &str, spec_path: &Path, steps: Option<u64>
     }
     let files = tessel::job::FolderFiles(spec_path.parent().unwrap().to_owned());
     let job = spec.validate(&files).unwrap();
-    let bundle = JobBundle::new(id, &job, spec_path.parent().unwrap(), None).encode();
+    let bundle = JobBundle::new(id, &job, spec_path.parent().unwrap()).encode();
     kv.put(keys::job_spec(id).as_bytes(), &bundle)
         .await
         .unwrap();
