@@ -363,6 +363,35 @@ impl Worker {
             )
             .await
             .map_err(kv_err("publishing transfer readiness"))?;
+        if let Err(e) = self.run_plan(a, &client, &mut comm).await {
+            // Record the failure while this process's endpoint is still up:
+            // peers finishing a collective with it would otherwise see it
+            // vanish and record that instead (jobs, invariant 2).
+            let failure = JobFailure {
+                worker: Some(self.registration.worker_id.clone()),
+                incarnation: Some(self.registration.incarnation),
+                reason: e.to_string(),
+                unix_ms: keys::unix_ms(),
+            };
+            let _ = jobs::fail_job(&*self.kv, &a.job, &failure).await;
+            drop(comm);
+            let _ = tokio::task::spawn_blocking(move || drop(client)).await;
+            return Err(e);
+        }
+        let outcome = self.wait_for_end(a).await;
+        drop(comm);
+        // Drop the client off the runtime (invariant 4).
+        let _ = tokio::task::spawn_blocking(move || drop(client)).await;
+        outcome
+    }
+
+    /// Invariant 6: runs the job's plan, if it has one.
+    async fn run_plan(
+        &self,
+        a: &JobAssignment,
+        client: &Client,
+        comm: &mut Communicator,
+    ) -> Result<()> {
         let spec = self
             .kv
             .try_get(keys::job_spec(&a.job).as_bytes())
@@ -382,8 +411,8 @@ impl Worker {
                 process_index: a.process_index,
                 num_processes: a.num_processes,
                 spec,
-                client: &client,
-                communicator: &mut comm,
+                client,
+                communicator: comm,
                 kv: &*self.kv,
             });
             // A failure elsewhere (a process's error, a lost worker) stops
@@ -412,11 +441,7 @@ impl Worker {
                     .map_err(kv_err("publishing the process's result"))?;
             }
         }
-        let outcome = self.wait_for_end(a).await;
-        drop(comm);
-        // Drop the client off the runtime (invariant 4).
-        let _ = tokio::task::spawn_blocking(move || drop(client)).await;
-        outcome
+        Ok(())
     }
 
     async fn job_client(&self, a: &JobAssignment) -> Result<Client> {
