@@ -320,9 +320,43 @@ fn validate_accepts_the_example_job_and_names_every_bad_field() {
     let err = fails(&tessel(&["validate", path.to_str().unwrap()]));
     for want in [
         "mesh: `data=2` has 2 devices, the job has 4",
-        "arrays.y.init.file: no such file",
+        "arrays.y.init.file: cannot read",
         "plan[0].inputs[2]: unknown array `z`",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+}
+
+#[test]
+fn compare_checks_type_shape_and_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, v: &[f32], dims: &[i64]| {
+        let a = tessel::pjrt::HostBuffer::from_slice(v, dims).unwrap();
+        let p = dir.path().join(name);
+        std::fs::write(&p, tessel::array::write_npy(&a)).unwrap();
+        p.display().to_string()
+    };
+    let a = write("a.npy", &[1.0, 2.0], &[2]);
+    let b = write("b.npy", &[1.0, 2.00001], &[2]);
+    let c = write("c.npy", &[1.0, 2.0], &[1, 2]);
+    let out = ok(&tessel(&["compare", &a, &b, "--atol", "1e-4"]));
+    assert!(out.contains("max |a - b| = 1.001e-5 (element 1)"), "{out}");
+    let err = fails(&tessel(&["compare", &a, &b]));
+    assert!(err.contains("differ by"), "{err}");
+    let err = fails(&tessel(&["compare", &a, &c]));
+    assert!(
+        err.contains("is f32[2]") && err.contains("is f32[1, 2]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn local_refuses_a_bad_spec_before_starting_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, "name = \"bad name\"\nprocesses = 0\nmesh = \"data=1\"\nsteps = 1\nplan = []\n[programs]\n[arrays]\n").unwrap();
+    let err = fails(&tessel(&["local", path.to_str().unwrap()]));
+    assert!(err.contains("name: `bad name`: 1-64 letters"), "{err}");
+    assert!(err.contains("processes: at least 1"), "{err}");
+    assert!(!err.contains("listening"), "nothing was started: {err}");
 }
