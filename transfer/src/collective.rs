@@ -41,7 +41,8 @@ use tessel_pjrt::ElementType;
 use crate::endpoint::{Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
 use crate::reduce::{
-    all_reduce_is_small, check_reducible, combine, finish_mean, segment, ReduceOp,
+    all_reduce_is_small, check_reducible, combine, finish_mean, fold_in_rank_order, segment,
+    ReduceOp,
 };
 
 /// Tag phases (2 bits).
@@ -252,7 +253,7 @@ impl Communicator {
         if self.size() > 1 && all_reduce_is_small(data.len()) {
             return self
                 .run_with(d, data, |_, frames| async move {
-                    reduce_in_rank_order(op, dtype, frames)
+                    fold_in_rank_order(op, dtype, &frames)
                 })
                 .await;
         }
@@ -364,24 +365,6 @@ impl Communicator {
         }
         result
     }
-}
-
-/// The small all-reduce's reduction: every rank folds the same inputs in
-/// rank order (documented in [`crate::reduce`]).
-fn reduce_in_rank_order(
-    op: ReduceOp,
-    dtype: ElementType,
-    mut frames: Vec<Vec<u8>>,
-) -> Result<Vec<u8>> {
-    let n = frames.len();
-    let mut acc = std::mem::take(&mut frames[0]);
-    for f in &frames[1..] {
-        combine(op, dtype, &mut acc, f)?;
-    }
-    if op == ReduceOp::Mean {
-        finish_mean(dtype, &mut acc, n)?;
-    }
-    Ok(acc)
 }
 
 fn descriptor(

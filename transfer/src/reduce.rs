@@ -230,28 +230,38 @@ pub fn all_reduce_is_small(bytes: usize) -> bool {
     bytes <= SMALL_ALL_REDUCE
 }
 
-/// The single-process reference of `all_reduce`: every rank's result, in
-/// the documented order (module docs). `inputs[r]` is rank r's array.
-pub fn reference_reduce(op: ReduceOp, dtype: ElementType, inputs: &[Vec<u8>]) -> Result<Vec<u8>> {
-    let n = inputs.len();
-    let size = dtype.size();
+/// Every rank's input, checked: at least one, equal lengths, whole elements.
+fn check_inputs(dtype: ElementType, inputs: &[Vec<u8>]) -> Result<&Vec<u8>> {
     let Some(first) = inputs.first() else {
         return Err(TransferError::InvalidArgument("no inputs".into()));
     };
-    if inputs.iter().any(|i| i.len() != first.len()) || first.len() % size != 0 {
+    if inputs.iter().any(|i| i.len() != first.len()) || first.len() % dtype.size() != 0 {
         return Err(TransferError::InvalidArgument(
             "inputs differ in length".into(),
         ));
     }
-    if n > 1 && all_reduce_is_small(first.len()) {
-        let mut acc = first.clone();
-        for x in &inputs[1..] {
-            combine(op, dtype, &mut acc, x)?;
-        }
-        if op == ReduceOp::Mean {
-            finish_mean(dtype, &mut acc, n)?;
-        }
-        return Ok(acc);
+    Ok(first)
+}
+
+/// The small all-reduce's order: `((x[0] ⊕ x[1]) ⊕ …) ⊕ x[n-1]`, the mean
+/// divided at the end. What every rank computes from the gathered inputs.
+pub fn fold_in_rank_order(op: ReduceOp, dtype: ElementType, inputs: &[Vec<u8>]) -> Result<Vec<u8>> {
+    let mut acc = check_inputs(dtype, inputs)?.clone();
+    for x in &inputs[1..] {
+        combine(op, dtype, &mut acc, x)?;
+    }
+    if op == ReduceOp::Mean {
+        finish_mean(dtype, &mut acc, inputs.len())?;
+    }
+    Ok(acc)
+}
+
+/// The single-process reference of `all_reduce`: every rank's result, in
+/// the documented order (module docs). `inputs[r]` is rank r's array.
+pub fn reference_reduce(op: ReduceOp, dtype: ElementType, inputs: &[Vec<u8>]) -> Result<Vec<u8>> {
+    let first = check_inputs(dtype, inputs)?;
+    if inputs.len() > 1 && all_reduce_is_small(first.len()) {
+        return fold_in_rank_order(op, dtype, inputs);
     }
     reference_ring_reduce(op, dtype, inputs)
 }
@@ -265,14 +275,7 @@ pub fn reference_ring_reduce(
 ) -> Result<Vec<u8>> {
     let n = inputs.len();
     let size = dtype.size();
-    let Some(first) = inputs.first() else {
-        return Err(TransferError::InvalidArgument("no inputs".into()));
-    };
-    if inputs.iter().any(|i| i.len() != first.len()) || first.len() % size != 0 {
-        return Err(TransferError::InvalidArgument(
-            "inputs differ in length".into(),
-        ));
-    }
+    let first = check_inputs(dtype, inputs)?;
     let count = first.len() / size;
     let mut out = vec![0u8; first.len()];
     for j in 0..n {
