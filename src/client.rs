@@ -44,6 +44,9 @@ use crate::plan::{JobBundle, StepReport, MAX_BUNDLE};
 pub enum ClientError {
     #[error("no job `{0}`")]
     NoSuchJob(String),
+    /// The spec did not validate (every problem, each naming its field).
+    #[error("{0}")]
+    Invalid(String),
     #[error("job `{job}` has no array `{array}` to fetch (only arrays the plan writes, up to 4 MiB, are kept)")]
     NoSuchArray { job: String, array: String },
     #[error("the job with its files is {bytes} bytes; at most {MAX_BUNDLE} travel with a job")]
@@ -111,6 +114,20 @@ impl Client {
             |id| JobBundle::new(id, job, &job.base).encode(),
         )
         .await?)
+    }
+
+    /// Validates a spec built in Rust (files read from `folder`, which
+    /// also resolves a relative checkpoint folder) and queues it.
+    pub async fn submit_spec(
+        &self,
+        spec: &crate::job::JobSpec,
+        folder: &std::path::Path,
+    ) -> Result<String, ClientError> {
+        let mut job = spec
+            .validate(&crate::job::FolderFiles(folder.to_owned()))
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        job.base = folder.to_owned();
+        self.submit(&job).await
     }
 
     /// Every job the scheduler knows (finished ones: the newest few
