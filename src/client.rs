@@ -45,8 +45,8 @@ pub enum ClientError {
     #[error("no job `{0}`")]
     NoSuchJob(String),
     /// The spec did not validate (every problem, each naming its field).
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Spec(#[from] crate::job::JobSpecError),
     #[error("job `{job}` has no array `{array}` to fetch (only arrays the plan writes, up to 4 MiB, are kept)")]
     NoSuchArray { job: String, array: String },
     #[error("the job with its files is {bytes} bytes; at most {MAX_BUNDLE} travel with a job")]
@@ -100,9 +100,11 @@ impl Client {
 
     /// Queues a validated job; returns its id (`NAME.N`).
     pub async fn submit(&self, job: &ValidatedJob) -> Result<String, ClientError> {
-        let size = JobBundle::new("x", job, &job.base).encode().len();
-        if size > MAX_BUNDLE {
-            return Err(ClientError::TooLarge { bytes: size });
+        let bundle = JobBundle::new(job).encode();
+        if bundle.len() > MAX_BUNDLE {
+            return Err(ClientError::TooLarge {
+                bytes: bundle.len(),
+            });
         }
         let s = &job.spec;
         Ok(scheduler::submit(
@@ -111,7 +113,7 @@ impl Client {
             s.processes,
             s.devices_per_process,
             s.max_restarts,
-            |id| JobBundle::new(id, job, &job.base).encode(),
+            &bundle,
         )
         .await?)
     }
@@ -123,11 +125,7 @@ impl Client {
         spec: &crate::job::JobSpec,
         folder: &std::path::Path,
     ) -> Result<String, ClientError> {
-        let mut job = spec
-            .validate(&crate::job::FolderFiles(folder.to_owned()))
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        job.base = folder.to_owned();
-        self.submit(&job).await
+        self.submit(&spec.validate_in(folder)?).await
     }
 
     /// Every job the scheduler knows (finished ones: the newest few
@@ -158,34 +156,20 @@ impl Client {
     {
         self.job(id).await?;
         let states = self
-            .kv
-            .watch(keys::sched_events(id).as_bytes(), 0)
-            .await
-            .map_err(kv_err("watching the job's events"))?
-            .map(|ev| -> Result<Option<JobUpdate>, ClientError> {
-                match ev.map_err(kv_err("watching the job's events"))? {
-                    Event::Put(p) => postcard::from_bytes::<JobEvent>(&p.value)
-                        .map(|e| Some(JobUpdate::State(e)))
-                        .map_err(|e| ClientError::Decode(e.to_string())),
-                    Event::Delete { .. } => Ok(None),
-                }
-            });
+            .watch(&keys::sched_events(id), "watching the job's events", |v| {
+                postcard::from_bytes::<JobEvent>(v)
+                    .map(JobUpdate::State)
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
         let reports = self
-            .kv
-            .watch(keys::job_reports(id).as_bytes(), 0)
-            .await
-            .map_err(kv_err("watching the job's reports"))?
-            .map(|ev| -> Result<Option<JobUpdate>, ClientError> {
-                match ev.map_err(kv_err("watching the job's reports"))? {
-                    Event::Put(p) => serde_json::from_slice::<StepReport>(&p.value)
-                        .map(|r| Some(JobUpdate::Report(r)))
-                        .map_err(|e| ClientError::Decode(e.to_string())),
-                    Event::Delete { .. } => Ok(None),
-                }
-            });
-        let merged = Box::pin(
-            futures::stream::select(states, reports).filter_map(|r| async move { r.transpose() }),
-        );
+            .watch(&keys::job_reports(id), "watching the job's reports", |v| {
+                serde_json::from_slice::<StepReport>(v)
+                    .map(JobUpdate::Report)
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        let merged = Box::pin(futures::stream::select(states, reports));
         // Ends right after the terminal state change.
         let merged = futures::stream::unfold((merged, false), |(mut s, ended)| async move {
             if ended {
@@ -196,6 +180,28 @@ impl Client {
             Some((item, (s, end)))
         });
         Ok(Box::pin(merged))
+    }
+
+    /// Every put under `prefix` from the oldest retained revision on,
+    /// decoded; deletions are skipped.
+    async fn watch(
+        &self,
+        prefix: &str,
+        context: &'static str,
+        decode: fn(&[u8]) -> Result<JobUpdate, String>,
+    ) -> Result<impl Stream<Item = Result<JobUpdate, ClientError>>, ClientError> {
+        let events = self
+            .kv
+            .watch(prefix.as_bytes(), 0)
+            .await
+            .map_err(kv_err(context))?;
+        Ok(events.filter_map(move |ev| async move {
+            match ev {
+                Ok(Event::Put(p)) => Some(decode(&p.value).map_err(ClientError::Decode)),
+                Ok(Event::Delete { .. }) => None,
+                Err(e) => Some(Err(kv_err(context)(e))),
+            }
+        }))
     }
 
     /// Waits until the job has ended; returns its final record.

@@ -322,9 +322,14 @@ impl JobSpec {
             reason: e.to_string(),
         })?;
         let spec = JobSpec::from_toml(&text, path)?;
-        let base = path.parent().unwrap_or(Path::new(".")).to_owned();
-        let mut job = spec.validate(&FolderFiles(base.clone()))?;
-        job.base = base;
+        spec.validate_in(path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Validates with the files of `folder`, which is also the job's base
+    /// (a relative `checkpoint.dir` resolves against it).
+    pub fn validate_in(&self, folder: &Path) -> Result<ValidatedJob, JobSpecError> {
+        let mut job = self.validate(&FolderFiles(folder.to_owned()))?;
+        job.base = folder.to_owned();
         Ok(job)
     }
 

@@ -66,13 +66,7 @@ pub async fn run_scheduled(
     let mut updates = client.events(&id).await?;
     while let Some(u) = updates.next().await {
         match u? {
-            JobUpdate::State(e) if print => {
-                let why = e.reason.map(|r| format!(": {r}")).unwrap_or_default();
-                eprintln!(
-                    "job `{id}`: {} → {} (attempt {}){why}",
-                    e.from, e.to, e.attempt
-                );
-            }
+            JobUpdate::State(e) if print => eprintln!("{}", state_line(&id, &e)),
             JobUpdate::Report(r) if print => {
                 let now = Instant::now();
                 let rate = match last {
@@ -91,14 +85,7 @@ pub async fn run_scheduled(
             _ => {}
         }
     }
-    let rec = client.wait(&id).await?;
-    if rec.state != JobState::Succeeded {
-        bail!(
-            "job `{id}` ended {}: {}",
-            rec.state,
-            rec.reason.unwrap_or_else(|| "no reason recorded".into())
-        );
-    }
+    let rec = succeeded(client, &id).await?;
     let mut results: Vec<ProcessResult> = client
         .store()
         .list(keys::process_topologies(&rec.instance()).as_bytes())
@@ -109,6 +96,31 @@ pub async fn run_scheduled(
         .collect::<Result<_, _>>()?;
     results.sort_by_key(|r| r.process);
     Ok((id, results))
+}
+
+fn state_line(id: &str, e: &tessel_coordinator::scheduler::JobEvent) -> String {
+    let why = e
+        .reason
+        .as_ref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default();
+    format!(
+        "job `{id}`: {} → {} (attempt {}){why}",
+        e.from, e.to, e.attempt
+    )
+}
+
+/// The job's final record once it ended; an error unless it succeeded.
+async fn succeeded(client: &Client, id: &str) -> Result<tessel_coordinator::scheduler::JobRecord> {
+    let rec = client.wait(id).await?;
+    if rec.state != JobState::Succeeded {
+        bail!(
+            "job `{id}` ended {}: {}",
+            rec.state,
+            rec.reason.unwrap_or_else(|| "no reason recorded".into())
+        );
+    }
+    Ok(rec)
 }
 
 fn format_values(r: &StepReport) -> String {
@@ -221,13 +233,7 @@ async fn follow(client: &Client, id: &str, steps: u64) -> Result<()> {
     let mut updates = client.events(id).await?;
     while let Some(u) = updates.next().await {
         match u? {
-            JobUpdate::State(e) => {
-                let why = e.reason.map(|r| format!(": {r}")).unwrap_or_default();
-                say(format!(
-                    "{id}: {} → {} (attempt {}){why}",
-                    e.from, e.to, e.attempt
-                ));
-            }
+            JobUpdate::State(e) => say(state_line(id, &e)),
             JobUpdate::Report(r) => {
                 bar.set_position(r.step + 1);
                 bar.set_message(format_values(&r));
@@ -235,14 +241,7 @@ async fn follow(client: &Client, id: &str, steps: u64) -> Result<()> {
         }
     }
     bar.finish();
-    let rec = client.wait(id).await?;
-    match rec.state {
-        tessel_coordinator::scheduler::JobState::Succeeded => Ok(()),
-        s => bail!(
-            "job `{id}` ended {s}: {}",
-            rec.reason.unwrap_or_else(|| "no reason recorded".into())
-        ),
-    }
+    succeeded(client, id).await.map(drop)
 }
 
 pub async fn jobs(args: JobIdArgs) -> Result<()> {

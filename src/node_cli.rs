@@ -310,6 +310,27 @@ impl LocalCluster {
         ]
     }
 
+    /// Starts `n` workers `w0..` with `devices` devices each and waits
+    /// until every one has registered.
+    pub fn start_workers(
+        &mut self,
+        n: u32,
+        plugin: &std::path::Path,
+        devices: usize,
+    ) -> Result<()> {
+        for i in 0..n {
+            let wargs = self.worker_args(&format!("w{i}"), plugin, devices);
+            self.workers
+                .push(ChildProc::spawn(&format!("worker w{i}"), &wargs, &[])?);
+        }
+        for w in &mut self.workers {
+            w.wait_for(Duration::from_secs(120), |l| {
+                l.contains(" registered as incarnation ").then_some(())
+            })?;
+        }
+        Ok(())
+    }
+
     /// Starts `n` coordinator replicas: the first forms the cluster, the
     /// others join it.
     pub fn start_coordinators(&mut self, n: u64) -> Result<()> {
@@ -389,29 +410,6 @@ pub async fn local(args: LocalArgs) -> Result<()> {
     };
     drop(cluster);
     result
-}
-
-impl LocalCluster {
-    /// Starts `n` workers `w0..` with `devices` devices each and waits
-    /// until every one has registered.
-    pub fn start_workers(
-        &mut self,
-        n: u32,
-        plugin: &std::path::Path,
-        devices: usize,
-    ) -> Result<()> {
-        for i in 0..n {
-            let wargs = self.worker_args(&format!("w{i}"), plugin, devices);
-            self.workers
-                .push(ChildProc::spawn(&format!("worker w{i}"), &wargs, &[])?);
-        }
-        for w in &mut self.workers {
-            w.wait_for(Duration::from_secs(120), |l| {
-                l.contains(" registered as incarnation ").then_some(())
-            })?;
-        }
-        Ok(())
-    }
 }
 
 async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {

@@ -17,6 +17,7 @@
 //! 3. A process never hands out a partial step: an error in any step ends
 //!    the run with that error, naming the step (`plan[i]`) and the array.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -35,12 +36,11 @@ pub const MAX_FETCHABLE: usize = (4 << 20) - 4096;
 /// Largest encoded bundle a worker decodes (it also has to fit one KV value).
 pub const MAX_BUNDLE: usize = 4 << 20;
 
-/// A job as it travels to the workers.
+/// A job as it travels to the workers. Reports go to `jobs/{job}/reports/`
+/// and checkpoints to `{checkpoint_dir}/{job}/`, where `job` is the job the
+/// running instance belongs to (the same for every attempt).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobBundle {
-    /// The job's id: reports go to `jobs/{job}/reports/`, checkpoints to
-    /// `{checkpoint_dir}/{job}/` (the same for every attempt of a job).
-    pub job: String,
     /// The spec (TOML).
     pub spec: String,
     /// Every file the spec names, by the path it names.
@@ -51,15 +51,14 @@ pub struct JobBundle {
 }
 
 impl JobBundle {
-    /// `base` resolves a relative `checkpoint.dir` (the spec's folder).
-    pub fn new(job_id: &str, job: &ValidatedJob, base: &std::path::Path) -> JobBundle {
+    /// A relative `checkpoint.dir` resolves against the spec's folder.
+    pub fn new(job: &ValidatedJob) -> JobBundle {
         JobBundle {
-            job: job_id.to_owned(),
             checkpoint_dir: job
                 .spec
                 .checkpoint
                 .as_ref()
-                .map(|c| base.join(&c.dir).display().to_string()),
+                .map(|c| job.base.join(&c.dir).display().to_string()),
             spec: job.text.clone(),
             files: job
                 .files
@@ -150,6 +149,8 @@ pub struct PlanTimings {
 /// One process's state while it runs a job's plan.
 pub struct ProcessPlan {
     job: ValidatedJob,
+    /// The plan's steps, shared so a step can run while `self` changes.
+    steps: std::sync::Arc<[PlanStep]>,
     process: usize,
     programs: BTreeMap<String, CompiledProgram>,
     arrays: BTreeMap<String, LocalArray>,
@@ -198,6 +199,7 @@ impl ProcessPlan {
         let compile_s = started.elapsed().as_secs_f64();
         let started = Instant::now();
         let mut plan = ProcessPlan {
+            steps: job.spec.plan.clone().into(),
             job,
             process,
             programs,
@@ -266,8 +268,8 @@ impl ProcessPlan {
         step: u64,
         comm: &mut Communicator,
     ) -> Result<(), PlanError> {
-        let plan = self.job.spec.plan.clone();
-        for (index, op) in plan.iter().enumerate() {
+        let steps = self.steps.clone();
+        for (index, op) in steps.iter().enumerate() {
             let fail = |reason: String| PlanError::Step {
                 step,
                 index,
@@ -285,6 +287,7 @@ impl ProcessPlan {
                         .map(|n| self.input(n, step))
                         .collect::<Result<Vec<_>, _>>()
                         .map_err(fail)?;
+                    let args: Vec<&HostBuffer> = args.iter().map(|a| a.as_ref()).collect();
                     let prog = &self.programs[program];
                     // PJRT blocks: keep it off the runtime's other tasks.
                     let results = tokio::task::block_in_place(|| prog.execute(client, &args))
@@ -335,18 +338,20 @@ impl ProcessPlan {
         Ok(())
     }
 
-    fn input(&self, name: &str, step: u64) -> Result<HostBuffer, String> {
+    /// An `execute` input: a built-in scalar, or the array itself (not a
+    /// copy).
+    fn input(&self, name: &str, step: u64) -> Result<Cow<'_, HostBuffer>, String> {
         let per = self.job.spec.devices_per_process as usize;
-        let scalar = |v: usize| Ok(HostBuffer::scalar(v as i32));
+        let scalar = |v: usize| Ok(Cow::Owned(HostBuffer::scalar(v as i32)));
         match name {
-            "$step" => Ok(HostBuffer::scalar(step as i32)),
+            "$step" => scalar(step as usize),
             "$process" => scalar(self.process),
             "$shard" => scalar(shard_index(&self.job.mesh, per, self.process)),
             _ if BUILTINS.contains(&name) => Err(format!("unknown built-in `{name}`")),
             _ => self
                 .arrays
                 .get(name)
-                .map(|a| a.value.clone())
+                .map(|a| Cow::Borrowed(&a.value))
                 .ok_or_else(|| format!("no array `{name}`")),
         }
     }
@@ -379,18 +384,13 @@ impl ProcessPlan {
     }
 
     /// The global value of `array` (every process calls it together).
-    pub async fn gather(
-        &mut self,
-        array: &str,
-        comm: &mut Communicator,
-    ) -> Result<HostBuffer, String> {
+    pub async fn gather(&self, array: &str, comm: &mut Communicator) -> Result<HostBuffer, String> {
         let local = self
             .arrays
             .get(array)
-            .ok_or_else(|| format!("no array `{array}`"))?
-            .clone();
+            .ok_or_else(|| format!("no array `{array}`"))?;
         let ShardingSpec::Split { dim, .. } = local.sharding else {
-            return Ok(local.value);
+            return Ok(local.value.clone());
         };
         let ty = local.value.element_type();
         let all = if comm.size() > 1 {
@@ -439,13 +439,6 @@ impl ProcessPlan {
         Ok(Some((*dim, first * chunk, (first + count) * chunk)))
     }
 
-    /// The arrays a checkpoint holds: those the plan writes (outputs of
-    /// `execute`, targets of collectives). The others keep their initial
-    /// values, which a restart recreates.
-    pub fn checkpointed(&self) -> Vec<String> {
-        written_arrays(&self.job.spec)
-    }
-
     /// Replaces arrays with restored blocks, checking each against the
     /// block this process holds under the recorded sharding.
     pub fn restore(&mut self, blocks: Vec<(String, LocalArray)>) -> Result<(), String> {
@@ -484,6 +477,7 @@ impl ProcessPlan {
 
 /// The arrays a plan writes (outputs of `execute`, targets of
 /// collectives), sorted: what checkpoints hold and what `fetch` can get.
+/// The others keep their initial values, which a restart recreates.
 pub fn written_arrays(spec: &JobSpec) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for op in &spec.plan {
@@ -529,6 +523,7 @@ pub async fn run_job_process(
     process: tessel_worker::JobProcess<'_>,
 ) -> Result<ProcessResult, PlanError> {
     let (bundle, job) = JobBundle::decode(&process.spec)?;
+    let job_id = tessel_coordinator::scheduler::job_of_instance(process.job);
     if job.spec.processes != process.num_processes {
         return Err(PlanError::Other(format!(
             "the spec asks for {} processes, the job was started with {}",
@@ -548,12 +543,10 @@ pub async fn run_job_process(
         "plan ready"
     );
     let spec = plan.spec().clone();
+    let written = written_arrays(&spec);
     let checkpoints = match (&bundle.checkpoint_dir, &spec.checkpoint) {
         (Some(dir), Some(c)) => Some((
-            crate::checkpoint::CheckpointDir::new(
-                PathBuf::from(dir).join(&bundle.job),
-                &bundle.spec,
-            ),
+            crate::checkpoint::CheckpointDir::new(PathBuf::from(dir).join(job_id), &bundle.spec),
             c.every,
         )),
         _ => None,
@@ -561,9 +554,7 @@ pub async fn run_job_process(
     let mut first_step = 0;
     if let Some((dir, _)) = &checkpoints {
         if let Some(step) = dir.latest().map_err(PlanError::Other)? {
-            let restored = dir
-                .read(step, index, &plan.checkpointed())
-                .map_err(PlanError::Other)?;
+            let restored = dir.read(step, index, &written).map_err(PlanError::Other)?;
             plan.restore(restored).map_err(PlanError::Other)?;
             first_step = step + 1;
             tracing::info!(
@@ -584,8 +575,7 @@ pub async fn run_job_process(
         if let Some((dir, every)) = &checkpoints {
             if (step + 1) % every == 0 && step + 1 < spec.steps {
                 let t = Instant::now();
-                let arrays = plan.checkpointed();
-                let blocks: Vec<(&str, &LocalArray)> = arrays
+                let blocks: Vec<(&str, &LocalArray)> = written
                     .iter()
                     .map(|n| (n.as_str(), plan.array(n).expect("declared")))
                     .collect();
@@ -614,7 +604,7 @@ pub async fn run_job_process(
             process
                 .kv
                 .put(
-                    tessel_coordinator::keys::job_report(&bundle.job, step).as_bytes(),
+                    tessel_coordinator::keys::job_report(job_id, step).as_bytes(),
                     &serde_json::to_vec(&report).expect("encodes"),
                 )
                 .await
@@ -627,15 +617,15 @@ pub async fn run_job_process(
     plan.timings.first_step = first_step;
     // The arrays the plan wrote, gathered, for `fetch` (process 0 stores
     // those that fit one KV value).
-    for name in plan.checkpointed() {
-        let global = plan.gather(&name, comm).await.map_err(PlanError::Other)?;
+    for name in &written {
+        let global = plan.gather(name, comm).await.map_err(PlanError::Other)?;
         if index == 0 {
             let npy = crate::array::write_npy(&global);
             if npy.len() <= MAX_FETCHABLE {
                 process
                     .kv
                     .put(
-                        tessel_coordinator::keys::job_array(&bundle.job, &name).as_bytes(),
+                        tessel_coordinator::keys::job_array(job_id, name).as_bytes(),
                         &npy,
                     )
                     .await

@@ -55,12 +55,14 @@ pub fn run_program(plugin: &Plugin, req: &RunRequest) -> Result<Vec<HostBuffer>,
             "{partitions} partitions need at least {partitions} devices, got {devices}"
         )));
     }
+    let args: Vec<&HostBuffer> = req.args.iter().collect();
+    // Checked here too so bad arguments fail before a client is created.
     if let Some(sig) = &source.signature {
-        check_arguments(sig, &req.args)?;
+        check_arguments(sig, &args)?;
     }
     let client = client_with_devices(plugin, devices)?;
     let compiled = CompiledProgram::compile(&client, source, partitions)?;
-    compiled.execute(&client, &req.args)
+    compiled.execute(&client, &args)
 }
 
 /// A program as given: MLIR text (whose signature is read) or bytecode.
@@ -150,7 +152,7 @@ impl CompiledProgram {
     pub fn execute(
         &self,
         client: &Client,
-        args: &[HostBuffer],
+        args: &[&HostBuffer],
     ) -> Result<Vec<HostBuffer>, RunError> {
         let (signature, partitions) = (&self.signature, self.partitions);
         if let Some(sig) = signature {
@@ -239,7 +241,7 @@ impl CompiledProgram {
 }
 
 /// Checks count, element types and global shapes of the arguments.
-fn check_arguments(sig: &Signature, args: &[HostBuffer]) -> Result<(), RunError> {
+fn check_arguments(sig: &Signature, args: &[&HostBuffer]) -> Result<(), RunError> {
     if args.len() != sig.parameters.len() {
         let wanted: Vec<String> = sig
             .parameters

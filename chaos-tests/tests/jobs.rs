@@ -115,9 +115,8 @@ async fn submit(kv: &dyn KvStore, id: &str, spec_path: &Path, steps: Option<u64>
     if let Some(s) = steps {
         spec.steps = s;
     }
-    let files = tessel::job::FolderFiles(spec_path.parent().unwrap().to_owned());
-    let job = spec.validate(&files).unwrap();
-    let bundle = JobBundle::new(id, &job, spec_path.parent().unwrap()).encode();
+    let job = spec.validate_in(spec_path.parent().unwrap()).unwrap();
+    let bundle = JobBundle::new(&job).encode();
     kv.put(keys::job_spec(id).as_bytes(), &bundle)
         .await
         .unwrap();

@@ -34,11 +34,7 @@ fn mlp(steps: u64, max_restarts: u32, ckpt: &Path) -> ValidatedJob {
         dir: ckpt.to_owned(),
         every: 100,
     });
-    let mut job = spec
-        .validate(&tessel::job::FolderFiles(example_dir()))
-        .unwrap();
-    job.base = example_dir();
-    job
+    spec.validate_in(&example_dir()).unwrap()
 }
 
 /// `n` workers with one CPU device each.

@@ -117,6 +117,12 @@ pub fn instance(id: &str, attempt: u32) -> String {
     format!("{id}@{attempt}")
 }
 
+/// The job an instance belongs to (`mlp.3@2` → `mlp.3`); a job run without
+/// the scheduler is its own instance. Job names cannot hold `@`.
+pub fn job_of_instance(instance: &str) -> &str {
+    instance.split_once('@').map_or(instance, |(id, _)| id)
+}
+
 /// A state change, as appended to the job's events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobEvent {
@@ -335,7 +341,7 @@ pub async fn submit(
     processes: u32,
     devices_per_process: u32,
     max_restarts: u32,
-    bundle_for: impl Fn(&str) -> Vec<u8>,
+    bundle: &[u8],
 ) -> Result<String> {
     loop {
         let (old, mut state) = read_state(kv).await?;
@@ -347,7 +353,7 @@ pub async fn submit(
             keys::unix_ms(),
         );
         // The bundle first: a job in the state always has one.
-        kv.put(keys::sched_bundle(&id).as_bytes(), &bundle_for(&id))
+        kv.put(keys::sched_bundle(&id).as_bytes(), bundle)
             .await
             .map_err(CoordinatorError::kv("storing the job's bundle"))?;
         if commit(kv, old.as_deref(), &state).await? {
@@ -408,9 +414,7 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord) -> Result<Observed> {
     };
     if matches!(job.state, JobState::Scheduled | JobState::Running) {
         let inst = job.instance();
-        o.failure = jobs::wait_for_failure(kv, &inst, Duration::ZERO)
-            .await
-            .unwrap_or(None);
+        o.failure = jobs::failure_of(kv, &inst).await?;
         for kv_pair in kv
             .list(keys::process_topologies(&inst).as_bytes())
             .await
@@ -467,14 +471,9 @@ async fn carry_out(
         if job.state != JobState::Scheduled {
             continue;
         }
+        // A Scheduled job had no failure when this pass observed it (else
+        // `advance` moved it on), so its attempt still needs its processes.
         let inst = job.instance();
-        if jobs::wait_for_failure(kv, &inst, Duration::ZERO)
-            .await
-            .unwrap_or(None)
-            .is_some()
-        {
-            continue;
-        }
         let spec_key = keys::job_spec(&inst);
         if let Err(KvError::NotFound(_)) = kv.try_get(spec_key.as_bytes()).await {
             let bundle = kv
@@ -509,9 +508,8 @@ async fn carry_out(
     Ok(())
 }
 
-/// One pass: observe, advance, commit, carry out. Returns whether it
-/// committed a change.
-pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<bool> {
+/// One pass: observe, advance, commit, carry out.
+pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
     let (old, mut state) = read_state(kv).await?;
     let mut observed = BTreeMap::new();
     for job in state.jobs.iter().filter(|j| !j.state.is_terminal()) {
@@ -520,12 +518,10 @@ pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<bool> 
     let workers = capacity(kv).await?;
     let before = state.clone();
     let events = state.advance(&observed, &workers, keys::unix_ms());
-    let changed = state != before;
-    if changed && !commit(kv, old.as_deref(), &state).await? {
-        return Ok(false); // another pass won; the next one starts over
+    if state != before && !commit(kv, old.as_deref(), &state).await? {
+        return Ok(()); // another pass won; the next one starts over
     }
-    carry_out(kv, &state, &events, topology_timeout).await?;
-    Ok(changed)
+    carry_out(kv, &state, &events, topology_timeout).await
 }
 
 /// Runs passes every `interval` until the task is dropped; errors are
@@ -563,6 +559,12 @@ mod tests {
             reason: crate::monitor::LOST_LEASE.into(),
             unix_ms: 0,
         }
+    }
+
+    #[test]
+    fn instances_name_their_job() {
+        assert_eq!(job_of_instance(&instance("mlp.3", 2)), "mlp.3");
+        assert_eq!(job_of_instance("direct"), "direct");
     }
 
     #[test]

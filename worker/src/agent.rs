@@ -292,33 +292,61 @@ impl Worker {
             let job = a.job.clone();
             if let Err(e) = self.run_job(&a).await {
                 tracing::error!(job = %job, error = %e, "job process failed");
-                let failure = JobFailure {
-                    worker: Some(self.registration.worker_id.clone()),
-                    incarnation: Some(self.registration.incarnation),
-                    reason: e.to_string(),
-                    unix_ms: keys::unix_ms(),
-                };
-                // The job's failure event is the first one recorded; this
-                // process saw that one, whoever caused it (invariant 3).
-                if let Ok(first) = jobs::fail_job(&*self.kv, &job, &failure).await {
-                    let _ = self
-                        .kv
-                        .put(
-                            keys::process_failure_seen(&job, a.process_index).as_bytes(),
-                            first.to_string().as_bytes(),
-                        )
-                        .await;
-                }
             }
             running.lock().expect("not poisoned").remove(&job);
         });
     }
 
-    /// One job process: client, transfer endpoint, topology, a barrier of
-    /// every process over the transfer layer, then wait for the end (2, 3).
+    /// One job process (2, 3, 5, 6). A failure is recorded while the
+    /// process's client and transfer endpoint still exist: peers finishing
+    /// a collective with it would otherwise see it vanish and record that
+    /// instead (`jobs`, invariant 2).
     async fn run_job(&self, a: &JobAssignment) -> Result<()> {
+        let mut client = None;
+        let mut comm = None;
+        let outcome = self.job_process(a, &mut client, &mut comm).await;
+        if let Err(e) = &outcome {
+            self.record_failure(a, e).await;
+        }
+        drop(comm);
+        // Drop the client off the runtime (invariant 4).
+        if let Some(client) = client {
+            let _ = tokio::task::spawn_blocking(move || drop(client)).await;
+        }
+        outcome
+    }
+
+    /// Fails the job with `e` unless it already failed, and records the
+    /// job's first failure as the one this process saw (invariant 3).
+    async fn record_failure(&self, a: &JobAssignment, e: &WorkerError) {
+        let failure = JobFailure {
+            worker: Some(self.registration.worker_id.clone()),
+            incarnation: Some(self.registration.incarnation),
+            reason: e.to_string(),
+            unix_ms: keys::unix_ms(),
+        };
+        if let Ok(first) = jobs::fail_job(&*self.kv, &a.job, &failure).await {
+            let _ = self
+                .kv
+                .put(
+                    keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
+                    first.to_string().as_bytes(),
+                )
+                .await;
+        }
+    }
+
+    /// Client, transfer endpoint, topology, a barrier of every process over
+    /// the transfer layer, the plan, then the wait for the end; `client`
+    /// and `comm` receive the resources so the caller outlives them.
+    async fn job_process(
+        &self,
+        a: &JobAssignment,
+        client: &mut Option<Client>,
+        comm: &mut Option<Communicator>,
+    ) -> Result<()> {
         jobs::join_job(&*self.kv, &a.job, &self.registration).await?;
-        let client = self.job_client(a).await?;
+        let client = &*client.insert(self.job_client(a).await?);
         let endpoint = Arc::new(TransferEndpoint::bind(
             SocketAddr::new(self.cfg.transfer_ip, 0),
             a.process_index,
@@ -328,7 +356,7 @@ impl Worker {
                 ..TransferConfig::default()
             },
         )?);
-        let mut local = self.describe(&client, a).await?;
+        let mut local = self.describe(client, a).await?;
         local.transfer_endpoint = Some(endpoint.local_addr()?.to_string());
         let timeout = Duration::from_millis(a.topology_timeout_ms);
         let started = std::time::Instant::now();
@@ -347,7 +375,7 @@ impl Worker {
             )
             .await
             .map_err(kv_err("publishing the topology digest"))?;
-        let mut comm = communicator(endpoint, &topology, &a.job, timeout)?;
+        let comm = comm.insert(communicator(endpoint, &topology, &a.job, timeout)?);
         let barrier = std::time::Instant::now();
         comm.barrier().await?;
         tracing::info!(
@@ -363,26 +391,8 @@ impl Worker {
             )
             .await
             .map_err(kv_err("publishing transfer readiness"))?;
-        if let Err(e) = self.run_plan(a, &client, &mut comm).await {
-            // Record the failure while this process's endpoint is still up:
-            // peers finishing a collective with it would otherwise see it
-            // vanish and record that instead (jobs, invariant 2).
-            let failure = JobFailure {
-                worker: Some(self.registration.worker_id.clone()),
-                incarnation: Some(self.registration.incarnation),
-                reason: e.to_string(),
-                unix_ms: keys::unix_ms(),
-            };
-            let _ = jobs::fail_job(&*self.kv, &a.job, &failure).await;
-            drop(comm);
-            let _ = tokio::task::spawn_blocking(move || drop(client)).await;
-            return Err(e);
-        }
-        let outcome = self.wait_for_end(a).await;
-        drop(comm);
-        // Drop the client off the runtime (invariant 4).
-        let _ = tokio::task::spawn_blocking(move || drop(client)).await;
-        outcome
+        self.run_plan(a, client, comm).await?;
+        self.wait_for_end(a).await
     }
 
     /// Invariant 6: runs the job's plan, if it has one.
@@ -523,28 +533,18 @@ impl Worker {
 
     /// Waits for `done`, or for a failure event, which it records.
     async fn wait_for_end(&self, a: &JobAssignment) -> Result<()> {
-        let done = keys::job_done(&a.job);
-        let long = Duration::from_secs(3600);
-        loop {
-            tokio::select! {
-                r = self.kv.get(done.as_bytes(), long) => match r {
-                    Ok(_) => break,
-                    Err(tessel_kvstore::KvError::DeadlineExceeded { .. }) => continue,
-                    Err(e) => return Err(kv_err("waiting for the job's end")(e)),
-                },
-                f = jobs::wait_for_failure(&*self.kv, &a.job, long) => {
-                    if let Some(f) = f? {
-                        tracing::warn!(job = %a.job, failure = %f, "job failed");
-                        self.kv
-                            .put(
-                                keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
-                                f.to_string().as_bytes(),
-                            )
-                            .await
-                            .map_err(kv_err("recording the failure"))?;
-                        break;
-                    }
-                }
+        tokio::select! {
+            d = self.job_done(&a.job) => d?,
+            f = self.job_failed(&a.job) => {
+                let f = f?;
+                tracing::warn!(job = %a.job, failure = %f, "job failed");
+                self.kv
+                    .put(
+                        keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
+                        f.to_string().as_bytes(),
+                    )
+                    .await
+                    .map_err(kv_err("recording the failure"))?;
             }
         }
         jobs::leave_job(&*self.kv, &a.job, &self.registration.worker_id).await?;
