@@ -138,6 +138,14 @@ async fn workers_and_the_coordinator_run_on_etcd() {
         );
     }
     assert_eq!(digests[0], digests[1], "one topology");
+    // Kill only once both passed the transfer barrier, so the failure comes
+    // from the lease, not from a barrier cut short.
+    for i in 0..2 {
+        let key = keys::process_transfer_ready("e", i);
+        kv.get(key.as_bytes(), Duration::from_secs(60))
+            .await
+            .unwrap();
+    }
     // SIGKILL a worker: its etcd lease (2 s) expires and the job fails.
     let killed = Instant::now();
     let _ = w1.0.kill();
