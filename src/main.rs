@@ -158,14 +158,20 @@ fn main() -> ExitCode {
     if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
-    tessel::pjrt::host_memory::retain_large_allocations();
+    let cli = Cli::parse();
+    // Large host buffers are reused rather than unmapped and faulted in
+    // again, for the commands that move tensors; a coordinator keeps no
+    // tensors, and retaining its peak heap would only inflate its memory.
+    if !matches!(cli.command, Command::Coordinator(_)) {
+        tessel::pjrt::host_memory::retain_large_allocations();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

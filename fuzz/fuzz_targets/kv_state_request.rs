@@ -3,10 +3,10 @@
 //! trips.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tessel_kvstore::state::{KvState, Limits, Request};
+use tessel_kvstore::state::{Limits, MemState, Request};
 
 fuzz_target!(|data: &[u8]| {
-    let mut state = KvState::new(Limits { max_key: 64, max_value: 256 }, 16);
+    let mut state = MemState::new(Limits { max_key: 64, max_value: 256 }, 16);
     let mut rest = data;
     while let Ok((req, tail)) = postcard::take_from_bytes::<Request>(rest) {
         let before = state.revision();
@@ -15,5 +15,5 @@ fuzz_target!(|data: &[u8]| {
         rest = tail;
     }
     let snap = postcard::to_allocvec(&state).unwrap();
-    assert_eq!(postcard::from_bytes::<KvState>(&snap).unwrap(), state);
+    assert_eq!(postcard::from_bytes::<MemState>(&snap).unwrap(), state);
 });

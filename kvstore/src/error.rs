@@ -47,6 +47,9 @@ pub enum KvError {
     Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The replica's disk failed it; the replica stops serving.
+    #[error("storage failure: {0}")]
+    Storage(String),
 }
 
 pub type Result<T, E = KvError> = std::result::Result<T, E>;

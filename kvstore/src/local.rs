@@ -17,47 +17,120 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
-use crate::state::{Event, KvState, Output, Request};
+use crate::state::{Event, KvState, MemTables, Output, Request, Tables, TablesMut};
 use crate::store::WatchStream;
 
+/// The tables a [`LocalState`] keeps its pairs and events in, and how a
+/// batch of writes to them begins.
+pub trait Store: Tables + Send + 'static {
+    type Writer<'a>: TablesMut
+    where
+        Self: 'a;
+    fn writer(&mut self) -> Result<Self::Writer<'_>>;
+}
+
+impl<T: Tables + ?Sized> Tables for &mut T {
+    fn get(&self, key: &[u8]) -> Result<Option<crate::state::KeyValue>> {
+        (**self).get(key)
+    }
+    fn list(&self, prefix: &[u8]) -> Result<Vec<crate::state::KeyValue>> {
+        (**self).list(prefix)
+    }
+    fn count(&self) -> Result<u64> {
+        (**self).count()
+    }
+    fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
+        (**self).events(from, prefix)
+    }
+}
+
+impl<T: TablesMut + ?Sized> TablesMut for &mut T {
+    fn insert(&mut self, kv: &crate::state::KeyValue) -> Result<()> {
+        (**self).insert(kv)
+    }
+    fn remove(&mut self, key: &[u8]) -> Result<bool> {
+        (**self).remove(key)
+    }
+    fn record(&mut self, revision: u64, events: &[Event]) -> Result<()> {
+        (**self).record(revision, events)
+    }
+    fn forget_below(&mut self, revision: u64) -> Result<()> {
+        (**self).forget_below(revision)
+    }
+}
+
+impl Store for MemTables {
+    type Writer<'a> = &'a mut MemTables;
+    fn writer(&mut self) -> Result<&mut MemTables> {
+        Ok(self)
+    }
+}
+
+struct Inner<S> {
+    state: KvState,
+    store: S,
+}
+
 /// Applied state plus notifications.
-pub struct LocalState {
-    state: Mutex<KvState>,
+pub struct LocalState<S> {
+    inner: Mutex<Inner<S>>,
     revision: watch::Sender<u64>,
     events: broadcast::Sender<Event>,
 }
 
-impl LocalState {
-    pub fn new(state: KvState) -> LocalState {
+impl<S: Store> LocalState<S> {
+    pub fn new(state: KvState, store: S) -> LocalState<S> {
         let (revision, _) = watch::channel(state.revision());
         let (events, _) = broadcast::channel(16 * 1024);
         LocalState {
-            state: Mutex::new(state),
+            inner: Mutex::new(Inner { state, store }),
             revision,
             events,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, KvState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<S>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies a request and notifies waiters and watchers.
-    pub fn apply(&self, req: &Request) -> Result<Output> {
-        let (result, events, revision) = {
-            let mut s = self.lock();
-            let (r, ev) = s.apply(req);
-            (r, ev, s.revision())
+    /// Applies requests in order through one writer, hands the state and
+    /// the writer to `finish` (which commits them), then notifies waiters
+    /// and watchers. The outer `Err` is a storage failure: nothing is
+    /// published and the replica must stop.
+    pub fn apply_batch<'r>(
+        &self,
+        reqs: impl IntoIterator<Item = &'r Request>,
+        finish: impl FnOnce(&KvState, S::Writer<'_>) -> Result<()>,
+    ) -> Result<Vec<Result<Output>>> {
+        let (results, events, revision) = {
+            let mut guard = self.lock();
+            let Inner { state, store } = &mut *guard;
+            let mut writer = store.writer()?;
+            let mut results = Vec::new();
+            let mut events = Vec::new();
+            for req in reqs {
+                let (r, ev) = state.apply(&mut writer, req)?;
+                results.push(r);
+                events.extend(ev);
+            }
+            finish(state, writer)?;
+            (results, events, state.revision())
         };
         self.publish(events, revision);
-        result
+        Ok(results)
     }
 
-    /// Replaces the whole state (snapshot installation) and wakes everyone.
-    pub fn replace(&self, state: KvState) {
-        let revision = state.revision();
-        *self.lock() = state;
+    /// Replaces the state (snapshot installation) under the lock and wakes
+    /// everyone.
+    pub fn replace(&self, f: impl FnOnce(&mut KvState, &mut S) -> Result<()>) -> Result<()> {
+        let revision = {
+            let mut guard = self.lock();
+            let Inner { state, store } = &mut *guard;
+            f(state, store)?;
+            state.revision()
+        };
         self.revision.send_replace(revision);
+        Ok(())
     }
 
     fn publish(&self, events: Vec<Event>, revision: u64) {
@@ -75,20 +148,21 @@ impl LocalState {
     }
 
     /// Reads the state.
-    pub fn read<T>(&self, f: impl FnOnce(&KvState) -> T) -> T {
-        f(&self.lock())
+    pub fn read<T>(&self, f: impl FnOnce(&KvState, &S) -> T) -> T {
+        let guard = self.lock();
+        f(&guard.state, &guard.store)
     }
 
-    /// A copy of the state (for snapshots).
-    pub fn snapshot(&self) -> KvState {
-        self.lock().clone()
+    /// A copy of the small part of the state.
+    pub fn state(&self) -> KvState {
+        self.lock().state.clone()
     }
 
     /// Waits until `f` returns `Some` or `deadline` passes (invariant 1).
     pub async fn wait_for<T>(
         &self,
         deadline: Instant,
-        f: impl Fn(&KvState) -> Option<T>,
+        f: impl Fn(&KvState, &S) -> Option<T>,
     ) -> Option<T> {
         let mut rx = self.revision.subscribe();
         loop {
@@ -103,15 +177,24 @@ impl LocalState {
         }
     }
 
+    /// The value at `key` now.
+    pub fn try_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(|_, t| t.get(key)).map(|kv| kv.map(|kv| kv.value))
+    }
+
     /// Blocking get.
     pub async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         let deadline = Instant::now() + timeout;
-        self.wait_for(deadline, |s| s.get(key).map(|kv| kv.value.clone()))
-            .await
-            .ok_or_else(|| KvError::DeadlineExceeded {
+        self.wait_for(deadline, |_, t| {
+            t.get(key).transpose().map(|r| r.map(|kv| kv.value))
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(KvError::DeadlineExceeded {
                 what: format!("waiting for key `{}`", crate::show_key(key)),
                 after: timeout,
             })
+        })
     }
 
     /// Changes under `prefix` from `from` on, then live (invariant 2).
@@ -119,7 +202,10 @@ impl LocalState {
         let rx = self.events.subscribe();
         let (history, last) = {
             let s = self.lock();
-            (s.events_since(from.max(1), prefix)?, s.revision())
+            (
+                s.state.events_since(&s.store, from.max(1), prefix)?,
+                s.state.revision(),
+            )
         };
         let prefix = prefix.to_vec();
         let live = futures::stream::unfold(Some(rx), move |rx| {
@@ -146,5 +232,14 @@ impl LocalState {
         Ok(futures::stream::iter(history.into_iter().map(Ok))
             .chain(live)
             .boxed())
+    }
+}
+
+impl LocalState<MemTables> {
+    /// Applies one request (memory cannot fail).
+    pub fn apply(&self, req: &Request) -> Result<Output> {
+        self.apply_batch([req], |_, _| Ok(()))?
+            .pop()
+            .unwrap_or_else(|| Err(KvError::Internal("no result".into())))
     }
 }

@@ -9,13 +9,13 @@ use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
 use crate::local::LocalState;
-use crate::state::{KeyValue, KvState, Limits, Op, Output, Request};
+use crate::state::{KeyValue, KvState, Limits, MemTables, Op, Output, Request, Tables};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 
 /// The in-memory test double. Create it inside a tokio runtime: a task
 /// expires leases and barriers on time.
 pub struct MemoryKv {
-    local: Arc<LocalState>,
+    local: Arc<LocalState<MemTables>>,
     epoch: Instant,
 }
 
@@ -25,7 +25,10 @@ impl MemoryKv {
     }
 
     pub fn with_limits(limits: Limits) -> MemoryKv {
-        let local = Arc::new(LocalState::new(KvState::new(limits, 100_000)));
+        let local = Arc::new(LocalState::new(
+            KvState::new(limits, 100_000),
+            MemTables::default(),
+        ));
         let epoch = Instant::now();
         tokio::spawn(expiry_task(Arc::downgrade(&local), epoch));
         MemoryKv { local, epoch }
@@ -52,13 +55,13 @@ fn now_ms(epoch: Instant) -> u64 {
 /// Ticks the clock whenever a lease or barrier is due; ends with the store.
 /// It re-plans after every change, since a new lease or barrier may be due
 /// before the deadline it was sleeping towards.
-async fn expiry_task(local: Weak<LocalState>, epoch: Instant) {
+async fn expiry_task(local: Weak<LocalState<MemTables>>, epoch: Instant) {
     let Some(mut changes) = local.upgrade().map(|l| l.changes()) else {
         return;
     };
     loop {
         let Some(l) = local.upgrade() else { return };
-        let next = l.read(|s| s.next_deadline_ms());
+        let next = l.read(|s, _| s.next_deadline_ms());
         drop(l);
         let wake = match next {
             Some(ms) => epoch + Duration::from_millis(ms),
@@ -111,18 +114,18 @@ impl KvStore for MemoryKv {
     }
 
     async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
-        self.local.read(|s| s.limits().check_key(key))?;
+        self.local.read(|s, _| s.limits().check_key(key))?;
         self.local.get(key, timeout).await
     }
 
     async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>> {
         self.local
-            .read(|s| s.get(key).map(|kv| kv.value.clone()))
+            .try_get(key)?
             .ok_or_else(|| KvError::NotFound(key.to_vec()))
     }
 
     async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
-        Ok(self.local.read(|s| s.list(prefix)))
+        self.local.read(|_, t| t.list(prefix))
     }
 
     async fn delete(&self, key: &[u8]) -> Result<u64> {
@@ -195,7 +198,7 @@ impl KvStore for MemoryKv {
         let deadline = Instant::now() + timeout + Duration::from_secs(1);
         match self
             .local
-            .wait_for(deadline, |s| s.barrier(id).and_then(|b| b.outcome(id)))
+            .wait_for(deadline, |s, _| s.barrier(id).and_then(|b| b.outcome(id)))
             .await
         {
             Some(r) => r,
@@ -215,7 +218,7 @@ impl KvStore for MemoryKv {
     }
 
     async fn revision(&self) -> Result<u64> {
-        Ok(self.local.read(KvState::revision))
+        Ok(self.local.read(|s, _| s.revision()))
     }
 }
 

@@ -405,21 +405,160 @@ struct Barrier {
     status: BarrierStatus,
 }
 
-/// The whole replicated state. `Serialize` is the snapshot format.
+/// Where the key-value pairs and the recent events of a [`KvState`] live:
+/// in memory ([`MemTables`]) or in the replica's redb file
+/// (`raft::sm_tables`). Reads; see [`TablesMut`] for writes.
+///
+/// Storage failures are `KvError::Storage`; every other error is the
+/// caller's.
+pub trait Tables {
+    fn get(&self, key: &[u8]) -> Result<Option<KeyValue>>;
+    /// All pairs whose key starts with `prefix`, in key order.
+    fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>>;
+    /// How many keys there are.
+    fn count(&self) -> Result<u64>;
+    /// Recorded events with revision >= `from` under `prefix`, in order.
+    fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>>;
+}
+
+/// The writes [`KvState::apply`] makes.
+pub trait TablesMut: Tables {
+    fn insert(&mut self, kv: &KeyValue) -> Result<()>;
+    /// Whether the key was there.
+    fn remove(&mut self, key: &[u8]) -> Result<bool>;
+    /// Records the events of one revision (all carry `revision`).
+    fn record(&mut self, revision: u64, events: &[Event]) -> Result<()>;
+    /// Drops recorded events with revisions below `revision`.
+    fn forget_below(&mut self, revision: u64) -> Result<()>;
+}
+
+/// Tables in memory: the test double's and the unit tests' storage.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemTables {
+    data: BTreeMap<Vec<u8>, KeyValue>,
+    history: VecDeque<Event>,
+}
+
+impl Tables for MemTables {
+    fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        Ok(self.data.get(key).cloned())
+    }
+
+    fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        Ok(self
+            .data
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.clone())
+            .collect())
+    }
+
+    fn count(&self) -> Result<u64> {
+        Ok(self.data.len() as u64)
+    }
+
+    fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
+        Ok(self
+            .history
+            .iter()
+            .filter(|e| e.revision() >= from && e.key().starts_with(prefix))
+            .cloned()
+            .collect())
+    }
+}
+
+impl TablesMut for MemTables {
+    fn insert(&mut self, kv: &KeyValue) -> Result<()> {
+        self.data.insert(kv.key.clone(), kv.clone());
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Result<bool> {
+        Ok(self.data.remove(key).is_some())
+    }
+
+    fn record(&mut self, _revision: u64, events: &[Event]) -> Result<()> {
+        self.history.extend(events.iter().cloned());
+        Ok(())
+    }
+
+    fn forget_below(&mut self, revision: u64) -> Result<()> {
+        while self
+            .history
+            .front()
+            .is_some_and(|e| e.revision() < revision)
+        {
+            self.history.pop_front();
+        }
+        Ok(())
+    }
+}
+
+/// A [`KvState`] with its tables in memory: the whole state of the
+/// in-memory test double, and what the unit tests and fuzz targets drive.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemState {
+    pub state: KvState,
+    pub tables: MemTables,
+}
+
+impl MemState {
+    pub fn new(limits: Limits, history_limit: usize) -> MemState {
+        MemState {
+            state: KvState::new(limits, history_limit),
+            tables: MemTables::default(),
+        }
+    }
+
+    /// [`KvState::apply`]; memory cannot fail.
+    pub fn apply(&mut self, req: &Request) -> (Result<Output>, Vec<Event>) {
+        self.state
+            .apply(&mut self.tables, req)
+            .expect("memory tables never fail")
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<KeyValue> {
+        self.tables.data.get(key).cloned()
+    }
+
+    pub fn list(&self, prefix: &[u8]) -> Vec<KeyValue> {
+        self.tables.list(prefix).expect("memory tables never fail")
+    }
+
+    pub fn len(&self) -> usize {
+        self.tables.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tables.data.is_empty()
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.state.revision()
+    }
+
+    pub fn events_since(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
+        self.state.events_since(&self.tables, from, prefix)
+    }
+
+    pub fn barrier(&self, id: &[u8]) -> Option<&BarrierStatus> {
+        self.state.barrier(id)
+    }
+}
+
+/// The replicated state apart from its [`Tables`]: revision, clock, leases,
+/// barriers. Small (it does not grow with the keys), so a replica persists
+/// it whole with every batch it applies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvState {
     limits: Limits,
-    data: BTreeMap<Vec<u8>, KeyValue>,
     revision: u64,
     clock_ms: u64,
     next_lease: u64,
     leases: BTreeMap<u64, Lease>,
     barriers: BTreeMap<Vec<u8>, Barrier>,
-    /// Recent events, oldest first, for watchers resuming from a revision.
-    history: VecDeque<Event>,
-    history_limit: usize,
-    /// Events with revisions below this are no longer retained.
-    compacted_below: u64,
+    /// How many revisions of events the tables keep for watchers.
+    history_limit: u64,
 }
 
 impl Default for KvState {
@@ -432,15 +571,12 @@ impl KvState {
     pub fn new(limits: Limits, history_limit: usize) -> KvState {
         KvState {
             limits,
-            data: BTreeMap::new(),
             revision: 0,
             clock_ms: 0,
             next_lease: 1,
             leases: BTreeMap::new(),
             barriers: BTreeMap::new(),
-            history: VecDeque::new(),
-            history_limit: history_limit.max(1),
-            compacted_below: 1,
+            history_limit: history_limit.max(1) as u64,
         }
     }
 
@@ -457,41 +593,24 @@ impl KvState {
         self.clock_ms
     }
 
-    pub fn get(&self, key: &[u8]) -> Option<&KeyValue> {
-        self.data.get(key)
-    }
-
-    /// All pairs whose key starts with `prefix`, in key order.
-    pub fn list(&self, prefix: &[u8]) -> Vec<KeyValue> {
-        self.data
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(_, v)| v.clone())
-            .collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.data.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+    /// Events with revisions below this are no longer retained: the tables
+    /// keep the last `history_limit` revisions.
+    pub fn compacted_below(&self) -> u64 {
+        (self.revision + 1)
+            .saturating_sub(self.history_limit)
+            .max(1)
     }
 
     /// Retained events with revision >= `from` under `prefix`.
-    pub fn events_since(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
-        if from < self.compacted_below {
+    pub fn events_since(&self, t: &impl Tables, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
+        let oldest = self.compacted_below();
+        if from < oldest {
             return Err(KvError::Compacted {
                 requested: from,
-                oldest: self.compacted_below,
+                oldest,
             });
         }
-        Ok(self
-            .history
-            .iter()
-            .filter(|e| e.revision() >= from && e.key().starts_with(prefix))
-            .cloned()
-            .collect())
+        t.events(from, prefix)
     }
 
     pub fn barrier(&self, id: &[u8]) -> Option<&BarrierStatus> {
@@ -510,9 +629,15 @@ impl KvState {
         lease.into_iter().chain(barrier).min()
     }
 
-    /// Applies one request; returns its result and the events it caused
-    /// (expiries included, even when the operation itself fails).
-    pub fn apply(&mut self, req: &Request) -> (Result<Output>, Vec<Event>) {
+    /// Applies one request to this state and `t`; returns its result and
+    /// the events it caused (expiries included, even when the operation
+    /// itself fails). `Err` only for a storage failure, after which the
+    /// state must be thrown away.
+    pub fn apply(
+        &mut self,
+        t: &mut impl TablesMut,
+        req: &Request,
+    ) -> Result<(Result<Output>, Vec<Event>)> {
         let mut events = Vec::new();
         self.clock_ms = self.clock_ms.max(req.now_ms);
         if let Op::RenewLeases = req.op {
@@ -521,17 +646,24 @@ impl KvState {
                 l.expires_at_ms = l.expires_at_ms.max(now.saturating_add(l.ttl_ms));
             }
         }
-        self.expire(&mut events);
-        let result = self.apply_op(&req.op, &mut events);
-        for e in &events {
-            self.history.push_back(e.clone());
+        let before = self.revision;
+        self.expire(t, &mut events)?;
+        let result = match self.apply_op(t, &req.op, &mut events) {
+            Err(KvError::Storage(e)) => return Err(KvError::Storage(e)),
+            r => r,
+        };
+        for revision in before + 1..=self.revision {
+            let of_revision: Vec<Event> = events
+                .iter()
+                .filter(|e| e.revision() == revision)
+                .cloned()
+                .collect();
+            t.record(revision, &of_revision)?;
         }
-        while self.history.len() > self.history_limit {
-            if let Some(old) = self.history.pop_front() {
-                self.compacted_below = old.revision() + 1;
-            }
+        if self.revision > before {
+            t.forget_below(self.compacted_below())?;
         }
-        (result, events)
+        Ok((result, events))
     }
 
     fn bump(&mut self) -> u64 {
@@ -540,7 +672,7 @@ impl KvState {
     }
 
     /// Expires leases and barriers whose time has come (invariants 3, 4).
-    fn expire(&mut self, events: &mut Vec<Event>) {
+    fn expire(&mut self, t: &mut impl TablesMut, events: &mut Vec<Event>) -> Result<()> {
         let now = self.clock_ms;
         let expired: Vec<u64> = self
             .leases
@@ -549,7 +681,7 @@ impl KvState {
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
-            self.drop_lease(id, events);
+            self.drop_lease(t, id, events)?;
         }
         for b in self.barriers.values_mut() {
             if matches!(b.status, BarrierStatus::Waiting { .. }) && b.deadline_ms <= now {
@@ -562,28 +694,35 @@ impl KvState {
                 };
             }
         }
+        Ok(())
     }
 
     /// Removes a lease and its keys in one revision.
-    fn drop_lease(&mut self, id: u64, events: &mut Vec<Event>) -> u64 {
+    fn drop_lease(
+        &mut self,
+        t: &mut impl TablesMut,
+        id: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<u64> {
         let Some(lease) = self.leases.remove(&id) else {
-            return 0;
+            return Ok(0);
         };
-        let keys: Vec<Vec<u8>> = lease
-            .keys
-            .into_iter()
-            .filter(|k| self.data.get(k).is_some_and(|kv| kv.lease == Some(id)))
-            .collect();
+        let mut keys = Vec::new();
+        for k in lease.keys {
+            if t.get(&k)?.is_some_and(|kv| kv.lease == Some(id)) {
+                keys.push(k);
+            }
+        }
         if keys.is_empty() {
-            return 0;
+            return Ok(0);
         }
         let revision = self.bump();
         let count = keys.len() as u64;
         for key in keys {
-            self.data.remove(&key);
+            t.remove(&key)?;
             events.push(Event::Delete { key, revision });
         }
-        count
+        Ok(count)
     }
 
     fn check_lease(&self, lease: Option<u64>) -> Result<()> {
@@ -593,16 +732,19 @@ impl KvState {
         }
     }
 
+    /// Writes `key`; `current` is what the tables hold for it.
     fn write(
         &mut self,
+        t: &mut impl TablesMut,
         key: &[u8],
+        current: Option<&KeyValue>,
         value: Vec<u8>,
         lease: Option<u64>,
         events: &mut Vec<Event>,
-    ) -> u64 {
+    ) -> Result<u64> {
         let revision = self.bump();
-        let create_revision = self.data.get(key).map_or(revision, |kv| kv.create_revision);
-        if let Some(old) = self.data.get(key).and_then(|kv| kv.lease) {
+        let create_revision = current.map_or(revision, |kv| kv.create_revision);
+        if let Some(old) = current.and_then(|kv| kv.lease) {
             if Some(old) != lease {
                 if let Some(l) = self.leases.get_mut(&old) {
                     l.keys.remove(key);
@@ -621,34 +763,41 @@ impl KvState {
             mod_revision: revision,
             lease,
         };
-        self.data.insert(key.to_vec(), kv.clone());
+        t.insert(&kv)?;
         events.push(Event::Put(kv));
-        revision
+        Ok(revision)
     }
 
-    fn apply_op(&mut self, op: &Op, events: &mut Vec<Event>) -> Result<Output> {
+    fn apply_op(
+        &mut self,
+        t: &mut impl TablesMut,
+        op: &Op,
+        events: &mut Vec<Event>,
+    ) -> Result<Output> {
         let limits = self.limits;
         match op {
             Op::Put { key, value, lease } => {
                 limits.check_key(key)?;
                 limits.check_value(value)?;
                 self.check_lease(*lease)?;
-                let revision = self.write(key, value.clone(), *lease, events);
+                let current = t.get(key)?;
+                let revision =
+                    self.write(t, key, current.as_ref(), value.clone(), *lease, events)?;
                 Ok(Output::Written { revision })
             }
             Op::Insert { key, value, lease } => {
                 limits.check_key(key)?;
                 limits.check_value(value)?;
                 self.check_lease(*lease)?;
-                if self.data.contains_key(key) {
+                if t.get(key)?.is_some() {
                     return Err(KvError::AlreadyExists(key.clone()));
                 }
-                let revision = self.write(key, value.clone(), *lease, events);
+                let revision = self.write(t, key, None, value.clone(), *lease, events)?;
                 Ok(Output::Written { revision })
             }
             Op::Delete { key } => {
                 limits.check_key(key)?;
-                if self.data.remove(key).is_none() {
+                if !t.remove(key)? {
                     return Ok(Output::Deleted {
                         revision: 0,
                         count: 0,
@@ -663,12 +812,7 @@ impl KvState {
             }
             Op::DeletePrefix { prefix } => {
                 limits.check_key(prefix)?;
-                let keys: Vec<Vec<u8>> = self
-                    .data
-                    .range(prefix.clone()..)
-                    .take_while(|(k, _)| k.starts_with(prefix))
-                    .map(|(k, _)| k.clone())
-                    .collect();
+                let keys: Vec<Vec<u8>> = t.list(prefix)?.into_iter().map(|kv| kv.key).collect();
                 if keys.is_empty() {
                     return Ok(Output::Deleted {
                         revision: 0,
@@ -678,17 +822,24 @@ impl KvState {
                 let revision = self.bump();
                 let count = keys.len() as u64;
                 for key in keys {
-                    self.data.remove(&key);
+                    t.remove(&key)?;
                     events.push(Event::Delete { key, revision });
                 }
                 Ok(Output::Deleted { revision, count })
             }
             Op::Increment { key, delta } => {
                 limits.check_key(key)?;
-                let value =
-                    increment_value(key, self.data.get(key).map(|kv| &kv.value[..]), *delta)?;
-                let lease = self.data.get(key).and_then(|kv| kv.lease);
-                let revision = self.write(key, value.to_string().into_bytes(), lease, events);
+                let current = t.get(key)?;
+                let value = increment_value(key, current.as_ref().map(|kv| &kv.value[..]), *delta)?;
+                let lease = current.as_ref().and_then(|kv| kv.lease);
+                let revision = self.write(
+                    t,
+                    key,
+                    current.as_ref(),
+                    value.to_string().into_bytes(),
+                    lease,
+                    events,
+                )?;
                 Ok(Output::Counter { revision, value })
             }
             Op::CompareAndSwap {
@@ -698,12 +849,14 @@ impl KvState {
             } => {
                 limits.check_key(key)?;
                 limits.check_value(value)?;
-                let current = self.data.get(key).map(|kv| kv.value.clone());
-                if current != *expected {
-                    return Ok(Output::Mismatch { current });
+                let current = t.get(key)?;
+                let value_now = current.as_ref().map(|kv| kv.value.clone());
+                if value_now != *expected {
+                    return Ok(Output::Mismatch { current: value_now });
                 }
-                let lease = self.data.get(key).and_then(|kv| kv.lease);
-                let revision = self.write(key, value.clone(), lease, events);
+                let lease = current.as_ref().and_then(|kv| kv.lease);
+                let revision =
+                    self.write(t, key, current.as_ref(), value.clone(), lease, events)?;
                 Ok(Output::Swapped { revision })
             }
             Op::LeaseGrant { ttl_ms } => {
@@ -740,7 +893,7 @@ impl KvState {
                 if !self.leases.contains_key(id) {
                     return Err(KvError::LeaseNotFound(*id));
                 }
-                let count = self.drop_lease(*id, events);
+                let count = self.drop_lease(t, *id, events)?;
                 Ok(Output::Deleted {
                     revision: if count > 0 { self.revision } else { 0 },
                     count,
@@ -821,7 +974,7 @@ mod tests {
     }
 
     /// Applies a request that must succeed; returns its events.
-    fn must(s: &mut KvState, r: Request) -> Vec<Event> {
+    fn must(s: &mut MemState, r: Request) -> Vec<Event> {
         let (res, ev) = s.apply(&r);
         res.unwrap_or_else(|e| panic!("{r:?}: {e}"));
         ev
@@ -837,7 +990,7 @@ mod tests {
 
     #[test]
     fn revisions_advance_once_per_change() {
-        let mut s = KvState::default();
+        let mut s = MemState::default();
         let (r, ev) = s.apply(&req(0, put("a", "1")));
         assert_eq!(r, Ok(Output::Written { revision: 1 }));
         assert_eq!(ev.len(), 1);
@@ -880,7 +1033,7 @@ mod tests {
 
     #[test]
     fn list_is_by_prefix_in_key_order() {
-        let mut s = KvState::default();
+        let mut s = MemState::default();
         for k in ["job/2", "job/1", "jobs", "job/10", "other"] {
             must(&mut s, req(0, put(k, k)));
         }
@@ -893,7 +1046,7 @@ mod tests {
 
     #[test]
     fn increment_and_compare_and_swap() {
-        let mut s = KvState::default();
+        let mut s = MemState::default();
         let inc = |d| Op::Increment {
             key: "n".into(),
             delta: d,
@@ -947,7 +1100,7 @@ mod tests {
 
     #[test]
     fn leases_expire_their_keys_in_one_revision() {
-        let mut s = KvState::default();
+        let mut s = MemState::default();
         let (r, _) = s.apply(&req(1000, Op::LeaseGrant { ttl_ms: 500 }));
         let Ok(Output::Lease { id, .. }) = r else {
             panic!("{r:?}")
@@ -992,7 +1145,7 @@ mod tests {
 
     #[test]
     fn a_key_rewritten_without_its_lease_survives_the_lease() {
-        let mut s = KvState::default();
+        let mut s = MemState::default();
         let Ok(Output::Lease { id, .. }) = s.apply(&req(0, Op::LeaseGrant { ttl_ms: 10 })).0 else {
             panic!()
         };
@@ -1014,15 +1167,15 @@ mod tests {
 
     #[test]
     fn the_clock_never_goes_backwards() {
-        let mut s = KvState::default();
+        let mut s = MemState::default();
         must(&mut s, req(1000, Op::Tick));
         must(&mut s, req(10, Op::Tick));
-        assert_eq!(s.clock_ms(), 1000);
+        assert_eq!(s.state.clock_ms(), 1000);
     }
 
     #[test]
     fn a_new_leader_renews_overdue_leases_before_expiring_them() {
-        let mut s = KvState::new(Limits::default(), 100);
+        let mut s = MemState::new(Limits::default(), 100);
         let lease = s
             .apply(&req(0, Op::LeaseGrant { ttl_ms: 1000 }))
             .0
@@ -1051,7 +1204,7 @@ mod tests {
 
     #[test]
     fn barriers_pass_fail_and_stay_decided() {
-        let mut s = KvState::default();
+        let mut s = MemState::default();
         let arrive = |p: &str| Op::BarrierArrive {
             id: "b".into(),
             participant: p.into(),
@@ -1122,7 +1275,7 @@ mod tests {
 
     #[test]
     fn oversized_keys_and_values_write_nothing() {
-        let mut s = KvState::new(
+        let mut s = MemState::new(
             Limits {
                 max_key: 4,
                 max_value: 8,
@@ -1142,7 +1295,7 @@ mod tests {
 
     #[test]
     fn history_serves_watchers_until_compacted() {
-        let mut s = KvState::new(Limits::default(), 3);
+        let mut s = MemState::new(Limits::default(), 3);
         for i in 0..5 {
             must(&mut s, req(0, put(&format!("k{i}"), "v")));
         }
@@ -1191,7 +1344,7 @@ mod tests {
             })
             .collect();
         let run = || {
-            let mut s = KvState::default();
+            let mut s = MemState::default();
             let outs: Vec<_> = reqs.iter().map(|r| s.apply(r)).collect();
             (s, outs)
         };
@@ -1201,6 +1354,6 @@ mod tests {
         assert_eq!(out_a, out_b);
         // And a snapshot restores the same state.
         let snap = postcard::to_allocvec(&a).unwrap();
-        assert_eq!(postcard::from_bytes::<KvState>(&snap).unwrap(), a);
+        assert_eq!(postcard::from_bytes::<MemState>(&snap).unwrap(), a);
     }
 }

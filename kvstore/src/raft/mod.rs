@@ -1,12 +1,11 @@
 //! The embedded Raft backend: openraft 0.9 (storage-v2) over redb.
 //!
-//! * [`storage`]: durable log and state machine (redb), checked with
-//!   openraft's storage suite.
+//! * [`storage`]: the durable log (redb), checked with openraft's storage
+//!   suite together with [`sm`].
+//! * [`sm`]: the state machine on disk (redb) and its snapshot files.
 //! * [`node`]: one replica: openraft, the QUIC server, request routing and
 //!   group proposals.
 //! * [`client`]: [`client::RaftKv`], the client-facing `KvStore`.
-
-use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +14,7 @@ use crate::state::{Output, Request};
 
 pub mod client;
 pub mod node;
+pub mod sm;
 pub mod storage;
 
 pub use openraft::SnapshotPolicy;
@@ -58,5 +58,5 @@ openraft::declare_raft_types!(
         R = Response,
         NodeId = u64,
         Node = openraft::BasicNode,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
 );

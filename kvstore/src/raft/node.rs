@@ -44,8 +44,9 @@ use quinn::SendStream;
 use crate::error::KvError;
 use crate::local::LocalState;
 use crate::net::{self, Handler, NetError, PeerClient};
+use crate::raft::sm::SmTables;
 use crate::raft::{storage, Proposal, TypeConfig};
-use crate::state::{BarrierStatus, KvState, Op, Output, Request};
+use crate::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
 use crate::tls::TlsFiles;
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
 
@@ -102,7 +103,7 @@ pub enum ReplicaError {
 pub struct Replica {
     pub id: u64,
     pub raft: Raft<TypeConfig>,
-    local: Arc<LocalState>,
+    local: Arc<LocalState<SmTables>>,
     endpoint: quinn::Endpoint,
 }
 
@@ -111,7 +112,7 @@ impl Replica {
     /// forms the cluster from `peers`.
     pub async fn start(cfg: ReplicaConfig) -> Result<Replica, ReplicaError> {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ReplicaError::Storage(e.to_string()))?;
-        let (log, sm) = storage::open(&cfg.data_dir.join("raft.redb"), KvState::default())
+        let (log, sm) = storage::open(&cfg.data_dir, KvState::default())
             .map_err(|e| ReplicaError::Storage(e.to_string()))?;
         let local = sm.local();
         let (server_cfg, client_cfg) = match &cfg.tls {
@@ -197,7 +198,7 @@ impl Replica {
     }
 
     /// This replica's applied state.
-    pub fn local(&self) -> Arc<LocalState> {
+    pub fn local(&self) -> Arc<LocalState<SmTables>> {
         self.local.clone()
     }
 
@@ -217,13 +218,13 @@ fn wall_ms() -> u64 {
 /// Invariant 3: the leader proposes a `Tick` when something is due.
 async fn tick_when_due(
     raft: Raft<TypeConfig>,
-    local: Arc<LocalState>,
+    local: Arc<LocalState<SmTables>>,
     id: u64,
     leases_renewed: Arc<AtomicU64>,
 ) {
     let mut changes = local.changes();
     loop {
-        let next = local.read(KvState::next_deadline_ms);
+        let next = local.read(|s, _| s.next_deadline_ms());
         let wait = match next {
             Some(ms) => Duration::from_millis(ms.saturating_sub(wall_ms())),
             None => Duration::from_secs(1),
@@ -238,7 +239,7 @@ async fn tick_when_due(
         }
         let leader = raft.metrics().borrow().current_leader;
         let due = local
-            .read(KvState::next_deadline_ms)
+            .read(|s, _| s.next_deadline_ms())
             .is_some_and(|ms| ms <= wall_ms());
         if leader == Some(id) && due {
             renew_leases_once_per_term(&raft, &leases_renewed).await;
@@ -387,7 +388,7 @@ fn entries_within(entries: &[openraft::Entry<TypeConfig>], budget: usize) -> usi
 struct ReplicaHandler {
     id: u64,
     raft: Raft<TypeConfig>,
-    local: Arc<LocalState>,
+    local: Arc<LocalState<SmTables>>,
     client: PeerClient,
     leases_renewed: Arc<AtomicU64>,
     proposer: Proposer,
@@ -559,7 +560,9 @@ impl ReplicaHandler {
                 learners.push(entry);
             }
         }
-        let (revision, keys) = self.local.read(|s| (s.revision(), s.len() as u64));
+        let (revision, keys) = self
+            .local
+            .read(|s, t| (s.revision(), t.count().unwrap_or(0)));
         ReplicaStatus {
             id: self.id,
             state: format!("{:?}", m.state),
@@ -719,7 +722,7 @@ impl ReplicaHandler {
         let response = match req {
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
-                let checked = self.local.read(|s| s.limits().check_op(&op));
+                let checked = self.local.read(|s, _| s.limits().check_op(&op));
                 if checked.is_ok() {
                     renew_leases_once_per_term(&self.raft, &self.leases_renewed).await;
                 }
@@ -747,28 +750,26 @@ impl ReplicaHandler {
                 };
                 WireResponse::Value(r)
             }
-            ClientRequest::TryGet { key } => {
-                WireResponse::Value(self.linearizable().await.and_then(|()| {
-                    self.local
-                        .read(|s| s.get(&key).map(|kv| kv.value.clone()))
-                        .ok_or(KvError::NotFound(key))
-                }))
-            }
+            ClientRequest::TryGet { key } => WireResponse::Value(
+                self.linearizable()
+                    .await
+                    .and_then(|()| self.local.try_get(&key)?.ok_or(KvError::NotFound(key))),
+            ),
             ClientRequest::List { prefix } => WireResponse::List(
                 self.linearizable()
                     .await
-                    .map(|()| self.local.read(|s| s.list(&prefix))),
+                    .and_then(|()| self.local.read(|_, t| t.list(&prefix))),
             ),
             ClientRequest::Revision => WireResponse::Revision(
                 self.linearizable()
                     .await
-                    .map(|()| self.local.read(KvState::revision)),
+                    .map(|()| self.local.read(|s, _| s.revision())),
             ),
             ClientRequest::WaitBarrier { id, timeout_ms } => {
                 let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
                 let decided = self
                     .local
-                    .wait_for(deadline, |s| {
+                    .wait_for(deadline, |s, _| {
                         s.barrier(&id)
                             .filter(|b| !matches!(b, BarrierStatus::Waiting { .. }))
                             .cloned()

@@ -1,0 +1,1170 @@
+//! The replicated state machine on disk: key-value pairs and recent events
+//! in a redb file of their own (`state.redb`), snapshots as files streamed
+//! from it. A replica's memory does not grow with the number of keys.
+//!
+//! Invariants:
+//! 1. Applied batches collect in an in-memory overlay (bounded by
+//!    `FLUSH_BYTES`/`FLUSH_ENTRIES`, at most `FLUSH_INTERVAL` old at the end
+//!    of a batch) that reads consult first. A flush writes the overlay, the
+//!    [`KvState`], the applied log id and the membership in one redb
+//!    transaction: after a crash the file is at a batch boundary, and
+//!    openraft re-applies the committed entries after its applied id from
+//!    the log.
+//! 2. Flushes commit without fsync (`Durability::None`); the first one
+//!    after [`DURABLE_INTERVAL`] and the one before a snapshot is taken
+//!    commit with fsync (which also lets redb reuse freed pages). Openraft
+//!    purges the log only up to a snapshot, so what the log no longer holds
+//!    is durable here; a crash costs at most the re-application of the
+//!    entries since the last fsync.
+//! 3. A snapshot is built from one read transaction, streamed to a file
+//!    record by record (memory stays bounded by one record), fsynced and
+//!    renamed into place; the current snapshot is always complete.
+//! 4. A received snapshot is checked record by record (frame sizes against
+//!    this replica's limits, the header against the announced meta, the
+//!    trailer's counts); a bad one installs nothing. A good one replaces
+//!    the tables in one transaction, committed under the state's lock.
+
+// openraft's storage traits fix the error type (`StorageError`).
+#![allow(clippy::result_large_err)]
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftSnapshotBuilder,
+    SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+};
+use redb::{Database, Durability, ReadTransaction, ReadableTable, ReadableTableMetadata};
+use redb::{TableDefinition, WriteTransaction};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{KvError, Result};
+use crate::local::{LocalState, Store};
+use crate::raft::{Response, TypeConfig};
+use crate::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
+
+type NodeId = u64;
+type Node = openraft::BasicNode;
+type StorageResult<T> = std::result::Result<T, StorageError<NodeId>>;
+
+/// Key → [`StoredValue`].
+const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
+/// Revision → its events (postcard `Vec<Event>`).
+const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
+/// [`STATE`], [`APPLIED`], [`MEMBERSHIP`].
+const SM: TableDefinition<&str, &[u8]> = TableDefinition::new("sm");
+const STATE: &str = "state";
+const APPLIED: &str = "applied";
+const MEMBERSHIP: &str = "membership";
+
+/// Page cache of `state.redb`.
+const CACHE_BYTES: usize = 32 << 20;
+/// The overlay is flushed once it holds this many bytes or entries, or is
+/// this old (invariant 2).
+const FLUSH_BYTES: usize = 8 << 20;
+const FLUSH_ENTRIES: usize = 8 * 1024;
+const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+/// Time between fsyncs of `state.redb` (invariant 2). Each one stalls the
+/// state machine for a disk flush; the log's fsyncs keep the data safe
+/// meanwhile.
+pub const DURABLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// The snapshot header (state, leases, barriers) may not exceed this.
+pub const MAX_SNAPSHOT_HEADER: usize = 64 << 20;
+/// Events of one revision travel in records of about this many bytes.
+const EVENTS_PER_RECORD_BYTES: usize = 1 << 20;
+const SNAPSHOT_VERSION: u32 = 1;
+
+fn storage<E: std::fmt::Display>(e: E) -> KvError {
+    KvError::Storage(e.to_string())
+}
+
+fn sm_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::new(
+        ErrorSubject::StateMachine,
+        verb,
+        AnyError::error(e.to_string()),
+    )
+    .into()
+}
+
+fn snap_err(
+    meta: Option<&SnapshotMeta<NodeId, Node>>,
+    verb: ErrorVerb,
+    e: impl std::fmt::Display,
+) -> StorageError<NodeId> {
+    let subject = match meta {
+        Some(m) => ErrorSubject::Snapshot(Some(m.signature())),
+        None => ErrorSubject::Snapshot(None),
+    };
+    StorageIOError::new(subject, verb, AnyError::error(e.to_string())).into()
+}
+
+/// A value as stored under its key (the key is not repeated).
+#[derive(Serialize, Deserialize)]
+struct StoredValue<'a> {
+    #[serde(borrow, with = "serde_bytes")]
+    value: &'a [u8],
+    create_revision: u64,
+    mod_revision: u64,
+    lease: Option<u64>,
+}
+
+fn encode_value(kv: &KeyValue) -> Result<Vec<u8>> {
+    postcard::to_allocvec(&StoredValue {
+        value: &kv.value,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        lease: kv.lease,
+    })
+    .map_err(storage)
+}
+
+fn decode_value(key: &[u8], bytes: &[u8]) -> Result<KeyValue> {
+    let v: StoredValue = postcard::from_bytes(bytes).map_err(storage)?;
+    Ok(KeyValue {
+        key: key.to_vec(),
+        value: v.value.to_vec(),
+        create_revision: v.create_revision,
+        mod_revision: v.mod_revision,
+        lease: v.lease,
+    })
+}
+
+/// The smallest key greater than every key starting with `prefix`
+/// (`None`: no bound).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+fn open_data(db: &Database) -> Result<redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
+    let txn = db.begin_read().map_err(storage)?;
+    txn.open_table(DATA).map_err(storage)
+}
+
+fn get_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+) -> Result<Option<KeyValue>> {
+    let got = table.get(key).map_err(storage)?;
+    got.map(|v| decode_value(key, v.value())).transpose()
+}
+
+fn list_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    prefix: &[u8],
+) -> Result<Vec<KeyValue>> {
+    let end = prefix_end(prefix);
+    let range = match &end {
+        Some(end) => table.range::<&[u8]>(prefix..end.as_slice()),
+        None => table.range::<&[u8]>(prefix..),
+    }
+    .map_err(storage)?;
+    let mut out = Vec::new();
+    for item in range {
+        let (k, v) = item.map_err(storage)?;
+        out.push(decode_value(k.value(), v.value())?);
+    }
+    Ok(out)
+}
+
+fn events_in(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    from: u64,
+    prefix: &[u8],
+) -> Result<Vec<Event>> {
+    let mut out = Vec::new();
+    for item in table.range(from..).map_err(storage)? {
+        let (_, v) = item.map_err(storage)?;
+        let events: Vec<Event> = postcard::from_bytes(v.value()).map_err(storage)?;
+        out.extend(events.into_iter().filter(|e| e.key().starts_with(prefix)));
+    }
+    Ok(out)
+}
+
+/// The tables of `state.redb` under an overlay of the batches applied since
+/// the last flush (invariant 1): reads see the overlay first, then the last
+/// committed transaction.
+pub struct SmTables {
+    db: Arc<Database>,
+    /// Writes since the last flush (`None`: removed).
+    data: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    history: BTreeMap<u64, Vec<Event>>,
+    forget_below: Option<u64>,
+    /// Key and value bytes in the overlay.
+    bytes: usize,
+    last_flush: std::time::Instant,
+    last_durable: std::time::Instant,
+    /// The data table as of the last flush, opened once per flush rather
+    /// than once per read.
+    base: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+}
+
+impl SmTables {
+    fn new(db: Arc<Database>) -> Result<SmTables> {
+        let base = open_data(&db)?;
+        Ok(SmTables {
+            base,
+            db,
+            data: BTreeMap::new(),
+            history: BTreeMap::new(),
+            forget_below: None,
+            bytes: 0,
+            last_flush: std::time::Instant::now(),
+            last_durable: std::time::Instant::now(),
+        })
+    }
+
+    fn read<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        def: TableDefinition<K, V>,
+    ) -> Result<redb::ReadOnlyTable<K, V>> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        txn.open_table(def).map_err(storage)
+    }
+
+    /// Ends an applied batch: flushes the overlay when it is large or old
+    /// (invariant 2), with fsync when the last one is [`DURABLE_INTERVAL`]
+    /// ago.
+    fn end_batch(
+        &mut self,
+        state: &KvState,
+        applied: Option<LogId<NodeId>>,
+        membership: &StoredMembership<NodeId, Node>,
+    ) -> Result<()> {
+        if self.bytes >= FLUSH_BYTES
+            || self.data.len() + self.history.len() >= FLUSH_ENTRIES
+            || self.last_flush.elapsed() >= FLUSH_INTERVAL
+        {
+            let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
+            self.flush(state, applied, membership, durable)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the overlay, the state and Raft's bookkeeping in one
+    /// transaction (invariant 1), with fsync when `durable` (invariant 2).
+    fn flush(
+        &mut self,
+        state: &KvState,
+        applied: Option<LogId<NodeId>>,
+        membership: &StoredMembership<NodeId, Node>,
+        durable: bool,
+    ) -> Result<()> {
+        let txn = self.db.begin_write().map_err(storage)?;
+        {
+            let mut data = txn.open_table(DATA).map_err(storage)?;
+            for (k, v) in &self.data {
+                match v {
+                    Some(kv) => {
+                        let bytes = encode_value(kv)?;
+                        data.insert(k.as_slice(), bytes.as_slice())
+                            .map_err(storage)?;
+                    }
+                    None => {
+                        data.remove(k.as_slice()).map_err(storage)?;
+                    }
+                }
+            }
+            let mut history = txn.open_table(HISTORY).map_err(storage)?;
+            for (revision, events) in &self.history {
+                let bytes = postcard::to_allocvec(events).map_err(storage)?;
+                history
+                    .insert(*revision, bytes.as_slice())
+                    .map_err(storage)?;
+            }
+            if let Some(below) = self.forget_below {
+                history.retain_in(..below, |_, _| false).map_err(storage)?;
+            }
+        }
+        commit_with_state(txn, state, applied, membership, durable)?;
+        self.discard()?;
+        if durable {
+            self.last_durable = self.last_flush;
+        }
+        Ok(())
+    }
+
+    /// Forgets the overlay once the tables hold it, or when a snapshot
+    /// replaced them.
+    fn discard(&mut self) -> Result<()> {
+        self.base = open_data(&self.db)?;
+        self.data.clear();
+        self.history.clear();
+        self.forget_below = None;
+        self.bytes = 0;
+        self.last_flush = std::time::Instant::now();
+        Ok(())
+    }
+}
+
+impl Tables for SmTables {
+    fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        match self.data.get(key) {
+            Some(written) => Ok(written.clone()),
+            None => get_in(&self.base, key),
+        }
+    }
+
+    fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        let mut all: BTreeMap<Vec<u8>, KeyValue> = list_in(&self.base, prefix)?
+            .into_iter()
+            .map(|kv| (kv.key.clone(), kv))
+            .collect();
+        for (k, v) in self
+            .data
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
+            match v {
+                Some(kv) => all.insert(k.clone(), kv.clone()),
+                None => all.remove(k),
+            };
+        }
+        Ok(all.into_values().collect())
+    }
+
+    fn count(&self) -> Result<u64> {
+        let base = &self.base;
+        let mut n = base.len().map_err(storage)?;
+        for (k, v) in &self.data {
+            match (
+                base.get(k.as_slice()).map_err(storage)?.is_some(),
+                v.is_some(),
+            ) {
+                (false, true) => n += 1,
+                (true, false) => n -= 1,
+                _ => {}
+            }
+        }
+        Ok(n)
+    }
+
+    fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
+        let from = self.forget_below.unwrap_or(0).max(from);
+        let mut out = events_in(&self.read(HISTORY)?, from, prefix)?;
+        for events in self.history.range(from..).map(|(_, e)| e) {
+            out.extend(
+                events
+                    .iter()
+                    .filter(|e| e.key().starts_with(prefix))
+                    .cloned(),
+            );
+        }
+        Ok(out)
+    }
+}
+
+impl TablesMut for SmTables {
+    fn insert(&mut self, kv: &KeyValue) -> Result<()> {
+        self.bytes += kv.key.len() + kv.value.len();
+        self.data.insert(kv.key.clone(), Some(kv.clone()));
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Result<bool> {
+        let existed = self.get(key)?.is_some();
+        self.bytes += key.len();
+        self.data.insert(key.to_vec(), None);
+        Ok(existed)
+    }
+
+    fn record(&mut self, revision: u64, events: &[Event]) -> Result<()> {
+        self.bytes += events
+            .iter()
+            .map(|e| match e {
+                Event::Put(kv) => kv.key.len() + kv.value.len(),
+                Event::Delete { key, .. } => key.len(),
+            })
+            .sum::<usize>();
+        self.history
+            .entry(revision)
+            .or_default()
+            .extend(events.iter().cloned());
+        Ok(())
+    }
+
+    fn forget_below(&mut self, revision: u64) -> Result<()> {
+        self.forget_below = Some(self.forget_below.unwrap_or(0).max(revision));
+        let kept = self.history.split_off(&revision);
+        self.history = kept;
+        Ok(())
+    }
+}
+
+impl Store for SmTables {
+    type Writer<'a> = &'a mut SmTables;
+
+    fn writer(&mut self) -> Result<&mut SmTables> {
+        Ok(self)
+    }
+}
+
+/// Records the state and Raft's bookkeeping in `txn` and commits it.
+fn commit_with_state(
+    mut txn: WriteTransaction,
+    state: &KvState,
+    applied: Option<LogId<NodeId>>,
+    membership: &StoredMembership<NodeId, Node>,
+    durable: bool,
+) -> Result<()> {
+    {
+        let mut sm = txn.open_table(SM).map_err(storage)?;
+        let state = postcard::to_allocvec(state).map_err(storage)?;
+        sm.insert(STATE, state.as_slice()).map_err(storage)?;
+        let applied = postcard::to_allocvec(&applied).map_err(storage)?;
+        sm.insert(APPLIED, applied.as_slice()).map_err(storage)?;
+        let membership = postcard::to_allocvec(membership).map_err(storage)?;
+        sm.insert(MEMBERSHIP, membership.as_slice())
+            .map_err(storage)?;
+    }
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    });
+    txn.commit().map_err(storage)
+}
+
+fn read_sm<T: for<'de> Deserialize<'de>>(
+    txn: &ReadTransaction,
+    key: &str,
+) -> StorageResult<Option<T>> {
+    let table = txn.open_table(SM).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+    let got = table.get(key).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+    got.map(|v| postcard::from_bytes(v.value()))
+        .transpose()
+        .map_err(|e| sm_err(ErrorVerb::Read, e))
+}
+
+/// The replicated state machine: a [`LocalState`] over `state.redb` plus
+/// what Raft needs.
+pub struct StateMachineStore {
+    db: Arc<Database>,
+    dir: PathBuf,
+    local: Arc<LocalState<SmTables>>,
+    limits: Limits,
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, Node>,
+    snapshots_built: u64,
+}
+
+/// The current snapshot; written as `snapshot.tmp` first (invariant 3).
+fn snapshot_path(dir: &Path) -> PathBuf {
+    dir.join("snapshot")
+}
+
+fn received_path(dir: &Path) -> PathBuf {
+    dir.join("snapshot.recv")
+}
+
+impl StateMachineStore {
+    /// Opens (or creates) `dir/state.redb`; `initial` is the state of an
+    /// empty replica (its limits bound received snapshots).
+    pub fn open(dir: &Path, initial: KvState) -> StorageResult<StateMachineStore> {
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(dir.join("state.redb"))
+            .map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        let txn = db.begin_write().map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        txn.open_table(DATA)
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        txn.open_table(SM)
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        txn.open_table(HISTORY)
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        txn.commit().map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        let txn = db.begin_read().map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        let limits = initial.limits();
+        let state = read_sm::<KvState>(&txn, STATE)?.unwrap_or(initial);
+        let applied = read_sm::<Option<LogId<NodeId>>>(&txn, APPLIED)?.flatten();
+        let membership = read_sm(&txn, MEMBERSHIP)?.unwrap_or_default();
+        drop(txn);
+        let db = Arc::new(db);
+        Ok(StateMachineStore {
+            local: Arc::new(LocalState::new(
+                state,
+                SmTables::new(db.clone()).map_err(|e| sm_err(ErrorVerb::Read, e))?,
+            )),
+            db,
+            dir: dir.to_path_buf(),
+            limits,
+            applied,
+            membership,
+            snapshots_built: 0,
+        })
+    }
+
+    /// The applied state, for reads and waits.
+    pub fn local(&self) -> Arc<LocalState<SmTables>> {
+        self.local.clone()
+    }
+}
+
+/// A snapshot file: framed records (u32 little-endian length, postcard).
+/// The first is a [`SnapshotRecord::Header`], the last an `End`.
+#[derive(Serialize, Deserialize)]
+pub enum SnapshotRecord {
+    Header {
+        version: u32,
+        meta: SnapshotMeta<NodeId, Node>,
+        state: KvState,
+    },
+    Pair(KeyValue),
+    /// Some of the events of one revision (large revisions span several).
+    Events {
+        revision: u64,
+        events: Vec<Event>,
+    },
+    End {
+        pairs: u64,
+        event_records: u64,
+    },
+}
+
+fn write_record(out: &mut impl Write, r: &SnapshotRecord) -> Result<()> {
+    let bytes = postcard::to_allocvec(r).map_err(storage)?;
+    out.write_all(&(bytes.len() as u32).to_le_bytes())
+        .map_err(storage)?;
+    out.write_all(&bytes).map_err(storage)
+}
+
+/// Reads one record of at most `max` bytes; `Ok(None)` at a clean end of
+/// file.
+pub fn read_record(input: &mut impl Read, max: usize) -> Result<Option<SnapshotRecord>> {
+    let mut len = [0u8; 4];
+    match input.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(storage(e)),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(KvError::InvalidArgument(format!(
+            "snapshot record of {len} bytes exceeds the {max}-byte limit"
+        )));
+    }
+    let mut buf = vec![0u8; len];
+    input.read_exact(&mut buf).map_err(|e| {
+        KvError::InvalidArgument(format!("snapshot truncated inside a record: {e}"))
+    })?;
+    postcard::from_bytes(&buf)
+        .map(Some)
+        .map_err(|e| KvError::InvalidArgument(format!("malformed snapshot record: {e}")))
+}
+
+/// The largest record a replica with `limits` accepts after the header.
+pub fn max_record(limits: Limits) -> usize {
+    limits.max_key + limits.max_value + EVENTS_PER_RECORD_BYTES + 4096
+}
+
+/// Streams the tables of `txn` and `header` into `path` (invariant 3).
+fn write_snapshot(path: &Path, txn: &ReadTransaction, header: &SnapshotRecord) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let file = std::fs::File::create(&tmp).map_err(storage)?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let head = postcard::to_allocvec(header).map_err(storage)?;
+    if head.len() > MAX_SNAPSHOT_HEADER {
+        return Err(KvError::Storage(format!(
+            "leases and barriers take {} bytes, over the {MAX_SNAPSHOT_HEADER}-byte snapshot header limit",
+            head.len()
+        )));
+    }
+    write_record(&mut out, header)?;
+    let mut pairs = 0u64;
+    let data = txn.open_table(DATA).map_err(storage)?;
+    for item in data.iter().map_err(storage)? {
+        let (k, v) = item.map_err(storage)?;
+        write_record(
+            &mut out,
+            &SnapshotRecord::Pair(decode_value(k.value(), v.value())?),
+        )?;
+        pairs += 1;
+    }
+    let mut event_records = 0u64;
+    let history = txn.open_table(HISTORY).map_err(storage)?;
+    for item in history.iter().map_err(storage)? {
+        let (revision, v) = item.map_err(storage)?;
+        let events: Vec<Event> = postcard::from_bytes(v.value()).map_err(storage)?;
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        for e in events {
+            bytes += 32
+                + e.key().len()
+                + match &e {
+                    Event::Put(kv) => kv.value.len(),
+                    Event::Delete { .. } => 0,
+                };
+            chunk.push(e);
+            if bytes >= EVENTS_PER_RECORD_BYTES {
+                write_record(
+                    &mut out,
+                    &SnapshotRecord::Events {
+                        revision: revision.value(),
+                        events: std::mem::take(&mut chunk),
+                    },
+                )?;
+                event_records += 1;
+                bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            write_record(
+                &mut out,
+                &SnapshotRecord::Events {
+                    revision: revision.value(),
+                    events: chunk,
+                },
+            )?;
+            event_records += 1;
+        }
+    }
+    write_record(
+        &mut out,
+        &SnapshotRecord::End {
+            pairs,
+            event_records,
+        },
+    )?;
+    let file = out.into_inner().map_err(|e| storage(e.error()))?;
+    file.sync_all().map_err(storage)?;
+    std::fs::rename(&tmp, path).map_err(storage)?;
+    sync_dir(path)
+}
+
+fn sync_dir(path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
+/// Reads a snapshot's header; checks its version and, when given, that it
+/// is the snapshot the leader announced.
+fn read_snapshot_header(
+    input: &mut impl Read,
+    expected: Option<&SnapshotMeta<NodeId, Node>>,
+) -> Result<(SnapshotMeta<NodeId, Node>, KvState)> {
+    match read_record(input, MAX_SNAPSHOT_HEADER)? {
+        Some(SnapshotRecord::Header {
+            version,
+            meta,
+            state,
+        }) => {
+            if version != SNAPSHOT_VERSION {
+                return Err(KvError::InvalidArgument(format!(
+                    "snapshot format {version}, this replica reads {SNAPSHOT_VERSION}"
+                )));
+            }
+            if let Some(expected) = expected {
+                if meta.last_log_id != expected.last_log_id
+                    || meta.snapshot_id != expected.snapshot_id
+                {
+                    return Err(KvError::InvalidArgument(format!(
+                        "snapshot header says {:?}, the leader announced {:?}",
+                        meta.signature(),
+                        expected.signature()
+                    )));
+                }
+            }
+            Ok((meta, state))
+        }
+        _ => Err(KvError::InvalidArgument(
+            "a snapshot must start with its header".into(),
+        )),
+    }
+}
+
+/// Reads a whole snapshot (invariant 4): the header (checked against
+/// `expected` when given), then every record within `limits`, each pair
+/// and event record handed to `each`, up to a trailer whose counts match.
+pub fn read_snapshot(
+    input: &mut impl Read,
+    limits: Limits,
+    expected: Option<&SnapshotMeta<NodeId, Node>>,
+    mut each: impl FnMut(SnapshotRecord) -> Result<()>,
+) -> Result<(SnapshotMeta<NodeId, Node>, KvState)> {
+    let header = read_snapshot_header(input, expected)?;
+    let (mut pairs, mut event_records) = (0u64, 0u64);
+    let max = max_record(limits);
+    loop {
+        match read_record(input, max)? {
+            Some(SnapshotRecord::Pair(kv)) => {
+                limits.check_key(&kv.key)?;
+                limits.check_value(&kv.value)?;
+                pairs += 1;
+                each(SnapshotRecord::Pair(kv))?;
+            }
+            Some(r @ SnapshotRecord::Events { .. }) => {
+                event_records += 1;
+                each(r)?;
+            }
+            Some(SnapshotRecord::End {
+                pairs: p,
+                event_records: e,
+            }) => {
+                if (p, e) != (pairs, event_records) {
+                    return Err(KvError::InvalidArgument(format!(
+                        "snapshot trailer counts {p} pairs and {e} event records, the file held {pairs} and {event_records}"
+                    )));
+                }
+                return Ok(header);
+            }
+            Some(SnapshotRecord::Header { .. }) => {
+                return Err(KvError::InvalidArgument("a second snapshot header".into()))
+            }
+            None => {
+                return Err(KvError::InvalidArgument(
+                    "snapshot ends without its trailer".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// Reads the header of the snapshot at `path`.
+fn read_header(path: &Path) -> Result<(SnapshotMeta<NodeId, Node>, KvState)> {
+    let file = std::fs::File::open(path).map_err(storage)?;
+    read_snapshot_header(&mut BufReader::new(file), None)
+}
+
+/// Loads the snapshot in `file` into a new write transaction replacing the
+/// tables, checked against `expected` (invariant 4), and copies it to
+/// `copy_to`. Uncommitted.
+fn load_snapshot(
+    db: &Database,
+    file: std::fs::File,
+    copy_to: &Path,
+    expected: &SnapshotMeta<NodeId, Node>,
+    limits: Limits,
+) -> Result<(WriteTransaction, KvState)> {
+    let copy = BufWriter::with_capacity(1 << 20, std::fs::File::create(copy_to).map_err(storage)?);
+    let mut input = Tee {
+        input: BufReader::with_capacity(1 << 20, file),
+        copy,
+    };
+    let txn = db.begin_write().map_err(storage)?;
+    txn.delete_table(DATA).map_err(storage)?;
+    txn.delete_table(HISTORY).map_err(storage)?;
+    let (_, state) = {
+        let mut data = txn.open_table(DATA).map_err(storage)?;
+        let mut history = txn.open_table(HISTORY).map_err(storage)?;
+        read_snapshot(&mut input, limits, Some(expected), |record| {
+            match record {
+                SnapshotRecord::Pair(kv) => {
+                    let bytes = encode_value(&kv)?;
+                    data.insert(kv.key.as_slice(), bytes.as_slice())
+                        .map_err(storage)?;
+                }
+                SnapshotRecord::Events {
+                    revision,
+                    mut events,
+                } => {
+                    if let Some(before) = history.get(revision).map_err(storage)? {
+                        let mut all: Vec<Event> =
+                            postcard::from_bytes(before.value()).map_err(storage)?;
+                        all.append(&mut events);
+                        events = all;
+                    }
+                    let bytes = postcard::to_allocvec(&events).map_err(storage)?;
+                    history
+                        .insert(revision, bytes.as_slice())
+                        .map_err(storage)?;
+                }
+                SnapshotRecord::Header { .. } | SnapshotRecord::End { .. } => {}
+            }
+            Ok(())
+        })?
+    };
+    let copy = input.copy.into_inner().map_err(|e| storage(e.error()))?;
+    copy.sync_all().map_err(storage)?;
+    Ok((txn, state))
+}
+
+/// Reads `input` and writes what it read to `copy`.
+struct Tee<R, W> {
+    input: R,
+    copy: W,
+}
+
+impl<R: Read, W: Write> Read for Tee<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.copy.write_all(&buf[..n])?;
+        Ok(n)
+    }
+}
+
+/// Builds a snapshot from one read transaction taken when it was asked for
+/// (the state machine keeps applying meanwhile).
+pub struct SnapshotBuilder {
+    dir: PathBuf,
+    txn: Option<ReadTransaction>,
+    state: KvState,
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, Node>,
+    id: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        let snapshot_id = match self.applied {
+            Some(id) => format!("{}-{}-{}", id.leader_id, id.index, self.id),
+            None => format!("empty-{}", self.id),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: self.applied,
+            last_membership: self.membership.clone(),
+            snapshot_id,
+        };
+        let header = SnapshotRecord::Header {
+            version: SNAPSHOT_VERSION,
+            meta: meta.clone(),
+            state: self.state.clone(),
+        };
+        let txn = self
+            .txn
+            .take()
+            .ok_or_else(|| snap_err(Some(&meta), ErrorVerb::Write, "built twice"))?;
+        let path = snapshot_path(&self.dir);
+        let written = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || write_snapshot(&path, &txn, &header)).await
+        };
+        written
+            .map_err(|e| snap_err(Some(&meta), ErrorVerb::Write, e))?
+            .map_err(|e| snap_err(Some(&meta), ErrorVerb::Write, e))?;
+        let file = tokio::fs::File::open(&path)
+            .await
+            .map_err(|e| snap_err(Some(&meta), ErrorVerb::Read, e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(file),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StorageResult<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>)> {
+        Ok((self.applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<Response>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let mut applied = self.applied;
+        let mut membership = self.membership.clone();
+        for e in &entries {
+            applied = Some(e.log_id);
+            if let EntryPayload::Membership(m) = &e.payload {
+                membership = StoredMembership::new(Some(e.log_id), m.clone());
+            }
+        }
+        let requests = entries.iter().flat_map(|e| match &e.payload {
+            EntryPayload::Normal(p) => p.0.as_slice(),
+            _ => &[],
+        });
+        let results = self
+            .local
+            .apply_batch(requests, |state, tables| {
+                tables.end_batch(state, applied, &membership)
+            })
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        self.applied = applied;
+        self.membership = membership;
+        let mut results = results.into_iter();
+        Ok(entries
+            .iter()
+            .map(|e| match &e.payload {
+                EntryPayload::Normal(p) => Response(results.by_ref().take(p.0.len()).collect()),
+                _ => Response(vec![Ok(Output::Ticked)]),
+            })
+            .collect())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        self.snapshots_built += 1;
+        // Invariant 2: durable before the log can be purged up to here. A
+        // failure here leaves the builder without a transaction; building
+        // then fails and openraft reports it.
+        let (applied, membership) = (self.applied, self.membership.clone());
+        let txn = self
+            .local
+            .replace(|state, tables| tables.flush(state, applied, &membership, true))
+            .ok()
+            .and_then(|()| self.db.begin_read().ok());
+        SnapshotBuilder {
+            dir: self.dir.clone(),
+            txn,
+            state: self.local.state(),
+            applied: self.applied,
+            membership: self.membership.clone(),
+            id: self.snapshots_built,
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<tokio::fs::File>> {
+        // Read back by `install_snapshot`: readable as well as writable.
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(received_path(&self.dir))
+            .await
+            .map_err(|e| snap_err(None, ErrorVerb::Write, e))?;
+        Ok(Box::new(file))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Node>,
+        snapshot: Box<tokio::fs::File>,
+    ) -> StorageResult<()> {
+        let bad = |e: KvError| snap_err(Some(meta), ErrorVerb::Write, e);
+        let io = |e: std::io::Error| snap_err(Some(meta), ErrorVerb::Write, e);
+        let mut snapshot = *snapshot;
+        snapshot.flush().await.map_err(io)?;
+        snapshot.rewind().await.map_err(io)?;
+        let file = snapshot.into_std().await;
+        let copy = snapshot_path(&self.dir).with_extension("tmp");
+        let loaded = {
+            let (db, copy, meta, limits) =
+                (self.db.clone(), copy.clone(), meta.clone(), self.limits);
+            tokio::task::spawn_blocking(move || load_snapshot(&db, file, &copy, &meta, limits))
+                .await
+        };
+        let (txn, state) = loaded
+            .map_err(|e| snap_err(Some(meta), ErrorVerb::Write, e))?
+            .map_err(bad)?;
+        let (applied, membership) = (meta.last_log_id, meta.last_membership.clone());
+        self.local
+            .replace(|s, tables| {
+                commit_with_state(txn, &state, applied, &membership, true)?;
+                tables.discard()?;
+                *s = state;
+                Ok(())
+            })
+            .map_err(bad)?;
+        self.applied = applied;
+        self.membership = membership;
+        let current = snapshot_path(&self.dir);
+        let _ = std::fs::remove_file(received_path(&self.dir));
+        std::fs::rename(&copy, &current)
+            .map_err(storage)
+            .and_then(|()| sync_dir(&current))
+            .map_err(bad)
+    }
+
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        let path = snapshot_path(&self.dir);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let (meta, _) = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || read_header(&path))
+                .await
+                .map_err(|e| snap_err(None, ErrorVerb::Read, e))?
+                .map_err(|e| snap_err(None, ErrorVerb::Read, e))?
+        };
+        let file = tokio::fs::File::open(&path)
+            .await
+            .map_err(|e| snap_err(Some(&meta), ErrorVerb::Read, e))?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(file),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{MemState, Op, Request};
+
+    /// Every kind of write, with leases expiring, prefixes deleted inside a
+    /// batch, counters and barriers.
+    fn requests() -> Vec<Request> {
+        (0..400u64)
+            .map(|i| {
+                let key = format!("k/{}", i % 23).into_bytes();
+                let op = match i % 10 {
+                    0 => Op::LeaseGrant { ttl_ms: 40 },
+                    1 => Op::Put {
+                        key,
+                        value: i.to_le_bytes().to_vec(),
+                        lease: Some(i / 10 + 1),
+                    },
+                    2 => Op::Insert {
+                        key,
+                        value: vec![1; (i % 7) as usize],
+                        lease: None,
+                    },
+                    3 => Op::Increment {
+                        key: b"n".to_vec(),
+                        delta: i as i64,
+                    },
+                    4 => Op::DeletePrefix {
+                        prefix: format!("k/{}", i % 3).into_bytes(),
+                    },
+                    5 => Op::Delete { key },
+                    6 => Op::CompareAndSwap {
+                        key,
+                        expected: None,
+                        value: b"cas".to_vec(),
+                    },
+                    7 => Op::BarrierArrive {
+                        id: format!("b{}", i % 4).into_bytes(),
+                        participant: format!("p{i}").into_bytes(),
+                        participants: 3,
+                        timeout_ms: 30,
+                    },
+                    8 => Op::Put {
+                        key: format!("k/{}", (i + 5) % 23).into_bytes(),
+                        value: b"plain".to_vec(),
+                        lease: None,
+                    },
+                    _ => Op::Tick,
+                };
+                Request { now_ms: i * 3, op }
+            })
+            .collect()
+    }
+
+    /// The same state, pairs and retained events.
+    fn assert_same(local: &LocalState<SmTables>, mem: &MemState) {
+        assert_eq!(local.state(), mem.state);
+        assert_eq!(local.read(|_, t| t.list(b"")).unwrap(), mem.list(b""));
+        assert_eq!(local.read(|_, t| t.count()).unwrap(), mem.len() as u64);
+        let from = mem.state.compacted_below();
+        assert_eq!(
+            local.read(|s, t| s.events_since(t, from, b"")).unwrap(),
+            mem.events_since(from, b"").unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn redb_tables_agree_with_memory_tables_batch_by_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = KvState::new(Limits::default(), 50);
+        let sm = StateMachineStore::open(dir.path(), initial).unwrap();
+        let local = sm.local();
+        let mut mem = MemState::new(Limits::default(), 50);
+        let reqs = requests();
+        let mut rest = reqs.as_slice();
+        let mut size = 1;
+        while !rest.is_empty() {
+            let (batch, tail) = rest.split_at(size.min(rest.len()));
+            let got = local
+                .apply_batch(batch, |state, t| {
+                    // Some batches stay in the overlay, some are flushed
+                    // (with or without fsync): reads merge both.
+                    match size % 3 {
+                        0 => Ok(()),
+                        1 => t.flush(state, None, &StoredMembership::default(), false),
+                        _ => t.flush(state, None, &StoredMembership::default(), true),
+                    }
+                })
+                .unwrap();
+            let want: Vec<_> = batch.iter().map(|r| mem.apply(r).0).collect();
+            assert_eq!(got, want);
+            assert_same(&local, &mem);
+            rest = tail;
+            size = size % 9 + 1;
+        }
+        assert!(mem.len() > 3 && mem.state.compacted_below() > 1);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_installs_the_same_state_and_survives_reopening() {
+        use tokio::io::AsyncReadExt;
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let initial = || KvState::new(Limits::default(), 50);
+        let mut leader = StateMachineStore::open(a.path(), initial()).unwrap();
+        let mut mem = MemState::new(Limits::default(), 50);
+        for r in requests() {
+            leader
+                .local()
+                .apply_batch([&r], |state, t| {
+                    t.end_batch(state, None, &StoredMembership::default())
+                })
+                .unwrap();
+            let _ = mem.apply(&r);
+        }
+        let mut snap = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let mut bytes = Vec::new();
+        snap.snapshot.read_to_end(&mut bytes).await.unwrap();
+        {
+            let mut follower = StateMachineStore::open(b.path(), initial()).unwrap();
+            // A corrupt copy installs nothing.
+            let mut bad = follower.begin_receiving_snapshot().await.unwrap();
+            bad.write_all(&bytes[..bytes.len() - 3]).await.unwrap();
+            assert!(follower.install_snapshot(&snap.meta, bad).await.is_err());
+            assert_eq!(follower.local().read(|_, t| t.count()).unwrap(), 0);
+            let mut good = follower.begin_receiving_snapshot().await.unwrap();
+            good.write_all(&bytes).await.unwrap();
+            follower.install_snapshot(&snap.meta, good).await.unwrap();
+            assert_same(&follower.local(), &mem);
+            let current = follower.get_current_snapshot().await.unwrap().unwrap();
+            assert_eq!(current.meta, snap.meta);
+        }
+        let reopened = StateMachineStore::open(b.path(), initial()).unwrap();
+        assert_same(&reopened.local(), &mem);
+    }
+
+    #[test]
+    fn prefix_ends_bound_exactly_the_prefixed_keys() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+
+    #[test]
+    fn records_over_the_limit_or_cut_short_are_refused() {
+        let mut big = Vec::new();
+        big.extend_from_slice(&(1u32 << 30).to_le_bytes());
+        assert!(matches!(
+            read_record(&mut big.as_slice(), 1 << 20),
+            Err(KvError::InvalidArgument(_))
+        ));
+        let mut cut = Vec::new();
+        write_record(
+            &mut cut,
+            &SnapshotRecord::End {
+                pairs: 1,
+                event_records: 2,
+            },
+        )
+        .unwrap();
+        cut.pop();
+        assert!(read_record(&mut cut.as_slice(), 1 << 20).is_err());
+        assert!(read_record(&mut [].as_slice(), 1 << 20).unwrap().is_none());
+    }
+}
