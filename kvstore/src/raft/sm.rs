@@ -62,8 +62,10 @@ const STATE: &str = "state";
 const APPLIED: &str = "applied";
 const MEMBERSHIP: &str = "membership";
 
-/// Page cache of `state.redb`.
-const CACHE_BYTES: usize = 32 << 20;
+/// Page cache of `state.redb`: the hot pages (new keys land together);
+/// cold reads come from the OS page cache, which a replica's RSS does not
+/// count.
+const CACHE_BYTES: usize = 16 << 20;
 /// The overlay is flushed once it holds this many bytes or entries, or is
 /// this old (invariant 2).
 const FLUSH_BYTES: usize = 8 << 20;

@@ -36,7 +36,7 @@ type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 /// Page cache of the redb file.
-const CACHE_BYTES: usize = 32 << 20;
+const CACHE_BYTES: usize = 16 << 20;
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
