@@ -236,7 +236,14 @@ impl SmTables {
         txn.open_table(def).map_err(storage)
     }
 
-    /// Ends an applied batch: flushes the overlay when it is large or old
+    /// Whether the overlay is due for a flush (large or old).
+    fn flush_due(&self) -> bool {
+        self.bytes >= FLUSH_BYTES
+            || self.data.len() + self.history.len() >= FLUSH_ENTRIES
+            || self.last_flush.elapsed() >= FLUSH_INTERVAL
+    }
+
+    /// Ends an applied batch: flushes the overlay when it is due
     /// (invariant 2), with fsync when the last one is [`DURABLE_INTERVAL`]
     /// ago.
     fn end_batch(
@@ -245,10 +252,7 @@ impl SmTables {
         applied: Option<LogId<NodeId>>,
         membership: &StoredMembership<NodeId, Node>,
     ) -> Result<()> {
-        if self.bytes >= FLUSH_BYTES
-            || self.data.len() + self.history.len() >= FLUSH_ENTRIES
-            || self.last_flush.elapsed() >= FLUSH_INTERVAL
-        {
+        if self.flush_due() {
             let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
             self.flush(state, applied, membership, durable)?;
         }
@@ -511,6 +515,16 @@ impl StateMachineStore {
     /// The applied state, for reads and waits.
     pub fn local(&self) -> Arc<LocalState<SmTables>> {
         self.local.clone()
+    }
+}
+
+/// Runs blocking disk work: through `block_in_place` on a multi-threaded
+/// runtime, so that the worker's other tasks move on meanwhile; directly
+/// elsewhere (a current-thread runtime cannot hand its tasks over).
+fn outside_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -886,12 +900,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             EntryPayload::Normal(p) => p.0.as_slice(),
             _ => &[],
         });
-        let results = self
-            .local
-            .apply_batch(requests, |state, tables| {
+        let apply = || {
+            self.local.apply_batch(requests, |state, tables| {
                 tables.end_batch(state, applied, &membership)
             })
-            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        };
+        // A flush writes (and every DURABLE_INTERVAL fsyncs) the file: let
+        // the runtime move this worker's other tasks elsewhere meanwhile.
+        let results = if self.local.read(|_, t| t.flush_due()) {
+            outside_the_runtime(apply)
+        } else {
+            apply()
+        }
+        .map_err(|e| sm_err(ErrorVerb::Write, e))?;
         self.applied = applied;
         self.membership = membership;
         let mut results = results.into_iter();
