@@ -17,54 +17,8 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
-use crate::state::{Event, KvState, MemTables, Output, Request, Tables, TablesMut};
+use crate::state::{Event, KvState, MemTables, Output, Request, TablesMut};
 use crate::store::WatchStream;
-
-/// The tables a [`LocalState`] keeps its pairs and events in, and how a
-/// batch of writes to them begins.
-pub trait Store: Tables + Send + 'static {
-    type Writer<'a>: TablesMut
-    where
-        Self: 'a;
-    fn writer(&mut self) -> Result<Self::Writer<'_>>;
-}
-
-impl<T: Tables + ?Sized> Tables for &mut T {
-    fn get(&self, key: &[u8]) -> Result<Option<crate::state::KeyValue>> {
-        (**self).get(key)
-    }
-    fn list(&self, prefix: &[u8]) -> Result<Vec<crate::state::KeyValue>> {
-        (**self).list(prefix)
-    }
-    fn count(&self) -> Result<u64> {
-        (**self).count()
-    }
-    fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
-        (**self).events(from, prefix)
-    }
-}
-
-impl<T: TablesMut + ?Sized> TablesMut for &mut T {
-    fn insert(&mut self, kv: &crate::state::KeyValue) -> Result<()> {
-        (**self).insert(kv)
-    }
-    fn remove(&mut self, key: &[u8]) -> Result<bool> {
-        (**self).remove(key)
-    }
-    fn record(&mut self, revision: u64, events: &[Event]) -> Result<()> {
-        (**self).record(revision, events)
-    }
-    fn forget_below(&mut self, revision: u64) -> Result<()> {
-        (**self).forget_below(revision)
-    }
-}
-
-impl Store for MemTables {
-    type Writer<'a> = &'a mut MemTables;
-    fn writer(&mut self) -> Result<&mut MemTables> {
-        Ok(self)
-    }
-}
 
 struct Inner<S> {
     state: KvState,
@@ -78,7 +32,7 @@ pub struct LocalState<S> {
     events: broadcast::Sender<Event>,
 }
 
-impl<S: Store> LocalState<S> {
+impl<S: TablesMut + Send> LocalState<S> {
     pub fn new(state: KvState, store: S) -> LocalState<S> {
         let (revision, _) = watch::channel(state.revision());
         let (events, _) = broadcast::channel(16 * 1024);
@@ -93,36 +47,35 @@ impl<S: Store> LocalState<S> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies requests in order through one writer, hands the state and
-    /// the writer to `finish` (which commits them), then notifies waiters
-    /// and watchers. The outer `Err` is a storage failure: nothing is
-    /// published and the replica must stop.
+    /// Applies requests in order, hands the state and the tables to
+    /// `finish` (which may commit them), then notifies waiters and
+    /// watchers. The outer `Err` is a storage failure: nothing is published
+    /// and the replica must stop.
     pub fn apply_batch<'r>(
         &self,
         reqs: impl IntoIterator<Item = &'r Request>,
-        finish: impl FnOnce(&KvState, S::Writer<'_>) -> Result<()>,
+        finish: impl FnOnce(&KvState, &mut S) -> Result<()>,
     ) -> Result<Vec<Result<Output>>> {
         let (results, events, revision) = {
             let mut guard = self.lock();
             let Inner { state, store } = &mut *guard;
-            let mut writer = store.writer()?;
             let mut results = Vec::new();
             let mut events = Vec::new();
             for req in reqs {
-                let (r, ev) = state.apply(&mut writer, req)?;
+                let (r, ev) = state.apply(store, req)?;
                 results.push(r);
                 events.extend(ev);
             }
-            finish(state, writer)?;
+            finish(state, store)?;
             (results, events, state.revision())
         };
         self.publish(events, revision);
         Ok(results)
     }
 
-    /// Replaces the state (snapshot installation) under the lock and wakes
-    /// everyone.
-    pub fn replace(&self, f: impl FnOnce(&mut KvState, &mut S) -> Result<()>) -> Result<()> {
+    /// Changes the state and its tables under the lock (a snapshot
+    /// installed, a forced flush), then wakes everyone.
+    pub fn update(&self, f: impl FnOnce(&mut KvState, &mut S) -> Result<()>) -> Result<()> {
         let revision = {
             let mut guard = self.lock();
             let Inner { state, store } = &mut *guard;

@@ -137,6 +137,14 @@ impl Event {
             Event::Delete { key, .. } => key,
         }
     }
+
+    /// Bytes of key and value carried (for sizing buffers and records).
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Event::Put(kv) => kv.key.len() + kv.value.len(),
+            Event::Delete { key, .. } => key.len(),
+        }
+    }
 }
 
 /// A write, with the proposer's clock.
@@ -407,7 +415,7 @@ struct Barrier {
 
 /// Where the key-value pairs and the recent events of a [`KvState`] live:
 /// in memory ([`MemTables`]) or in the replica's redb file
-/// (`raft::sm_tables`). Reads; see [`TablesMut`] for writes.
+/// (`raft::sm::SmTables`). Reads; see [`TablesMut`] for writes.
 ///
 /// Storage failures are `KvError::Storage`; every other error is the
 /// caller's.
@@ -652,13 +660,9 @@ impl KvState {
             Err(KvError::Storage(e)) => return Err(KvError::Storage(e)),
             r => r,
         };
-        for revision in before + 1..=self.revision {
-            let of_revision: Vec<Event> = events
-                .iter()
-                .filter(|e| e.revision() == revision)
-                .cloned()
-                .collect();
-            t.record(revision, &of_revision)?;
+        // Events come in revision order, one run per new revision.
+        for of_revision in events.chunk_by(|a, b| a.revision() == b.revision()) {
+            t.record(of_revision[0].revision(), of_revision)?;
         }
         if self.revision > before {
             t.forget_below(self.compacted_below())?;

@@ -44,7 +44,7 @@ use redb::{TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{KvError, Result};
-use crate::local::{LocalState, Store};
+use crate::local::LocalState;
 use crate::raft::{Response, TypeConfig};
 use crate::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
 
@@ -150,9 +150,13 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-fn open_data(db: &Database) -> Result<redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
+/// `def` as of the last commit.
+fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
+    db: &Database,
+    def: TableDefinition<K, V>,
+) -> Result<redb::ReadOnlyTable<K, V>> {
     let txn = db.begin_read().map_err(storage)?;
-    txn.open_table(DATA).map_err(storage)
+    txn.open_table(def).map_err(storage)
 }
 
 fn get_in(
@@ -215,7 +219,7 @@ pub struct SmTables {
 
 impl SmTables {
     fn new(db: Arc<Database>) -> Result<SmTables> {
-        let base = open_data(&db)?;
+        let base = open_read(&db, DATA)?;
         Ok(SmTables {
             base,
             db,
@@ -226,14 +230,6 @@ impl SmTables {
             last_flush: std::time::Instant::now(),
             last_durable: std::time::Instant::now(),
         })
-    }
-
-    fn read<K: redb::Key + 'static, V: redb::Value + 'static>(
-        &self,
-        def: TableDefinition<K, V>,
-    ) -> Result<redb::ReadOnlyTable<K, V>> {
-        let txn = self.db.begin_read().map_err(storage)?;
-        txn.open_table(def).map_err(storage)
     }
 
     /// Whether the overlay is due for a flush (large or old).
@@ -284,7 +280,8 @@ impl SmTables {
                 }
             }
             let mut history = txn.open_table(HISTORY).map_err(storage)?;
-            for (revision, events) in &self.history {
+            let kept = self.forget_below.unwrap_or(0);
+            for (revision, events) in self.history.range(kept..) {
                 let bytes = postcard::to_allocvec(events).map_err(storage)?;
                 history
                     .insert(*revision, bytes.as_slice())
@@ -305,7 +302,7 @@ impl SmTables {
     /// Forgets the overlay once the tables hold it, or when a snapshot
     /// replaced them.
     fn discard(&mut self) -> Result<()> {
-        self.base = open_data(&self.db)?;
+        self.base = open_read(&self.db, DATA)?;
         self.data.clear();
         self.history.clear();
         self.forget_below = None;
@@ -359,7 +356,7 @@ impl Tables for SmTables {
 
     fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
         let from = self.forget_below.unwrap_or(0).max(from);
-        let mut out = events_in(&self.read(HISTORY)?, from, prefix)?;
+        let mut out = events_in(&open_read(&self.db, HISTORY)?, from, prefix)?;
         for events in self.history.range(from..).map(|(_, e)| e) {
             out.extend(
                 events
@@ -387,13 +384,7 @@ impl TablesMut for SmTables {
     }
 
     fn record(&mut self, revision: u64, events: &[Event]) -> Result<()> {
-        self.bytes += events
-            .iter()
-            .map(|e| match e {
-                Event::Put(kv) => kv.key.len() + kv.value.len(),
-                Event::Delete { key, .. } => key.len(),
-            })
-            .sum::<usize>();
+        self.bytes += events.iter().map(Event::payload_bytes).sum::<usize>();
         self.history
             .entry(revision)
             .or_default()
@@ -401,19 +392,11 @@ impl TablesMut for SmTables {
         Ok(())
     }
 
+    /// Only records the bound: reads skip what is below it, and the flush
+    /// drops it from the table and never writes it from the overlay.
     fn forget_below(&mut self, revision: u64) -> Result<()> {
         self.forget_below = Some(self.forget_below.unwrap_or(0).max(revision));
-        let kept = self.history.split_off(&revision);
-        self.history = kept;
         Ok(())
-    }
-}
-
-impl Store for SmTables {
-    type Writer<'a> = &'a mut SmTables;
-
-    fn writer(&mut self) -> Result<&mut SmTables> {
-        Ok(self)
     }
 }
 
@@ -550,10 +533,13 @@ pub enum SnapshotRecord {
 }
 
 fn write_record(out: &mut impl Write, r: &SnapshotRecord) -> Result<()> {
-    let bytes = postcard::to_allocvec(r).map_err(storage)?;
+    write_frame(out, &postcard::to_allocvec(r).map_err(storage)?)
+}
+
+fn write_frame(out: &mut impl Write, bytes: &[u8]) -> Result<()> {
     out.write_all(&(bytes.len() as u32).to_le_bytes())
         .map_err(storage)?;
-    out.write_all(&bytes).map_err(storage)
+    out.write_all(bytes).map_err(storage)
 }
 
 /// Reads one record of at most `max` bytes; `Ok(None)` at a clean end of
@@ -597,7 +583,7 @@ fn write_snapshot(path: &Path, txn: &ReadTransaction, header: &SnapshotRecord) -
             head.len()
         )));
     }
-    write_record(&mut out, header)?;
+    write_frame(&mut out, &head)?;
     let mut pairs = 0u64;
     let data = txn.open_table(DATA).map_err(storage)?;
     for item in data.iter().map_err(storage)? {
@@ -612,38 +598,23 @@ fn write_snapshot(path: &Path, txn: &ReadTransaction, header: &SnapshotRecord) -
     let history = txn.open_table(HISTORY).map_err(storage)?;
     for item in history.iter().map_err(storage)? {
         let (revision, v) = item.map_err(storage)?;
-        let events: Vec<Event> = postcard::from_bytes(v.value()).map_err(storage)?;
-        let mut chunk = Vec::new();
-        let mut bytes = 0;
-        for e in events {
-            bytes += 32
-                + e.key().len()
-                + match &e {
-                    Event::Put(kv) => kv.value.len(),
-                    Event::Delete { .. } => 0,
-                };
-            chunk.push(e);
-            if bytes >= EVENTS_PER_RECORD_BYTES {
-                write_record(
-                    &mut out,
-                    &SnapshotRecord::Events {
-                        revision: revision.value(),
-                        events: std::mem::take(&mut chunk),
-                    },
-                )?;
-                event_records += 1;
-                bytes = 0;
-            }
-        }
-        if !chunk.is_empty() {
-            write_record(
-                &mut out,
-                &SnapshotRecord::Events {
-                    revision: revision.value(),
-                    events: chunk,
-                },
-            )?;
+        let revision = revision.value();
+        let mut events: Vec<Event> = postcard::from_bytes(v.value()).map_err(storage)?;
+        // Records of about EVENTS_PER_RECORD_BYTES: split off the events
+        // after the first that reaches it, until none are left.
+        while !events.is_empty() {
+            let mut bytes = 0;
+            let take = events
+                .iter()
+                .position(|e| {
+                    bytes += 32 + e.payload_bytes();
+                    bytes >= EVENTS_PER_RECORD_BYTES
+                })
+                .map_or(events.len(), |i| i + 1);
+            let rest = events.split_off(take);
+            write_record(&mut out, &SnapshotRecord::Events { revision, events })?;
             event_records += 1;
+            events = rest;
         }
     }
     write_record(
@@ -933,7 +904,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let (applied, membership) = (self.applied, self.membership.clone());
         let txn = self
             .local
-            .replace(|state, tables| tables.flush(state, applied, &membership, true))
+            .update(|state, tables| tables.flush(state, applied, &membership, true))
             .ok()
             .and_then(|()| self.db.begin_read().ok());
         SnapshotBuilder {
@@ -982,7 +953,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .map_err(bad)?;
         let (applied, membership) = (meta.last_log_id, meta.last_membership.clone());
         self.local
-            .replace(|s, tables| {
+            .update(|s, tables| {
                 commit_with_state(txn, &state, applied, &membership, true)?;
                 tables.discard()?;
                 *s = state;

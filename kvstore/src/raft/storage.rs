@@ -27,7 +27,7 @@ use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageError, StorageIOErr
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-pub use crate::raft::sm::StateMachineStore;
+use crate::raft::sm::StateMachineStore;
 use crate::raft::TypeConfig;
 use crate::state::KvState;
 
