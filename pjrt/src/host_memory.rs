@@ -28,3 +28,64 @@ pub fn retain_large_allocations() -> bool {
         false
     }
 }
+
+/// Below this a buffer is not worth a system call: it cannot hold more than
+/// one aligned huge page.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Asks Linux to back the not-yet-touched memory `region` with transparent
+/// huge pages (`madvise(MADV_HUGEPAGE)` on the 2 MiB-aligned interior), for
+/// a large buffer about to be filled once: one fault per 2 MiB instead of
+/// one per 4 KiB page. With `transparent_hugepage=madvise` (the usual
+/// default) faulting in a fresh 1 GiB receive buffer was a third of a
+/// QUIC transfer's CPU time here. Contents are unaffected; returns whether
+/// the kernel took the advice (false on other systems, for regions without
+/// a whole aligned huge page, or where huge pages are disabled).
+pub fn advise_huge_pages(region: &[std::mem::MaybeUninit<u8>]) -> bool {
+    let start = region.as_ptr() as usize;
+    let aligned = start.next_multiple_of(HUGE_PAGE);
+    let end = (start + region.len()) / HUGE_PAGE * HUGE_PAGE;
+    if end <= aligned {
+        return false;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: MADV_HUGEPAGE only changes how the kernel backs the pages
+        // of [aligned, end), which lies inside `region`, memory this process
+        // owns (the borrow keeps it alive for the call); it never changes
+        // their contents or mappings, and fails harmlessly (EINVAL) where
+        // huge pages are unsupported.
+        unsafe {
+            libc::madvise(
+                aligned as *mut libc::c_void,
+                end - aligned,
+                libc::MADV_HUGEPAGE,
+            ) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_page_advice_covers_only_whole_aligned_pages_and_keeps_contents() {
+        // Shorter than a huge page: never holds a whole aligned one.
+        let mut small: Vec<u8> = Vec::with_capacity(HUGE_PAGE);
+        assert!(!advise_huge_pages(
+            &small.spare_capacity_mut()[..HUGE_PAGE - 1]
+        ));
+
+        let mut big: Vec<u8> = Vec::with_capacity(8 * HUGE_PAGE);
+        // Whether the kernel takes it depends on its settings; the call
+        // must be harmless either way and the buffer usable afterwards.
+        let _ = advise_huge_pages(big.spare_capacity_mut());
+        big.extend((0..8 * HUGE_PAGE).map(|i| i as u8));
+        assert!(big.iter().enumerate().all(|(i, &b)| b == i as u8));
+    }
+}

@@ -39,7 +39,7 @@ pub mod shm;
 pub mod testing;
 
 pub use collective::{CollectiveConfig, Communicator, Descriptor, DescriptorFrame};
-pub use endpoint::{Peer, Received, TransferConfig, TransferEndpoint, ALPN};
+pub use endpoint::{Peer, Received, TransferConfig, TransferEndpoint, ALPN, GSO_MAX_UDP_PAYLOAD};
 pub use error::{Result, TransferError};
 pub use header::TransferHeader;
 pub use reduce::ReduceOp;

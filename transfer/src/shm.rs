@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -139,9 +140,15 @@ pub(crate) fn read(dir: &Path, name: &str, byte_len: u64) -> Result<Vec<u8>> {
     if len != byte_len {
         return Err(fail(format!("{len} bytes, the header says {byte_len}")));
     }
-    let mut data = vec![0u8; byte_len as usize];
-    f.read_exact_at(&mut data, 0)
+    // Read into reserved capacity: no zero-filling pass before the copy.
+    let mut data = Vec::with_capacity(byte_len as usize);
+    tessel_pjrt::host_memory::advise_huge_pages(data.spare_capacity_mut());
+    f.take(byte_len)
+        .read_to_end(&mut data)
         .map_err(|e| fail(e.to_string()))?;
+    if data.len() as u64 != byte_len {
+        return Err(fail(format!("cut short at {} bytes", data.len())));
+    }
     Ok(data)
 }
 

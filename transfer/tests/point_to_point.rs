@@ -92,6 +92,52 @@ async fn a_large_array_streams_through() {
     assert!(got.unwrap().data == data, "256 MiB byte for byte");
 }
 
+/// This host's address on its default route (not loopback): connecting a
+/// UDP socket sends nothing, it only asks the routing table.
+fn non_loopback_ip() -> std::net::IpAddr {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect("198.51.100.1:9")
+        .expect("this test needs an IPv4 route other than loopback");
+    let ip = s.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback(), "the default route leaves through {ip}");
+    ip
+}
+
+/// Sends `len` bytes from a fresh endpoint on `ip` to one on the same
+/// address and returns the sender's path MTU after checking the bytes.
+async fn path_mtu_after(ip: std::net::IpAddr, tls: &TlsFiles, len: usize) -> u16 {
+    let bind = SocketAddr::new(ip, 0);
+    let a = TransferEndpoint::bind(bind, 0, Some(tls), TransferConfig::default()).unwrap();
+    let b = TransferEndpoint::bind(bind, 1, Some(tls), TransferConfig::default()).unwrap();
+    let to = b.local_addr().unwrap();
+    let data = pattern(len, 3);
+    let dims = [len as u64];
+    let (sent, got) = tokio::join!(
+        a.send(to, 1, ElementType::U8, &dims, &data, T),
+        b.recv(0, 1, T)
+    );
+    sent.unwrap();
+    assert!(got.unwrap().data == data, "{len} bytes byte for byte");
+    a.connection_stats(to).unwrap().path.current_mtu
+}
+
+/// Invariant 6 of the endpoint: datagrams grow past Ethernet's size on
+/// loopback (they fell back to 1,200 bytes when GSO batches of large
+/// datagrams were silently refused by the kernel), and towards an address
+/// that is not known to be on this host they stay within a GSO batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagrams_grow_on_this_host_and_stay_within_gso_batches_elsewhere() {
+    let (_d, tls) = certs();
+    let len = 64usize << 20;
+    let loopback = path_mtu_after("127.0.0.1".parse().unwrap(), &tls, len).await;
+    assert!(loopback > 8_000, "loopback path MTU {loopback}");
+    let other = path_mtu_after(non_loopback_ip(), &tls, len).await;
+    assert!(
+        other > 1_500 && other <= tessel_transfer::GSO_MAX_UDP_PAYLOAD,
+        "path MTU {other} towards a non-loopback address"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_limit_and_lying_headers_are_refused_and_the_endpoint_keeps_serving() {
     let (_d, tls) = certs();
