@@ -38,6 +38,10 @@ pub struct BenchTransferArgs {
     /// Group sizes for the all-reduce.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     pub ranks: Vec<usize>,
+    /// Paths for the all-reduce: `network` (QUIC even between processes
+    /// of this host) and `shm` (shared memory).
+    #[arg(long, value_delimiter = ',', default_value = "network,shm", value_parser = ["network", "shm"])]
+    pub paths: Vec<String>,
     /// Largest message of a ring step (the collectives' chunk size).
     #[arg(long, default_value_t = 4 << 20)]
     pub chunk_bytes: usize,
@@ -65,7 +69,7 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
     }
     if args.all_reduce_bytes > 0 {
         for &n in &args.ranks {
-            for path in ["network", "shm"] {
+            for path in &args.paths {
                 all_reduce(&args, n, path)?;
             }
             if let Some(python) = &args.jax {
