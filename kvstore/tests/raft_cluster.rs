@@ -50,13 +50,31 @@ async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<So
     (replicas, addrs)
 }
 
+/// The address of the replica that reports itself leader.
+async fn leader_addr(addrs: &[SocketAddr], tls: &TlsFiles) -> SocketAddr {
+    let kv = RaftKv::connect(addrs.to_vec(), Some(tls)).unwrap();
+    kv.cluster_status()
+        .await
+        .into_iter()
+        .find_map(|(a, s)| s.ok().filter(|s| s.leader == Some(s.id)).map(|_| a))
+        .expect("a leader")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
     let dir = tempfile::tempdir().unwrap();
     init_certs(&dir.path().join("tls"), &[]).unwrap();
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
     let (replicas, addrs) = cluster(dir.path(), &tls).await;
-    // Each client talks to a different replica first: followers forward.
+    // A client that knows only one replica is served through it: followers
+    // forward to the leader.
+    for (i, &addr) in addrs.iter().enumerate() {
+        let kv = RaftKv::connect(vec![addr], Some(&tls)).unwrap();
+        kv.put(format!("only/{i}").as_bytes(), b"x").await.unwrap();
+    }
+    // A client that knows them all moves to the leader, whichever replica
+    // it asks first (client invariant 4).
+    let leader = leader_addr(&addrs, &tls).await;
     for start in 0..3 {
         let mut order = addrs.clone();
         order.rotate_left(start);
@@ -64,6 +82,7 @@ async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
         kv.put(format!("start/{start}").as_bytes(), b"x")
             .await
             .unwrap();
+        assert_eq!(kv.replica(), leader, "starting at {start}");
     }
     let kv = RaftKv::connect(addrs.clone(), Some(&tls)).unwrap();
     tessel_kvstore::conformance::run_all(&kv).await;

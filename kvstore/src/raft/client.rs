@@ -11,9 +11,15 @@
 //!    reports `AlreadyExists` / `Mismatch` rather than writing twice.
 //! 3. A watch that loses its replica resumes from the revision after the
 //!    last event it delivered, so no event is lost or repeated.
+//! 4. Requests go to the leader directly when its address is among the
+//!    client's: before the first request, and again after any retry, the
+//!    client asks the replica it would use which replica leads and moves
+//!    to it. Otherwise (the leader is missing from the list, or the answer
+//!    is stale) a follower forwards, one hop slower; correctness never
+//!    depends on the hint.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -35,6 +41,9 @@ pub struct RaftKv {
     limits: Limits,
     client: PeerClient,
     next: AtomicUsize,
+    /// Whether `next` was pointed at the leader since the last retry
+    /// (invariant 4).
+    leader_sought: AtomicBool,
 }
 
 impl RaftKv {
@@ -65,7 +74,47 @@ impl RaftKv {
             limits: Limits::default(),
             client: PeerClient::new(endpoint),
             next: AtomicUsize::new(0),
+            leader_sought: AtomicBool::new(false),
         })
+    }
+
+    /// The replica the next request goes to first.
+    pub fn replica(&self) -> SocketAddr {
+        self.addrs[self.next.load(Ordering::Relaxed) % self.addrs.len()]
+    }
+
+    /// Points `next` at the leader the current replica reports, when its
+    /// address is one of ours (invariant 4). An unreachable replica is
+    /// skipped, as a request would skip it; otherwise failures leave `next`
+    /// alone and the request that follows finds its way by retrying.
+    async fn seek_leader(&self) {
+        let i = self.next.load(Ordering::Relaxed) % self.addrs.len();
+        let asked = self.addrs[i];
+        let status = self
+            .client
+            .call(
+                asked,
+                &WireRequest::Client(ClientRequest::Status),
+                crate::tls::IDLE_TIMEOUT,
+            )
+            .await;
+        let s = match status {
+            Ok(WireResponse::Status(s)) => s,
+            Ok(_) => return,
+            Err(_) => {
+                self.next.store(i + 1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let leader_addr = s.leader.and_then(|l| {
+            s.members
+                .iter()
+                .find(|(id, _)| *id == l)
+                .and_then(|(_, a)| a.parse::<SocketAddr>().ok())
+        });
+        if let Some(i) = leader_addr.and_then(|a| self.addrs.iter().position(|&x| x == a)) {
+            self.next.store(i, Ordering::Relaxed);
+        }
     }
 
     /// Sends `req`, trying replicas in turn (invariant 1).
@@ -73,6 +122,9 @@ impl RaftKv {
         let deadline = Instant::now() + wait + RETRY_BUDGET;
         let mut last_error = KvError::Unavailable("no replica answered".into());
         let mut backoff = Duration::from_millis(20);
+        if self.addrs.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
+            self.seek_leader().await;
+        }
         while Instant::now() < deadline {
             for _ in 0..self.addrs.len() {
                 let i = self.next.load(Ordering::Relaxed) % self.addrs.len();
@@ -90,13 +142,19 @@ impl RaftKv {
                     .await
                 {
                     Ok(resp) => match retryable(&resp) {
-                        Some(e) => last_error = e,
+                        Some(e) => {
+                            self.leader_sought.store(false, Ordering::Relaxed);
+                            last_error = e
+                        }
                         None => {
                             self.next.store(i, Ordering::Relaxed);
                             return Ok(resp);
                         }
                     },
-                    Err(e) => last_error = KvError::Unavailable(e.to_string()),
+                    Err(e) => {
+                        self.leader_sought.store(false, Ordering::Relaxed);
+                        last_error = KvError::Unavailable(e.to_string())
+                    }
                 }
             }
             tokio::time::sleep(backoff).await;
