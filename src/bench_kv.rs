@@ -209,6 +209,23 @@ async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()
         percentile(&lat, 0.99)
     );
 
+    // Sequential linearizable reads: the leader confirms its leadership
+    // with a round of heartbeats, the same network path as a write without
+    // the two disk commits, so the difference is what the disks cost.
+    let mut lat = Vec::with_capacity(args.sequential);
+    for _ in 0..args.sequential {
+        let t = Instant::now();
+        kv.revision().await?;
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    println!(
+        "{{\"system\":\"{system}\",\"figure\":\"sequential_linearizable_read\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    );
+
     // Concurrent clients, each with its own connection.
     for clients in [1usize, 16, 64] {
         let deadline = Instant::now() + Duration::from_secs(args.seconds);

@@ -8,7 +8,14 @@
 //!    the client tries another.
 //! 2. Reads start with `ensure_linearizable`: the leader confirms its
 //!    leadership with a quorum and waits until it has applied everything
-//!    committed before that point.
+//!    committed before that point. It also waits until it has applied its
+//!    whole log as of its first read in the term (the read floor): the
+//!    committed index is saved lazily (storage invariant 4), and a leader
+//!    restarted from disk resumes its term at once, where openraft's check
+//!    alone would compare against a committed index older than the writes
+//!    it acknowledged before the crash. A leader never drops its own log,
+//!    so the wait ends while it leads; when it stops leading the read fails
+//!    and the client tries another replica.
 //! 3. Time in requests is the leader's wall clock; only the leader proposes
 //!    `Tick`s, when a lease or barrier is due.
 //! 4. A leader's first write of its term (a client's or a tick) is preceded
@@ -160,6 +167,7 @@ impl Replica {
             client,
             leases_renewed: leases_renewed.clone(),
             proposer: Proposer::start(raft.clone()),
+            read_floor: std::sync::Mutex::new(None),
         });
         tokio::spawn(net::serve(endpoint.clone(), handler));
         tokio::spawn(tick_when_due(
@@ -392,6 +400,8 @@ struct ReplicaHandler {
     client: PeerClient,
     leases_renewed: Arc<AtomicU64>,
     proposer: Proposer,
+    /// (term, log index) of invariant 2's read floor.
+    read_floor: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 /// Most requests in one proposal, and the payload bytes after which a
@@ -709,12 +719,45 @@ impl ReplicaHandler {
             .map_err(|e| unavailable(format!("remove {id}: {e}")))
     }
 
+    /// Invariant 2.
     async fn linearizable(&self) -> Result<(), KvError> {
+        let failed = |e: String| unavailable(format!("linearizable read: {e}"));
         self.raft
             .ensure_linearizable()
             .await
-            .map(drop)
-            .map_err(|e| unavailable(format!("linearizable read: {e}")))
+            .map_err(|e| failed(e.to_string()))?;
+        let (term, last_log, applied) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            (m.current_term, m.last_log_index.unwrap_or(0), applied)
+        };
+        let floor = {
+            let mut f = self.read_floor.lock().expect("not poisoned");
+            match *f {
+                Some((t, index)) if t == term => index,
+                _ => {
+                    *f = Some((term, last_log));
+                    last_log
+                }
+            }
+        };
+        if applied >= floor {
+            return Ok(());
+        }
+        let raft = self.raft.clone();
+        let floor_reached = move |m: &openraft::RaftMetrics<u64, BasicNode>| {
+            m.current_term != term || m.last_applied.is_some_and(|l| l.index >= floor)
+        };
+        raft.wait(Some(crate::tls::IDLE_TIMEOUT))
+            .metrics(floor_reached, "the read floor")
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        // Still the leader of that term once the floor is applied.
+        if self.raft.metrics().borrow().current_term != term {
+            return Err(failed("leadership moved while reading".into()));
+        }
+        Ok(())
     }
 
     /// Serves a request on the leader.

@@ -12,6 +12,13 @@
 //!    entries after its applied id (it reads the saved committed index).
 //! 3. Log entries are keyed by index; `truncate` removes `>= index`,
 //!    `purge` removes `<= index` and records the purged id first.
+//! 4. The committed index is written with the next append, in the same
+//!    transaction, not on its own: openraft saves it between a write's
+//!    quorum and its apply, where a commit of its own cost an fsync on
+//!    every write. After a crash it may read back older than it was, never
+//!    newer, so a restarted replica applies less at start and learns the
+//!    rest from the leader; it never applies an entry that was not
+//!    committed.
 
 // openraft's storage traits fix the error type (`StorageError`, ~224
 // bytes); the helpers here return it too rather than convert twice.
@@ -77,7 +84,10 @@ pub fn open(dir: &Path, initial: KvState) -> StorageResult<(LogStore, StateMachi
             dir.display()
         ))));
     }
-    let log = LogStore { db: Arc::new(db) };
+    let log = LogStore {
+        db: Arc::new(db),
+        unsaved_committed: Default::default(),
+    };
     let sm = StateMachineStore::open(dir, initial)?;
     Ok((log, sm))
 }
@@ -107,6 +117,9 @@ fn put_meta<T: Serialize>(db: &Database, key: &str, value: &T) -> StorageResult<
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// The committed index openraft reported, not yet written
+    /// (invariant 4).
+    unsaved_committed: Arc<std::sync::Mutex<Option<Option<LogId<NodeId>>>>>,
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -158,11 +171,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         get_meta(&self.db, VOTE).map_err(|e| io_err(StorageIOError::read_vote, e))
     }
 
+    /// Invariant 4: kept until the next append writes it.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        put_meta(&self.db, COMMITTED, &committed)
+        *self.unsaved_committed.lock().expect("not poisoned") = Some(committed);
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
+        if let Some(c) = *self.unsaved_committed.lock().expect("not poisoned") {
+            return Ok(c);
+        }
         Ok(get_meta::<Option<LogId<NodeId>>>(&self.db, COMMITTED)?.flatten())
     }
 
@@ -173,6 +191,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let txn = self.db.begin_write().map_err(write_logs_err)?;
         {
+            if let Some(c) = self.unsaved_committed.lock().expect("not poisoned").take() {
+                let bytes = postcard::to_allocvec(&c).map_err(write_logs_err)?;
+                txn.open_table(META)
+                    .map_err(write_logs_err)?
+                    .insert(COMMITTED, bytes.as_slice())
+                    .map_err(write_logs_err)?;
+            }
             let mut table = txn.open_table(LOG).map_err(write_logs_err)?;
             for e in entries {
                 let bytes = postcard::to_allocvec(&e).map_err(write_logs_err)?;
@@ -235,6 +260,36 @@ mod tests {
     #[test]
     fn redb_storage_passes_openrafts_suite() {
         Suite::test_all(Builder).unwrap();
+    }
+
+    /// Invariant 4: the committed index is written with the next append,
+    /// so after a crash it reads back older than it was, never newer.
+    #[tokio::test]
+    async fn the_committed_index_is_written_with_the_next_append() {
+        use openraft::storage::RaftLogStorageExt;
+        use openraft::{CommittedLeaderId, EntryPayload};
+        let dir = tempfile::tempdir().unwrap();
+        let id = |i| LogId::new(CommittedLeaderId::new(1, 1), i);
+        let blank = |i| Entry::<TypeConfig> {
+            log_id: id(i),
+            payload: EntryPayload::Blank,
+        };
+        {
+            let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+            log.blocking_append([blank(1), blank(2)]).await.unwrap();
+            log.save_committed(Some(id(1))).await.unwrap();
+            assert_eq!(log.read_committed().await.unwrap(), Some(id(1)));
+        }
+        // Dropped without another append: the saved value never reached the
+        // file (a crash at this point reads back the older one).
+        {
+            let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+            assert_eq!(log.read_committed().await.unwrap(), None);
+            log.save_committed(Some(id(2))).await.unwrap();
+            log.blocking_append([blank(3)]).await.unwrap();
+        }
+        let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+        assert_eq!(log.read_committed().await.unwrap(), Some(id(2)));
     }
 
     #[tokio::test]
