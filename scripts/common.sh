@@ -41,13 +41,19 @@ install_plugins() {
   fi
 }
 
-# install_debian PACKAGE:COMMAND...: makes sure each COMMAND exists,
-# installing its Debian PACKAGE with apt-get when running as root. Only the
+# install_debian PACKAGE:COMMAND...: makes sure each COMMAND exists (or,
+# where it is an absolute path, that file), installing its Debian PACKAGE
+# with apt-get when running as root. Only the
 # etcd backend's tests need these; the default build needs none.
 install_debian() {
   local missing=()
   for pair in "$@"; do
-    command -v "${pair#*:}" >/dev/null 2>&1 || missing+=("${pair%%:*}")
+    local what="${pair#*:}"
+    if [[ $what == /* ]]; then
+      [[ -e $what ]] || missing+=("${pair%%:*}")
+    else
+      command -v "$what" >/dev/null 2>&1 || missing+=("${pair%%:*}")
+    fi
   done
   ((${#missing[@]})) || return 0
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then

@@ -2,8 +2,11 @@
 //! benchmarks (Debian's `etcd-server`).
 //!
 //! etcd needs every peer URL before the first member starts, so ports are
-//! picked by binding port 0 and releasing it just before `etcd` starts; the
-//! window in which another process could take one is a few milliseconds.
+//! picked by binding port 0 and releasing it just before `etcd` starts.
+//! Another process may take one in that window (an outgoing connection's
+//! ephemeral port comes from the same range, and other clusters of the same
+//! test binary start beside this one): a cluster whose member could not
+//! bind its port is torn down and formed again on fresh ports.
 //! Every process is killed and its data removed when the value is dropped.
 
 use std::net::TcpListener;
@@ -24,6 +27,15 @@ struct Member {
     peer_port: u16,
     child: Option<Child>,
 }
+
+/// Clusters formed before giving up when a member finds its port taken.
+const START_ATTEMPTS: usize = 4;
+
+/// What a member's log says when its port was taken.
+const PORT_TAKEN: &str = "address already in use";
+
+/// Lines of a member's log an error quotes (the log goes with the cluster).
+const LOG_TAIL_LINES: usize = 5;
 
 /// N `etcd` processes forming one cluster.
 pub struct LocalEtcd {
@@ -60,6 +72,21 @@ pub fn etcd_binary() -> Result<PathBuf> {
 impl LocalEtcd {
     /// Starts `n` members and waits until every one answers.
     pub async fn start(n: usize) -> Result<LocalEtcd> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(n).await {
+                Err(KvError::Unavailable(why))
+                    if why.contains(PORT_TAKEN) && attempt < START_ATTEMPTS =>
+                {
+                    tracing::warn!("etcd cluster on taken ports, forming it again: {why}");
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(n: usize) -> Result<LocalEtcd> {
         let binary = etcd_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("tessel-etcd-")
@@ -133,8 +160,8 @@ impl LocalEtcd {
             if let Some(c) = self.members[i].child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
                     return Err(KvError::Unavailable(format!(
-                        "etcd member {i} exited with {status}; see {}",
-                        self.log(i).display()
+                        "etcd member {i} exited with {status}; its log ends: {}",
+                        self.log_tail(i)
                     )));
                 }
             }
@@ -151,9 +178,16 @@ impl LocalEtcd {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Err(KvError::Unavailable(format!(
-            "etcd member {i} not ready in 20 s; see {}",
-            self.log(i).display()
+            "etcd member {i} not ready in 20 s; its log ends: {}",
+            self.log_tail(i)
         )))
+    }
+
+    /// The last lines of member `i`'s log, on one line.
+    fn log_tail(&self, i: usize) -> String {
+        let text = std::fs::read_to_string(self.log(i)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join(" | ")
     }
 
     /// Member `i`'s log file.
