@@ -29,6 +29,12 @@
 //!    ranks whose descriptors agree use the same algorithm; ranks whose
 //!    descriptors differ still complete the descriptor ring (a frame is
 //!    forwarded whole) and fail with the same `Mismatch`.
+//! 7. Only the ring's chunks are lent to same-host peers (read in place,
+//!    acknowledged once reduced or copied: endpoint invariant 5): a ring
+//!    step sends and receives at once, so every lent chunk has a taker
+//!    that is not itself waiting on a send. Descriptors, aborts and the
+//!    other sends are stored copies, since their sender may wait on them
+//!    before it receives.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -38,7 +44,7 @@ use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use tessel_pjrt::ElementType;
 
-use crate::endpoint::{Peer, TransferEndpoint};
+use crate::endpoint::{Payload, Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
 use crate::reduce::{
     all_reduce_is_small, check_reducible, combine, finish_mean, fold_in_rank_order, segment,
@@ -449,18 +455,46 @@ impl Call {
     }
 
     async fn send(&self, to: usize, tag: u64, dtype: ElementType, data: &[u8]) -> Result<()> {
+        self.send_with(to, tag, dtype, data, false).await
+    }
+
+    /// Sends a ring chunk, lent to a same-host peer (invariant 7).
+    async fn lend(&self, to: usize, tag: u64, dtype: ElementType, data: &[u8]) -> Result<()> {
+        self.send_with(to, tag, dtype, data, true).await
+    }
+
+    async fn send_with(
+        &self,
+        to: usize,
+        tag: u64,
+        dtype: ElementType,
+        data: &[u8],
+        lend: bool,
+    ) -> Result<()> {
         let count = (data.len() / dtype.size()) as u64;
-        self.endpoint
-            .send_to(&self.members[to], tag, dtype, &[count], data, self.left()?)
-            .await
-            .map_err(|e| match e {
-                TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
-                e => e,
-            })
+        let (peer, left) = (&self.members[to], self.left()?);
+        let sent = if lend {
+            self.endpoint
+                .lend_to(peer, tag, dtype, &[count], data, left)
+                .await
+        } else {
+            self.endpoint
+                .send_to(peer, tag, dtype, &[count], data, left)
+                .await
+        };
+        sent.map_err(|e| match e {
+            TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
+            e => e,
+        })
     }
 
     /// Waits for `tag` from `from`, or an abort from anyone (invariant 3).
     async fn recv(&self, from: usize, tag: u64) -> Result<Vec<u8>> {
+        self.take(from, tag).await.map(Payload::into_vec)
+    }
+
+    /// As [`Self::recv`], with a lent payload still in place.
+    async fn take(&self, from: usize, tag: u64) -> Result<Payload> {
         let abort = self.base | (PHASE_ABORT << 22);
         let mut keys = vec![(from as u32, tag)];
         keys.extend(
@@ -470,7 +504,7 @@ impl Call {
         );
         let (i, got) = self
             .endpoint
-            .recv_first(&keys, self.left()?)
+            .take_first(&keys, self.left()?)
             .await
             .map_err(|e| match e {
                 TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
@@ -479,10 +513,10 @@ impl Call {
         if i > 0 {
             return Err(TransferError::Aborted {
                 rank: keys[i].0,
-                reason: String::from_utf8_lossy(&got.data).into_owned(),
+                reason: String::from_utf8_lossy(&got.payload).into_owned(),
             });
         }
-        Ok(got.data)
+        Ok(got.payload)
     }
 
     /// Invariant 2; returns what every rank attached, in rank order.
@@ -560,10 +594,10 @@ impl Call {
             let sends = out_buf
                 .chunks(chunk)
                 .enumerate()
-                .map(|(k, c)| self.send(next, self.tag(phase, step, k), dtype, c));
+                .map(|(k, c)| self.lend(next, self.tag(phase, step, k), dtype, c));
             let recvs = async {
                 for (k, dst) in in_buf.chunks_mut(chunk).enumerate() {
-                    let got = self.recv(prev, self.tag(phase, step, k)).await?;
+                    let got = self.take(prev, self.tag(phase, step, k)).await?;
                     if got.len() != dst.len() {
                         return Err(TransferError::Mismatch(format!(
                             "rank {prev} sent {} bytes for a {}-byte chunk",

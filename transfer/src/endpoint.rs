@@ -19,7 +19,10 @@
 //!    the sender writes the payload to a file of the shared-memory folder
 //!    (tmpfs, see [`crate::shm`]) and sends only the header naming it; the
 //!    receiver checks the name and the file's length against the validated
-//!    header and reads it before acknowledging.
+//!    header and reads it before acknowledging. A collective's ring lends
+//!    its files instead ([`TransferEndpoint::lend_to`], shm invariant 3):
+//!    the receiver maps the file, its consumer reduces or copies straight
+//!    from the mapping, and the acknowledgement waits until it is done.
 //! 6. Datagram sizes: a connection to a peer on this host (loopback address
 //!    or our boot id) may grow its datagrams to `max_udp_payload` (64 KiB
 //!    on loopback) and sends them one per system call; a connection to
@@ -155,9 +158,54 @@ pub struct Received {
     pub data: Vec<u8>,
 }
 
+/// A received payload: bytes read off the stream or out of a file, or a
+/// lent file mapped in place (shm invariant 3; dropping it lets the sender
+/// have the file back).
+pub(crate) enum Payload {
+    Owned(Vec<u8>),
+    Mapped(crate::shm::ShmMapping),
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Owned(v) => v,
+            Payload::Mapped(m) => m,
+        }
+    }
+}
+
+impl Payload {
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Payload::Owned(v) => v,
+            Payload::Mapped(m) => m.to_vec(),
+        }
+    }
+}
+
+/// An array waiting in the mailbox.
+pub(crate) struct Arrived {
+    pub dtype: ElementType,
+    pub dims: Vec<u64>,
+    pub payload: Payload,
+}
+
+impl From<Arrived> for Received {
+    fn from(a: Arrived) -> Received {
+        Received {
+            dtype: a.dtype,
+            dims: a.dims,
+            data: a.payload.into_vec(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Mailbox {
-    slots: Mutex<HashMap<(u32, u64), VecDeque<Received>>>,
+    slots: Mutex<HashMap<(u32, u64), VecDeque<Arrived>>>,
     arrived: Notify,
 }
 
@@ -180,6 +228,10 @@ impl Drop for TransferEndpoint {
     fn drop(&mut self) {
         self.accept.abort();
         self.endpoint.close(VarInt::from_u32(0), b"closed");
+        // Lent payloads nobody will take go back to their senders.
+        if let Ok(mut slots) = self.mailbox.slots.lock() {
+            slots.clear();
+        }
     }
 }
 
@@ -361,6 +413,38 @@ impl TransferEndpoint {
         data: &[u8],
         timeout: Duration,
     ) -> Result<()> {
+        self.send_with(peer, tag, dtype, dims, data, timeout, false)
+            .await
+    }
+
+    /// As [`Self::send_to`], but a same-host peer reads the file in place
+    /// and the call returns only once the peer's consumer is done with it
+    /// (invariant 5): for a sender whose peer takes the array at once, as
+    /// a collective's ring does, never for a mailbox that may hold it.
+    pub(crate) async fn lend_to(
+        &self,
+        peer: &Peer,
+        tag: u64,
+        dtype: ElementType,
+        dims: &[u64],
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.send_with(peer, tag, dtype, dims, data, timeout, true)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn send_with(
+        &self,
+        peer: &Peer,
+        tag: u64,
+        dtype: ElementType,
+        dims: &[u64],
+        data: &[u8],
+        timeout: Duration,
+        lend: bool,
+    ) -> Result<()> {
         let mut header = TransferHeader::new(self.rank, tag, dtype, dims)?;
         if header.byte_len != data.len() as u64 {
             return Err(TransferError::InvalidHeader(format!(
@@ -376,6 +460,7 @@ impl TransferEndpoint {
                 reason: format!("shared memory in {}: {e}", self.cfg.shm_dir.display()),
             })?;
             header.shm = Some(f.name.clone());
+            header.lent = lend;
             Some(f)
         } else {
             None
@@ -442,6 +527,16 @@ impl TransferEndpoint {
         keys: &[(u32, u64)],
         timeout: Duration,
     ) -> Result<(usize, Received)> {
+        let (i, a) = self.take_first(keys, timeout).await?;
+        Ok((i, a.into()))
+    }
+
+    /// As [`Self::recv_first`], with a lent payload still in place.
+    pub(crate) async fn take_first(
+        &self,
+        keys: &[(u32, u64)],
+        timeout: Duration,
+    ) -> Result<(usize, Arrived)> {
         let wait = async {
             loop {
                 let arrived = self.mailbox.arrived.notified();
@@ -461,7 +556,7 @@ impl TransferEndpoint {
             })
     }
 
-    fn take(&self, keys: &[(u32, u64)]) -> Option<(usize, Received)> {
+    fn take(&self, keys: &[(u32, u64)]) -> Option<(usize, Arrived)> {
         let mut slots = self.mailbox.slots.lock().expect("not poisoned");
         for (i, key) in keys.iter().enumerate() {
             let Some(queue) = slots.get_mut(key) else {
@@ -572,34 +667,140 @@ async fn receive(
             return Err(e);
         }
     };
-    let data = match &header.shm {
-        Some(name) => match crate::shm::read(&cfg.shm_dir, name, header.byte_len) {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = send.write_all(&[1]).await;
-                let _ = send.finish();
-                return Err(e);
+    let (released_tx, released) = tokio::sync::oneshot::channel();
+    let payload = match &header.shm {
+        Some(name) => {
+            let got = if header.lent {
+                crate::shm::map(&cfg.shm_dir, name, header.byte_len, released_tx)
+                    .map(|m| m.map_or_else(|| Payload::Owned(Vec::new()), Payload::Mapped))
+            } else {
+                crate::shm::read(&cfg.shm_dir, name, header.byte_len).map(Payload::Owned)
+            };
+            match got {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = send.write_all(&[1]).await;
+                    let _ = send.finish();
+                    return Err(e);
+                }
             }
-        },
-        None => read_payload(&mut recv, header.byte_len as usize)
-            .await
-            .map_err(|e| stream_err(format!("payload: {e}")))?,
+        }
+        None => Payload::Owned(
+            read_payload(&mut recv, header.byte_len as usize)
+                .await
+                .map_err(|e| stream_err(format!("payload: {e}")))?,
+        ),
     };
+    let mapped = matches!(payload, Payload::Mapped(_));
     {
         let mut slots = mailbox.slots.lock().expect("not poisoned");
         slots
             .entry((header.from, header.tag))
             .or_default()
-            .push_back(Received {
+            .push_back(Arrived {
                 dtype,
                 dims: header.dims,
-                data,
+                payload,
             });
     }
     mailbox.arrived.notify_waiters();
+    if mapped {
+        // Shm invariant 3: the sender has its file back only once the
+        // mapping is dropped (taken and used, or discarded). A sender that
+        // gave up, or a connection that closed, ends the wait: the sender
+        // then removes the file, and the mapping stays valid until dropped.
+        tokio::select! {
+            _ = released => {}
+            _ = send.stopped() => return Ok(()),
+        }
+    }
     send.write_all(&[0])
         .await
         .map_err(|e| stream_err(e.to_string()))?;
     let _ = send.finish();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(30);
+
+    /// Two endpoints with the same boot id, sharing a memory folder.
+    fn same_host_pair(shm: &std::path::Path) -> (TransferEndpoint, TransferEndpoint, Peer) {
+        let cfg = TransferConfig {
+            boot_id: Some("test-boot".into()),
+            shm_dir: shm.to_path_buf(),
+            ..TransferConfig::default()
+        };
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let a = TransferEndpoint::bind(any, 0, None, cfg.clone()).unwrap();
+        let b = TransferEndpoint::bind(any, 1, None, cfg).unwrap();
+        let to_b = Peer::new(b.local_addr().unwrap(), Some("test-boot".into()));
+        (a, b, to_b)
+    }
+
+    /// Endpoint invariant 5 / shm invariant 3: a lent payload is read in
+    /// place and the send completes only once the taker drops it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_payload_is_acknowledged_when_its_taker_is_done() {
+        let shm = tempfile::tempdir().unwrap();
+        let (a, b, to_b) = same_host_pair(shm.path());
+        let a = Arc::new(a);
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let sending = {
+            let (a, to_b, data) = (a.clone(), to_b.clone(), data.clone());
+            tokio::spawn(async move {
+                a.lend_to(&to_b, 7, ElementType::U8, &[data.len() as u64], &data, T)
+                    .await
+            })
+        };
+        let (_, got) = b.take_first(&[(0, 7)], T).await.unwrap();
+        assert!(matches!(got.payload, Payload::Mapped(_)), "read in place");
+        assert_eq!(&got.payload[..], &data[..]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!sending.is_finished(), "acknowledged while still mapped");
+        drop(got);
+        tokio::time::timeout(T, sending)
+            .await
+            .expect("acknowledged once dropped")
+            .unwrap()
+            .unwrap();
+        // A plain send on the same path is stored, not lent.
+        a.send_to(&to_b, 8, ElementType::U8, &[3], b"abc", T)
+            .await
+            .unwrap();
+        let (_, got) = b.take_first(&[(0, 8)], T).await.unwrap();
+        assert!(matches!(got.payload, Payload::Owned(_)));
+    }
+
+    /// A lent payload nobody takes does not hold its sender to the
+    /// deadline once the receiving endpoint is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_payload_left_in_a_dropped_endpoint_releases_its_sender() {
+        let shm = tempfile::tempdir().unwrap();
+        let (a, b, to_b) = same_host_pair(shm.path());
+        let a = Arc::new(a);
+        let sending = {
+            let (a, to_b) = (a.clone(), to_b.clone());
+            tokio::spawn(async move {
+                a.lend_to(&to_b, 1, ElementType::U8, &[4096], &[1; 4096], T)
+                    .await
+            })
+        };
+        // Wait until it arrived, then drop the receiver without taking it.
+        let arrived = async {
+            while b.mailbox.slots.lock().unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(T, arrived).await.unwrap();
+        drop(b);
+        let started = std::time::Instant::now();
+        let _ = tokio::time::timeout(Duration::from_secs(10), sending)
+            .await
+            .expect("the sender is released well before its deadline");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
 }

@@ -9,6 +9,8 @@
 //!    exactly `byte_len` bytes without overflow, and `byte_len` is within
 //!    the receiver's limit; only then is anything allocated.
 //! 2. Decoding never panics and never allocates more than the frame.
+//! 3. `lent` comes only with `shm`: a lent file is read in place and
+//!    acknowledged once its reader is done (shm invariant 3).
 
 use serde::{Deserialize, Serialize};
 use tessel_pjrt::ElementType;
@@ -35,6 +37,9 @@ pub struct TransferHeader {
     /// the shared-memory folder (`tessel-…`, no separators); the receiver
     /// reads and removes it.
     pub shm: Option<String>,
+    /// The `shm` file is lent: the receiver may read it in place and
+    /// acknowledges only once done with it (invariant 3).
+    pub lent: bool,
 }
 
 impl TransferHeader {
@@ -46,6 +51,7 @@ impl TransferHeader {
             dims: dims.to_vec(),
             byte_len: expected_len(dtype, dims)?,
             shm: None,
+            lent: false,
         };
         Ok(h)
     }
@@ -72,6 +78,10 @@ impl TransferHeader {
         }
         if let Some(name) = &self.shm {
             check_shm_name(name)?;
+        } else if self.lent {
+            return Err(TransferError::InvalidHeader(
+                "a lent payload without a shared-memory file".into(),
+            ));
         }
         if self.byte_len > max_bytes {
             return Err(TransferError::TooLarge {
@@ -186,5 +196,10 @@ mod tests {
         let mut shm = h.clone();
         shm.shm = Some("tessel-12-34".into());
         shm.validate(1 << 20).unwrap();
+        shm.lent = true;
+        shm.validate(1 << 20).unwrap();
+        let mut lent = h.clone();
+        lent.lent = true;
+        assert!(lent.validate(1 << 20).is_err(), "lent without a file");
     }
 }

@@ -13,6 +13,12 @@
 //!    [`MAX_FREE`] files, and dropping the pool removes them: no file
 //!    outlives its process. Files of processes that died without dropping
 //!    their pool are removed by the next pool created on the host.
+//! 3. A lent payload (header `lent`) is not copied out: the receiver maps
+//!    the file read-only ([`ShmMapping`]) and its consumer reads (reduces)
+//!    the bytes where the sender wrote them. The sender neither writes nor
+//!    shortens the file until the acknowledgement, which the receiver sends
+//!    only once the mapping is dropped, so the mapped bytes never change
+//!    under a reader and never shrink away from it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -152,9 +158,125 @@ pub(crate) fn read(dir: &Path, name: &str, byte_len: u64) -> Result<Vec<u8>> {
     Ok(data)
 }
 
+/// A lent payload mapped read-only (invariant 3). Dropping it unmaps the
+/// file and tells the receiving stream that the sender may have it back.
+pub(crate) struct ShmMapping {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    released: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+// SAFETY: the mapping is read-only and owned by this value alone (no
+// interior mutability); any thread may read it or unmap it on drop.
+unsafe impl Send for ShmMapping {}
+// SAFETY: as above: shared references only read immutable mapped bytes.
+unsafe impl Sync for ShmMapping {}
+
+impl std::ops::Deref for ShmMapping {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is the start of a live `len`-byte read-only mapping
+        // (unmapped only in `drop`) of a file that was exactly `len` bytes
+        // long when mapped and that the sender leaves unchanged and
+        // unshortened until this value is dropped (invariant 3).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for ShmMapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what `mmap` returned and this is
+        // the only unmap; no slice of it outlives `self`.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+        if let Some(tx) = self.released.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Maps the lent payload a validated header names (the receiver's side of
+/// invariant 3); `released` fires when the mapping is dropped. A zero-byte
+/// payload has nothing to map and comes back as `None` (the caller holds
+/// no file then).
+pub(crate) fn map(
+    dir: &Path,
+    name: &str,
+    byte_len: u64,
+    released: tokio::sync::oneshot::Sender<()>,
+) -> Result<Option<ShmMapping>> {
+    use std::os::fd::AsRawFd;
+    check_shm_name(name)?;
+    let path = dir.join(name);
+    let fail = |reason: String| TransferError::Stream {
+        peer: "incoming".into(),
+        reason: format!("shared memory {}: {reason}", path.display()),
+    };
+    let f = File::open(&path).map_err(|e| fail(e.to_string()))?;
+    let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
+    if len != byte_len {
+        return Err(fail(format!("{len} bytes, the header says {byte_len}")));
+    }
+    if len == 0 {
+        return Ok(None);
+    }
+    let len = usize::try_from(len).map_err(|_| fail(format!("{len} bytes")))?;
+    // SAFETY: a fresh read-only shared mapping of an open file descriptor
+    // whose length was just checked; the kernel picks the address, and the
+    // result is checked against MAP_FAILED before use. Closing the file
+    // afterwards keeps the mapping.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(fail(format!("mmap: {}", std::io::Error::last_os_error())));
+    }
+    let ptr = std::ptr::NonNull::new(ptr.cast::<u8>()).ok_or_else(|| fail("mmap: null".into()))?;
+    Ok(Some(ShmMapping {
+        ptr,
+        len,
+        released: Some(released),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mapped_payload_reads_the_file_and_reports_its_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = ShmPool::new(dir.path().to_path_buf());
+        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let f = pool.write(&data).unwrap();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let m = map(dir.path(), &f.name, data.len() as u64, tx)
+            .unwrap()
+            .unwrap();
+        assert_eq!(&m[..], &data[..]);
+        assert!(rx.try_recv().is_err(), "not released while mapped");
+        drop(m);
+        assert_eq!(rx.try_recv(), Ok(()));
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        assert!(
+            map(dir.path(), &f.name, 7, tx).is_err(),
+            "length checked against the header"
+        );
+        pool.release(f, true);
+        let empty = pool.write(b"").unwrap();
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        assert!(map(dir.path(), &empty.name, 0, tx).unwrap().is_none());
+        pool.release(empty, true);
+    }
 
     #[test]
     fn files_are_reused_after_delivery_and_removed_otherwise() {
