@@ -29,6 +29,13 @@
 //!    another host batches datagrams with segmentation offload and never
 //!    exceeds [`GSO_MAX_UDP_PAYLOAD`], so no batch can pass the kernel's
 //!    64 KiB limit for one GSO send.
+//! 7. Spare buffers: a payload of at least [`MIN_SPARE`] bytes is read into
+//!    a buffer handed back with [`TransferEndpoint::recycle`] when one fits
+//!    (capacity from the length to twice it), else into fresh memory;
+//!    spares never hold more than `spare_bytes` in all. Fresh memory costs
+//!    a page fault and the zeroing of every page (a fifth of a 1 GiB
+//!    transfer's CPU here); a loop that receives the same sizes every step
+//!    pays that once. [`TransferEndpoint::recv_buffer`] recycles by itself.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -55,6 +62,9 @@ pub const ALPN: &[u8] = b"tessel-transfer";
 /// was lost, black-hole detection fell back to 1,200 bytes, and 1 GiB moved
 /// at 0.43 GB/s on loopback.
 pub const GSO_MAX_UDP_PAYLOAD: u16 = 6_500;
+
+/// Smallest buffer worth keeping as a spare (invariant 7).
+pub const MIN_SPARE: usize = 1 << 20;
 
 /// Stream reset codes.
 const REFUSED: u32 = 1;
@@ -90,6 +100,9 @@ pub struct TransferConfig {
     pub socket_buffer: usize,
     /// Where shared-memory files live (a tmpfs).
     pub shm_dir: PathBuf,
+    /// Most bytes of recycled buffers kept for later payloads
+    /// (invariant 7).
+    pub spare_bytes: usize,
 }
 
 impl Default for TransferConfig {
@@ -104,6 +117,7 @@ impl Default for TransferConfig {
             remote_udp_payload: GSO_MAX_UDP_PAYLOAD,
             socket_buffer: 8 << 20,
             shm_dir: PathBuf::from("/dev/shm"),
+            spare_bytes: 2 << 30,
         }
     }
 }
@@ -207,6 +221,54 @@ impl From<Arrived> for Received {
 struct Mailbox {
     slots: Mutex<HashMap<(u32, u64), VecDeque<Arrived>>>,
     arrived: Notify,
+    spares: Mutex<Spares>,
+}
+
+/// Recycled buffers (invariant 7).
+#[derive(Default)]
+struct Spares {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Spares {
+    /// Keeps `buf` if it is large enough and fits under `limit`.
+    fn put(&mut self, mut buf: Vec<u8>, limit: usize) {
+        let cap = buf.capacity();
+        if cap >= MIN_SPARE && self.bytes + cap <= limit {
+            buf.clear();
+            self.bytes += cap;
+            self.buffers.push(buf);
+        }
+    }
+
+    /// The smallest spare whose capacity is from `len` to twice it.
+    fn take(&mut self, len: usize) -> Option<Vec<u8>> {
+        let (i, _) = self
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
+            .min_by_key(|(_, b)| b.capacity())?;
+        let buf = self.buffers.swap_remove(i);
+        self.bytes -= buf.capacity();
+        Some(buf)
+    }
+}
+
+impl Mailbox {
+    /// An empty buffer with room for `len` bytes: a spare, or fresh
+    /// memory advised to use huge pages.
+    fn buffer(&self, len: usize) -> Vec<u8> {
+        if len >= MIN_SPARE {
+            if let Some(b) = self.spares.lock().expect("not poisoned").take(len) {
+                return b;
+            }
+        }
+        let mut data = Vec::with_capacity(len);
+        tessel_pjrt::host_memory::advise_huge_pages(data.spare_capacity_mut());
+        data
+    }
 }
 
 /// A worker's transfer endpoint.
@@ -371,10 +433,23 @@ impl TransferEndpoint {
             .map(|&d| i64::try_from(d))
             .collect::<std::result::Result<Vec<i64>, _>>()
             .map_err(|_| TransferError::InvalidHeader(format!("dimensions {:?}", got.dims)))?;
-        device
+        let buffer = device
             .client()
             .buffer_from_bytes(got.dtype, &dims, &got.data, device)
-            .map_err(|e| TransferError::Pjrt(e.to_string()))
+            .map_err(|e| TransferError::Pjrt(e.to_string()));
+        self.recycle(got.data);
+        buffer
+    }
+
+    /// Hands a buffer that held a received array back for later payloads
+    /// (invariant 7); kept only if at least [`MIN_SPARE`] bytes and within
+    /// `spare_bytes`, else freed.
+    pub fn recycle(&self, buf: Vec<u8>) {
+        self.mailbox
+            .spares
+            .lock()
+            .expect("not poisoned")
+            .put(buf, self.cfg.spare_bytes);
     }
 
     /// QUIC statistics of the connection to `peer` (for benchmarks).
@@ -613,13 +688,14 @@ async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferCon
     }
 }
 
-/// Reads exactly `len` payload bytes into capacity reserved up front
-/// (`len` was validated against the limit), without a zero-filling pass
-/// before the copy; a large buffer asks for huge pages, since faulting in
-/// fresh 4 KiB pages was a third of a 1 GiB transfer's CPU time.
-async fn read_payload(recv: &mut RecvStream, len: usize) -> std::result::Result<Vec<u8>, String> {
-    let mut data = Vec::with_capacity(len);
-    tessel_pjrt::host_memory::advise_huge_pages(data.spare_capacity_mut());
+/// Reads exactly `len` payload bytes into `data`, an empty buffer with
+/// room for them (`len` was validated against the limit): a spare, or
+/// fresh capacity without a zero-filling pass (invariant 7).
+async fn read_payload(
+    recv: &mut RecvStream,
+    len: usize,
+    mut data: Vec<u8>,
+) -> std::result::Result<Vec<u8>, String> {
     while data.len() < len {
         let chunk = recv
             .read_chunk(len - data.len(), true)
@@ -674,7 +750,13 @@ async fn receive(
                 crate::shm::map(&cfg.shm_dir, name, header.byte_len, released_tx)
                     .map(|m| m.map_or_else(|| Payload::Owned(Vec::new()), Payload::Mapped))
             } else {
-                crate::shm::read(&cfg.shm_dir, name, header.byte_len).map(Payload::Owned)
+                crate::shm::read(
+                    &cfg.shm_dir,
+                    name,
+                    header.byte_len,
+                    mailbox.buffer(header.byte_len as usize),
+                )
+                .map(Payload::Owned)
             };
             match got {
                 Ok(p) => p,
@@ -686,9 +768,13 @@ async fn receive(
             }
         }
         None => Payload::Owned(
-            read_payload(&mut recv, header.byte_len as usize)
-                .await
-                .map_err(|e| stream_err(format!("payload: {e}")))?,
+            read_payload(
+                &mut recv,
+                header.byte_len as usize,
+                mailbox.buffer(header.byte_len as usize),
+            )
+            .await
+            .map_err(|e| stream_err(format!("payload: {e}")))?,
         ),
     };
     let mapped = matches!(payload, Payload::Mapped(_));
@@ -773,6 +859,53 @@ mod tests {
             .unwrap();
         let (_, got) = b.take_first(&[(0, 8)], T).await.unwrap();
         assert!(matches!(got.payload, Payload::Owned(_)));
+    }
+
+    /// Invariant 7: a recycled buffer receives the next payload that fits;
+    /// one too large for it, too small to keep, or over the limit does not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recycled_buffers_receive_later_payloads_within_the_limit() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let a = TransferEndpoint::bind(any, 0, None, TransferConfig::default()).unwrap();
+        let cfg = TransferConfig {
+            spare_bytes: 5 << 20,
+            ..TransferConfig::default()
+        };
+        let b = TransferEndpoint::bind(any, 1, None, cfg).unwrap();
+        let to_b = b.local_addr().unwrap();
+        let send = |tag: u64, len: usize| {
+            let data = vec![tag as u8; len];
+            let a = &a;
+            async move {
+                a.send(to_b, tag, ElementType::U8, &[len as u64], &data, T)
+                    .await
+                    .unwrap()
+            }
+        };
+        send(1, 3 << 20).await;
+        let first = b.recv(0, 1, T).await.unwrap().data;
+        let (ptr, cap) = (first.as_ptr(), first.capacity());
+        b.recycle(first);
+        send(2, 2 << 20).await;
+        let second = b.recv(0, 2, T).await.unwrap().data;
+        assert_eq!(second.as_ptr(), ptr, "the spare was reused");
+        assert_eq!(second.capacity(), cap);
+        assert!(second.iter().all(|&x| x == 2), "holds the new payload");
+        b.recycle(second);
+        // Over twice the spare's size would waste it: fresh memory instead.
+        send(3, 1 << 20).await;
+        let third = b.recv(0, 3, T).await.unwrap().data;
+        assert_ne!(third.as_ptr(), ptr);
+        assert_eq!(third.len(), 1 << 20);
+        // The limit: 3 MiB kept, another 3 MiB would pass 5 MiB.
+        b.recycle(vec![0; 3 << 20]);
+        assert_eq!(b.mailbox.spares.lock().unwrap().bytes, 3 << 20);
+        b.recycle(vec![0; 100]);
+        assert_eq!(
+            b.mailbox.spares.lock().unwrap().buffers.len(),
+            1,
+            "small or over the limit: freed"
+        );
     }
 
     /// A lent payload nobody takes does not hold its sender to the

@@ -133,8 +133,9 @@ fn sweep_dead(dir: &Path) {
     }
 }
 
-/// Reads the payload a validated header names (the receiver's side).
-pub(crate) fn read(dir: &Path, name: &str, byte_len: u64) -> Result<Vec<u8>> {
+/// Reads the payload a validated header names (the receiver's side) into
+/// `data`, an empty buffer with room for it.
+pub(crate) fn read(dir: &Path, name: &str, byte_len: u64, mut data: Vec<u8>) -> Result<Vec<u8>> {
     check_shm_name(name)?;
     let path = dir.join(name);
     let fail = |reason: String| TransferError::Stream {
@@ -147,8 +148,8 @@ pub(crate) fn read(dir: &Path, name: &str, byte_len: u64) -> Result<Vec<u8>> {
         return Err(fail(format!("{len} bytes, the header says {byte_len}")));
     }
     // Read into reserved capacity: no zero-filling pass before the copy.
-    let mut data = Vec::with_capacity(byte_len as usize);
-    tessel_pjrt::host_memory::advise_huge_pages(data.spare_capacity_mut());
+    data.clear();
+    data.reserve_exact(byte_len as usize);
     f.take(byte_len)
         .read_to_end(&mut data)
         .map_err(|e| fail(e.to_string()))?;
@@ -284,12 +285,15 @@ mod tests {
         let pool = ShmPool::new(dir.path().to_path_buf());
         let a = pool.write(b"hello").unwrap();
         let name = a.name.clone();
-        assert_eq!(read(dir.path(), &name, 5).unwrap(), b"hello");
-        assert!(read(dir.path(), &name, 6).is_err(), "length checked");
+        assert_eq!(read(dir.path(), &name, 5, Vec::new()).unwrap(), b"hello");
+        assert!(
+            read(dir.path(), &name, 6, Vec::new()).is_err(),
+            "length checked"
+        );
         pool.release(a, true);
         let b = pool.write(b"world").unwrap();
         assert_eq!(b.name, name, "same length: reused");
-        assert_eq!(read(dir.path(), &name, 5).unwrap(), b"world");
+        assert_eq!(read(dir.path(), &name, 5, Vec::new()).unwrap(), b"world");
         pool.release(b, false);
         assert!(!dir.path().join(&name).exists(), "failed: removed");
         let c = pool.write(b"again").unwrap();
