@@ -473,19 +473,13 @@ impl Call {
     ) -> Result<()> {
         let count = (data.len() / dtype.size()) as u64;
         let (peer, left) = (&self.members[to], self.left()?);
-        let sent = if lend {
-            self.endpoint
-                .lend_to(peer, tag, dtype, &[count], data, left)
-                .await
-        } else {
-            self.endpoint
-                .send_to(peer, tag, dtype, &[count], data, left)
-                .await
-        };
-        sent.map_err(|e| match e {
-            TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
-            e => e,
-        })
+        self.endpoint
+            .send_with(peer, tag, dtype, &[count], data, left, lend)
+            .await
+            .map_err(|e| match e {
+                TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
+                e => e,
+            })
     }
 
     /// Waits for `tag` from `from`, or an abort from anyone (invariant 3).

@@ -20,7 +20,7 @@
 //!    (tmpfs, see [`crate::shm`]) and sends only the header naming it; the
 //!    receiver checks the name and the file's length against the validated
 //!    header and reads it before acknowledging. A collective's ring lends
-//!    its files instead ([`TransferEndpoint::lend_to`], shm invariant 3):
+//!    its files instead ([`TransferEndpoint::send_with`], shm invariant 3):
 //!    the receiver maps the file, its consumer reduces or copies straight
 //!    from the mapping, and the acknowledgement waits until it is done.
 //! 6. Datagram sizes: a connection to a peer on this host (loopback address
@@ -492,25 +492,13 @@ impl TransferEndpoint {
             .await
     }
 
-    /// As [`Self::send_to`], but a same-host peer reads the file in place
-    /// and the call returns only once the peer's consumer is done with it
-    /// (invariant 5): for a sender whose peer takes the array at once, as
-    /// a collective's ring does, never for a mailbox that may hold it.
-    pub(crate) async fn lend_to(
-        &self,
-        peer: &Peer,
-        tag: u64,
-        dtype: ElementType,
-        dims: &[u64],
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.send_with(peer, tag, dtype, dims, data, timeout, true)
-            .await
-    }
-
+    /// [`Self::send_to`], or with `lend` a same-host peer reads the file in
+    /// place and the call returns only once the peer's consumer is done
+    /// with it (invariant 5): for a sender whose peer takes the array at
+    /// once, as a collective's ring does, never for a mailbox that may
+    /// hold it.
     #[allow(clippy::too_many_arguments)]
-    async fn send_with(
+    pub(crate) async fn send_with(
         &self,
         peer: &Peer,
         tag: u64,
@@ -838,8 +826,16 @@ mod tests {
         let sending = {
             let (a, to_b, data) = (a.clone(), to_b.clone(), data.clone());
             tokio::spawn(async move {
-                a.lend_to(&to_b, 7, ElementType::U8, &[data.len() as u64], &data, T)
-                    .await
+                a.send_with(
+                    &to_b,
+                    7,
+                    ElementType::U8,
+                    &[data.len() as u64],
+                    &data,
+                    T,
+                    true,
+                )
+                .await
             })
         };
         let (_, got) = b.take_first(&[(0, 7)], T).await.unwrap();
@@ -918,7 +914,7 @@ mod tests {
         let sending = {
             let (a, to_b) = (a.clone(), to_b.clone());
             tokio::spawn(async move {
-                a.lend_to(&to_b, 1, ElementType::U8, &[4096], &[1; 4096], T)
+                a.send_with(&to_b, 1, ElementType::U8, &[4096], &[1; 4096], T, true)
                     .await
             })
         };

@@ -133,20 +133,37 @@ fn sweep_dead(dir: &Path) {
     }
 }
 
+fn failure(path: &Path, reason: String) -> TransferError {
+    TransferError::Stream {
+        peer: "incoming".into(),
+        reason: format!("shared memory {}: {reason}", path.display()),
+    }
+}
+
+/// Opens the file a validated header names and checks its length against
+/// the header's.
+fn open_payload(dir: &Path, name: &str, byte_len: u64) -> Result<(File, PathBuf)> {
+    check_shm_name(name)?;
+    let path = dir.join(name);
+    let f = File::open(&path).map_err(|e| failure(&path, e.to_string()))?;
+    let len = f
+        .metadata()
+        .map_err(|e| failure(&path, e.to_string()))?
+        .len();
+    if len != byte_len {
+        return Err(failure(
+            &path,
+            format!("{len} bytes, the header says {byte_len}"),
+        ));
+    }
+    Ok((f, path))
+}
+
 /// Reads the payload a validated header names (the receiver's side) into
 /// `data`, an empty buffer with room for it.
 pub(crate) fn read(dir: &Path, name: &str, byte_len: u64, mut data: Vec<u8>) -> Result<Vec<u8>> {
-    check_shm_name(name)?;
-    let path = dir.join(name);
-    let fail = |reason: String| TransferError::Stream {
-        peer: "incoming".into(),
-        reason: format!("shared memory {}: {reason}", path.display()),
-    };
-    let f = File::open(&path).map_err(|e| fail(e.to_string()))?;
-    let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
-    if len != byte_len {
-        return Err(fail(format!("{len} bytes, the header says {byte_len}")));
-    }
+    let (f, path) = open_payload(dir, name, byte_len)?;
+    let fail = |reason: String| failure(&path, reason);
     // Read into reserved capacity: no zero-filling pass before the copy.
     data.clear();
     data.reserve_exact(byte_len as usize);
@@ -209,17 +226,9 @@ pub(crate) fn map(
     released: tokio::sync::oneshot::Sender<()>,
 ) -> Result<Option<ShmMapping>> {
     use std::os::fd::AsRawFd;
-    check_shm_name(name)?;
-    let path = dir.join(name);
-    let fail = |reason: String| TransferError::Stream {
-        peer: "incoming".into(),
-        reason: format!("shared memory {}: {reason}", path.display()),
-    };
-    let f = File::open(&path).map_err(|e| fail(e.to_string()))?;
-    let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
-    if len != byte_len {
-        return Err(fail(format!("{len} bytes, the header says {byte_len}")));
-    }
+    let (f, path) = open_payload(dir, name, byte_len)?;
+    let fail = |reason: String| failure(&path, reason);
+    let len = byte_len;
     if len == 0 {
         return Ok(None);
     }
