@@ -458,11 +458,7 @@ impl Call {
         self.send_with(to, tag, dtype, data, false).await
     }
 
-    /// Sends a ring chunk, lent to a same-host peer (invariant 7).
-    async fn lend(&self, to: usize, tag: u64, dtype: ElementType, data: &[u8]) -> Result<()> {
-        self.send_with(to, tag, dtype, data, true).await
-    }
-
+    /// `lend`: a ring chunk, lent to a same-host peer (invariant 7).
     async fn send_with(
         &self,
         to: usize,
@@ -588,7 +584,7 @@ impl Call {
             let sends = out_buf
                 .chunks(chunk)
                 .enumerate()
-                .map(|(k, c)| self.lend(next, self.tag(phase, step, k), dtype, c));
+                .map(|(k, c)| self.send_with(next, self.tag(phase, step, k), dtype, c, true));
             let recvs = async {
                 for (k, dst) in in_buf.chunks_mut(chunk).enumerate() {
                     let got = self.take(prev, self.tag(phase, step, k)).await?;

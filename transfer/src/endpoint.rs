@@ -290,10 +290,6 @@ impl Drop for TransferEndpoint {
     fn drop(&mut self) {
         self.accept.abort();
         self.endpoint.close(VarInt::from_u32(0), b"closed");
-        // Lent payloads nobody will take go back to their senders.
-        if let Ok(mut slots) = self.mailbox.slots.lock() {
-            slots.clear();
-        }
     }
 }
 
@@ -731,12 +727,18 @@ async fn receive(
             return Err(e);
         }
     };
-    let (released_tx, released) = tokio::sync::oneshot::channel();
+    // Set for a mapped lent payload: fires when the mapping is dropped.
+    let mut released = None;
     let payload = match &header.shm {
         Some(name) => {
             let got = if header.lent {
-                crate::shm::map(&cfg.shm_dir, name, header.byte_len, released_tx)
-                    .map(|m| m.map_or_else(|| Payload::Owned(Vec::new()), Payload::Mapped))
+                crate::shm::map(&cfg.shm_dir, name, header.byte_len).map(|m| match m {
+                    Some((mapping, on_release)) => {
+                        released = Some(on_release);
+                        Payload::Mapped(mapping)
+                    }
+                    None => Payload::Owned(Vec::new()),
+                })
             } else {
                 crate::shm::read(
                     &cfg.shm_dir,
@@ -765,7 +767,6 @@ async fn receive(
             .map_err(|e| stream_err(format!("payload: {e}")))?,
         ),
     };
-    let mapped = matches!(payload, Payload::Mapped(_));
     {
         let mut slots = mailbox.slots.lock().expect("not poisoned");
         slots
@@ -778,7 +779,7 @@ async fn receive(
             });
     }
     mailbox.arrived.notify_waiters();
-    if mapped {
+    if let Some(released) = released {
         // Shm invariant 3: the sender has its file back only once the
         // mapping is dropped (taken and used, or discarded). A sender that
         // gave up, or a connection that closed, ends the wait: the sender

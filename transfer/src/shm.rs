@@ -165,7 +165,6 @@ pub(crate) fn read(dir: &Path, name: &str, byte_len: u64, mut data: Vec<u8>) -> 
     let (f, path) = open_payload(dir, name, byte_len)?;
     let fail = |reason: String| failure(&path, reason);
     // Read into reserved capacity: no zero-filling pass before the copy.
-    data.clear();
     data.reserve_exact(byte_len as usize);
     f.take(byte_len)
         .read_to_end(&mut data)
@@ -216,23 +215,21 @@ impl Drop for ShmMapping {
 }
 
 /// Maps the lent payload a validated header names (the receiver's side of
-/// invariant 3); `released` fires when the mapping is dropped. A zero-byte
-/// payload has nothing to map and comes back as `None` (the caller holds
-/// no file then).
+/// invariant 3), with a receiver that fires when the mapping is dropped. A
+/// zero-byte payload has nothing to map and comes back as `None` (the
+/// caller holds no file then).
 pub(crate) fn map(
     dir: &Path,
     name: &str,
     byte_len: u64,
-    released: tokio::sync::oneshot::Sender<()>,
-) -> Result<Option<ShmMapping>> {
+) -> Result<Option<(ShmMapping, tokio::sync::oneshot::Receiver<()>)>> {
     use std::os::fd::AsRawFd;
     let (f, path) = open_payload(dir, name, byte_len)?;
     let fail = |reason: String| failure(&path, reason);
-    let len = byte_len;
-    if len == 0 {
+    if byte_len == 0 {
         return Ok(None);
     }
-    let len = usize::try_from(len).map_err(|_| fail(format!("{len} bytes")))?;
+    let len = usize::try_from(byte_len).map_err(|_| fail(format!("{byte_len} bytes")))?;
     // SAFETY: a fresh read-only shared mapping of an open file descriptor
     // whose length was just checked; the kernel picks the address, and the
     // result is checked against MAP_FAILED before use. Closing the file
@@ -251,11 +248,13 @@ pub(crate) fn map(
         return Err(fail(format!("mmap: {}", std::io::Error::last_os_error())));
     }
     let ptr = std::ptr::NonNull::new(ptr.cast::<u8>()).ok_or_else(|| fail("mmap: null".into()))?;
-    Ok(Some(ShmMapping {
+    let (released, on_release) = tokio::sync::oneshot::channel();
+    let mapping = ShmMapping {
         ptr,
         len,
         released: Some(released),
-    }))
+    };
+    Ok(Some((mapping, on_release)))
 }
 
 #[cfg(test)]
@@ -268,23 +267,20 @@ mod tests {
         let pool = ShmPool::new(dir.path().to_path_buf());
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let f = pool.write(&data).unwrap();
-        let (tx, mut rx) = tokio::sync::oneshot::channel();
-        let m = map(dir.path(), &f.name, data.len() as u64, tx)
+        let (m, mut rx) = map(dir.path(), &f.name, data.len() as u64)
             .unwrap()
             .unwrap();
         assert_eq!(&m[..], &data[..]);
         assert!(rx.try_recv().is_err(), "not released while mapped");
         drop(m);
         assert_eq!(rx.try_recv(), Ok(()));
-        let (tx, _rx) = tokio::sync::oneshot::channel();
         assert!(
-            map(dir.path(), &f.name, 7, tx).is_err(),
+            map(dir.path(), &f.name, 7).is_err(),
             "length checked against the header"
         );
         pool.release(f, true);
         let empty = pool.write(b"").unwrap();
-        let (tx, _rx) = tokio::sync::oneshot::channel();
-        assert!(map(dir.path(), &empty.name, 0, tx).unwrap().is_none());
+        assert!(map(dir.path(), &empty.name, 0).unwrap().is_none());
         pool.release(empty, true);
     }
 

@@ -74,19 +74,18 @@ impl LocalEtcd {
     pub async fn start(n: usize) -> Result<LocalEtcd> {
         let mut attempt = 1;
         loop {
-            match Self::start_once(n).await {
-                Err(KvError::Unavailable(why))
-                    if why.contains(PORT_TAKEN) && attempt < START_ATTEMPTS =>
-                {
-                    tracing::warn!("etcd cluster on taken ports, forming it again: {why}");
-                    attempt += 1;
-                }
-                other => return other,
+            let last = attempt == START_ATTEMPTS;
+            if let Some(cluster) = Self::start_once(n, last).await? {
+                return Ok(cluster);
             }
+            tracing::warn!("etcd cluster on taken ports (attempt {attempt}), forming it again");
+            attempt += 1;
         }
     }
 
-    async fn start_once(n: usize) -> Result<LocalEtcd> {
+    /// One attempt; `None` when a member found its port taken, unless this
+    /// is the `last` attempt (then that is an error like any other).
+    async fn start_once(n: usize, last: bool) -> Result<Option<LocalEtcd>> {
         let binary = etcd_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("tessel-etcd-")
@@ -116,9 +115,16 @@ impl LocalEtcd {
             cluster.spawn(i)?;
         }
         for i in 0..n {
-            cluster.wait_ready(i).await?;
+            if let Err(e) = cluster.wait_ready(i).await {
+                let port_taken = (0..n).any(|j| cluster.log_text(j).contains(PORT_TAKEN));
+                return if port_taken && !last {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
+            }
         }
-        Ok(cluster)
+        Ok(Some(cluster))
     }
 
     fn spawn(&mut self, i: usize) -> Result<()> {
@@ -183,9 +189,14 @@ impl LocalEtcd {
         )))
     }
 
+    /// Member `i`'s log so far (empty if unreadable).
+    fn log_text(&self, i: usize) -> String {
+        std::fs::read_to_string(self.log(i)).unwrap_or_default()
+    }
+
     /// The last lines of member `i`'s log, on one line.
     fn log_tail(&self, i: usize) -> String {
-        let text = std::fs::read_to_string(self.log(i)).unwrap_or_default();
+        let text = self.log_text(i);
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join(" | ")
     }
