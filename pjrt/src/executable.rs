@@ -6,7 +6,13 @@
 //!    its outputs (executions hold the executable alive).
 //! 2. Every output buffer and completion event the plugin returns is
 //!    wrapped (and so destroyed) even when a later step fails.
+//! 3. No two executions in one process share a launch id while both could
+//!    be running. Plugins key the rendezvous of a collective's participants
+//!    on it (the CPU plugin's `RunId` is the launch id), so two clients
+//!    running the same collective program at once with equal ids would join
+//!    each other's all-reduce; the plugin then aborts the process.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -322,6 +328,7 @@ impl LoadedExecutable {
             smallvec::smallvec![std::ptr::null_mut(); num_devices];
 
         let mut options = ffi::PJRT_ExecuteOptions::new();
+        options.launch_id = next_launch_id();
         options.non_donatable_input_indices = non_donatable.as_ptr();
         options.num_non_donatable_input_indices = non_donatable.len();
 
@@ -366,6 +373,15 @@ impl LoadedExecutable {
             _executable: self.clone(),
         })
     }
+}
+
+/// A launch id no other execution of this process has used in the last
+/// 2^31 - 1 launches (invariant 3); never 0, the id of a caller that sets
+/// none.
+fn next_launch_id() -> i32 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) % i32::MAX as u64;
+    n as i32 + 1
 }
 
 impl std::fmt::Debug for LoadedExecutable {

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{client, program_path, program_text};
-use tessel_pjrt::{Buffer, CompileOptions, HostBuffer, Program};
+use tessel_pjrt::{Buffer, Client, CompileOptions, HostBuffer, LoadedExecutable, Program};
 
 fn run1(program: Program, inputs: &[HostBuffer]) -> Vec<HostBuffer> {
     let c = client(1);
@@ -129,15 +129,20 @@ fn serialized_hlo_module_compiles() {
     assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![5., 5., 5., 5.]);
 }
 
-/// Runs a 4-partition SPMD sum of 1..=8 split in shards of 2 and checks that
-/// every device holds the full sum: the all-reduce crossed all 4 devices.
-fn spmd_sum(file: &str, shardy: bool) {
+/// Compiles the 4-partition SPMD sum of `file` on a new 4-device client.
+fn spmd_sum_executable(file: &str, shardy: bool) -> (Client, LoadedExecutable) {
     let c = client(4);
     let mut opts = CompileOptions::new(1, 4);
     opts.use_shardy_partitioner = shardy;
     let exe = c
         .compile(&Program::mlir_text(program_text(file)), &opts)
         .expect("compile");
+    (c, exe)
+}
+
+/// Runs the SPMD sum of 1..=8 split in shards of 2 and checks that every
+/// device holds the full sum: the all-reduce crossed all 4 devices.
+fn check_spmd_sum(c: &Client, exe: &LoadedExecutable) {
     let devices = exe.addressable_devices().unwrap();
     assert_eq!(devices.len(), 4);
     let params = exe.parameter_shapes().expect("parameter shapes");
@@ -162,6 +167,11 @@ fn spmd_sum(file: &str, shardy: bool) {
     }
 }
 
+fn spmd_sum(file: &str, shardy: bool) {
+    let (c, exe) = spmd_sum_executable(file, shardy);
+    check_spmd_sum(&c, &exe);
+}
+
 #[test]
 fn spmd_program_with_gspmd_shardings_all_reduces_across_4_devices() {
     spmd_sum("spmd_sum.mlir", false);
@@ -170,6 +180,29 @@ fn spmd_program_with_gspmd_shardings_all_reduces_across_4_devices() {
 #[test]
 fn spmd_program_with_shardy_shardings_all_reduces_across_4_devices() {
     spmd_sum("spmd_sum_sdy.mlir", true);
+}
+
+/// Two clients in one process run the same 4-device collective program at
+/// the same time. The CPU plugin meets the participants of a collective in a
+/// process-wide rendezvous keyed by the launch id and the global device ids,
+/// so executions that shared a launch id would join each other's all-reduce
+/// (the plugin aborts the process: "Unexpected number of participants").
+#[test]
+fn concurrent_collective_executions_in_one_process_stay_apart() {
+    let threads: Vec<_> = ["spmd_sum.mlir", "spmd_sum_sdy.mlir"]
+        .into_iter()
+        .map(|file| {
+            std::thread::spawn(move || {
+                let (c, exe) = spmd_sum_executable(file, file.ends_with("_sdy.mlir"));
+                for _ in 0..200 {
+                    check_spmd_sum(&c, &exe);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a thread running the collective panicked");
+    }
 }
 
 #[test]
