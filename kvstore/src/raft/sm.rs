@@ -23,6 +23,14 @@
 //!    this replica's limits, the header against the announced meta, the
 //!    trailer's counts); a bad one installs nothing. A good one replaces
 //!    the tables in one transaction, committed under the state's lock.
+//! 5. The history table holds the events of each flush as one record keyed
+//!    by the last revision in it (one insert per flush, not one per
+//!    revision), so a record with key `k` holds only revisions `<= k` and
+//!    above the previous record's key. Reads from a revision start at the
+//!    first key at or above it and filter by revision; forgetting below a
+//!    revision drops the records whose key is below it. Files written with
+//!    one record per revision are the special case of one revision a flush.
+//!    Snapshots carry records under the same keys.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
@@ -194,7 +202,12 @@ fn events_in(
     for item in table.range(from..).map_err(storage)? {
         let (_, v) = item.map_err(storage)?;
         let events: Vec<Event> = postcard::from_bytes(v.value()).map_err(storage)?;
-        out.extend(events.into_iter().filter(|e| e.key().starts_with(prefix)));
+        // A record may begin below `from` (invariant 5).
+        out.extend(
+            events
+                .into_iter()
+                .filter(|e| e.revision() >= from && e.key().starts_with(prefix)),
+        );
     }
     Ok(out)
 }
@@ -279,13 +292,14 @@ impl SmTables {
                     }
                 }
             }
+            // Invariant 5: the overlay's events go in as one record, keyed
+            // by the last revision among them.
             let mut history = txn.open_table(HISTORY).map_err(storage)?;
             let kept = self.forget_below.unwrap_or(0);
-            for (revision, events) in self.history.range(kept..) {
-                let bytes = postcard::to_allocvec(events).map_err(storage)?;
-                history
-                    .insert(*revision, bytes.as_slice())
-                    .map_err(storage)?;
+            if let Some((&last, _)) = self.history.range(kept..).next_back() {
+                let events: Vec<&Event> = self.history.range(kept..).flat_map(|(_, e)| e).collect();
+                let bytes = postcard::to_allocvec(&events).map_err(storage)?;
+                history.insert(last, bytes.as_slice()).map_err(storage)?;
             }
             if let Some(below) = self.forget_below {
                 history.retain_in(..below, |_, _| false).map_err(storage)?;
@@ -1051,11 +1065,15 @@ mod tests {
         assert_eq!(local.state(), mem.state);
         assert_eq!(local.read(|_, t| t.list(b"")).unwrap(), mem.list(b""));
         assert_eq!(local.read(|_, t| t.count()).unwrap(), mem.len() as u64);
-        let from = mem.state.compacted_below();
-        assert_eq!(
-            local.read(|s, t| s.events_since(t, from, b"")).unwrap(),
-            mem.events_since(from, b"").unwrap()
-        );
+        // From every retained revision: a flushed record may begin below
+        // the revision asked for (invariant 5).
+        for from in mem.state.compacted_below()..=mem.state.revision() + 1 {
+            assert_eq!(
+                local.read(|s, t| s.events_since(t, from, b"")).unwrap(),
+                mem.events_since(from, b"").unwrap(),
+                "events from revision {from}"
+            );
+        }
     }
 
     #[tokio::test]
