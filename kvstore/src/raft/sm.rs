@@ -5,7 +5,8 @@
 //! Invariants:
 //! 1. Applied batches collect in an in-memory overlay (bounded by
 //!    `FLUSH_BYTES`/`FLUSH_ENTRIES`, at most `FLUSH_INTERVAL` old at the end
-//!    of a batch) that reads consult first. A flush writes the overlay, the
+//!    of a batch unless a flush is in flight, invariant 6) that reads
+//!    consult first. A flush writes the overlay, the
 //!    [`KvState`], the applied log id and the membership in one redb
 //!    transaction: after a crash the file is at a batch boundary, and
 //!    openraft re-applies the committed entries after its applied id from
@@ -31,6 +32,14 @@
 //!    revision drops the records whose key is below it. Files written with
 //!    one record per revision are the special case of one revision a flush.
 //!    Snapshots carry records under the same keys.
+//! 6. A due flush runs on a thread of its own while batches keep applying
+//!    into a new live overlay; at most one is in flight, so flushes commit
+//!    in order. Reads consult the live overlay, then the one in flight,
+//!    then the tables as they were before it (read transactions opened
+//!    when the previous flush was adopted, so its writes are never seen
+//!    twice). A batch waits for the flush in flight only when the live
+//!    overlay is full, and a synchronous flush (before a snapshot) or an
+//!    installed snapshot waits for it first.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
@@ -212,64 +221,120 @@ fn events_in(
     Ok(out)
 }
 
-/// The tables of `state.redb` under an overlay of the batches applied since
-/// the last flush (invariant 1): reads see the overlay first, then the last
-/// committed transaction.
-pub struct SmTables {
-    db: Arc<Database>,
-    /// Writes since the last flush (`None`: removed).
+/// Writes applied since a flush began (`None` in `data`: removed).
+#[derive(Default)]
+struct Overlay {
     data: BTreeMap<Vec<u8>, Option<KeyValue>>,
     history: BTreeMap<u64, Vec<Event>>,
     forget_below: Option<u64>,
-    /// Key and value bytes in the overlay.
+}
+
+impl Overlay {
+    fn entries(&self) -> usize {
+        self.data.len() + self.history.len()
+    }
+}
+
+/// What a flush commits with the overlay (invariant 1).
+struct FlushCommit {
+    state: KvState,
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, Node>,
+    durable: bool,
+}
+
+/// An overlay being written by its own thread (invariant 6).
+struct Flushing {
+    overlay: Arc<Overlay>,
+    durable: bool,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+/// The tables of `state.redb` under overlays of the batches applied since
+/// the last flush (invariant 1): reads see the live overlay first, then
+/// the one being flushed, then the tables as of the last flush.
+pub struct SmTables {
+    db: Arc<Database>,
+    live: Overlay,
+    /// Key and value bytes in the live overlay.
     bytes: usize,
+    flushing: Option<Flushing>,
     last_flush: std::time::Instant,
     last_durable: std::time::Instant,
-    /// The data table as of the last flush, opened once per flush rather
-    /// than once per read.
+    /// The tables as of the last flush this replica adopted, opened once
+    /// per flush rather than once per read, and never newer than the
+    /// overlay being flushed (a read would see its writes twice).
     base: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    base_history: redb::ReadOnlyTable<u64, &'static [u8]>,
 }
 
 impl SmTables {
     fn new(db: Arc<Database>) -> Result<SmTables> {
-        let base = open_read(&db, DATA)?;
         Ok(SmTables {
-            base,
+            base: open_read(&db, DATA)?,
+            base_history: open_read(&db, HISTORY)?,
             db,
-            data: BTreeMap::new(),
-            history: BTreeMap::new(),
-            forget_below: None,
+            live: Overlay::default(),
             bytes: 0,
+            flushing: None,
             last_flush: std::time::Instant::now(),
             last_durable: std::time::Instant::now(),
         })
     }
 
-    /// Whether the overlay is due for a flush (large or old).
+    /// Whether the live overlay is due for a flush (large or old).
     fn flush_due(&self) -> bool {
-        self.bytes >= FLUSH_BYTES
-            || self.data.len() + self.history.len() >= FLUSH_ENTRIES
-            || self.last_flush.elapsed() >= FLUSH_INTERVAL
+        self.overlay_full() || self.last_flush.elapsed() >= FLUSH_INTERVAL
     }
 
-    /// Ends an applied batch: flushes the overlay when it is due
-    /// (invariant 2), with fsync when the last one is [`DURABLE_INTERVAL`]
-    /// ago.
+    fn overlay_full(&self) -> bool {
+        self.bytes >= FLUSH_BYTES || self.live.entries() >= FLUSH_ENTRIES
+    }
+
+    /// Whether ending a batch now could wait for a flush to finish.
+    fn may_wait(&self) -> bool {
+        self.flushing.is_some() && self.overlay_full()
+    }
+
+    /// Ends an applied batch: adopts a finished flush, and starts one when
+    /// the live overlay is due (invariant 2), with fsync when the last one
+    /// is [`DURABLE_INTERVAL`] ago. Waits for the flush in flight only when
+    /// the live overlay is full (invariant 6).
     fn end_batch(
         &mut self,
         state: &KvState,
         applied: Option<LogId<NodeId>>,
         membership: &StoredMembership<NodeId, Node>,
     ) -> Result<()> {
-        if self.flush_due() {
-            let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
-            self.flush(state, applied, membership, durable)?;
+        self.adopt_flush(false)?;
+        if !self.flush_due() || (self.flushing.is_some() && !self.overlay_full()) {
+            return Ok(());
         }
+        self.adopt_flush(true)?;
+        let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
+        let overlay = Arc::new(self.freeze());
+        let commit = FlushCommit {
+            state: state.clone(),
+            applied,
+            membership: membership.clone(),
+            durable,
+        };
+        let (db, written) = (self.db.clone(), overlay.clone());
+        let thread = std::thread::Builder::new()
+            .name("state-flush".into())
+            .spawn(move || write_overlay(&db, &written, &commit))
+            .map_err(storage)?;
+        self.flushing = Some(Flushing {
+            overlay,
+            durable,
+            thread,
+        });
         Ok(())
     }
 
-    /// Writes the overlay, the state and Raft's bookkeeping in one
-    /// transaction (invariant 1), with fsync when `durable` (invariant 2).
+    /// Writes the live overlay, the state and Raft's bookkeeping in one
+    /// transaction (invariant 1) before returning, with fsync when
+    /// `durable` (invariant 2); a flush in flight finishes first.
     fn flush(
         &mut self,
         state: &KvState,
@@ -277,60 +342,119 @@ impl SmTables {
         membership: &StoredMembership<NodeId, Node>,
         durable: bool,
     ) -> Result<()> {
-        let txn = self.db.begin_write().map_err(storage)?;
-        {
-            let mut data = txn.open_table(DATA).map_err(storage)?;
-            for (k, v) in &self.data {
-                match v {
-                    Some(kv) => {
-                        let bytes = encode_value(kv)?;
-                        data.insert(k.as_slice(), bytes.as_slice())
-                            .map_err(storage)?;
-                    }
-                    None => {
-                        data.remove(k.as_slice()).map_err(storage)?;
-                    }
-                }
-            }
-            // Invariant 5: the overlay's events go in as one record, keyed
-            // by the last revision among them.
-            let mut history = txn.open_table(HISTORY).map_err(storage)?;
-            let kept = self.forget_below.unwrap_or(0);
-            if let Some((&last, _)) = self.history.range(kept..).next_back() {
-                let events: Vec<&Event> = self.history.range(kept..).flat_map(|(_, e)| e).collect();
-                let bytes = postcard::to_allocvec(&events).map_err(storage)?;
-                history.insert(last, bytes.as_slice()).map_err(storage)?;
-            }
-            if let Some(below) = self.forget_below {
-                history.retain_in(..below, |_, _| false).map_err(storage)?;
-            }
+        self.adopt_flush(true)?;
+        let overlay = self.freeze();
+        let commit = FlushCommit {
+            state: state.clone(),
+            applied,
+            membership: membership.clone(),
+            durable,
+        };
+        write_overlay(&self.db, &overlay, &commit)?;
+        self.reopen_base(durable)
+    }
+
+    /// Takes the live overlay to be written.
+    fn freeze(&mut self) -> Overlay {
+        self.bytes = 0;
+        self.last_flush = std::time::Instant::now();
+        std::mem::take(&mut self.live)
+    }
+
+    /// Adopts the flush in flight once its thread is done (or, with
+    /// `wait`, after waiting for it): the tables then hold its overlay.
+    fn adopt_flush(&mut self, wait: bool) -> Result<()> {
+        match &self.flushing {
+            Some(f) if wait || f.thread.is_finished() => {}
+            _ => return Ok(()),
         }
-        commit_with_state(txn, state, applied, membership, durable)?;
-        self.discard()?;
+        let f = self.flushing.take().expect("matched above");
+        f.thread
+            .join()
+            .map_err(|_| storage("the state flush thread panicked"))??;
+        self.reopen_base(f.durable)
+    }
+
+    fn reopen_base(&mut self, durable: bool) -> Result<()> {
+        self.base = open_read(&self.db, DATA)?;
+        self.base_history = open_read(&self.db, HISTORY)?;
         if durable {
             self.last_durable = self.last_flush;
         }
         Ok(())
     }
 
-    /// Forgets the overlay once the tables hold it, or when a snapshot
-    /// replaced them.
+    /// Forgets the overlays when a snapshot replaced the tables (the
+    /// caller finished any flush first, see `adopt_flush`).
     fn discard(&mut self) -> Result<()> {
-        self.base = open_read(&self.db, DATA)?;
-        self.data.clear();
-        self.history.clear();
-        self.forget_below = None;
-        self.bytes = 0;
-        self.last_flush = std::time::Instant::now();
-        Ok(())
+        debug_assert!(self.flushing.is_none());
+        self.freeze();
+        self.reopen_base(false)
     }
+
+    /// The overlays, newest first.
+    fn overlays(&self) -> impl Iterator<Item = &Overlay> {
+        std::iter::once(&self.live).chain(self.flushing.as_ref().map(|f| &*f.overlay))
+    }
+
+    /// The value at `key` below the live overlay.
+    fn get_below_live(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        match self.flushing.as_ref().and_then(|f| f.overlay.data.get(key)) {
+            Some(written) => Ok(written.clone()),
+            None => get_in(&self.base, key),
+        }
+    }
+}
+
+impl Drop for SmTables {
+    /// Lets a flush in flight commit, so that nothing holds the database
+    /// open once the tables are gone (a replica reopened in the same
+    /// process would find it locked).
+    fn drop(&mut self) {
+        if let Some(f) = self.flushing.take() {
+            let _ = f.thread.join();
+        }
+    }
+}
+
+/// Writes `o` and `c` to `db` in one transaction (invariants 1, 5).
+fn write_overlay(db: &Database, o: &Overlay, c: &FlushCommit) -> Result<()> {
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut data = txn.open_table(DATA).map_err(storage)?;
+        for (k, v) in &o.data {
+            match v {
+                Some(kv) => {
+                    let bytes = encode_value(kv)?;
+                    data.insert(k.as_slice(), bytes.as_slice())
+                        .map_err(storage)?;
+                }
+                None => {
+                    data.remove(k.as_slice()).map_err(storage)?;
+                }
+            }
+        }
+        // Invariant 5: the overlay's events go in as one record, keyed by
+        // the last revision among them.
+        let mut history = txn.open_table(HISTORY).map_err(storage)?;
+        let kept = o.forget_below.unwrap_or(0);
+        if let Some((&last, _)) = o.history.range(kept..).next_back() {
+            let events: Vec<&Event> = o.history.range(kept..).flat_map(|(_, e)| e).collect();
+            let bytes = postcard::to_allocvec(&events).map_err(storage)?;
+            history.insert(last, bytes.as_slice()).map_err(storage)?;
+        }
+        if let Some(below) = o.forget_below {
+            history.retain_in(..below, |_, _| false).map_err(storage)?;
+        }
+    }
+    commit_with_state(txn, &c.state, c.applied, &c.membership, c.durable)
 }
 
 impl Tables for SmTables {
     fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
-        match self.data.get(key) {
+        match self.live.data.get(key) {
             Some(written) => Ok(written.clone()),
-            None => get_in(&self.base, key),
+            None => self.get_below_live(key),
         }
     }
 
@@ -339,15 +463,19 @@ impl Tables for SmTables {
             .into_iter()
             .map(|kv| (kv.key.clone(), kv))
             .collect();
-        for (k, v) in self
-            .data
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            match v {
-                Some(kv) => all.insert(k.clone(), kv.clone()),
-                None => all.remove(k),
-            };
+        // Oldest overlay first, so newer writes win.
+        let overlays: Vec<&Overlay> = self.overlays().collect();
+        for o in overlays.into_iter().rev() {
+            for (k, v) in o
+                .data
+                .range(prefix.to_vec()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+            {
+                match v {
+                    Some(kv) => all.insert(k.clone(), kv.clone()),
+                    None => all.remove(k),
+                };
+            }
         }
         Ok(all.into_values().collect())
     }
@@ -355,29 +483,38 @@ impl Tables for SmTables {
     fn count(&self) -> Result<u64> {
         let base = &self.base;
         let mut n = base.len().map_err(storage)?;
-        for (k, v) in &self.data {
-            match (
-                base.get(k.as_slice()).map_err(storage)?.is_some(),
-                v.is_some(),
-            ) {
-                (false, true) => n += 1,
-                (true, false) => n -= 1,
-                _ => {}
+        let mut count = |existed: bool, exists: bool| match (existed, exists) {
+            (false, true) => n += 1,
+            (true, false) => n -= 1,
+            _ => {}
+        };
+        if let Some(f) = &self.flushing {
+            for (k, v) in &f.overlay.data {
+                count(get_in(base, k)?.is_some(), v.is_some());
             }
+        }
+        for (k, v) in &self.live.data {
+            count(self.get_below_live(k)?.is_some(), v.is_some());
         }
         Ok(n)
     }
 
     fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
-        let from = self.forget_below.unwrap_or(0).max(from);
-        let mut out = events_in(&open_read(&self.db, HISTORY)?, from, prefix)?;
-        for events in self.history.range(from..).map(|(_, e)| e) {
-            out.extend(
-                events
-                    .iter()
-                    .filter(|e| e.key().starts_with(prefix))
-                    .cloned(),
-            );
+        let from = self
+            .overlays()
+            .filter_map(|o| o.forget_below)
+            .fold(from, u64::max);
+        let mut out = events_in(&self.base_history, from, prefix)?;
+        let overlays: Vec<&Overlay> = self.overlays().collect();
+        for o in overlays.into_iter().rev() {
+            for events in o.history.range(from..).map(|(_, e)| e) {
+                out.extend(
+                    events
+                        .iter()
+                        .filter(|e| e.key().starts_with(prefix))
+                        .cloned(),
+                );
+            }
         }
         Ok(out)
     }
@@ -386,20 +523,21 @@ impl Tables for SmTables {
 impl TablesMut for SmTables {
     fn insert(&mut self, kv: &KeyValue) -> Result<()> {
         self.bytes += kv.key.len() + kv.value.len();
-        self.data.insert(kv.key.clone(), Some(kv.clone()));
+        self.live.data.insert(kv.key.clone(), Some(kv.clone()));
         Ok(())
     }
 
     fn remove(&mut self, key: &[u8]) -> Result<bool> {
         let existed = self.get(key)?.is_some();
         self.bytes += key.len();
-        self.data.insert(key.to_vec(), None);
+        self.live.data.insert(key.to_vec(), None);
         Ok(existed)
     }
 
     fn record(&mut self, revision: u64, events: &[Event]) -> Result<()> {
         self.bytes += events.iter().map(Event::payload_bytes).sum::<usize>();
-        self.history
+        self.live
+            .history
             .entry(revision)
             .or_default()
             .extend(events.iter().cloned());
@@ -409,7 +547,8 @@ impl TablesMut for SmTables {
     /// Only records the bound: reads skip what is below it, and the flush
     /// drops it from the table and never writes it from the overlay.
     fn forget_below(&mut self, revision: u64) -> Result<()> {
-        self.forget_below = Some(self.forget_below.unwrap_or(0).max(revision));
+        let bound = self.overlays().filter_map(|o| o.forget_below).max();
+        self.live.forget_below = Some(bound.unwrap_or(0).max(revision));
         Ok(())
     }
 }
@@ -890,9 +1029,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 tables.end_batch(state, applied, &membership)
             })
         };
-        // A flush writes (and every DURABLE_INTERVAL fsyncs) the file: let
-        // the runtime move this worker's other tasks elsewhere meanwhile.
-        let results = if self.local.read(|_, t| t.flush_due()) {
+        // Waiting for a flush in flight (a full overlay): let the runtime
+        // move this worker's other tasks elsewhere meanwhile.
+        let results = if self.local.read(|_, t| t.may_wait()) {
             outside_the_runtime(apply)
         } else {
             apply()
@@ -955,6 +1094,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot.flush().await.map_err(io)?;
         snapshot.rewind().await.map_err(io)?;
         let file = snapshot.into_std().await;
+        // A flush still in flight would commit its overlay over the
+        // snapshot's tables.
+        outside_the_runtime(|| self.local.update(|_, tables| tables.adopt_flush(true)))
+            .map_err(bad)?;
         let copy = snapshot_path(&self.dir).with_extension("tmp");
         let loaded = {
             let (db, copy, meta, limits) =
@@ -1091,11 +1234,17 @@ mod tests {
             let got = local
                 .apply_batch(batch, |state, t| {
                     // Some batches stay in the overlay, some are flushed
-                    // (with or without fsync): reads merge both.
-                    match size % 3 {
+                    // (with or without fsync, at once or on the flush
+                    // thread, invariant 6): reads merge them all.
+                    let none = StoredMembership::default();
+                    match size % 4 {
                         0 => Ok(()),
-                        1 => t.flush(state, None, &StoredMembership::default(), false),
-                        _ => t.flush(state, None, &StoredMembership::default(), true),
+                        1 => t.flush(state, None, &none, false),
+                        2 => t.flush(state, None, &none, true),
+                        _ => {
+                            t.last_flush -= FLUSH_INTERVAL;
+                            t.end_batch(state, None, &none)
+                        }
                     }
                 })
                 .unwrap();
