@@ -97,7 +97,7 @@ const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100
 pub const DURABLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 /// The snapshot header (state, leases, barriers) may not exceed this.
 pub const MAX_SNAPSHOT_HEADER: usize = 64 << 20;
-/// Events of one revision travel in records of about this many bytes.
+/// A history record's events travel in records of about this many bytes.
 const EVENTS_PER_RECORD_BYTES: usize = 1 << 20;
 const SNAPSHOT_VERSION: u32 = 1;
 
@@ -677,7 +677,8 @@ pub enum SnapshotRecord {
         state: KvState,
     },
     Pair(KeyValue),
-    /// Some of the events of one revision (large revisions span several).
+    /// Some of the events of the history record keyed `revision`, the last
+    /// revision among them (invariant 5); large records span several.
     Events {
         revision: u64,
         events: Vec<Event>,
