@@ -315,13 +315,8 @@ impl SmTables {
         }
         self.adopt_flush(true)?;
         let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
-        let overlay = Arc::new(self.freeze());
-        let commit = FlushCommit {
-            state: state.clone(),
-            applied,
-            membership: membership.clone(),
-            durable,
-        };
+        let (overlay, commit) = self.freeze(state, applied, membership, durable);
+        let overlay = Arc::new(overlay);
         let (db, written) = (self.db.clone(), overlay.clone());
         let thread = std::thread::Builder::new()
             .name("state-flush".into())
@@ -346,22 +341,28 @@ impl SmTables {
         durable: bool,
     ) -> Result<()> {
         self.adopt_flush(true)?;
-        let overlay = self.freeze();
+        let (overlay, commit) = self.freeze(state, applied, membership, durable);
+        write_overlay(&self.db, &overlay, &commit)?;
+        self.reopen_base(durable)
+    }
+
+    /// Takes the live overlay to be written, with what commits with it.
+    fn freeze(
+        &mut self,
+        state: &KvState,
+        applied: Option<LogId<NodeId>>,
+        membership: &StoredMembership<NodeId, Node>,
+        durable: bool,
+    ) -> (Overlay, FlushCommit) {
+        self.bytes = 0;
+        self.last_flush = std::time::Instant::now();
         let commit = FlushCommit {
             state: state.clone(),
             applied,
             membership: membership.clone(),
             durable,
         };
-        write_overlay(&self.db, &overlay, &commit)?;
-        self.reopen_base(durable)
-    }
-
-    /// Takes the live overlay to be written.
-    fn freeze(&mut self) -> Overlay {
-        self.bytes = 0;
-        self.last_flush = std::time::Instant::now();
-        std::mem::take(&mut self.live)
+        (std::mem::take(&mut self.live), commit)
     }
 
     /// Adopts the flush in flight once its thread is done (or, with
@@ -391,13 +392,17 @@ impl SmTables {
     /// caller finished any flush first, see `adopt_flush`).
     fn discard(&mut self) -> Result<()> {
         debug_assert!(self.flushing.is_none());
-        self.freeze();
+        self.live = Overlay::default();
+        self.bytes = 0;
+        self.last_flush = std::time::Instant::now();
         self.reopen_base(false)
     }
 
-    /// The overlays, newest first.
+    /// The overlays, oldest first (the one in flight, then the live one):
+    /// a later write to a key wins.
     fn overlays(&self) -> impl Iterator<Item = &Overlay> {
-        std::iter::once(&self.live).chain(self.flushing.as_ref().map(|f| &*f.overlay))
+        let flushing = self.flushing.as_ref().map(|f| &*f.overlay);
+        flushing.into_iter().chain(std::iter::once(&self.live))
     }
 
     /// The value at `key` below the live overlay.
@@ -466,9 +471,7 @@ impl Tables for SmTables {
             .into_iter()
             .map(|kv| (kv.key.clone(), kv))
             .collect();
-        // Oldest overlay first, so newer writes win.
-        let overlays: Vec<&Overlay> = self.overlays().collect();
-        for o in overlays.into_iter().rev() {
+        for o in self.overlays() {
             for (k, v) in o
                 .data
                 .range(prefix.to_vec()..)
@@ -508,8 +511,7 @@ impl Tables for SmTables {
             .filter_map(|o| o.forget_below)
             .fold(from, u64::max);
         let mut out = events_in(&self.base_history, from, prefix)?;
-        let overlays: Vec<&Overlay> = self.overlays().collect();
-        for o in overlays.into_iter().rev() {
+        for o in self.overlays() {
             for events in o.history.range(from..).map(|(_, e)| e) {
                 out.extend(
                     events
