@@ -1,7 +1,9 @@
-//! The embedded Raft backend: openraft 0.9 (storage-v2) over redb.
+//! The embedded Raft backend: openraft 0.9 (storage-v2) over a log of
+//! segment files and a redb state machine.
 //!
-//! * [`storage`]: the durable log (redb), checked with openraft's storage
+//! * [`storage`]: openraft's log storage, checked with openraft's storage
 //!   suite together with [`sm`].
+//! * [`wal`]: the log itself: segment files appended and `fdatasync`ed.
 //! * [`sm`]: the state machine on disk (redb) and its snapshot files.
 //! * [`node`]: one replica: openraft, the QUIC server, request routing and
 //!   group proposals.
@@ -16,6 +18,7 @@ pub mod client;
 pub mod node;
 pub mod sm;
 pub mod storage;
+pub mod wal;
 
 pub use openraft::SnapshotPolicy;
 

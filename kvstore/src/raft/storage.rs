@@ -1,24 +1,30 @@
-//! Durable Raft storage on redb: the log, the vote and the committed index
-//! live in `raft.redb`; the state machine (`sm`) in `state.redb` and
-//! snapshot files beside it.
+//! Durable Raft storage: the log, the vote and the committed index in a
+//! write-ahead log of segment files (`log/`, see [`super::wal`]); the
+//! state machine (`sm`) in `state.redb` and snapshot files beside it.
 //!
 //! Invariants:
-//! 1. Nothing is acknowledged before it is on disk: `save_vote`, `append`,
-//!    `truncate` and `purge` commit a redb write
-//!    transaction with `Durability::Immediate` (fsync) before returning or
-//!    calling the flush callback.
+//! 1. Nothing is acknowledged before it is on disk: `save_vote`,
+//!    `truncate` and `purge` return, and `append` calls its flush
+//!    callback, only once their records are synced.
 //! 2. The state machine is durable in its own file up to a batch boundary
 //!    (see [`super::sm`]); on start openraft re-applies the committed
 //!    entries after its applied id (it reads the saved committed index).
-//! 3. Log entries are keyed by index; `truncate` removes `>= index`,
-//!    `purge` removes `<= index` and records the purged id first.
+//! 3. Entries are keyed by index; `truncate` removes `>= index`, `purge`
+//!    removes `<= index` and records the purged id.
 //! 4. The committed index is written with the next append, in the same
-//!    transaction, not on its own: openraft saves it between a write's
-//!    quorum and its apply, where a commit of its own cost an fsync on
-//!    every write. After a crash it may read back older than it was, never
-//!    newer, so a restarted replica applies less at start and learns the
-//!    rest from the leader; it never applies an entry that was not
-//!    committed.
+//!    sync, not on its own: openraft saves it between a write's quorum and
+//!    its apply, where a sync of its own cost one on every write. After a
+//!    crash it may read back older than it was, never newer, so a
+//!    restarted replica applies less at start and learns the rest from the
+//!    leader; it never applies an entry that was not committed.
+//! 5. `append` returns once its entries are queued and readable; the log's
+//!    writer thread syncs them and then reports the flush. (openraft 0.9
+//!    awaits that report before it replicates, so this overlaps nothing
+//!    today; it keeps the sync off the runtime's worker threads.)
+//! 6. A data directory written by an older tessel (the log in
+//!    `raft.redb`) is migrated once: its log, vote, committed index and
+//!    purge point are written to `log.migrating/`, synced, renamed to
+//!    `log/`, and only then is `raft.redb` removed.
 
 // openraft's storage traits fix the error type (`StorageError`, ~224
 // bytes); the helpers here return it too rather than convert twice.
@@ -31,25 +37,17 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageError, StorageIOError, Vote};
-use redb::{Database, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
 
 use crate::raft::sm::StateMachineStore;
+use crate::raft::wal::{LogMeta, Wal};
 use crate::raft::TypeConfig;
 use crate::state::KvState;
 
 type NodeId = u64;
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-/// Page cache of the redb file.
-const CACHE_BYTES: usize = 16 << 20;
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-const VOTE: &str = "vote";
-const COMMITTED: &str = "committed";
-const LAST_PURGED: &str = "last_purged";
-/// Where older versions kept the state machine's snapshot.
-const OLD_SNAPSHOT: &str = "snapshot";
+/// The log's directory in a data directory.
+const LOG_DIR: &str = "log";
 
 fn io_err<E: std::error::Error + 'static>(
     make: impl FnOnce(AnyError) -> StorageIOError<NodeId>,
@@ -68,55 +66,80 @@ fn write_logs_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> 
 
 /// Opens (or creates) the stores of one replica in `dir`.
 pub fn open(dir: &Path, initial: KvState) -> StorageResult<(LogStore, StateMachineStore)> {
-    // redb's default page cache may grow to 1 GiB; the log is written once
-    // and read back rarely (lagging followers), so a small cache suffices.
-    let db = redb::Builder::new()
-        .set_cache_size(CACHE_BYTES)
-        .create(dir.join("raft.redb"))
-        .map_err(write_logs_err)?;
-    let txn = db.begin_write().map_err(write_logs_err)?;
-    txn.open_table(LOG).map_err(write_logs_err)?;
-    txn.open_table(META).map_err(write_logs_err)?;
-    txn.commit().map_err(write_logs_err)?;
-    if get_meta::<serde::de::IgnoredAny>(&db, OLD_SNAPSHOT)?.is_some() {
-        return Err(read_logs_err(std::io::Error::other(format!(
-            "{} was written by a tessel before 2026-11-23 (state machine inside the log file); start this replica from an empty data directory",
-            dir.display()
-        ))));
-    }
+    migrate_redb_log(dir).map_err(write_logs_err)?;
+    let wal = Wal::open(&dir.join(LOG_DIR)).map_err(write_logs_err)?;
     let log = LogStore {
-        db: Arc::new(db),
+        wal,
         unsaved_committed: Default::default(),
     };
     let sm = StateMachineStore::open(dir, initial)?;
     Ok((log, sm))
 }
 
-fn get_meta<T: for<'de> Deserialize<'de>>(db: &Database, key: &str) -> StorageResult<Option<T>> {
-    let txn = db.begin_read().map_err(read_logs_err)?;
-    let table = txn.open_table(META).map_err(read_logs_err)?;
-    match table.get(key).map_err(read_logs_err)? {
-        None => Ok(None),
-        Some(v) => postcard::from_bytes(v.value())
-            .map(Some)
-            .map_err(read_logs_err),
+/// Invariant 6.
+fn migrate_redb_log(dir: &Path) -> std::io::Result<()> {
+    use redb::{ReadableTable, TableDefinition};
+    const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+    let old = dir.join("raft.redb");
+    if !old.exists() {
+        return Ok(());
     }
-}
-
-fn put_meta<T: Serialize>(db: &Database, key: &str, value: &T) -> StorageResult<()> {
-    let bytes = postcard::to_allocvec(value).map_err(write_logs_err)?;
-    let txn = db.begin_write().map_err(write_logs_err)?;
-    txn.open_table(META)
-        .map_err(write_logs_err)?
-        .insert(key, bytes.as_slice())
-        .map_err(write_logs_err)?;
-    txn.commit().map_err(write_logs_err)
+    if dir.join(LOG_DIR).exists() {
+        // Migrated; the crash came before the old file was removed.
+        return std::fs::remove_file(&old);
+    }
+    let err = |e: &dyn std::fmt::Display| {
+        std::io::Error::other(format!("migrating {}: {e}", old.display()))
+    };
+    let db = redb::Database::open(&old).map_err(|e| err(&e))?;
+    let txn = db.begin_read().map_err(|e| err(&e))?;
+    let meta_table = txn.open_table(META).map_err(|e| err(&e))?;
+    let get = |key: &str| -> std::io::Result<Option<Vec<u8>>> {
+        Ok(meta_table
+            .get(key)
+            .map_err(|e| err(&e))?
+            .map(|v| v.value().to_vec()))
+    };
+    if get("snapshot")?.is_some() {
+        return Err(err(
+            &"written by a tessel before 2026-11-23 (state machine inside the log file); start this replica from an empty data directory",
+        ));
+    }
+    fn decode<T: serde::de::DeserializeOwned>(b: Option<Vec<u8>>) -> std::io::Result<Option<T>> {
+        b.map(|b| postcard::from_bytes(&b).map_err(std::io::Error::other))
+            .transpose()
+    }
+    let meta = LogMeta {
+        vote: decode(get("vote")?)?,
+        committed: decode::<Option<LogId<NodeId>>>(get("committed")?)?.flatten(),
+        last_purged: decode(get("last_purged")?)?,
+    };
+    let mut entries = Vec::new();
+    for item in txn
+        .open_table(LOG)
+        .map_err(|e| err(&e))?
+        .iter()
+        .map_err(|e| err(&e))?
+    {
+        let (_, v) = item.map_err(|e| err(&e))?;
+        entries.push(postcard::from_bytes::<Entry<TypeConfig>>(v.value()).map_err(|e| err(&e))?);
+    }
+    let staging = dir.join("log.migrating");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)?;
+    }
+    Wal::create_from(&staging, &meta, entries)?;
+    std::fs::rename(&staging, dir.join(LOG_DIR))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    drop((meta_table, txn, db));
+    std::fs::remove_file(&old)
 }
 
 /// The Raft log, vote and committed index.
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<Database>,
+    wal: Wal,
     /// The committed index openraft reported, not yet written
     /// (invariant 4).
     unsaved_committed: Arc<std::sync::Mutex<Option<Option<LogId<NodeId>>>>>,
@@ -127,14 +150,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> StorageResult<Vec<Entry<TypeConfig>>> {
-        let txn = self.db.begin_read().map_err(read_logs_err)?;
-        let table = txn.open_table(LOG).map_err(read_logs_err)?;
-        let mut out = Vec::new();
-        for item in table.range(range).map_err(read_logs_err)? {
-            let (_, v) = item.map_err(read_logs_err)?;
-            out.push(postcard::from_bytes(v.value()).map_err(read_logs_err)?);
-        }
-        Ok(out)
+        self.wal.read(range).map_err(read_logs_err)
     }
 }
 
@@ -142,20 +158,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
-        let last_purged: Option<LogId<NodeId>> = get_meta(&self.db, LAST_PURGED)?;
-        let txn = self.db.begin_read().map_err(read_logs_err)?;
-        let table = txn.open_table(LOG).map_err(read_logs_err)?;
-        let last = match table.last().map_err(read_logs_err)? {
-            Some((_, v)) => {
-                let e: Entry<TypeConfig> =
-                    postcard::from_bytes(v.value()).map_err(read_logs_err)?;
-                Some(e.log_id)
-            }
-            None => last_purged,
-        };
         Ok(LogState {
-            last_purged_log_id: last_purged,
-            last_log_id: last,
+            last_purged_log_id: self.wal.meta().last_purged,
+            last_log_id: self.wal.last_log_id(),
         })
     }
 
@@ -164,11 +169,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
-        put_meta(&self.db, VOTE, vote).map_err(|e| io_err(StorageIOError::write_vote, e))
+        self.wal
+            .save_vote(*vote)
+            .await
+            .map_err(|e| io_err(StorageIOError::write_vote, e))
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
-        get_meta(&self.db, VOTE).map_err(|e| io_err(StorageIOError::read_vote, e))
+        Ok(self.wal.meta().vote)
     }
 
     /// Invariant 4: kept until the next append writes it.
@@ -181,62 +189,34 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if let Some(c) = *self.unsaved_committed.lock().expect("not poisoned") {
             return Ok(c);
         }
-        Ok(get_meta::<Option<LogId<NodeId>>>(&self.db, COMMITTED)?.flatten())
+        Ok(self.wal.meta().committed)
     }
 
+    /// Invariant 5.
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let txn = self.db.begin_write().map_err(write_logs_err)?;
-        {
-            if let Some(c) = self.unsaved_committed.lock().expect("not poisoned").take() {
-                let bytes = postcard::to_allocvec(&c).map_err(write_logs_err)?;
-                txn.open_table(META)
-                    .map_err(write_logs_err)?
-                    .insert(COMMITTED, bytes.as_slice())
-                    .map_err(write_logs_err)?;
-            }
-            let mut table = txn.open_table(LOG).map_err(write_logs_err)?;
-            for e in entries {
-                let bytes = postcard::to_allocvec(&e).map_err(write_logs_err)?;
-                table
-                    .insert(e.log_id.index, bytes.as_slice())
-                    .map_err(write_logs_err)?;
-            }
-        }
-        // Invariant 1: durable before the flush is reported.
-        let result = txn.commit();
-        let io = result
-            .as_ref()
-            .map(|_| ())
-            .map_err(|e| std::io::Error::other(e.to_string()));
-        callback.log_io_completed(io);
-        result.map_err(write_logs_err)
+        let committed = self.unsaved_committed.lock().expect("not poisoned").take();
+        self.wal
+            .append(
+                entries.into_iter().collect(),
+                committed,
+                Box::new(move |io| callback.log_io_completed(io)),
+            )
+            .map_err(write_logs_err)
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        let txn = self.db.begin_write().map_err(write_logs_err)?;
-        txn.open_table(LOG)
-            .map_err(write_logs_err)?
-            .retain_in(log_id.index.., |_, _| false)
-            .map_err(write_logs_err)?;
-        txn.commit().map_err(write_logs_err)
+        self.wal
+            .truncate(log_id.index)
+            .await
+            .map_err(write_logs_err)
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        let bytes = postcard::to_allocvec(&log_id).map_err(write_logs_err)?;
-        let txn = self.db.begin_write().map_err(write_logs_err)?;
-        txn.open_table(META)
-            .map_err(write_logs_err)?
-            .insert(LAST_PURGED, bytes.as_slice())
-            .map_err(write_logs_err)?;
-        txn.open_table(LOG)
-            .map_err(write_logs_err)?
-            .retain_in(..=log_id.index, |_, _| false)
-            .map_err(write_logs_err)?;
-        txn.commit().map_err(write_logs_err)
+        self.wal.purge(log_id).await.map_err(write_logs_err)
     }
 }
 
@@ -258,7 +238,7 @@ mod tests {
 
     /// openraft's own storage conformance suite.
     #[test]
-    fn redb_storage_passes_openrafts_suite() {
+    fn log_and_state_machine_pass_openrafts_suite() {
         Suite::test_all(Builder).unwrap();
     }
 
@@ -290,6 +270,62 @@ mod tests {
         }
         let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
         assert_eq!(log.read_committed().await.unwrap(), Some(id(2)));
+    }
+
+    /// Invariant 6: a data directory whose log is in `raft.redb` (the
+    /// format before 2026-11-23 13:00) opens with its log, vote, committed
+    /// index and purge point, and the old file is gone afterwards.
+    #[tokio::test]
+    async fn a_log_in_redb_is_migrated_once_with_nothing_lost() {
+        use openraft::{CommittedLeaderId, EntryPayload};
+        const LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
+        const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("meta");
+        let dir = tempfile::tempdir().unwrap();
+        let id = |i| LogId::new(CommittedLeaderId::new(2, 1), i);
+        let entries: Vec<Entry<TypeConfig>> = (4..=9)
+            .map(|i| Entry {
+                log_id: id(i),
+                payload: EntryPayload::Blank,
+            })
+            .collect();
+        let vote = Vote::new(2, 1);
+        {
+            let db = redb::Database::create(dir.path().join("raft.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                let put = |m: &mut redb::Table<&str, &[u8]>, k, v: Vec<u8>| {
+                    m.insert(k, v.as_slice()).unwrap();
+                };
+                put(&mut meta, "vote", postcard::to_allocvec(&vote).unwrap());
+                put(
+                    &mut meta,
+                    "committed",
+                    postcard::to_allocvec(&Some(id(7))).unwrap(),
+                );
+                put(
+                    &mut meta,
+                    "last_purged",
+                    postcard::to_allocvec(&id(3)).unwrap(),
+                );
+                let mut log = txn.open_table(LOG).unwrap();
+                for e in &entries {
+                    let bytes = postcard::to_allocvec(e).unwrap();
+                    log.insert(e.log_id.index, bytes.as_slice()).unwrap();
+                }
+            }
+            txn.commit().unwrap();
+        }
+        for _ in 0..2 {
+            let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+            assert!(!dir.path().join("raft.redb").exists());
+            assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+            assert_eq!(log.read_committed().await.unwrap(), Some(id(7)));
+            let state = log.get_log_state().await.unwrap();
+            assert_eq!(state.last_purged_log_id, Some(id(3)));
+            assert_eq!(state.last_log_id, Some(id(9)));
+            assert_eq!(log.try_get_log_entries(4..=9).await.unwrap(), entries);
+        }
     }
 
     #[tokio::test]

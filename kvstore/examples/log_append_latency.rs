@@ -1,0 +1,77 @@
+//! How long one durable append of a small log entry takes on this machine,
+//! for the two stores measured for the Raft log, in one run: a redb commit
+//! with fsync (the log's store before 2026-11-23) and an append to
+//! [`tessel_kvstore::raft::wal::Wal`] (write + fdatasync on its thread, the
+//! caller woken by the flush callback). Every replicated write waits for
+//! one on the leader and one on a follower.
+//!
+//!     cargo run --release -p tessel-kvstore --example log_append_latency
+
+use std::time::{Duration, Instant};
+
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+use redb::{Database, TableDefinition};
+use tessel_kvstore::raft::wal::Wal;
+use tessel_kvstore::raft::{Proposal, TypeConfig};
+use tessel_kvstore::state::{Op, Request};
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const APPENDS: u64 = 2000;
+
+fn entry(i: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+        payload: EntryPayload::Normal(Proposal::one(Request {
+            now_ms: i,
+            op: Op::Put {
+                key: format!("bench/{i:08}").into_bytes(),
+                value: vec![0xab; 64],
+                lease: None,
+            },
+        })),
+    }
+}
+
+fn report(figure: &str, mut lat: Vec<Duration>) {
+    lat.sort();
+    let p = |q: f64| lat[((lat.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+    println!(
+        "{{\"figure\":\"{figure}\",\"ops\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+        lat.len(),
+        p(0.5),
+        p(0.99)
+    );
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let db = Database::create(dir.path().join("bench.redb"))?;
+    let wal = Wal::open(&dir.path().join("log"))?;
+    let (mut redb_lat, mut wal_lat) = (Vec::new(), Vec::new());
+    // Interleaved, so that both see the same disk weather.
+    for i in 1..=APPENDS {
+        let e = entry(i);
+        let t = Instant::now();
+        let bytes = postcard::to_allocvec(&e)?;
+        let txn = db.begin_write()?;
+        txn.open_table(LOG)?.insert(i, bytes.as_slice())?;
+        txn.commit()?;
+        redb_lat.push(t.elapsed());
+
+        let t = Instant::now();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        wal.append(
+            vec![e],
+            None,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        rx.await??;
+        wal_lat.push(t.elapsed());
+    }
+    report("redb_durable_commit", redb_lat);
+    report("wal_durable_append", wal_lat);
+    Ok(())
+}

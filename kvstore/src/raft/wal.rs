@@ -1,0 +1,1068 @@
+//! The Raft log as a write-ahead log of its own: segment files in `log/`
+//! under the data directory, appended to and `fdatasync`ed, as etcd's WAL
+//! does. A log append is one `write` and one `fdatasync` of the new bytes
+//! (0.15–0.2 ms on this machine's disk), where a redb commit rewrote the
+//! B-tree path, the allocator state and the header (0.4–0.55 ms).
+//!
+//! Invariants:
+//! 1. A record is `[length: u32 LE][crc32 of the payload: u32 LE][payload]`,
+//!    the payload a postcard [`Record`] of at most [`MAX_RECORD`] bytes. A
+//!    segment is [`MAGIC`], then a [`Record::State`] (the vote, committed
+//!    index and purge point when it was created), then records. Replaying
+//!    the segments in order rebuilds the log, the vote, the committed index
+//!    and the purge point.
+//! 2. Nothing is acknowledged before it is on disk: a write's records are
+//!    written and `sync_data`ed before its callback runs or its caller hears
+//!    back; a new segment's file and directory entry are synced before
+//!    anything is written to it.
+//! 3. Only the last segment may end in an invalid record (a write that
+//!    never completed, hence never acknowledged): opening cuts the last
+//!    segment at its first invalid record. An invalid record in an earlier
+//!    segment is corruption, and opening refuses.
+//! 4. Segments are deleted oldest first, and only when every entry in them
+//!    is purged and a newer segment exists (it starts with the state they
+//!    held).
+//! 5. One writer thread owns every write, in the order they were issued.
+//!    An entry is readable from the moment [`Wal::append`] queues it: it
+//!    stays in memory until its record is on disk, after which recent
+//!    entries stay cached up to [`CACHE_BYTES`] and older ones are read
+//!    back from their segment. Appends that queue up behind a sync are
+//!    written and synced together.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufReader, Read};
+use std::ops::RangeBounds;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+
+use openraft::{Entry, LogId, Vote};
+use serde::{Deserialize, Serialize};
+
+use crate::raft::TypeConfig;
+
+type NodeId = u64;
+
+/// The first bytes of every segment file (format version 1).
+pub const MAGIC: &[u8; 8] = b"TSLWAL\x00\x01";
+/// A segment takes no more records once it is this long (a write that
+/// would cross it goes to a new segment whole).
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// The largest record payload written or read back.
+pub const MAX_RECORD: u32 = 256 << 20;
+/// Encoded bytes of durable entries kept in memory for readers.
+pub const CACHE_BYTES: usize = 8 << 20;
+const RECORD_HEADER: usize = 8;
+
+/// The vote, committed index and purge point.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogMeta {
+    pub vote: Option<Vote<NodeId>>,
+    pub committed: Option<LogId<NodeId>>,
+    pub last_purged: Option<LogId<NodeId>>,
+}
+
+/// One record of a segment; `E` is an entry when read, a reference to one
+/// when written (serde encodes both the same).
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Record<E> {
+    State(LogMeta),
+    Entry(E),
+    Committed(Option<LogId<NodeId>>),
+    Vote(Vote<NodeId>),
+    /// Entries at and above this index are gone.
+    Truncate(u64),
+    /// Entries at and below this id are gone.
+    Purge(LogId<NodeId>),
+}
+
+pub type ReadRecord = Record<Entry<TypeConfig>>;
+
+fn encode(buf: &mut Vec<u8>, record: &Record<&Entry<TypeConfig>>) -> io::Result<u32> {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; RECORD_HEADER]);
+    let mut out = postcard::to_extend(record, std::mem::take(buf)).map_err(io::Error::other)?;
+    let len = out.len() - start - RECORD_HEADER;
+    if len > MAX_RECORD as usize {
+        out.truncate(start);
+        *buf = out;
+        return Err(io::Error::other(format!(
+            "a log record of {len} bytes is over the limit of {MAX_RECORD}"
+        )));
+    }
+    let crc = crc32fast::hash(&out[start + RECORD_HEADER..]);
+    out[start..start + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    *buf = out;
+    Ok((len + RECORD_HEADER) as u32)
+}
+
+fn decode(payload: &[u8], crc: u32) -> Result<ReadRecord, String> {
+    if crc32fast::hash(payload) != crc {
+        return Err("checksum mismatch".into());
+    }
+    postcard::from_bytes(payload).map_err(|e| format!("undecodable record: {e}"))
+}
+
+/// How a segment read by [`read_segment`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SegmentEnd {
+    /// Bytes up to the end of the last valid record.
+    pub valid_len: u64,
+    /// Why reading stopped before the end of the input, if it did.
+    pub invalid: Option<String>,
+}
+
+/// Reads a segment (invariant 1), handing each valid record and its offset
+/// and length to `each`; stops at the end or at the first invalid record.
+/// Never allocates more than the bytes actually present.
+pub fn read_segment(input: impl Read, mut each: impl FnMut(u64, u32, ReadRecord)) -> SegmentEnd {
+    let mut input = BufReader::with_capacity(1 << 20, input);
+    let mut magic = [0u8; 8];
+    let stop = |offset, why: String| SegmentEnd {
+        valid_len: offset,
+        invalid: Some(why),
+    };
+    let mut offset = match read_full(&mut input, &mut magic) {
+        Ok(8) if &magic == MAGIC => 8u64,
+        Ok(0) => {
+            return SegmentEnd {
+                valid_len: 0,
+                invalid: None,
+            }
+        }
+        Ok(_) => return stop(0, "no segment header".into()),
+        Err(e) => return stop(0, e.to_string()),
+    };
+    let mut payload = Vec::new();
+    loop {
+        let mut header = [0u8; RECORD_HEADER];
+        match read_full(&mut input, &mut header) {
+            Ok(0) => {
+                return SegmentEnd {
+                    valid_len: offset,
+                    invalid: None,
+                }
+            }
+            Ok(RECORD_HEADER) => {}
+            Ok(n) => return stop(offset, format!("a record header cut short after {n} bytes")),
+            Err(e) => return stop(offset, e.to_string()),
+        }
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        if len > MAX_RECORD {
+            return stop(offset, format!("a record of {len} bytes is over the limit"));
+        }
+        payload.clear();
+        match (&mut input).take(len as u64).read_to_end(&mut payload) {
+            Ok(n) if n == len as usize => {}
+            Ok(n) => return stop(offset, format!("a record cut short at {n} of {len} bytes")),
+            Err(e) => return stop(offset, e.to_string()),
+        }
+        match decode(&payload, crc) {
+            Ok(record) => each(offset, len + RECORD_HEADER as u32, record),
+            Err(why) => return stop(offset, why),
+        }
+        offset += (len as usize + RECORD_HEADER) as u64;
+    }
+}
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+fn context(path: &Path, what: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+struct SegmentFile {
+    path: PathBuf,
+    file: File,
+}
+
+/// Where an entry's record lies.
+#[derive(Clone)]
+struct RecordAt {
+    segment: Arc<SegmentFile>,
+    offset: u64,
+    len: u32,
+}
+
+impl RecordAt {
+    fn read(&self) -> io::Result<Entry<TypeConfig>> {
+        let mut buf = vec![0; self.len as usize];
+        let path = &self.segment.path;
+        self.segment
+            .file
+            .read_exact_at(&mut buf, self.offset)
+            .map_err(|e| context(path, "reading", e))?;
+        let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+        match decode(&buf[RECORD_HEADER..], crc) {
+            Ok(Record::Entry(e)) => Ok(e),
+            Ok(_) => Err(io::Error::other(format!(
+                "{} at {}: not an entry record",
+                path.display(),
+                self.offset
+            ))),
+            Err(why) => Err(io::Error::other(format!(
+                "{} at {}: {why}",
+                path.display(),
+                self.offset
+            ))),
+        }
+    }
+}
+
+/// What readers see (invariant 5).
+#[derive(Default)]
+struct Index {
+    /// Entries on disk, by index.
+    durable: BTreeMap<u64, (LogId<NodeId>, RecordAt)>,
+    /// Entries in memory with their encoded size: every one not yet on
+    /// disk, and recent durable ones.
+    cached: BTreeMap<u64, (Arc<Entry<TypeConfig>>, usize)>,
+    cached_bytes: usize,
+    /// As of the last write on disk.
+    meta: LogMeta,
+}
+
+impl Index {
+    fn forget_from(&mut self, index: u64) {
+        self.durable.split_off(&index);
+        for (_, (_, bytes)) in self.cached.split_off(&index) {
+            self.cached_bytes -= bytes;
+        }
+    }
+
+    fn forget_to(&mut self, index: u64) {
+        self.durable = self.durable.split_off(&(index + 1));
+        let kept = self.cached.split_off(&(index + 1));
+        for (_, (_, bytes)) in std::mem::replace(&mut self.cached, kept) {
+            self.cached_bytes -= bytes;
+        }
+    }
+
+    /// Drops durable entries from memory, oldest first, down to the budget.
+    fn evict(&mut self) {
+        while self.cached_bytes > CACHE_BYTES {
+            let Some((&i, _)) = self.cached.first_key_value() else {
+                return;
+            };
+            if !self.durable.contains_key(&i) {
+                return;
+            }
+            let (_, bytes) = self.cached.remove(&i).expect("present");
+            self.cached_bytes -= bytes;
+        }
+    }
+
+    fn apply(&mut self, record: ReadRecord, at: RecordAt) {
+        match record {
+            Record::State(meta) => self.meta = meta,
+            Record::Entry(e) => {
+                let i = e.log_id.index;
+                if self.meta.last_purged.is_none_or(|p| i > p.index) {
+                    self.durable.insert(i, (e.log_id, at));
+                }
+            }
+            Record::Committed(c) => self.meta.committed = c,
+            Record::Vote(v) => self.meta.vote = Some(v),
+            Record::Truncate(i) => self.forget_from(i),
+            Record::Purge(id) => {
+                self.forget_to(id.index);
+                self.meta.last_purged = Some(id);
+            }
+        }
+    }
+}
+
+/// A write for the writer thread.
+enum Write {
+    Append {
+        entries: Vec<Arc<Entry<TypeConfig>>>,
+        committed: Option<Option<LogId<NodeId>>>,
+        done: Box<dyn FnOnce(io::Result<()>) + Send>,
+    },
+    Other {
+        record: Record<&'static Entry<TypeConfig>>,
+        done: tokio::sync::oneshot::Sender<io::Result<()>>,
+    },
+    /// Holds the writer until the sender side drops.
+    #[cfg(test)]
+    Pause(mpsc::Receiver<()>),
+}
+
+/// The log of one replica. Clones share it; the last one dropped lets the
+/// writer thread finish what was queued and joins it.
+#[derive(Clone)]
+pub struct Wal {
+    index: Arc<Mutex<Index>>,
+    writer: Arc<WriterThread>,
+}
+
+struct WriterThread {
+    queue: Option<mpsc::Sender<Write>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        self.queue.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn gone() -> io::Error {
+    io::Error::other("the log writer thread is gone")
+}
+
+impl Wal {
+    /// Opens the log in `dir` (created if missing), replaying its segments.
+    pub fn open(dir: &Path) -> io::Result<Wal> {
+        Self::open_with(dir, SEGMENT_BYTES)
+    }
+
+    fn open_with(dir: &Path, segment_bytes: u64) -> io::Result<Wal> {
+        std::fs::create_dir_all(dir).map_err(|e| context(dir, "creating", e))?;
+        let mut seqs = Vec::new();
+        for item in std::fs::read_dir(dir).map_err(|e| context(dir, "listing", e))? {
+            let name = item.map_err(|e| context(dir, "listing", e))?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(seq) = name
+                .strip_suffix(".wal")
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                seqs.push(seq);
+            }
+        }
+        seqs.sort_unstable();
+        let mut index = Index::default();
+        let mut segments = VecDeque::new();
+        let mut tail_len = 0;
+        for (n, &seq) in seqs.iter().enumerate() {
+            let path = segment_path(dir, seq);
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| context(&path, "opening", e))?;
+            let segment = Arc::new(SegmentFile { path, file });
+            let mut max_index = None;
+            let mut records = Vec::new();
+            let end = read_segment(&segment.file, |offset, len, record| {
+                records.push((offset, len, record))
+            });
+            let last = n + 1 == seqs.len();
+            let path = &segment.path;
+            if let Some(why) = &end.invalid {
+                if !last {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{} is corrupt at byte {} ({why}) and is not the last segment; the log cannot be trusted",
+                            path.display(),
+                            end.valid_len
+                        ),
+                    ));
+                }
+                tracing::warn!(
+                    "{}: cutting an incomplete write at byte {} ({why})",
+                    path.display(),
+                    end.valid_len
+                );
+            }
+            if records.is_empty() {
+                // Invariant 2: a segment holds nothing acknowledged until its
+                // state record is synced.
+                if last {
+                    std::fs::remove_file(path).map_err(|e| context(path, "removing", e))?;
+                    continue;
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} holds no records and is not the last segment",
+                        path.display()
+                    ),
+                ));
+            }
+            if last {
+                segment
+                    .file
+                    .set_len(end.valid_len)
+                    .map_err(|e| context(path, "cutting", e))?;
+                segment
+                    .file
+                    .sync_all()
+                    .map_err(|e| context(path, "syncing", e))?;
+                tail_len = end.valid_len;
+            }
+            for (offset, len, record) in records {
+                if let Record::Entry(e) = &record {
+                    max_index = max_index.max(Some(e.log_id.index));
+                }
+                let at = RecordAt {
+                    segment: segment.clone(),
+                    offset,
+                    len,
+                };
+                index.apply(record, at);
+            }
+            segments.push_back(Segment {
+                seq,
+                file: segment,
+                max_index,
+            });
+        }
+        let index = Arc::new(Mutex::new(index));
+        let mut writer = Writer {
+            dir: dir.to_path_buf(),
+            segments,
+            tail_len,
+            head_len: 0,
+            segment_bytes,
+            index: index.clone(),
+            buf: Vec::new(),
+        };
+        if writer.segments.is_empty() {
+            writer.start_segment(0)?;
+        }
+        let (queue, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("raft-log-writer".into())
+            .spawn(move || writer.run(&rx))?;
+        Ok(Wal {
+            index,
+            writer: Arc::new(WriterThread {
+                queue: Some(queue),
+                thread: Some(thread),
+            }),
+        })
+    }
+
+    /// Writes a new log in `dir` (created) holding `meta` and `entries`,
+    /// synced; for migrating a data directory of an older format.
+    pub fn create_from(
+        dir: &Path,
+        meta: &LogMeta,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> io::Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| context(dir, "creating", e))?;
+        let path = segment_path(dir, 0);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| context(&path, "creating", e))?;
+        let mut buf = MAGIC.to_vec();
+        encode(&mut buf, &Record::<&Entry<TypeConfig>>::State(meta.clone()))?;
+        let mut at = 0;
+        let mut write = |buf: &mut Vec<u8>| {
+            file.write_all_at(buf, at)
+                .map_err(|e| context(&path, "writing", e))?;
+            at += buf.len() as u64;
+            buf.clear();
+            Ok::<_, io::Error>(())
+        };
+        for e in entries {
+            encode(&mut buf, &Record::Entry(&e))?;
+            if buf.len() >= 8 << 20 {
+                write(&mut buf)?;
+            }
+        }
+        write(&mut buf)?;
+        file.sync_all().map_err(|e| context(&path, "syncing", e))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| context(dir, "syncing", e))
+    }
+
+    fn send(&self, write: Write) -> io::Result<()> {
+        self.writer
+            .queue
+            .as_ref()
+            .and_then(|q| q.send(write).ok())
+            .ok_or_else(gone)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().expect("not poisoned")
+    }
+
+    /// The vote, committed index and purge point on disk.
+    pub fn meta(&self) -> LogMeta {
+        self.lock().meta.clone()
+    }
+
+    /// The id of the last entry, on disk or queued.
+    pub fn last_log_id(&self) -> Option<LogId<NodeId>> {
+        let index = self.lock();
+        let cached = index.cached.last_key_value().map(|(_, (e, _))| e.log_id);
+        let durable = index.durable.last_key_value().map(|(_, (id, _))| *id);
+        match (cached, durable) {
+            (Some(c), Some(d)) => Some(if c.index >= d.index { c } else { d }),
+            (c, d) => c.or(d).or(index.meta.last_purged),
+        }
+    }
+
+    /// The entries in `range` that the log holds (invariant 5).
+    pub fn read(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry<TypeConfig>>> {
+        enum Found {
+            Cached(Arc<Entry<TypeConfig>>),
+            OnDisk(RecordAt),
+        }
+        let found: Vec<Found> = {
+            let index = self.lock();
+            let (start, end) = (range.start_bound().cloned(), range.end_bound().cloned());
+            let mut found = Vec::new();
+            let mut cached = index.cached.range((start, end)).peekable();
+            for (i, (_, at)) in index.durable.range((start, end)) {
+                while cached.peek().is_some_and(|(&c, _)| c < *i) {
+                    found.push(Found::Cached(cached.next().expect("peeked").1 .0.clone()));
+                }
+                if cached.peek().is_some_and(|(&c, _)| c == *i) {
+                    found.push(Found::Cached(cached.next().expect("peeked").1 .0.clone()));
+                } else {
+                    found.push(Found::OnDisk(at.clone()));
+                }
+            }
+            found.extend(cached.map(|(_, (e, _))| Found::Cached(e.clone())));
+            found
+        };
+        found
+            .into_iter()
+            .map(|f| match f {
+                Found::Cached(e) => Ok((*e).clone()),
+                Found::OnDisk(at) => at.read(),
+            })
+            .collect()
+    }
+
+    /// Queues `entries` (readable from now on) and the committed index to
+    /// write before them; `done` runs once they are on disk.
+    pub fn append(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+        committed: Option<Option<LogId<NodeId>>>,
+        done: Box<dyn FnOnce(io::Result<()>) + Send>,
+    ) -> io::Result<()> {
+        let entries: Vec<_> = entries.into_iter().map(Arc::new).collect();
+        {
+            let mut index = self.lock();
+            for e in &entries {
+                let i = e.log_id.index;
+                // Not yet encoded: counted once it is (invariant 5).
+                if let Some((_, bytes)) = index.cached.insert(i, (e.clone(), 0)) {
+                    index.cached_bytes -= bytes;
+                }
+            }
+        }
+        self.send(Write::Append {
+            entries,
+            committed,
+            done,
+        })
+    }
+
+    async fn write(&self, record: Record<&'static Entry<TypeConfig>>) -> io::Result<()> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.send(Write::Other { record, done })?;
+        result.await.map_err(|_| gone())?
+    }
+
+    pub async fn save_vote(&self, vote: Vote<NodeId>) -> io::Result<()> {
+        self.write(Record::Vote(vote)).await
+    }
+
+    /// Removes the entries at and above `index`.
+    pub async fn truncate(&self, index: u64) -> io::Result<()> {
+        self.lock().forget_from(index);
+        self.write(Record::Truncate(index)).await
+    }
+
+    /// Removes the entries at and below `id`.
+    pub async fn purge(&self, id: LogId<NodeId>) -> io::Result<()> {
+        self.write(Record::Purge(id)).await
+    }
+}
+
+fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}.wal"))
+}
+
+struct Segment {
+    seq: u64,
+    file: Arc<SegmentFile>,
+    /// The highest entry index written to it.
+    max_index: Option<u64>,
+}
+
+/// The writer thread's side (invariant 5).
+struct Writer {
+    dir: PathBuf,
+    /// Oldest first; the last one takes the writes.
+    segments: VecDeque<Segment>,
+    /// Bytes in the last segment.
+    tail_len: u64,
+    /// Bytes of the last segment's magic and state record when this
+    /// process started it (0 for one it reopened): it rotates only once
+    /// it holds more.
+    head_len: u64,
+    /// [`SEGMENT_BYTES`] but in tests.
+    segment_bytes: u64,
+    index: Arc<Mutex<Index>>,
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    fn run(mut self, rx: &mpsc::Receiver<Write>) {
+        let mut next = None;
+        loop {
+            let write = match next.take() {
+                Some(w) => w,
+                None => match rx.recv() {
+                    Ok(w) => w,
+                    Err(_) => return,
+                },
+            };
+            match write {
+                Write::Other { record, done } => {
+                    let _ = done.send(self.write_other(record));
+                }
+                #[cfg(test)]
+                Write::Pause(until) => {
+                    let _ = until.recv();
+                }
+                Write::Append {
+                    entries,
+                    committed,
+                    done,
+                } => {
+                    let mut batch = vec![(entries, committed, done)];
+                    loop {
+                        match rx.try_recv() {
+                            Ok(Write::Append {
+                                entries,
+                                committed,
+                                done,
+                            }) => batch.push((entries, committed, done)),
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let result = self.write_appends(&batch).map_err(|e| e.to_string());
+                    for (_, _, done) in batch {
+                        done(result.clone().map_err(io::Error::other));
+                    }
+                }
+            }
+        }
+    }
+
+    fn segment(&self) -> &Segment {
+        self.segments.back().expect("a segment is always open")
+    }
+
+    /// Starts segment `seq` with the state on disk (invariants 1, 2).
+    fn start_segment(&mut self, seq: u64) -> io::Result<()> {
+        let path = segment_path(&self.dir, seq);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| context(&path, "creating", e))?;
+        let meta = self.index.lock().expect("not poisoned").meta.clone();
+        let mut buf = MAGIC.to_vec();
+        encode(&mut buf, &Record::<&Entry<TypeConfig>>::State(meta))?;
+        file.write_all_at(&buf, 0)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| context(&path, "writing", e))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| context(&self.dir, "syncing", e))?;
+        self.segments.push_back(Segment {
+            seq,
+            file: Arc::new(SegmentFile { path, file }),
+            max_index: None,
+        });
+        self.tail_len = buf.len() as u64;
+        self.head_len = self.tail_len;
+        Ok(())
+    }
+
+    /// Writes `self.buf` at the end of the log and syncs it; returns the
+    /// segment and the offset it went to.
+    fn write_buf(&mut self) -> io::Result<(Arc<SegmentFile>, u64)> {
+        if self.tail_len > self.head_len
+            && self.tail_len + self.buf.len() as u64 > self.segment_bytes
+        {
+            let seq = self.segment().seq + 1;
+            self.start_segment(seq)?;
+        }
+        let segment = self.segment().file.clone();
+        let at = self.tail_len;
+        segment
+            .file
+            .write_all_at(&self.buf, at)
+            .and_then(|()| segment.file.sync_data())
+            .map_err(|e| context(&segment.path, "writing", e))?;
+        self.tail_len += self.buf.len() as u64;
+        Ok((segment, at))
+    }
+
+    /// Writes a batch of appends with one sync (invariants 2, 5).
+    fn write_appends(&mut self, batch: &Batch) -> io::Result<()> {
+        self.buf.clear();
+        let mut placed = Vec::new();
+        let mut committed = None;
+        for (entries, c, _) in batch {
+            if let Some(c) = c {
+                committed = Some(*c);
+                encode(&mut self.buf, &Record::Committed(*c))?;
+            }
+            for e in entries {
+                let offset = self.buf.len() as u64;
+                let len = encode(&mut self.buf, &Record::Entry(&**e))?;
+                placed.push((e, offset, len));
+            }
+        }
+        let (segment, at) = self.write_buf()?;
+        let tail = self.segments.back_mut().expect("a segment is always open");
+        let mut index = self.index.lock().expect("not poisoned");
+        if let Some(c) = committed {
+            index.meta.committed = c;
+        }
+        for (e, offset, len) in placed {
+            let i = e.log_id.index;
+            tail.max_index = tail.max_index.max(Some(i));
+            // A truncate may have dropped it meanwhile; its record is then
+            // undone by the truncate record written after it.
+            let queued = match index.cached.get_mut(&i) {
+                Some((cached, bytes)) if Arc::ptr_eq(cached, e) => {
+                    *bytes = len as usize;
+                    true
+                }
+                _ => false,
+            };
+            if queued {
+                index.cached_bytes += len as usize;
+                let at = RecordAt {
+                    segment: segment.clone(),
+                    offset: at + offset,
+                    len,
+                };
+                index.durable.insert(i, (e.log_id, at));
+            }
+        }
+        index.evict();
+        Ok(())
+    }
+
+    /// Writes a vote, truncate or purge record and syncs it.
+    fn write_other(&mut self, record: Record<&'static Entry<TypeConfig>>) -> io::Result<()> {
+        self.buf.clear();
+        encode(&mut self.buf, &record)?;
+        self.write_buf()?;
+        let mut index = self.index.lock().expect("not poisoned");
+        match record {
+            Record::Vote(v) => index.meta.vote = Some(v),
+            Record::Purge(id) => {
+                index.forget_to(id.index);
+                index.meta.last_purged = Some(id);
+                drop(index);
+                self.delete_purged(id.index)?;
+            }
+            // Truncate: dropped from memory before it was queued.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Invariant 4.
+    fn delete_purged(&mut self, purged: u64) -> io::Result<()> {
+        while self.segments.len() > 1 {
+            let oldest = self.segments.front().expect("len > 1");
+            if oldest.max_index.is_some_and(|m| m > purged) {
+                break;
+            }
+            let path = &oldest.file.path;
+            std::fs::remove_file(path).map_err(|e| context(path, "removing", e))?;
+            self.segments.pop_front();
+        }
+        Ok(())
+    }
+}
+
+/// Appends queued together.
+type Batch = [(
+    Vec<Arc<Entry<TypeConfig>>>,
+    Option<Option<LogId<NodeId>>>,
+    Box<dyn FnOnce(io::Result<()>) + Send>,
+)];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::raft::Proposal;
+    use crate::state::{Op, Request};
+
+    fn id(term: u64, index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn entry(term: u64, index: u64, value_bytes: usize) -> Entry<TypeConfig> {
+        Entry {
+            log_id: id(term, index),
+            payload: EntryPayload::Normal(Proposal::one(Request {
+                now_ms: index,
+                op: Op::Put {
+                    key: index.to_le_bytes().to_vec(),
+                    value: vec![index as u8; value_bytes],
+                    lease: None,
+                },
+            })),
+        }
+    }
+
+    async fn append(wal: &Wal, entries: Vec<Entry<TypeConfig>>, committed: Option<LogId<u64>>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        wal.append(
+            entries,
+            committed.map(Some),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )
+        .unwrap();
+        rx.await.unwrap().unwrap();
+    }
+
+    fn segments(dir: &Path) -> Vec<PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// What the log must read back, kept beside it.
+    #[derive(Default)]
+    struct Model {
+        entries: BTreeMap<u64, Entry<TypeConfig>>,
+        meta: LogMeta,
+    }
+
+    impl Model {
+        fn check(&self, wal: &Wal, when: &str) {
+            let read = wal.read(..).unwrap();
+            let want: Vec<_> = self.entries.values().cloned().collect();
+            assert_eq!(read, want, "entries {when}");
+            assert_eq!(wal.meta(), self.meta, "meta {when}");
+            let last = self
+                .entries
+                .values()
+                .last()
+                .map(|e| e.log_id)
+                .or(self.meta.last_purged);
+            assert_eq!(wal.last_log_id(), last, "last log id {when}");
+        }
+    }
+
+    /// Invariants 1–4 against a model: random appends (some large enough
+    /// to leave the cache), truncates, purges, votes and reopenings, with
+    /// segments small enough to rotate and be deleted often.
+    #[tokio::test]
+    async fn the_log_reads_back_what_a_model_holds_across_reopenings() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let segment_bytes = 16 << 10;
+        let mut wal = Wal::open_with(&path, segment_bytes).unwrap();
+        let mut model = Model::default();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut term = 1;
+        let mut high = 0;
+        for step in 0..600 {
+            let last = model.entries.keys().last().copied();
+            let first = model.meta.last_purged.map_or(1, |p| p.index + 1);
+            match next(10) {
+                0..=4 => {
+                    let start = last.map_or(first, |l| l + 1);
+                    let n = 1 + next(4);
+                    let big = if next(20) == 0 {
+                        3 << 20
+                    } else {
+                        next(300) as usize
+                    };
+                    let entries: Vec<_> = (start..start + n).map(|i| entry(term, i, big)).collect();
+                    let committed = (next(2) == 0).then(|| id(term, start));
+                    append(&wal, entries.clone(), committed).await;
+                    for e in entries {
+                        high = high.max(e.log_id.index);
+                        model.entries.insert(e.log_id.index, e);
+                    }
+                    if committed.is_some() {
+                        model.meta.committed = committed;
+                    }
+                }
+                5 if last.is_some() => {
+                    let at = first + next(last.unwrap() - first + 1);
+                    wal.truncate(at).await.unwrap();
+                    model.entries.split_off(&at);
+                    term += 1;
+                }
+                6 if last.is_some() => {
+                    let to = first + next(last.unwrap() - first + 1);
+                    let purged = model.entries[&to].log_id;
+                    wal.purge(purged).await.unwrap();
+                    model.entries = model.entries.split_off(&(to + 1));
+                    model.meta.last_purged = Some(purged);
+                }
+                7 => {
+                    let vote = Vote::new(term, next(3));
+                    wal.save_vote(vote).await.unwrap();
+                    model.meta.vote = Some(vote);
+                }
+                _ => {
+                    drop(wal);
+                    wal = Wal::open_with(&path, segment_bytes).unwrap();
+                }
+            }
+            model.check(&wal, &format!("after step {step}"));
+        }
+        drop(wal);
+        let wal = Wal::open_with(&path, segment_bytes).unwrap();
+        model.check(&wal, "at the end");
+        // Invariant 4: once the purge point passes every index ever
+        // written, only the segment taking writes is left.
+        let start = model.entries.keys().last().map_or(1, |l| l + 1);
+        let entries: Vec<_> = (start..=start.max(high))
+            .map(|i| entry(term, i, 10))
+            .collect();
+        let last = entries.last().unwrap().log_id;
+        append(&wal, entries, None).await;
+        wal.purge(last).await.unwrap();
+        assert_eq!(segments(&path).len(), 1, "{:?}", segments(&path));
+        drop(wal);
+        let wal = Wal::open_with(&path, segment_bytes).unwrap();
+        assert_eq!(wal.read(..).unwrap(), vec![]);
+        assert_eq!(wal.last_log_id(), Some(last));
+    }
+
+    /// Invariant 3: a write cut short at the end of the last segment is
+    /// dropped on opening, and the log goes on from there.
+    #[tokio::test]
+    async fn a_torn_write_at_the_end_is_cut_and_the_log_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let wal = Wal::open(&path).unwrap();
+        append(&wal, (1..=3).map(|i| entry(1, i, 10)).collect(), None).await;
+        drop(wal);
+        let last = segments(&path).pop().unwrap();
+        let good_len = std::fs::metadata(&last).unwrap().len();
+        // Half of a record: its header promises more than follows.
+        let mut torn = Vec::new();
+        encode(&mut torn, &Record::Entry(&entry(1, 4, 10))).unwrap();
+        torn.truncate(torn.len() / 2);
+        let f = OpenOptions::new().append(true).open(&last).unwrap();
+        std::io::Write::write_all(&mut &f, &torn).unwrap();
+        drop(f);
+
+        let wal = Wal::open(&path).unwrap();
+        assert_eq!(std::fs::metadata(&last).unwrap().len(), good_len);
+        assert_eq!(wal.last_log_id(), Some(id(1, 3)));
+        append(&wal, vec![entry(1, 4, 10)], None).await;
+        drop(wal);
+        let wal = Wal::open(&path).unwrap();
+        let want: Vec<_> = (1..=4).map(|i| entry(1, i, 10)).collect();
+        assert_eq!(wal.read(..).unwrap(), want);
+    }
+
+    /// Invariant 3: a damaged record in a segment that is not the last
+    /// stops the replica from opening its log.
+    #[tokio::test]
+    async fn a_damaged_record_before_the_last_segment_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let wal = Wal::open_with(&path, 256).unwrap();
+        for i in 1..=4 {
+            append(&wal, vec![entry(1, i, 200)], None).await;
+        }
+        drop(wal);
+        let segs = segments(&path);
+        assert!(segs.len() >= 2, "{segs:?}");
+        let mut bytes = std::fs::read(&segs[0]).unwrap();
+        let n = bytes.len();
+        bytes[n - 1] ^= 0xff;
+        std::fs::write(&segs[0], bytes).unwrap();
+        let err = Wal::open_with(&path, 256).err().expect("refused");
+        assert!(err.to_string().contains("corrupt"), "{err}");
+    }
+
+    /// Invariant 5: queued entries are readable before they are on disk,
+    /// and their callback runs only once they are.
+    #[tokio::test]
+    async fn entries_are_readable_when_queued_and_reported_once_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let wal = Wal::open(&path).unwrap();
+        let (release, until) = mpsc::channel();
+        wal.send(Write::Pause(until)).unwrap();
+        let flushed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let f = flushed.clone();
+        wal.append(
+            vec![entry(1, 1, 10), entry(1, 2, 10)],
+            None,
+            Box::new(move |r| {
+                f.store(true, std::sync::atomic::Ordering::SeqCst);
+                let _ = tx.send(r);
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            wal.read(1..=2).unwrap(),
+            vec![entry(1, 1, 10), entry(1, 2, 10)]
+        );
+        assert_eq!(wal.last_log_id(), Some(id(1, 2)));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!flushed.load(std::sync::atomic::Ordering::SeqCst));
+        drop(release);
+        rx.await.unwrap().unwrap();
+        // Group commit left the entries readable from disk too.
+        drop(wal);
+        let wal = Wal::open(&path).unwrap();
+        assert_eq!(
+            wal.read(..).unwrap(),
+            vec![entry(1, 1, 10), entry(1, 2, 10)]
+        );
+    }
+}
