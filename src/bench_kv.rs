@@ -1,7 +1,7 @@
 //! `tessel bench kv`: the replicated key-value service under load.
 //!
 //! Starts three `tessel coordinator` processes on loopback (mutual TLS,
-//! redb with fsync on every commit), drives them from this process over
+//! the Raft log synced on every append), drives them from this process over
 //! QUIC, and prints one JSON line per figure. With `--etcd` it then runs
 //! the same load against a 3-member etcd cluster (Debian's `etcd-server`,
 //! fsync on) in the same run; every line names its `system`.
