@@ -28,6 +28,10 @@
 //!    entries stay cached up to [`CACHE_BYTES`] and older ones are read
 //!    back from their segment. Appends that queue up behind a sync are
 //!    written and synced together.
+//! 6. After a failed write or sync the log takes no more writes: part of
+//!    the failed bytes may be on disk, and a shorter write over them could
+//!    leave a whole, never acknowledged record behind it. Reopening cuts
+//!    them (invariant 3).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -351,8 +355,10 @@ impl Wal {
         seqs.sort_unstable();
         let mut index = Index::default();
         let mut segments = VecDeque::new();
-        let mut tail_len = 0;
+        // Bytes in the last segment, once it has replayed.
+        let mut tail_len = None;
         for (n, &seq) in seqs.iter().enumerate() {
+            let last = n + 1 == seqs.len();
             let path = segment_path(dir, seq);
             let file = OpenOptions::new()
                 .read(true)
@@ -360,13 +366,20 @@ impl Wal {
                 .open(&path)
                 .map_err(|e| context(&path, "opening", e))?;
             let segment = Arc::new(SegmentFile { path, file });
-            let mut max_index = None;
-            let mut records = Vec::new();
-            let end = read_segment(&segment.file, |offset, len, record| {
-                records.push((offset, len, record))
-            });
-            let last = n + 1 == seqs.len();
             let path = &segment.path;
+            let (mut records, mut max_index) = (0u64, None);
+            let end = read_segment(&segment.file, |offset, len, record| {
+                records += 1;
+                if let Record::Entry(e) = &record {
+                    max_index = max_index.max(Some(e.log_id.index));
+                }
+                let at = RecordAt {
+                    segment: segment.clone(),
+                    offset,
+                    len,
+                };
+                index.apply(record, at);
+            });
             if let Some(why) = &end.invalid {
                 if !last {
                     return Err(io::Error::new(
@@ -384,12 +397,12 @@ impl Wal {
                     end.valid_len
                 );
             }
-            if records.is_empty() {
-                // Invariant 2: a segment holds nothing acknowledged until its
-                // state record is synced.
+            if records == 0 {
+                // Invariant 2: a segment holds nothing acknowledged until
+                // its state record is synced; a new one replaces it below.
                 if last {
                     std::fs::remove_file(path).map_err(|e| context(path, "removing", e))?;
-                    continue;
+                    break;
                 }
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -400,26 +413,14 @@ impl Wal {
                 ));
             }
             if last {
+                // Invariant 3: nothing of the cut write stays behind to be
+                // read after the next one.
                 segment
                     .file
                     .set_len(end.valid_len)
+                    .and_then(|()| segment.file.sync_all())
                     .map_err(|e| context(path, "cutting", e))?;
-                segment
-                    .file
-                    .sync_all()
-                    .map_err(|e| context(path, "syncing", e))?;
-                tail_len = end.valid_len;
-            }
-            for (offset, len, record) in records {
-                if let Record::Entry(e) = &record {
-                    max_index = max_index.max(Some(e.log_id.index));
-                }
-                let at = RecordAt {
-                    segment: segment.clone(),
-                    offset,
-                    len,
-                };
-                index.apply(record, at);
+                tail_len = Some(end.valid_len);
             }
             segments.push_back(Segment {
                 seq,
@@ -431,14 +432,15 @@ impl Wal {
         let mut writer = Writer {
             dir: dir.to_path_buf(),
             segments,
-            tail_len,
+            tail_len: tail_len.unwrap_or(0),
             head_len: 0,
             segment_bytes,
             index: index.clone(),
             buf: Vec::new(),
+            failed: None,
         };
-        if writer.segments.is_empty() {
-            writer.start_segment(0)?;
+        if tail_len.is_none() {
+            writer.start_segment(seqs.last().map_or(0, |s| s + 1))?;
         }
         let (queue, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -625,6 +627,8 @@ struct Writer {
     segment_bytes: u64,
     index: Arc<Mutex<Index>>,
     buf: Vec<u8>,
+    /// Why a write failed, after which none is attempted (invariant 6).
+    failed: Option<String>,
 }
 
 impl Writer {
@@ -710,6 +714,19 @@ impl Writer {
     /// Writes `self.buf` at the end of the log and syncs it; returns the
     /// segment and the offset it went to.
     fn write_buf(&mut self) -> io::Result<(Arc<SegmentFile>, u64)> {
+        if let Some(why) = &self.failed {
+            return Err(io::Error::other(format!(
+                "the log takes no more writes after a failed one ({why})"
+            )));
+        }
+        let result = self.write_buf_once();
+        if let Err(e) = &result {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn write_buf_once(&mut self) -> io::Result<(Arc<SegmentFile>, u64)> {
         if self.tail_len > self.head_len
             && self.tail_len + self.buf.len() as u64 > self.segment_bytes
         {
@@ -1004,6 +1021,33 @@ mod tests {
         let wal = Wal::open(&path).unwrap();
         let want: Vec<_> = (1..=4).map(|i| entry(1, i, 10)).collect();
         assert_eq!(wal.read(..).unwrap(), want);
+    }
+
+    /// Invariant 2: a segment created just before a crash, with not even
+    /// its state record on disk, is replaced and the log goes on after the
+    /// segment before it.
+    #[tokio::test]
+    async fn an_empty_segment_left_by_a_crash_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let wal = Wal::open_with(&path, 256).unwrap();
+        for i in 1..=3 {
+            append(&wal, vec![entry(1, i, 200)], None).await;
+        }
+        wal.save_vote(Vote::new(1, 1)).await.unwrap();
+        drop(wal);
+        let segs = segments(&path);
+        let next = segs.len() as u64 + 10;
+        std::fs::File::create(segment_path(&path, next)).unwrap();
+        for round in 0..2 {
+            let wal = Wal::open_with(&path, 256).unwrap();
+            let want: Vec<_> = (1..=3 + round).map(|i| entry(1, i, 200)).collect();
+            assert_eq!(wal.read(..).unwrap(), want, "round {round}");
+            assert_eq!(wal.meta().vote, Some(Vote::new(1, 1)));
+            append(&wal, vec![entry(1, 4 + round, 200)], None).await;
+        }
+        let wal = Wal::open_with(&path, 256).unwrap();
+        assert_eq!(wal.last_log_id(), Some(id(1, 5)));
     }
 
     /// Invariant 3: a damaged record in a segment that is not the last
