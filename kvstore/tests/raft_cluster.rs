@@ -13,32 +13,44 @@ use tessel_kvstore::raft::node::{wait_for_leader, Replica, ReplicaConfig};
 use tessel_kvstore::tls::{init_certs, TlsFiles};
 use tessel_kvstore::KvStore;
 
-/// Reserves `n` distinct loopback UDP ports (bound, then released).
-fn free_ports(n: usize) -> Vec<SocketAddr> {
-    let socks: Vec<std::net::UdpSocket> = (0..n)
-        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    socks.iter().map(|s| s.local_addr().unwrap()).collect()
-}
-
+/// Three replicas, each bound to port 0 (a reserved-then-released port
+/// can be taken by a parallel test before the replica binds it): the
+/// first forms a cluster of one, the others join it.
 async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<SocketAddr>) {
-    let addrs = free_ports(3);
-    let peers: BTreeMap<u64, SocketAddr> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| (i as u64 + 1, *a))
-        .collect();
+    let any_port: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut replicas = Vec::new();
-    for (id, addr) in &peers {
+    let mut addrs = Vec::new();
+    for id in 1..=3u64 {
         let cfg = ReplicaConfig {
-            id: *id,
-            listen: *addr,
-            peers: peers.clone(),
+            id,
+            listen: any_port,
+            peers: if id == 1 {
+                BTreeMap::from([(1, any_port)])
+            } else {
+                BTreeMap::new()
+            },
             data_dir: dir.join(format!("r{id}")),
             tls: Some(tls.clone()),
             raft: ReplicaConfig::default_raft(),
         };
-        replicas.push(Replica::start(cfg).await.unwrap());
+        let replica = Replica::start(cfg).await.unwrap();
+        let addr = replica.local_addr().unwrap();
+        if id == 1 {
+            assert!(
+                wait_for_leader(&[&replica], Duration::from_secs(10))
+                    .await
+                    .is_some(),
+                "the first replica leads its cluster of one"
+            );
+        } else {
+            RaftKv::connect(addrs.clone(), Some(tls))
+                .unwrap()
+                .add_replica(id, addr)
+                .await
+                .unwrap();
+        }
+        replicas.push(replica);
+        addrs.push(addr);
     }
     let refs: Vec<&Replica> = replicas.iter().collect();
     assert!(
