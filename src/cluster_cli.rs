@@ -74,6 +74,10 @@ pub struct CoordinatorArgs {
     /// that they catch up by snapshot.
     #[arg(long, default_value_t = 1000)]
     pub keep_log_entries: u64,
+    /// Serve this process's metrics in Prometheus's text format at
+    /// `http://HOST:PORT/metrics` (port 0 picks one, printed on start).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -237,6 +241,11 @@ async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
 }
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    if let Some(listen) = args.metrics_listen {
+        let addr = crate::metrics_http::serve(listen).await?;
+        // Tests and scripts read this line to learn the port.
+        println!("metrics on http://{addr}/metrics");
+    }
     if let Some(url) = &args.kv {
         let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(connect_etcd(url).await?);
         println!("coordinator attached to {url}");

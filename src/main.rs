@@ -26,6 +26,7 @@ mod bench_kv;
 mod bench_transfer;
 mod cluster_cli;
 mod job_cli;
+mod metrics_http;
 mod node_cli;
 mod procs;
 mod transfer_cli;

@@ -360,3 +360,79 @@ fn local_refuses_a_bad_spec_before_starting_anything() {
     assert!(err.contains("processes: at least 1"), "{err}");
     assert!(!err.contains("listening"), "nothing was started: {err}");
 }
+
+/// `--metrics-listen`: a replica serves its metrics in Prometheus's text
+/// format, the log's counters move with a write, and bad requests get an
+/// error status without stopping the listener.
+#[test]
+fn a_coordinator_serves_its_metrics() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessel"))
+        .args(["coordinator", "--id", "1", "--listen", "127.0.0.1:0"])
+        .args(["--peers", "1=127.0.0.1:0", "--insecure"])
+        .args(["--metrics-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut replica, mut metrics) = (None, None);
+    while replica.is_none() || metrics.is_none() {
+        let line = lines.next().expect("a line").unwrap();
+        if let Some(a) = line.split(" listening on ").nth(1) {
+            replica = Some(a.to_owned());
+        }
+        if let Some(a) = line.strip_prefix("metrics on http://") {
+            metrics = Some(a.trim_end_matches("/metrics").to_owned());
+        }
+    }
+    let (replica, metrics) = (replica.unwrap(), metrics.unwrap());
+    let get = |request: &[u8]| {
+        let mut s = std::net::TcpStream::connect(&metrics).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let _ = s.write_all(request);
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    let counter = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    for i in 0..3 {
+        ok(&tessel(&[
+            "kv",
+            "--coordinator",
+            &replica,
+            "--insecure",
+            "put",
+            &format!("k{i}"),
+            "v",
+        ]));
+    }
+    let text = get(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(
+        counter(&text, "tessel_kv_log_appends_total ") >= 3.0,
+        "three puts, three appends at least: {text}"
+    );
+    assert!(text.contains("tessel_kv_log_sync_seconds_bucket"), "{text}");
+    let nope = get(b"GET /other HTTP/1.1\r\n\r\n");
+    assert!(nope.starts_with("HTTP/1.1 404"), "{nope}");
+    let post = get(b"POST /metrics HTTP/1.1\r\n\r\n");
+    assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    let huge = get(&vec![b'G'; 64 << 10]);
+    assert!(huge.starts_with("HTTP/1.1 400"), "{huge}");
+    let again = get(b"GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(
+        again.starts_with("HTTP/1.1 200 OK"),
+        "still serving: {again}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -457,6 +457,7 @@ async fn propose_loop(
                 Err(_) => break,
             }
         }
+        metrics::histogram!("tessel_kv_proposal_requests").record(batch.len() as f64);
         let raft = raft.clone();
         tokio::spawn(async move {
             let (reqs, waiters): (Vec<Request>, Vec<Waiter>) = batch.into_iter().unzip();

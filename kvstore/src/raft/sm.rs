@@ -427,6 +427,16 @@ impl Drop for SmTables {
 
 /// Writes `o` and `c` to `db` in one transaction (invariants 1, 5).
 fn write_overlay(db: &Database, o: &Overlay, c: &FlushCommit) -> Result<()> {
+    let started = std::time::Instant::now();
+    let result = write_overlay_once(db, o, c);
+    let kind = if c.durable { "durable" } else { "buffered" };
+    metrics::histogram!("tessel_kv_state_flush_seconds", "kind" => kind)
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("tessel_kv_state_flushed_keys_total").increment(o.data.len() as u64);
+    result
+}
+
+fn write_overlay_once(db: &Database, o: &Overlay, c: &FlushCommit) -> Result<()> {
     let txn = db.begin_write().map_err(storage)?;
     {
         let mut data = txn.open_table(DATA).map_err(storage)?;

@@ -719,9 +719,19 @@ impl Writer {
                 "the log takes no more writes after a failed one ({why})"
             )));
         }
+        let started = std::time::Instant::now();
         let result = self.write_buf_once();
-        if let Err(e) = &result {
-            self.failed = Some(e.to_string());
+        match &result {
+            Ok(_) => {
+                metrics::histogram!("tessel_kv_log_sync_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                metrics::counter!("tessel_kv_log_syncs_total").increment(1);
+                metrics::counter!("tessel_kv_log_bytes_total").increment(self.buf.len() as u64);
+            }
+            Err(e) => {
+                metrics::counter!("tessel_kv_log_write_failures_total").increment(1);
+                self.failed = Some(e.to_string());
+            }
         }
         result
     }
@@ -761,6 +771,8 @@ impl Writer {
             }
         }
         let (segment, at) = self.write_buf()?;
+        metrics::counter!("tessel_kv_log_appends_total").increment(batch.len() as u64);
+        metrics::counter!("tessel_kv_log_entries_total").increment(placed.len() as u64);
         let tail = self.segments.back_mut().expect("a segment is always open");
         let mut index = self.index.lock().expect("not poisoned");
         if let Some(c) = committed {
