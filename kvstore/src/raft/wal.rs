@@ -26,8 +26,10 @@
 //!    An entry is readable from the moment [`Wal::append`] queues it: it
 //!    stays in memory until its record is on disk, after which recent
 //!    entries stay cached up to [`CACHE_BYTES`] and older ones are read
-//!    back from their segment. Appends that queue up behind a sync are
-//!    written and synced together.
+//!    back from their segment. The cached entries are always the log's
+//!    newest (appends add at the end, eviction takes the oldest), so an
+//!    entry at or above the first cached index is in memory. Appends that
+//!    queue up behind a sync are written and synced together.
 //! 6. After a failed write or sync the log takes no more writes: part of
 //!    the failed bytes may be on disk, and a shorter write over them could
 //!    leave a whole, never acknowledged record behind it. Reopening cuts
@@ -271,21 +273,30 @@ impl Index {
         }
     }
 
-    fn apply(&mut self, record: ReadRecord, at: RecordAt) {
+    /// A replayed record (invariant 1).
+    fn replay(&mut self, record: ReadRecord, at: RecordAt) {
         match record {
-            Record::State(meta) => self.meta = meta,
             Record::Entry(e) => {
                 let i = e.log_id.index;
                 if self.meta.last_purged.is_none_or(|p| i > p.index) {
                     self.durable.insert(i, (e.log_id, at));
                 }
             }
-            Record::Committed(c) => self.meta.committed = c,
-            Record::Vote(v) => self.meta.vote = Some(v),
-            Record::Truncate(i) => self.forget_from(i),
+            other => self.apply_meta(&other),
+        }
+    }
+
+    /// What a record other than an entry does, replayed or just written.
+    fn apply_meta<E>(&mut self, record: &Record<E>) {
+        match record {
+            Record::State(meta) => self.meta = meta.clone(),
+            Record::Entry(_) => {}
+            Record::Committed(c) => self.meta.committed = *c,
+            Record::Vote(v) => self.meta.vote = Some(*v),
+            Record::Truncate(i) => self.forget_from(*i),
             Record::Purge(id) => {
                 self.forget_to(id.index);
-                self.meta.last_purged = Some(id);
+                self.meta.last_purged = Some(*id);
             }
         }
     }
@@ -378,7 +389,7 @@ impl Wal {
                     offset,
                     len,
                 };
-                index.apply(record, at);
+                index.replay(record, at);
             });
             if let Some(why) = &end.invalid {
                 if !last {
@@ -429,16 +440,9 @@ impl Wal {
             });
         }
         let index = Arc::new(Mutex::new(index));
-        let mut writer = Writer {
-            dir: dir.to_path_buf(),
-            segments,
-            tail_len: tail_len.unwrap_or(0),
-            head_len: 0,
-            segment_bytes,
-            index: index.clone(),
-            buf: Vec::new(),
-            failed: None,
-        };
+        let mut writer = Writer::new(dir, segment_bytes, index.clone());
+        writer.segments = segments;
+        writer.tail_len = tail_len.unwrap_or(0);
         if tail_len.is_none() {
             writer.start_segment(seqs.last().map_or(0, |s| s + 1))?;
         }
@@ -463,33 +467,20 @@ impl Wal {
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
     ) -> io::Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| context(dir, "creating", e))?;
-        let path = segment_path(dir, 0);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| context(&path, "creating", e))?;
-        let mut buf = MAGIC.to_vec();
-        encode(&mut buf, &Record::<&Entry<TypeConfig>>::State(meta.clone()))?;
-        let mut at = 0;
-        let mut write = |buf: &mut Vec<u8>| {
-            file.write_all_at(buf, at)
-                .map_err(|e| context(&path, "writing", e))?;
-            at += buf.len() as u64;
-            buf.clear();
-            Ok::<_, io::Error>(())
+        let index = Index {
+            meta: meta.clone(),
+            ..Index::default()
         };
+        let mut writer = Writer::new(dir, SEGMENT_BYTES, Arc::new(Mutex::new(index)));
+        writer.start_segment(0)?;
         for e in entries {
-            encode(&mut buf, &Record::Entry(&e))?;
-            if buf.len() >= 8 << 20 {
-                write(&mut buf)?;
+            encode(&mut writer.buf, &Record::Entry(&e))?;
+            if writer.buf.len() >= 8 << 20 {
+                writer.write_buf()?;
+                writer.buf.clear();
             }
         }
-        write(&mut buf)?;
-        file.sync_all().map_err(|e| context(&path, "syncing", e))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| context(dir, "syncing", e))
+        writer.write_buf().map(drop)
     }
 
     fn send(&self, write: Write) -> io::Result<()> {
@@ -509,48 +500,37 @@ impl Wal {
         self.lock().meta.clone()
     }
 
-    /// The id of the last entry, on disk or queued.
+    /// The id of the last entry, on disk or queued (the cached ones are
+    /// the newest, invariant 5).
     pub fn last_log_id(&self) -> Option<LogId<NodeId>> {
         let index = self.lock();
         let cached = index.cached.last_key_value().map(|(_, (e, _))| e.log_id);
         let durable = index.durable.last_key_value().map(|(_, (id, _))| *id);
-        match (cached, durable) {
-            (Some(c), Some(d)) => Some(if c.index >= d.index { c } else { d }),
-            (c, d) => c.or(d).or(index.meta.last_purged),
-        }
+        cached.or(durable).or(index.meta.last_purged)
     }
 
-    /// The entries in `range` that the log holds (invariant 5).
+    /// The entries in `range` that the log holds: from disk below the
+    /// first cached index, from memory from there on (invariant 5).
     pub fn read(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry<TypeConfig>>> {
-        enum Found {
-            Cached(Arc<Entry<TypeConfig>>),
-            OnDisk(RecordAt),
-        }
-        let found: Vec<Found> = {
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
+        let (on_disk, cached): (Vec<RecordAt>, Vec<Arc<Entry<TypeConfig>>>) = {
             let index = self.lock();
-            let (start, end) = (range.start_bound().cloned(), range.end_bound().cloned());
-            let mut found = Vec::new();
-            let mut cached = index.cached.range((start, end)).peekable();
-            for (i, (_, at)) in index.durable.range((start, end)) {
-                while cached.peek().is_some_and(|(&c, _)| c < *i) {
-                    found.push(Found::Cached(cached.next().expect("peeked").1 .0.clone()));
-                }
-                if cached.peek().is_some_and(|(&c, _)| c == *i) {
-                    found.push(Found::Cached(cached.next().expect("peeked").1 .0.clone()));
-                } else {
-                    found.push(Found::OnDisk(at.clone()));
-                }
-            }
-            found.extend(cached.map(|(_, (e, _))| Found::Cached(e.clone())));
-            found
+            let first_cached = index.cached.keys().next().copied().unwrap_or(u64::MAX);
+            let on_disk = index
+                .durable
+                .range(range)
+                .take_while(|(&i, _)| i < first_cached)
+                .map(|(_, (_, at))| at.clone())
+                .collect();
+            let cached = index.cached.range(range).map(|(_, (e, _))| e.clone());
+            (on_disk, cached.collect())
         };
-        found
-            .into_iter()
-            .map(|f| match f {
-                Found::Cached(e) => Ok((*e).clone()),
-                Found::OnDisk(at) => at.read(),
-            })
-            .collect()
+        let mut out = on_disk
+            .iter()
+            .map(RecordAt::read)
+            .collect::<io::Result<Vec<_>>>()?;
+        out.extend(cached.iter().map(|e| (**e).clone()));
+        Ok(out)
     }
 
     /// Queues `entries` (readable from now on) and the committed index to
@@ -632,6 +612,20 @@ struct Writer {
 }
 
 impl Writer {
+    /// A writer with no segment open yet.
+    fn new(dir: &Path, segment_bytes: u64, index: Arc<Mutex<Index>>) -> Writer {
+        Writer {
+            dir: dir.to_path_buf(),
+            segments: VecDeque::new(),
+            tail_len: 0,
+            head_len: 0,
+            segment_bytes,
+            index,
+            buf: Vec::new(),
+            failed: None,
+        }
+    }
+
     fn run(mut self, rx: &mpsc::Receiver<Write>) {
         let mut next = None;
         loop {
@@ -809,17 +803,12 @@ impl Writer {
         self.buf.clear();
         encode(&mut self.buf, &record)?;
         self.write_buf()?;
-        let mut index = self.index.lock().expect("not poisoned");
-        match record {
-            Record::Vote(v) => index.meta.vote = Some(v),
-            Record::Purge(id) => {
-                index.forget_to(id.index);
-                index.meta.last_purged = Some(id);
-                drop(index);
-                self.delete_purged(id.index)?;
-            }
-            // Truncate: dropped from memory before it was queued.
-            _ => {}
+        // A truncate's entries left memory when it was queued; nothing was
+        // appended since (openraft awaits it), so applying it again drops
+        // nothing more.
+        self.index.lock().expect("not poisoned").apply_meta(&record);
+        if let Record::Purge(id) = record {
+            self.delete_purged(id.index)?;
         }
         Ok(())
     }
@@ -885,6 +874,18 @@ mod tests {
         )
         .unwrap();
         rx.await.unwrap().unwrap();
+    }
+
+    /// A log in 256-byte segments holding entries `1..=n` of 200 bytes,
+    /// each appended on its own (so each one starts a segment).
+    async fn small_segment_log(n: u64) -> (tempfile::TempDir, PathBuf, Wal) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let wal = Wal::open_with(&path, 256).unwrap();
+        for i in 1..=n {
+            append(&wal, vec![entry(1, i, 200)], None).await;
+        }
+        (dir, path, wal)
     }
 
     fn segments(dir: &Path) -> Vec<PathBuf> {
@@ -1040,12 +1041,7 @@ mod tests {
     /// segment before it.
     #[tokio::test]
     async fn an_empty_segment_left_by_a_crash_is_replaced() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let wal = Wal::open_with(&path, 256).unwrap();
-        for i in 1..=3 {
-            append(&wal, vec![entry(1, i, 200)], None).await;
-        }
+        let (_dir, path, wal) = small_segment_log(3).await;
         wal.save_vote(Vote::new(1, 1)).await.unwrap();
         drop(wal);
         let segs = segments(&path);
@@ -1066,12 +1062,7 @@ mod tests {
     /// stops the replica from opening its log.
     #[tokio::test]
     async fn a_damaged_record_before_the_last_segment_refuses_to_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let wal = Wal::open_with(&path, 256).unwrap();
-        for i in 1..=4 {
-            append(&wal, vec![entry(1, i, 200)], None).await;
-        }
+        let (_dir, path, wal) = small_segment_log(4).await;
         drop(wal);
         let segs = segments(&path);
         assert!(segs.len() >= 2, "{segs:?}");
