@@ -354,15 +354,20 @@ impl SmTables {
         membership: &StoredMembership<NodeId, Node>,
         durable: bool,
     ) -> (Overlay, FlushCommit) {
-        self.bytes = 0;
-        self.last_flush = std::time::Instant::now();
         let commit = FlushCommit {
             state: state.clone(),
             applied,
             membership: membership.clone(),
             durable,
         };
-        (std::mem::take(&mut self.live), commit)
+        (self.take_live(), commit)
+    }
+
+    /// Empties the live overlay and restarts its size and age.
+    fn take_live(&mut self) -> Overlay {
+        self.bytes = 0;
+        self.last_flush = std::time::Instant::now();
+        std::mem::take(&mut self.live)
     }
 
     /// Adopts the flush in flight once its thread is done (or, with
@@ -392,9 +397,7 @@ impl SmTables {
     /// caller finished any flush first, see `adopt_flush`).
     fn discard(&mut self) -> Result<()> {
         debug_assert!(self.flushing.is_none());
-        self.live = Overlay::default();
-        self.bytes = 0;
-        self.last_flush = std::time::Instant::now();
+        self.take_live();
         self.reopen_base(false)
     }
 
