@@ -7,9 +7,11 @@
 //! on the receiving side, from the first byte of a transfer to its last.
 //!
 //! Then the all-reduce: `--ranks` groups of `tessel transfer-rank`
-//! processes, each path (network: QUIC between all ranks; shm: the
-//! same-host shared-memory path), `--all-reduce-bytes` of f32 summed
-//! `--repeat` times after one warm-up. A call's time is the slowest rank's;
+//! processes, each path (network: QUIC between all ranks; shm: shared-memory
+//! arenas; shm-ring: the ring with its chunks lent through shared memory),
+//! `--all-reduce-bytes` of f32 summed `--repeat` times after one warm-up,
+//! each call after a barrier that follows every rank's writing of its
+//! input. A call's time is the slowest rank's;
 //! algorithm bandwidth is bytes / time, bus bandwidth that × 2(n−1)/n (the
 //! bytes each rank moves in a ring, as nccl-tests reports it).
 
@@ -39,8 +41,9 @@ pub struct BenchTransferArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     pub ranks: Vec<usize>,
     /// Paths for the all-reduce: `network` (QUIC even between processes
-    /// of this host) and `shm` (shared memory).
-    #[arg(long, value_delimiter = ',', default_value = "network,shm", value_parser = ["network", "shm"])]
+    /// of this host), `shm` (shared-memory arenas) and `shm-ring` (the ring,
+    /// its chunks lent through shared memory).
+    #[arg(long, value_delimiter = ',', default_value = "network,shm,shm-ring", value_parser = ["network", "shm", "shm-ring"])]
     pub paths: Vec<String>,
     /// Largest message of a ring step (the collectives' chunk size).
     #[arg(long, default_value_t = 4 << 20)]
@@ -86,6 +89,7 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<()> {
     let count = (args.all_reduce_bytes / 4) as usize;
     let opts = RankOptions {
         force_network: path == "network",
+        no_arenas: path == "shm-ring",
         timeout_ms: Some(T.as_millis() as u64),
         chunk_bytes: Some(args.chunk_bytes),
         ..RankOptions::default()
@@ -93,7 +97,7 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<()> {
     let mut g = RankGroup::start(&std::env::current_exe()?, n, &opts)?;
     let cmd = |repeat: u32| {
         serde_json::json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32",
-                           "count": count, "seed": 1, "repeat": repeat})
+                           "count": count, "seed": 1, "repeat": repeat, "barrier": true})
     };
     let check = |answers: Vec<serde_json::Value>| -> Result<Vec<Vec<f64>>> {
         answers

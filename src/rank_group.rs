@@ -38,6 +38,8 @@ pub struct RankOptions {
     pub boot_ids: Option<Vec<String>>,
     pub timeout_ms: Option<u64>,
     pub chunk_bytes: Option<usize>,
+    /// Keep same-host collectives on the ring (`--no-arenas`).
+    pub no_arenas: bool,
 }
 
 struct RankProc {
@@ -86,6 +88,9 @@ impl RankGroup {
             }
             if let Some(c) = opts.chunk_bytes {
                 cmd.args(["--chunk-bytes", &c.to_string()]);
+            }
+            if opts.no_arenas {
+                cmd.arg("--no-arenas");
             }
             if let Some(ids) = &opts.boot_ids {
                 cmd.env("TESSEL_BOOT_ID", &ids[r]);

@@ -46,6 +46,10 @@ pub struct TransferRankArgs {
     /// Largest message of a ring step.
     #[arg(long, default_value_t = 4 << 20)]
     pub chunk_bytes: usize,
+    /// Keep collectives between ranks of this host on the ring instead
+    /// of shared-memory arenas.
+    #[arg(long)]
+    pub no_arenas: bool,
 }
 
 /// A member of the group as the driver passes it.
@@ -66,6 +70,11 @@ pub enum RankCommand {
         seed: u64,
         #[serde(default = "one")]
         repeat: u32,
+        /// A barrier after every rank wrote its input and before the
+        /// clock starts, so that a call's time is the collective's and not
+        /// the skew of ranks still writing inputs on shared cores.
+        #[serde(default)]
+        barrier: bool,
     },
     ReduceScatter {
         reduce: String,
@@ -154,6 +163,7 @@ pub async fn run(args: TransferRankArgs) -> Result<()> {
         CollectiveConfig {
             timeout: Duration::from_millis(args.timeout_ms),
             chunk_bytes: args.chunk_bytes,
+            arenas: !args.no_arenas,
         },
     )?;
     let timeout = Duration::from_millis(args.timeout_ms);
@@ -198,11 +208,15 @@ async fn execute(
             count,
             seed,
             repeat,
+            barrier,
         } => {
             let (op, t) = (op(&reduce)?, dtype(&t)?);
             let mut last = Vec::new();
             for _ in 0..repeat.max(1) {
                 let input = pattern(t, count, rank, seed);
+                if barrier {
+                    comm.barrier().await?;
+                }
                 timed = Instant::now();
                 last = comm.all_reduce(op, t, input).await?;
                 lap(&mut ms, timed);

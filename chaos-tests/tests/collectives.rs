@@ -33,17 +33,37 @@ fn inputs(n: usize, dtype: ElementType, count: usize, seed: u64) -> Vec<Vec<u8>>
         .collect()
 }
 
+/// How the ranks of one host reach each other.
+#[derive(Clone, Copy)]
+enum Path {
+    /// Shared-memory arenas (the default between processes of a host).
+    Arenas,
+    /// The ring, its chunks lent through shared memory (`--no-arenas`).
+    ShmRing,
+    /// QUIC (`--force-network`).
+    Network,
+}
+
+impl Path {
+    fn options(self) -> RankOptions {
+        RankOptions {
+            force_network: matches!(self, Path::Network),
+            no_arenas: matches!(self, Path::ShmRing),
+            ..RankOptions::default()
+        }
+    }
+}
+
 /// Every collective, every reducible dtype and operator, equal bit for bit
 /// to the single-process reference, for `n` ranks on `path`.
-fn collectives_match_the_reference(n: usize, force_network: bool) {
+fn collectives_match_the_reference(n: usize, path: Path) {
     let mut g = RankGroup::start(
         &tessel_bin(),
         n,
         &RankOptions {
-            force_network,
             // Small chunks: several per segment, and uneven segments.
             chunk_bytes: Some(256),
-            ..RankOptions::default()
+            ..path.options()
         },
     )
     .unwrap();
@@ -101,32 +121,37 @@ fn collectives_match_the_reference(n: usize, force_network: bool) {
 
 #[test]
 fn collectives_of_two_ranks_over_shared_memory_match_the_reference() {
-    collectives_match_the_reference(2, false);
+    collectives_match_the_reference(2, Path::Arenas);
 }
 
 #[test]
 fn collectives_of_three_ranks_over_shared_memory_match_the_reference() {
-    collectives_match_the_reference(3, false);
+    collectives_match_the_reference(3, Path::Arenas);
 }
 
 #[test]
 fn collectives_of_four_ranks_over_shared_memory_match_the_reference() {
-    collectives_match_the_reference(4, false);
+    collectives_match_the_reference(4, Path::Arenas);
+}
+
+#[test]
+fn collectives_of_three_ranks_on_the_shared_memory_ring_match_the_reference() {
+    collectives_match_the_reference(3, Path::ShmRing);
 }
 
 #[test]
 fn collectives_of_two_ranks_over_the_network_match_the_reference() {
-    collectives_match_the_reference(2, true);
+    collectives_match_the_reference(2, Path::Network);
 }
 
 #[test]
 fn collectives_of_three_ranks_over_the_network_match_the_reference() {
-    collectives_match_the_reference(3, true);
+    collectives_match_the_reference(3, Path::Network);
 }
 
 #[test]
 fn collectives_of_four_ranks_over_the_network_match_the_reference() {
-    collectives_match_the_reference(4, true);
+    collectives_match_the_reference(4, Path::Network);
 }
 
 /// Ranks that look like two hosts (two boot ids): shared memory inside a
@@ -301,16 +326,14 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
 
 /// SIGKILL of a rank mid-all-reduce: every other rank fails within the
 /// deadline (and hands out nothing); the communicator is then broken.
-#[test]
-fn a_killed_rank_fails_the_others_within_the_deadline() {
+fn a_killed_rank_fails_the_others(path: Path) {
     let deadline_ms = 10_000;
     let mut g = RankGroup::start(
         &tessel_bin(),
         4,
         &RankOptions {
-            force_network: true,
             timeout_ms: Some(deadline_ms),
-            ..RankOptions::default()
+            ..path.options()
         },
     )
     .unwrap();
@@ -348,4 +371,14 @@ fn a_killed_rank_fails_the_others_within_the_deadline() {
         assert_eq!(a["ok"], false);
         assert!(a["error"].as_str().unwrap().contains("broken"), "{a}");
     }
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_within_the_deadline_over_the_network() {
+    a_killed_rank_fails_the_others(Path::Network);
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_within_the_deadline_over_arenas() {
+    a_killed_rank_fails_the_others(Path::Arenas);
 }

@@ -1,6 +1,8 @@
 //! Collectives over a group of processes, one [`TransferEndpoint`] each:
 //! ring all-reduce (reduce-scatter then all-gather, chunk-pipelined),
-//! all-gather, reduce-scatter, broadcast and barrier.
+//! all-gather, reduce-scatter, broadcast and barrier. When every member
+//! runs on this host they skip the ring and read each other's arenas in
+//! shared memory instead (invariant 8).
 //!
 //! Every collective starts with a ring all-gather of a small
 //! [`Descriptor`] (what the rank is about to do: kind, operator, dtype,
@@ -35,9 +37,25 @@
 //!    that is not itself waiting on a send. Descriptors, aborts and the
 //!    other sends are stored copies, since their sender may wait on them
 //!    before it receives.
+//! 8. Between processes of one host, all-reduce, reduce-scatter,
+//!    all-gather and broadcast of at least one byte (an all-reduce: over
+//!    the small size) use arenas (shm invariant 4) instead of the ring. Each
+//!    descriptor says whether its rank reaches every member through shared
+//!    memory; the arenas are used only when all say so (the flag is left out
+//!    of invariant 2's comparison), so every rank picks the same algorithm.
+//!    A rank writes its input into its arena and posts the arena's name to
+//!    every peer (a broadcast: the root alone); peers read what they need
+//!    straight from the arenas. An all-reduce folds its own segment in the
+//!    ring's order ([`fold_onto`]: results equal the ring's bit for bit)
+//!    into its data and its arena, posts a second time, and then copies the
+//!    other ranks' folded segments. An owner writes its arena only after
+//!    the call's descriptor exchange, which no rank completes before every
+//!    rank has left the previous call, and before its first post, except
+//!    its folded segment, which nobody reads before the second post: bytes
+//!    never change under a reader.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
@@ -47,9 +65,10 @@ use tessel_pjrt::ElementType;
 use crate::endpoint::{Payload, Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
 use crate::reduce::{
-    all_reduce_is_small, check_reducible, combine, finish_mean, fold_in_rank_order, segment,
-    ReduceOp,
+    all_reduce_is_small, check_reducible, combine, finish_mean, fold_in_rank_order, fold_onto,
+    segment, ReduceOp,
 };
+use crate::shm::{PeerArena, ShmArena};
 
 /// Tag phases (2 bits).
 const PHASE_DESCRIPTOR: u64 = 0;
@@ -68,6 +87,10 @@ pub struct CollectiveConfig {
     /// Largest message of a ring step (chunks pipeline sending with
     /// reducing).
     pub chunk_bytes: usize,
+    /// Groups whose members all run on this host use arenas in shared
+    /// memory instead of the ring (invariant 8). Off: the ring, for
+    /// comparison; a group uses arenas only if every rank has this on.
+    pub arenas: bool,
 }
 
 impl Default for CollectiveConfig {
@@ -75,6 +98,7 @@ impl Default for CollectiveConfig {
         CollectiveConfig {
             timeout: Duration::from_secs(60),
             chunk_bytes: 4 << 20,
+            arenas: true,
         }
     }
 }
@@ -87,6 +111,8 @@ pub struct Descriptor {
     pub dtype: String,
     pub bytes: u64,
     pub root: Option<u32>,
+    /// This rank reaches every member through shared memory (invariant 8).
+    pub shared: bool,
 }
 
 /// Largest encoded descriptor.
@@ -171,6 +197,14 @@ impl Descriptor {
     fn carries_data(&self) -> bool {
         self.kind == "all_reduce" && all_reduce_is_small(self.bytes as usize)
     }
+
+    /// The same call, whatever the ranks' paths (invariants 2 and 8).
+    fn same_call(&self, other: &Descriptor) -> bool {
+        Descriptor {
+            shared: self.shared,
+            ..other.clone()
+        } == *self
+    }
 }
 
 impl std::fmt::Display for Descriptor {
@@ -197,6 +231,15 @@ pub struct Communicator {
     seq: u64,
     cfg: CollectiveConfig,
     broken: Option<String>,
+    arenas: Arc<Mutex<Arenas>>,
+}
+
+/// The arenas of the same-host path (invariant 8): this rank's, and its
+/// mappings of the peers' by rank, kept from call to call.
+#[derive(Default)]
+struct Arenas {
+    mine: Option<ShmArena>,
+    peers: Vec<Option<Arc<PeerArena>>>,
 }
 
 impl Communicator {
@@ -235,6 +278,7 @@ impl Communicator {
             seq: 0,
             cfg,
             broken: None,
+            arenas: Arc::default(),
         })
     }
 
@@ -255,7 +299,7 @@ impl Communicator {
         data: Vec<u8>,
     ) -> Result<Vec<u8>> {
         check_reducible(dtype)?;
-        let d = descriptor("all_reduce", Some(op), dtype, data.len(), None);
+        let d = self.descriptor("all_reduce", Some(op), dtype, data.len(), None);
         if self.size() > 1 && all_reduce_is_small(data.len()) {
             return self
                 .run_with(d, data, |_, frames| async move {
@@ -275,14 +319,14 @@ impl Communicator {
         data: Vec<u8>,
     ) -> Result<Vec<u8>> {
         check_reducible(dtype)?;
-        let d = descriptor("reduce_scatter", Some(op), dtype, data.len(), None);
+        let d = self.descriptor("reduce_scatter", Some(op), dtype, data.len(), None);
         self.run(d, |call| call.reduce_scatter(op, dtype, data))
             .await
     }
 
     /// Concatenates every rank's `data` in rank order (equal sizes).
     pub async fn all_gather(&mut self, dtype: ElementType, data: &[u8]) -> Result<Vec<u8>> {
-        let d = descriptor("all_gather", None, dtype, data.len(), None);
+        let d = self.descriptor("all_gather", None, dtype, data.len(), None);
         self.run(d, |call| call.all_gather(dtype, data)).await
     }
 
@@ -300,15 +344,38 @@ impl Communicator {
                 self.size()
             )));
         }
-        let d = descriptor("broadcast", None, dtype, data.len(), Some(root));
+        let d = self.descriptor("broadcast", None, dtype, data.len(), Some(root));
         self.run(d, |call| call.broadcast(root as usize, dtype, data))
             .await
     }
 
     /// Returns once every rank has entered it.
     pub async fn barrier(&mut self) -> Result<()> {
-        let d = descriptor("barrier", None, ElementType::U8, 0, None);
+        let d = self.descriptor("barrier", None, ElementType::U8, 0, None);
         self.run(d, |_| async { Ok(()) }).await
+    }
+
+    /// What this rank is about to do, with whether it reaches every member
+    /// through shared memory (invariant 8).
+    fn descriptor(
+        &self,
+        kind: &str,
+        op: Option<ReduceOp>,
+        dtype: ElementType,
+        bytes: usize,
+        root: Option<u32>,
+    ) -> Descriptor {
+        let shared = self.cfg.arenas
+            && self.size() > 1
+            && self
+                .members
+                .iter()
+                .enumerate()
+                .all(|(r, p)| r == self.rank || self.endpoint.same_host(p));
+        Descriptor {
+            shared,
+            ..descriptor(kind, op, dtype, bytes, root)
+        }
     }
 
     /// One call: invariants 1–4 around the collective's own steps.
@@ -338,7 +405,7 @@ impl Communicator {
         }
         let seq = self.seq;
         self.seq += 1;
-        let call = Call {
+        let mut call = Call {
             endpoint: self.endpoint.clone(),
             members: self.members.clone(),
             rank: self.rank,
@@ -347,6 +414,8 @@ impl Communicator {
             timeout: self.cfg.timeout,
             chunk_bytes: self.cfg.chunk_bytes,
             what: format!("{} #{seq}", d.kind),
+            shared: false,
+            arenas: self.arenas.clone(),
         };
         let endpoint = self.endpoint.clone();
         let members = self.members.clone();
@@ -354,7 +423,10 @@ impl Communicator {
         let base = call.base;
         let what = call.what.clone();
         let result = match call.exchange_descriptors(&d, attached).await {
-            Ok(frames) => body(call, frames).await,
+            Ok((frames, shared)) => {
+                call.shared = shared && d.bytes > 0;
+                body(call, frames).await
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = &result {
@@ -386,6 +458,7 @@ fn descriptor(
         dtype: dtype.name().into(),
         bytes: bytes as u64,
         root,
+        shared: false,
     }
 }
 
@@ -429,6 +502,9 @@ struct Call {
     timeout: Duration,
     chunk_bytes: usize,
     what: String,
+    /// Every rank is on this host: arenas instead of the ring (invariant 8).
+    shared: bool,
+    arenas: Arc<Mutex<Arenas>>,
 }
 
 impl Call {
@@ -509,14 +585,16 @@ impl Call {
         Ok(got.payload)
     }
 
-    /// Invariant 2; returns what every rank attached, in rank order.
+    /// Invariant 2; returns what every rank attached, in rank order, and
+    /// whether every rank reaches every other through shared memory
+    /// (invariant 8).
     async fn exchange_descriptors(
         &self,
         mine: &Descriptor,
         attached: Vec<u8>,
-    ) -> Result<Vec<Vec<u8>>> {
+    ) -> Result<(Vec<Vec<u8>>, bool)> {
         if self.n() == 1 {
-            return Ok(vec![attached]);
+            return Ok((vec![attached], false));
         }
         // A ring all-gather: at step s, pass on the descriptor of rank
         // r - s (our own first) and take that of rank r - s - 1. Only
@@ -546,7 +624,7 @@ impl Call {
             forward = got;
         }
         let all: Vec<Descriptor> = all.into_iter().flatten().collect();
-        if all.iter().any(|d| d != mine) {
+        if all.iter().any(|d| !d.same_call(mine)) {
             let list = all
                 .iter()
                 .enumerate()
@@ -555,7 +633,7 @@ impl Call {
                 .join("; ");
             return Err(TransferError::Mismatch(list));
         }
-        Ok(data)
+        Ok((data, all.iter().all(|d| d.shared)))
     }
 
     /// One ring pass of `n - 1` steps. At step `s` this rank sends the
@@ -605,6 +683,130 @@ impl Call {
             futures::try_join!(try_join_all(sends), recvs)?;
         }
         Ok(())
+    }
+
+    /// This rank's arena, made at least `len` bytes long (a new one if it
+    /// was shorter), after `fill` wrote it; returns its name (invariant 8).
+    fn fill_arena(&self, len: usize, fill: impl FnOnce(&mut ShmArena)) -> Result<String> {
+        let mut arenas = self.arenas.lock().expect("not poisoned");
+        if arenas.mine.as_ref().is_none_or(|a| a.len() < len) {
+            arenas.mine = None;
+            let arena = ShmArena::create(self.endpoint.shm_dir(), len).map_err(|e| {
+                TransferError::Stream {
+                    peer: "this host".into(),
+                    reason: format!(
+                        "a {len}-byte arena in {}: {e}",
+                        self.endpoint.shm_dir().display()
+                    ),
+                }
+            })?;
+            arenas.mine = Some(arena);
+        }
+        let arena = arenas.mine.as_mut().expect("made above");
+        fill(arena);
+        Ok(arena.name().to_owned())
+    }
+
+    /// The arena `from` posts under `tag`, at least `min_len` bytes long:
+    /// the mapping kept from an earlier call when the name is the same.
+    async fn peer_arena(&self, from: usize, tag: u64, min_len: usize) -> Result<Arc<PeerArena>> {
+        let got = self.recv(from, tag).await?;
+        let bad = |reason: String| TransferError::Stream {
+            peer: format!("rank {from}"),
+            reason,
+        };
+        let name =
+            std::str::from_utf8(&got).map_err(|_| bad("an arena name not in UTF-8".into()))?;
+        {
+            let arenas = self.arenas.lock().expect("not poisoned");
+            if let Some(Some(a)) = arenas.peers.get(from) {
+                if a.name() == name && a.len() >= min_len {
+                    return Ok(a.clone());
+                }
+            }
+        }
+        let arena = PeerArena::open(self.endpoint.shm_dir(), name, min_len)
+            .map_err(|e| bad(format!("arena: {e}")))?;
+        let arena = Arc::new(arena);
+        let mut arenas = self.arenas.lock().expect("not poisoned");
+        arenas.peers.resize(self.n(), None);
+        arenas.peers[from] = Some(arena.clone());
+        Ok(arena)
+    }
+
+    /// Posts this rank's arena `name` to every peer and maps theirs, each
+    /// at least `min_len` bytes; indexed by rank, `None` for this one.
+    async fn exchange_arenas(
+        &self,
+        name: &str,
+        min_len: usize,
+    ) -> Result<Vec<Option<Arc<PeerArena>>>> {
+        let tag = self.tag(PHASE_REDUCE, 0, 0);
+        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
+        let sends = others
+            .iter()
+            .map(|&k| self.send(k, tag, ElementType::U8, name.as_bytes()));
+        let maps = others.iter().map(|&k| self.peer_arena(k, tag, min_len));
+        let (_, got) = futures::try_join!(try_join_all(sends), try_join_all(maps))?;
+        let mut peers = vec![None; self.n()];
+        for (k, arena) in others.into_iter().zip(got) {
+            peers[k] = Some(arena);
+        }
+        Ok(peers)
+    }
+
+    /// An empty message to every peer under `tag`, and one from each.
+    async fn signal_all(&self, tag: u64) -> Result<()> {
+        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
+        let sends = others
+            .iter()
+            .map(|&k| self.send(k, tag, ElementType::U8, &[]));
+        let recvs = others.iter().map(|&k| self.recv(k, tag));
+        futures::try_join!(try_join_all(sends), try_join_all(recvs))?;
+        Ok(())
+    }
+
+    /// The reduce half of the same-host path (invariant 8): publishes the
+    /// other ranks' segments of `data`, then folds this rank's segment from
+    /// every arena in the ring's order into `data` (and into the arena when
+    /// `publish`, for the others to copy). Returns the peers' arenas.
+    async fn fold_in_arenas(
+        &self,
+        op: ReduceOp,
+        dtype: ElementType,
+        data: &mut [u8],
+        segs: &[Range<usize>],
+        publish: bool,
+    ) -> Result<Vec<Option<Arc<PeerArena>>>> {
+        let (n, r) = (self.n(), self.rank);
+        let name = self.fill_arena(data.len(), |arena| {
+            for (j, seg) in segs.iter().enumerate() {
+                if j != r {
+                    arena
+                        .region_mut(seg.clone())
+                        .copy_from_slice(&data[seg.clone()]);
+                }
+            }
+        })?;
+        let peers = self.exchange_arenas(&name, data.len()).await?;
+        let seg = segs[r].clone();
+        let others = (1..n)
+            .filter_map(|step| peers[(r + step) % n].as_ref())
+            .map(|peer| peer.region(seg.clone()))
+            .collect::<Result<Vec<&[u8]>>>()?;
+        let mut arenas = self.arenas.lock().expect("not poisoned");
+        let copy = match publish {
+            true => Some(
+                arenas
+                    .mine
+                    .as_mut()
+                    .expect("filled above")
+                    .region_mut(seg.clone()),
+            ),
+            false => None,
+        };
+        fold_onto(op, dtype, &others, &mut data[seg], copy, n)?;
+        Ok(peers)
     }
 
     fn byte_segments(&self, dtype: ElementType, bytes: usize) -> Vec<Range<usize>> {
@@ -661,7 +863,17 @@ impl Call {
         mut data: Vec<u8>,
     ) -> Result<Vec<u8>> {
         let segs = self.byte_segments(dtype, data.len());
-        if self.n() > 1 {
+        if self.shared {
+            let peers = self
+                .fold_in_arenas(op, dtype, &mut data, &segs, true)
+                .await?;
+            self.signal_all(self.tag(PHASE_GATHER, 0, 0)).await?;
+            for (j, seg) in segs.iter().enumerate() {
+                if let Some(peer) = &peers[j] {
+                    data[seg.clone()].copy_from_slice(peer.region(seg.clone())?);
+                }
+            }
+        } else if self.n() > 1 {
             self.reduce_phase(op, dtype, &mut data, &segs).await?;
             self.gather_phase(dtype, &mut data, &segs).await?;
         }
@@ -675,7 +887,10 @@ impl Call {
         mut data: Vec<u8>,
     ) -> Result<Vec<u8>> {
         let segs = self.byte_segments(dtype, data.len());
-        if self.n() > 1 {
+        if self.shared {
+            self.fold_in_arenas(op, dtype, &mut data, &segs, false)
+                .await?;
+        } else if self.n() > 1 {
             self.reduce_phase(op, dtype, &mut data, &segs).await?;
         }
         Ok(data[segs[self.rank].clone()].to_vec())
@@ -683,6 +898,19 @@ impl Call {
 
     async fn all_gather(self, dtype: ElementType, data: &[u8]) -> Result<Vec<u8>> {
         let len = data.len();
+        if self.shared {
+            let name =
+                self.fill_arena(len, |arena| arena.region_mut(0..len).copy_from_slice(data))?;
+            let peers = self.exchange_arenas(&name, len).await?;
+            let mut out = Vec::with_capacity(len * self.n());
+            for peer in &peers {
+                match peer {
+                    Some(peer) => out.extend_from_slice(peer.region(0..len)?),
+                    None => out.extend_from_slice(data),
+                }
+            }
+            return Ok(out);
+        }
         let mut buf = vec![0u8; len * self.n()];
         buf[self.rank * len..(self.rank + 1) * len].copy_from_slice(data);
         let segs: Vec<_> = (0..self.n()).map(|j| j * len..(j + 1) * len).collect();
@@ -702,6 +930,21 @@ impl Call {
     ) -> Result<Vec<u8>> {
         let n = self.n();
         if n == 1 {
+            return Ok(data);
+        }
+        if self.shared {
+            let (len, tag) = (data.len(), self.tag(PHASE_REDUCE, 0, 0));
+            if self.rank == root {
+                let name =
+                    self.fill_arena(len, |arena| arena.region_mut(0..len).copy_from_slice(&data))?;
+                let sends = (0..n)
+                    .filter(|&k| k != root)
+                    .map(|k| self.send(k, tag, ElementType::U8, name.as_bytes()));
+                try_join_all(sends).await?;
+            } else {
+                let peer = self.peer_arena(root, tag, len).await?;
+                data.copy_from_slice(peer.region(0..len)?);
+            }
             return Ok(data);
         }
         let next = (self.rank + 1) % n;

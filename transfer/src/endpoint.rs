@@ -457,6 +457,11 @@ impl TransferEndpoint {
             .map(|c| c.stats())
     }
 
+    /// Where this endpoint's shared-memory files live.
+    pub(crate) fn shm_dir(&self) -> &std::path::Path {
+        &self.cfg.shm_dir
+    }
+
     /// Whether transfers to `peer` take the shared-memory path.
     pub fn same_host(&self, peer: &Peer) -> bool {
         !self.cfg.force_network && self.same_boot_id(peer)

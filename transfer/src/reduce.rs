@@ -76,29 +76,130 @@ pub fn check_reducible(dtype: ElementType) -> Result<()> {
 /// same number of `dtype` elements. For `Mean` this sums; [`finish_mean`]
 /// divides once at the end.
 pub fn combine(op: ReduceOp, dtype: ElementType, own: &mut [u8], incoming: &[u8]) -> Result<()> {
+    combine_as::<true>(op, dtype, own, incoming)
+}
+
+/// `acc[i] = acc[i] ⊕ next[i]`: the fold's next step with the running
+/// value as the left operand, as the ring applies it (the running value
+/// is what arrives, `next` is the receiver's own).
+fn accumulate(op: ReduceOp, dtype: ElementType, acc: &mut [u8], next: &[u8]) -> Result<()> {
+    combine_as::<false>(op, dtype, acc, next)
+}
+
+/// `own = other ⊕ own` (`OTHER_LEFT`) or `own = own ⊕ other`: the operand
+/// order matters bit for bit only for NaN payloads and signed zeros under
+/// max/min, but the documented order is the one applied.
+fn combine_as<const OTHER_LEFT: bool>(
+    op: ReduceOp,
+    dtype: ElementType,
+    own: &mut [u8],
+    other: &[u8],
+) -> Result<()> {
     check_reducible(dtype)?;
-    if own.len() != incoming.len() || own.len() % dtype.size() != 0 {
+    if own.len() != other.len() || own.len() % dtype.size() != 0 {
         return Err(TransferError::InvalidArgument(format!(
             "cannot combine {} bytes with {} bytes of {}",
-            incoming.len(),
+            other.len(),
             own.len(),
             dtype.name()
         )));
     }
+    // `zip` hands the closure (other, own); `ordered` puts them in the
+    // operator's order.
+    fn ordered<const OTHER_LEFT: bool, T>(other: T, own: T) -> (T, T) {
+        if OTHER_LEFT {
+            (other, own)
+        } else {
+            (own, other)
+        }
+    }
+    let o = ordered::<OTHER_LEFT, f32>;
+    let o64 = ordered::<OTHER_LEFT, f64>;
     match dtype {
-        ElementType::F32 => zip::<f32>(own, incoming, |a, b| float_op(op, a, b)),
-        ElementType::F64 => zip::<f64>(own, incoming, |a, b| float_op(op, a, b)),
-        ElementType::F16 => zip::<u16>(own, incoming, |a, b| {
-            let r = float_op(op, f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32());
-            f16::from_f32(r).to_bits()
+        ElementType::F32 => zip::<f32>(own, other, |a, b| {
+            let (l, r) = o(a, b);
+            float_op(op, l, r)
         }),
-        ElementType::BF16 => zip::<u16>(own, incoming, |a, b| {
-            let r = float_op(op, bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32());
-            bf16::from_f32(r).to_bits()
+        ElementType::F64 => zip::<f64>(own, other, |a, b| {
+            let (l, r) = o64(a, b);
+            float_op(op, l, r)
         }),
-        ElementType::S32 => zip::<i32>(own, incoming, |a, b| int_op(op, a, b)),
-        ElementType::S64 => zip::<i64>(own, incoming, |a, b| int_op(op, a, b)),
+        ElementType::F16 => zip::<u16>(own, other, |a, b| {
+            let (l, r) = o(f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32());
+            f16::from_f32(float_op(op, l, r)).to_bits()
+        }),
+        ElementType::BF16 => zip::<u16>(own, other, |a, b| {
+            let (l, r) = o(bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32());
+            bf16::from_f32(float_op(op, l, r)).to_bits()
+        }),
+        ElementType::S32 => zip::<i32>(own, other, |a, b| {
+            let (l, r) = ordered::<OTHER_LEFT, i32>(a, b);
+            int_op(op, l, r)
+        }),
+        ElementType::S64 => zip::<i64>(own, other, |a, b| {
+            let (l, r) = ordered::<OTHER_LEFT, i64>(a, b);
+            int_op(op, l, r)
+        }),
         _ => unreachable!("checked by check_reducible"),
+    }
+    Ok(())
+}
+
+/// Bytes folded at a time by [`fold_onto`]: the running block and one
+/// block of each input stay in the first-level cache.
+const FOLD_BLOCK: usize = 16 << 10;
+
+/// The ring's fold of one segment computed in one place:
+/// `own = ((others[0] ⊕ others[1]) ⊕ …) ⊕ own`, divided by `ranks` for
+/// `Mean`, and the result also written to `copy` when given. Bit for bit
+/// what the ring computes for the segment whose owner holds `own` when
+/// `others` are the other ranks' segments starting after the owner (module
+/// docs); block by block, so every input is read once.
+pub fn fold_onto(
+    op: ReduceOp,
+    dtype: ElementType,
+    others: &[&[u8]],
+    own: &mut [u8],
+    mut copy: Option<&mut [u8]>,
+    ranks: usize,
+) -> Result<()> {
+    check_reducible(dtype)?;
+    let len = own.len();
+    if others.iter().any(|o| o.len() != len)
+        || copy.as_ref().is_some_and(|c| c.len() != len)
+        || len % dtype.size() != 0
+    {
+        return Err(TransferError::InvalidArgument(format!(
+            "cannot fold {} arrays into {len} bytes of {}",
+            others.len(),
+            dtype.name()
+        )));
+    }
+    // u64 words: the running block is aligned for every dtype.
+    let mut words = vec![0u64; FOLD_BLOCK / 8];
+    let block = (FOLD_BLOCK / dtype.size()) * dtype.size();
+    let mut at = 0;
+    while at < len {
+        let end = (at + block).min(len);
+        let acc = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..end - at];
+        match others.split_first() {
+            Some((first, rest)) => {
+                acc.copy_from_slice(&first[at..end]);
+                for o in rest {
+                    accumulate(op, dtype, acc, &o[at..end])?;
+                }
+                accumulate(op, dtype, acc, &own[at..end])?;
+            }
+            None => acc.copy_from_slice(&own[at..end]),
+        }
+        if op == ReduceOp::Mean {
+            finish_mean(dtype, acc, ranks)?;
+        }
+        own[at..end].copy_from_slice(acc);
+        if let Some(c) = copy.as_deref_mut() {
+            c[at..end].copy_from_slice(acc);
+        }
+        at = end;
     }
     Ok(())
 }
@@ -405,5 +506,106 @@ mod tests {
         let out = reference_reduce(ReduceOp::Sum, ElementType::F32, &inputs).unwrap();
         let out: Vec<f32> = bytemuck::pod_collect_to_vec(&out);
         assert_eq!(out, vec![(x[0] + x[1]) + x[2]; 3]);
+    }
+
+    /// `fold_onto` over each segment's inputs in the ring's order equals
+    /// the ring's reference bit for bit, across block boundaries, with
+    /// NaNs of different payloads and zeros of both signs (where the
+    /// operand order shows in the result bits).
+    #[test]
+    fn folding_a_segment_in_one_place_equals_the_ring() {
+        let count_for = |dtype: ElementType| 2 * FOLD_BLOCK / dtype.size() + 7;
+        for dtype in REDUCIBLE {
+            for op in ReduceOp::ALL {
+                for n in 1..=4usize {
+                    let count = count_for(dtype);
+                    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (n as u64) << 8;
+                    let mut next = move || {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        state
+                    };
+                    let inputs: Vec<Vec<u8>> = (0..n)
+                        .map(|_| {
+                            (0..count)
+                                .flat_map(|_| special_or_random(dtype, next()))
+                                .collect()
+                        })
+                        .collect();
+                    let want = reference_ring_reduce(op, dtype, &inputs).unwrap();
+                    let size = dtype.size();
+                    for j in 0..n {
+                        let seg = segment(count, n, j);
+                        let bytes = seg.start * size..seg.end * size;
+                        let others: Vec<&[u8]> = (1..n)
+                            .map(|step| &inputs[(j + step) % n][bytes.clone()])
+                            .collect();
+                        let mut own = inputs[j][bytes.clone()].to_vec();
+                        let mut copy = vec![0u8; own.len()];
+                        fold_onto(op, dtype, &others, &mut own, Some(&mut copy), n).unwrap();
+                        let what = format!("{} {} segment {j} of {n}", op.name(), dtype.name());
+                        assert!(own == want[bytes.clone()], "{what}");
+                        assert!(copy == own, "{what}: copy");
+                    }
+                }
+            }
+        }
+        let mut own = vec![0u8; 8];
+        assert!(fold_onto(
+            ReduceOp::Sum,
+            ElementType::F32,
+            &[&[0u8; 4]],
+            &mut own,
+            None,
+            2
+        )
+        .is_err());
+    }
+
+    /// One element's bytes: mostly random, sometimes a NaN with a random
+    /// payload or a zero of either sign.
+    fn special_or_random(dtype: ElementType, r: u64) -> Vec<u8> {
+        let pick = r % 8;
+        let x = (r >> 8) as u32;
+        match dtype {
+            ElementType::F32 => {
+                let v = match pick {
+                    0 => f32::from_bits(0x7fc0_0000 | (x & 0x3f_ffff) | 1),
+                    1 => -0.0,
+                    2 => 0.0,
+                    _ => (x % 2000) as f32 / 7.0 - 140.0,
+                };
+                bytes(&[v])
+            }
+            ElementType::F64 => {
+                let v = match pick {
+                    0 => f64::from_bits(0x7ff8_0000_0000_0000 | (r >> 16) | 1),
+                    1 => -0.0,
+                    2 => 0.0,
+                    _ => (x % 2000) as f64 / 7.0 - 140.0,
+                };
+                bytes(&[v])
+            }
+            ElementType::F16 => {
+                let v = match pick {
+                    0 => 0x7e00 | (x as u16 & 0x1ff) | 1,
+                    1 => f16::NEG_ZERO.to_bits(),
+                    _ => f16::from_f32((x % 200) as f32 / 7.0 - 14.0).to_bits(),
+                };
+                bytes(&[v])
+            }
+            ElementType::BF16 => {
+                let v = match pick {
+                    0 => 0x7fc0 | (x as u16 & 0x3f) | 1,
+                    1 => bf16::NEG_ZERO.to_bits(),
+                    _ => bf16::from_f32((x % 200) as f32 / 7.0 - 14.0).to_bits(),
+                };
+                bytes(&[v])
+            }
+            ElementType::S32 => bytes(&[x as i32]),
+            ElementType::S64 => bytes(&[r as i64]),
+            _ => unreachable!(),
+        }
     }
 }

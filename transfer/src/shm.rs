@@ -19,6 +19,13 @@
 //!    shortens the file until the acknowledgement, which the receiver sends
 //!    only once the mapping is dropped, so the mapped bytes never change
 //!    under a reader and never shrink away from it.
+//! 4. An arena ([`ShmArena`]) is a communicator's standing file: mapped
+//!    read-write by its owner and read-only by its peers ([`PeerArena`]) for
+//!    the communicator's life, so a collective between processes of one
+//!    host faults no pages and maps nothing after its first call. Its
+//!    length never changes (a larger need gets a new file). Who may touch
+//!    which bytes when is the collectives' protocol (collective
+//!    invariant 8); the mappings only ever hand out the ranges asked for.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -70,16 +77,7 @@ impl ShmPool {
         let f = match reused {
             Some(f) => f,
             None => {
-                let name = format!(
-                    "{SHM_PREFIX}{}-{}",
-                    std::process::id(),
-                    NEXT_FILE.fetch_add(1, Ordering::Relaxed)
-                );
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(self.dir.join(&name))?;
+                let (name, file) = create_file(&self.dir)?;
                 ShmFile { name, file, len }
             }
         };
@@ -111,6 +109,22 @@ impl Drop for ShmPool {
             let _ = std::fs::remove_file(self.dir.join(&f.name));
         }
     }
+}
+
+/// A new file of this process in `dir`, named so that [`sweep_dead`]
+/// finds it if the process dies (invariant 1).
+fn create_file(dir: &Path) -> std::io::Result<(String, File)> {
+    let name = format!(
+        "{SHM_PREFIX}{}-{}",
+        std::process::id(),
+        NEXT_FILE.fetch_add(1, Ordering::Relaxed)
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(dir.join(&name))?;
+    Ok((name, file))
 }
 
 /// Removes `tessel-{pid}-…` files of processes that no longer exist.
@@ -223,31 +237,13 @@ pub(crate) fn map(
     name: &str,
     byte_len: u64,
 ) -> Result<Option<(ShmMapping, tokio::sync::oneshot::Receiver<()>)>> {
-    use std::os::fd::AsRawFd;
     let (f, path) = open_payload(dir, name, byte_len)?;
     let fail = |reason: String| failure(&path, reason);
     if byte_len == 0 {
         return Ok(None);
     }
     let len = usize::try_from(byte_len).map_err(|_| fail(format!("{byte_len} bytes")))?;
-    // SAFETY: a fresh read-only shared mapping of an open file descriptor
-    // whose length was just checked; the kernel picks the address, and the
-    // result is checked against MAP_FAILED before use. Closing the file
-    // afterwards keeps the mapping.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(fail(format!("mmap: {}", std::io::Error::last_os_error())));
-    }
-    let ptr = std::ptr::NonNull::new(ptr.cast::<u8>()).ok_or_else(|| fail("mmap: null".into()))?;
+    let ptr = map_shared(&f, len, false).map_err(|e| fail(format!("mmap: {e}")))?;
     let (released, on_release) = tokio::sync::oneshot::channel();
     let mapping = ShmMapping {
         ptr,
@@ -255,6 +251,176 @@ pub(crate) fn map(
         released: Some(released),
     };
     Ok(Some((mapping, on_release)))
+}
+
+/// Maps the first `len` (> 0) bytes of `f`, shared, with its pages
+/// populated; read-write when `write`.
+fn map_shared(f: &File, len: usize, write: bool) -> std::io::Result<std::ptr::NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    let prot = if write {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: a fresh shared mapping of an open file descriptor at least
+    // `len` bytes long (every caller checked or set the length); the kernel
+    // picks the address, and the result is checked against MAP_FAILED
+    // before use. Closing the file afterwards keeps the mapping.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    std::ptr::NonNull::new(ptr.cast::<u8>())
+        .ok_or_else(|| std::io::Error::other("mmap returned null"))
+}
+
+/// A communicator's own arena (invariant 4): a file of `len` bytes mapped
+/// read-write; dropping it unmaps and removes the file (peers' mappings
+/// stay valid until they drop them).
+pub(crate) struct ShmArena {
+    name: String,
+    path: PathBuf,
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone and written only
+// through `&mut self`; any thread may use or drop it.
+unsafe impl Send for ShmArena {}
+// SAFETY: `&self` hands out no access to the bytes.
+unsafe impl Sync for ShmArena {}
+
+impl ShmArena {
+    /// A new arena of `len` (> 0) bytes in `dir`, its pages allocated.
+    pub fn create(dir: &Path, len: usize) -> std::io::Result<ShmArena> {
+        if len == 0 {
+            return Err(std::io::Error::other("an arena holds at least one byte"));
+        }
+        let (name, file) = create_file(dir)?;
+        let path = dir.join(&name);
+        let mapped = file
+            .set_len(len as u64)
+            .and_then(|()| map_shared(&file, len, true));
+        match mapped {
+            Ok(ptr) => Ok(ShmArena {
+                name,
+                path,
+                ptr,
+                len,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes of `range` (which must lie inside the arena).
+    pub fn region_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        assert!(range.start <= range.end && range.end <= self.len);
+        // SAFETY: `ptr` is a live read-write mapping of `len` bytes,
+        // unmapped only in `drop`; the range was checked to lie inside it;
+        // `&mut self` makes this the only reference this process holds
+        // into it, and peers map it read-only.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(range.start), range.len()) }
+    }
+}
+
+impl Drop for ShmArena {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what `mmap` returned, this is the
+        // only unmap, and no slice of it outlives the `&mut self` borrow
+        // that made it.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A peer's arena mapped read-only (invariant 4).
+pub(crate) struct PeerArena {
+    name: String,
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: read-only and owned by this value alone; any thread may read it
+// or unmap it on drop.
+unsafe impl Send for PeerArena {}
+// SAFETY: shared references only read.
+unsafe impl Sync for PeerArena {}
+
+impl PeerArena {
+    /// Maps the arena a peer named, after checking the name and that it
+    /// holds at least `min_len` (> 0) bytes.
+    pub fn open(dir: &Path, name: &str, min_len: usize) -> Result<PeerArena> {
+        check_shm_name(name)?;
+        let path = dir.join(name);
+        let fail = |reason: String| failure(&path, reason);
+        let f = File::open(&path).map_err(|e| fail(e.to_string()))?;
+        let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
+        let len = usize::try_from(len).map_err(|_| fail(format!("{len} bytes")))?;
+        if len < min_len || len == 0 {
+            return Err(fail(format!("{len} bytes, needed {min_len}")));
+        }
+        let ptr = map_shared(&f, len, false).map_err(|e| fail(format!("mmap: {e}")))?;
+        Ok(PeerArena {
+            name: name.to_owned(),
+            ptr,
+            len,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes of `range`, or an error if it is not inside the arena.
+    pub fn region(&self, range: std::ops::Range<usize>) -> Result<&[u8]> {
+        if range.start > range.end || range.end > self.len {
+            return Err(TransferError::InvalidArgument(format!(
+                "bytes {range:?} of a {}-byte arena",
+                self.len
+            )));
+        }
+        // SAFETY: `ptr` is a live read-only mapping of `len` bytes of a file
+        // that never shrinks (invariant 4), unmapped only in `drop`; the
+        // range lies inside it; its owner leaves these bytes alone while the
+        // protocol lets them be read (collective invariant 8).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(range.start), range.len()) })
+    }
+}
+
+impl Drop for PeerArena {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what `mmap` returned; this is the
+        // only unmap and no region outlives `&self`.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -335,5 +501,28 @@ mod tests {
         let _pool = ShmPool::new(dir.path().to_path_buf());
         assert!(!dead.exists());
         assert!(live.exists() && other.exists());
+    }
+
+    #[test]
+    fn an_arena_is_seen_by_its_peers_and_removed_with_its_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut arena = ShmArena::create(dir.path(), 10_000).unwrap();
+        arena.region_mut(100..104).copy_from_slice(b"abcd");
+        let peer = PeerArena::open(dir.path(), arena.name(), 10_000).unwrap();
+        assert_eq!(peer.region(100..104).unwrap(), b"abcd");
+        // Later writes show through the standing mapping.
+        arena.region_mut(9_996..10_000).copy_from_slice(b"wxyz");
+        assert_eq!(peer.region(9_996..10_000).unwrap(), b"wxyz");
+        assert!(peer.region(9_999..10_001).is_err(), "outside the arena");
+        assert!(
+            PeerArena::open(dir.path(), arena.name(), 10_001).is_err(),
+            "shorter than needed"
+        );
+        assert!(PeerArena::open(dir.path(), "../etc/passwd", 1).is_err());
+        assert!(ShmArena::create(dir.path(), 0).is_err());
+        drop(arena);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // The peer's mapping outlives the file.
+        assert_eq!(peer.region(100..104).unwrap(), b"abcd");
     }
 }
