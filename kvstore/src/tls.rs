@@ -232,8 +232,14 @@ impl TlsFiles {
     }
 }
 
+/// ring's suites with AES-128-GCM first (ring lists AES-256 first): QUIC
+/// seals and opens every packet with the suite's cipher, and 10 AES rounds
+/// instead of 14 are cheaper per byte on the transfer path.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites
+        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    Arc::new(p)
 }
 
 /// How long a silent peer keeps its connection: a killed process sends no
@@ -349,5 +355,25 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Both ends offer AES-128-GCM first, so a connection between tessel
+    /// processes negotiates it.
+    #[test]
+    fn aes_128_gcm_is_preferred() {
+        let suites: Vec<_> = super::provider()
+            .cipher_suites
+            .iter()
+            .map(|s| s.suite())
+            .collect();
+        assert_eq!(suites[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert!(suites.contains(&rustls::CipherSuite::TLS13_AES_256_GCM_SHA384));
+        assert_eq!(
+            suites.len(),
+            rustls::crypto::ring::default_provider().cipher_suites.len()
+        );
     }
 }
