@@ -12,6 +12,10 @@
 //!    revokes the lease.
 //! 4. A barrier passes once all its participants arrived, fails once its
 //!    deadline passes or it is cancelled, and never changes outcome after.
+//!    A decided barrier is kept until [`BARRIER_RETENTION_MS`] after its
+//!    deadline (late arrivals get its outcome), then forgotten, so the
+//!    state, which is persisted whole with every batch, does not grow with
+//!    every barrier ever held; an arrival after that starts a new barrier.
 //! 5. User errors are results, never panics: `apply` returns
 //!    `Err(KvError)` and leaves the state untouched.
 
@@ -20,6 +24,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{show_key, KvError, Result};
+
+/// How long a decided barrier outlives its deadline (invariant 4).
+pub const BARRIER_RETENTION_MS: u64 = 10 * 60 * 1000;
 
 /// Size limits checked before anything is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -698,6 +705,9 @@ impl KvState {
                 };
             }
         }
+        // Past their deadline every barrier is decided (above).
+        self.barriers
+            .retain(|_, b| b.deadline_ms.saturating_add(BARRIER_RETENTION_MS) > now);
         Ok(())
     }
 
@@ -1274,6 +1284,47 @@ mod tests {
         );
         assert!(
             matches!(s.barrier(b"c"), Some(BarrierStatus::Failed { reason }) if reason.contains("job cancelled"))
+        );
+    }
+
+    #[test]
+    fn decided_barriers_are_forgotten_after_their_retention() {
+        let mut s = MemState::default();
+        let arrive = |id: &str, p: &str| Op::BarrierArrive {
+            id: id.into(),
+            participant: p.into(),
+            participants: 2,
+            timeout_ms: 100,
+        };
+        // Both deadlines at 100 (the clock at the first arrival + 100).
+        must(&mut s, req(0, arrive("passed", "w0")));
+        must(&mut s, req(0, arrive("failed", "w0")));
+        must(&mut s, req(10, arrive("passed", "w1")));
+        let kept_until = 100 + BARRIER_RETENTION_MS;
+        // A late arrival within the retention gets the outcome.
+        assert_eq!(
+            s.apply(&req(kept_until - 1, arrive("passed", "w0"))).0,
+            Ok(Output::Barrier(BarrierStatus::Passed))
+        );
+        assert!(matches!(
+            s.apply(&req(kept_until - 1, arrive("failed", "w1"))).0,
+            Ok(Output::Barrier(BarrierStatus::Failed { .. }))
+        ));
+        // After it, both are gone and the id starts a new barrier.
+        must(&mut s, req(kept_until, Op::Tick));
+        assert_eq!(s.barrier(b"passed"), None);
+        assert_eq!(s.barrier(b"failed"), None);
+        assert_eq!(
+            s.state.barriers.len(),
+            0,
+            "the persisted state shrinks back"
+        );
+        assert_eq!(
+            s.apply(&req(kept_until, arrive("passed", "w0"))).0,
+            Ok(Output::Barrier(BarrierStatus::Waiting {
+                arrived: 1,
+                participants: 2
+            }))
         );
     }
 
