@@ -45,6 +45,11 @@ pub struct WorkerArgs {
     /// the address this host uses to reach the first coordinator).
     #[arg(long, value_name = "IP")]
     pub transfer_ip: Option<std::net::IpAddr>,
+    /// Serve this process's metrics (its job processes' transfers and
+    /// collectives included) in Prometheus's text format at
+    /// `http://HOST:PORT/metrics` (port 0 picks one, printed on start).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The local address of the route to `target` (no packet is sent).
@@ -85,6 +90,11 @@ fn transfer_ip(args: &WorkerArgs) -> Result<std::net::IpAddr> {
 }
 
 pub async fn worker(args: WorkerArgs) -> Result<()> {
+    if let Some(listen) = args.metrics_listen {
+        let addr = crate::metrics_http::serve(listen).await?;
+        // Tests and scripts read this line to learn the port.
+        println!("metrics on http://{addr}/metrics");
+    }
     let kv: Arc<dyn KvStore> = Arc::from(args.target.connect().await?);
     let plugin = locate::resolve(args.plugin.as_deref())?;
     let transfer_ip = transfer_ip(&args)?;

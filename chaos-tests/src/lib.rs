@@ -85,6 +85,8 @@ fn stdout_lines(child: &mut Child) -> mpsc::Receiver<String> {
 pub struct WorkerProc {
     pub child: Child,
     pub incarnation: u64,
+    /// `HOST:PORT` of its metrics, when started with `--metrics-listen`.
+    pub metrics: Option<String>,
 }
 
 impl WorkerProc {
@@ -120,19 +122,27 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
         .expect("spawn tessel worker");
     let rx = stdout_lines(&mut child);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut metrics = None;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let Ok(line) = rx.recv_timeout(left) else {
             let _ = child.kill();
             panic!("worker {worker_id} did not register");
         };
+        if let Some(addr) = line.strip_prefix("metrics on http://") {
+            metrics = Some(addr.trim_end_matches("/metrics").to_owned());
+        }
         if let Some(n) = line.split(" registered as incarnation ").nth(1) {
             let incarnation = n
                 .split_whitespace()
                 .next()
                 .and_then(|i| i.parse().ok())
                 .expect("incarnation");
-            return WorkerProc { child, incarnation };
+            return WorkerProc {
+                child,
+                incarnation,
+                metrics,
+            };
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Job plans on real worker processes: the MLP demo against a single
-//! device, a program that does not compile, a bad bundle, and a worker
-//! killed mid-job.
+//! device, a program that does not compile, a bad bundle, a worker
+//! killed mid-job, and a worker's metrics.
 //!
 //! Organised by the property each test proves.
 
@@ -245,4 +245,108 @@ outputs = ["a"]
         .unwrap()
         .expect("the job fails");
     assert!(failure.to_string().contains("bad job bundle"), "{failure}");
+}
+
+/// `GET /metrics` from `addr`; the body.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
+}
+
+/// The value of the first sample whose line starts with `name` and
+/// contains every one of `labels`.
+fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// `tessel worker --metrics-listen`: the worker's job processes record
+/// their collectives and transfers, and the worker its job processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_the_metrics_of_its_job_processes() {
+    let cluster = KvCluster::start(1, &[]);
+    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            spawn_worker(
+                &cluster,
+                &format!("w{i}"),
+                if i == 0 { &metrics } else { &[] },
+            )
+        })
+        .collect();
+    let addr = workers[0].metrics.clone().expect("a metrics address");
+    let kv = cluster.client();
+    let steps = 5;
+    submit(&kv, "metered", &example("job-2x2.toml"), Some(steps)).await;
+    for i in 0..2 {
+        kv.get(
+            keys::process_result("metered", i).as_bytes(),
+            Duration::from_secs(120),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("process {i} finished no plan: {e}"));
+    }
+    let text = scrape(&addr);
+    // One gradient all-reduce per step, small enough to ride with the
+    // descriptors; the ranks' readiness barrier; both through shared
+    // memory (the two workers share this host).
+    let all_reduces = sample(
+        &text,
+        "tessel_collective_seconds_count",
+        &[r#"kind="all_reduce""#, r#"algorithm="small""#],
+    )
+    .unwrap_or_else(|| panic!("no all-reduce timings in\n{text}"));
+    assert!(all_reduces >= steps as f64, "{all_reduces} all-reduces");
+    assert!(
+        sample(
+            &text,
+            "tessel_collective_seconds_bucket",
+            &[r#"kind="barrier""#]
+        )
+        .is_some(),
+        "{text}"
+    );
+    let sent = sample(
+        &text,
+        "tessel_transfer_sent_bytes_total",
+        &[r#"path="shm""#],
+    );
+    assert!(sent.is_some_and(|b| b > 0.0), "{text}");
+    assert_eq!(
+        sample(&text, "tessel_worker_job_processes_running", &[]),
+        Some(1.0)
+    );
+    // Ending the job ends the process, which the worker counts.
+    tessel_coordinator::jobs::finish_job(&kv, "metered")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = scrape(&addr);
+        let ended = sample(
+            &text,
+            "tessel_worker_job_processes_total",
+            &[r#"outcome="ended""#],
+        );
+        if ended == Some(1.0) {
+            assert_eq!(
+                sample(&text, "tessel_worker_job_processes_running", &[]),
+                Some(0.0)
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the process never ended:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

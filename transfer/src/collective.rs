@@ -198,6 +198,22 @@ impl Descriptor {
         self.kind == "all_reduce" && all_reduce_is_small(self.bytes as usize)
     }
 
+    /// How a call of `n` ranks that agreed on this descriptor runs, as the
+    /// metrics label it.
+    fn algorithm(&self, n: usize, shared: bool) -> &'static str {
+        if n == 1 {
+            "local"
+        } else if self.kind == "barrier" {
+            "descriptors"
+        } else if self.carries_data() {
+            "small"
+        } else if shared {
+            "arena"
+        } else {
+            "ring"
+        }
+    }
+
     /// The same call, whatever the ranks' paths (invariants 2 and 8).
     fn same_call(&self, other: &Descriptor) -> bool {
         Descriptor {
@@ -422,13 +438,28 @@ impl Communicator {
         let rank = self.rank;
         let base = call.base;
         let what = call.what.clone();
+        let started = Instant::now();
+        let mut algorithm = "none";
         let result = match call.exchange_descriptors(&d, attached).await {
             Ok((frames, shared)) => {
                 call.shared = shared && d.bytes > 0;
+                algorithm = d.algorithm(self.size(), call.shared);
                 body(call, frames).await
             }
             Err(e) => Err(e),
         };
+        let kind = d.kind.clone();
+        match &result {
+            Ok(_) => {
+                metrics::histogram!("tessel_collective_seconds", "kind" => kind.clone(), "algorithm" => algorithm)
+                    .record(started.elapsed().as_secs_f64());
+                metrics::counter!("tessel_collective_bytes_total", "kind" => kind)
+                    .increment(d.bytes);
+            }
+            Err(_) => {
+                metrics::counter!("tessel_collective_failures_total", "kind" => kind).increment(1)
+            }
+        }
         if let Err(e) = &result {
             let reason = format!("{what} failed: {e}");
             if !matches!(

@@ -563,8 +563,15 @@ impl TransferEndpoint {
                 after: timeout,
             }
         })?;
+        let path = if shm.is_some() { "shm" } else { "quic" };
         if let Some(f) = shm {
             self.shm.release(f, result.is_ok());
+        }
+        match &result {
+            Ok(()) => metrics::counter!("tessel_transfer_sent_bytes_total", "path" => path)
+                .increment(data.len() as u64),
+            Err(_) => metrics::counter!("tessel_transfer_send_failures_total", "path" => path)
+                .increment(1),
         }
         result
     }
@@ -772,6 +779,9 @@ async fn receive(
             .map_err(|e| stream_err(format!("payload: {e}")))?,
         ),
     };
+    let path = if header.shm.is_some() { "shm" } else { "quic" };
+    metrics::counter!("tessel_transfer_received_bytes_total", "path" => path)
+        .increment(header.byte_len);
     {
         let mut slots = mailbox.slots.lock().expect("not poisoned");
         slots

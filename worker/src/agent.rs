@@ -304,7 +304,15 @@ impl Worker {
     async fn run_job(&self, a: &JobAssignment) -> Result<()> {
         let mut client = None;
         let mut comm = None;
+        let running = metrics::gauge!("tessel_worker_job_processes_running");
+        running.increment(1.0);
+        let started = std::time::Instant::now();
         let outcome = self.job_process(a, &mut client, &mut comm).await;
+        running.decrement(1.0);
+        let label = if outcome.is_ok() { "ended" } else { "failed" };
+        metrics::counter!("tessel_worker_job_processes_total", "outcome" => label).increment(1);
+        metrics::histogram!("tessel_worker_job_process_seconds", "outcome" => label)
+            .record(started.elapsed().as_secs_f64());
         if let Err(e) = &outcome {
             self.record_failure(a, e).await;
         }
@@ -361,6 +369,8 @@ impl Worker {
         let timeout = Duration::from_millis(a.topology_timeout_ms);
         let started = std::time::Instant::now();
         let topology = exchange(&*self.kv, &a.job, &local, timeout).await?;
+        metrics::histogram!("tessel_worker_topology_exchange_seconds")
+            .record(started.elapsed().as_secs_f64());
         tracing::info!(
             job = %a.job,
             process = a.process_index,
