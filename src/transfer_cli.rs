@@ -164,6 +164,7 @@ pub async fn run(args: TransferRankArgs) -> Result<()> {
             timeout: Duration::from_millis(args.timeout_ms),
             chunk_bytes: args.chunk_bytes,
             arenas: !args.no_arenas,
+            ..CollectiveConfig::default()
         },
     )?;
     let timeout = Duration::from_millis(args.timeout_ms);

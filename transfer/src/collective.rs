@@ -41,7 +41,9 @@
 //!    all-gather and broadcast of at least one byte (an all-reduce: over
 //!    the small size) use arenas (shm invariant 4) instead of the ring. Each
 //!    descriptor says whether its rank reaches every member through shared
-//!    memory; the arenas are used only when all say so (the flag is left out
+//!    memory and holds an arena of the call's size (reserved before the
+//!    descriptor is sent; over `max_arena_bytes`, or no room in the folder:
+//!    no); the arenas are used only when all say so (the flag is left out
 //!    of invariant 2's comparison), so every rank picks the same algorithm.
 //!    A rank writes its input into its arena and posts the arena's name to
 //!    every peer (a broadcast: the root alone); peers read what they need
@@ -91,6 +93,10 @@ pub struct CollectiveConfig {
     /// memory instead of the ring (invariant 8). Off: the ring, for
     /// comparison; a group uses arenas only if every rank has this on.
     pub arenas: bool,
+    /// Largest arena a rank keeps (it lives in the shared-memory folder,
+    /// beside the caller's own copy of the data); larger calls take the
+    /// ring, as do calls for which the folder has no room.
+    pub max_arena_bytes: usize,
 }
 
 impl Default for CollectiveConfig {
@@ -99,6 +105,7 @@ impl Default for CollectiveConfig {
             timeout: Duration::from_secs(60),
             chunk_bytes: 4 << 20,
             arenas: true,
+            max_arena_bytes: 2 << 30,
         }
     }
 }
@@ -381,16 +388,46 @@ impl Communicator {
         bytes: usize,
         root: Option<u32>,
     ) -> Descriptor {
+        let d = descriptor(kind, op, dtype, bytes, root);
         let shared = self.cfg.arenas
             && self.size() > 1
+            && bytes > 0
+            && d.algorithm(self.size(), true) == "arena"
             && self
                 .members
                 .iter()
                 .enumerate()
-                .all(|(r, p)| r == self.rank || self.endpoint.same_host(p));
-        Descriptor {
-            shared,
-            ..descriptor(kind, op, dtype, bytes, root)
+                .all(|(r, p)| r == self.rank || self.endpoint.same_host(p))
+            && self.reserve_arena(bytes);
+        Descriptor { shared, ..d }
+    }
+
+    /// Makes this rank's arena at least `len` bytes long before the call
+    /// commits to arenas; false (the ring then) if shared memory has no
+    /// room for it.
+    fn reserve_arena(&self, len: usize) -> bool {
+        if len > self.cfg.max_arena_bytes {
+            return false;
+        }
+        let mut arenas = self.arenas.lock().expect("not poisoned");
+        if arenas.mine.as_ref().is_some_and(|a| a.len() >= len) {
+            return true;
+        }
+        arenas.mine = None;
+        match ShmArena::create(self.endpoint.shm_dir(), len) {
+            Ok(a) => {
+                arenas.mine = Some(a);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(
+                    bytes = len,
+                    dir = %self.endpoint.shm_dir().display(),
+                    error = %e,
+                    "no shared-memory arena; collectives take the ring"
+                );
+                false
+            }
         }
     }
 
@@ -716,24 +753,19 @@ impl Call {
         Ok(())
     }
 
-    /// This rank's arena, made at least `len` bytes long (a new one if it
-    /// was shorter), after `fill` wrote it; returns its name (invariant 8).
+    /// Lets `fill` write this rank's arena (reserved at least `len` bytes
+    /// long before its descriptor said `shared`); returns its name
+    /// (invariant 8).
     fn fill_arena(&self, len: usize, fill: impl FnOnce(&mut ShmArena)) -> Result<String> {
         let mut arenas = self.arenas.lock().expect("not poisoned");
-        if arenas.mine.as_ref().is_none_or(|a| a.len() < len) {
-            arenas.mine = None;
-            let arena = ShmArena::create(self.endpoint.shm_dir(), len).map_err(|e| {
-                TransferError::Stream {
-                    peer: "this host".into(),
-                    reason: format!(
-                        "a {len}-byte arena in {}: {e}",
-                        self.endpoint.shm_dir().display()
-                    ),
-                }
+        let arena = arenas
+            .mine
+            .as_mut()
+            .filter(|a| a.len() >= len)
+            .ok_or_else(|| TransferError::Stream {
+                peer: "this host".into(),
+                reason: format!("no {len}-byte arena reserved"),
             })?;
-            arenas.mine = Some(arena);
-        }
-        let arena = arenas.mine.as_mut().expect("made above");
         fill(arena);
         Ok(arena.name().to_owned())
     }
@@ -1074,6 +1106,76 @@ mod tests {
         // Truncated frames.
         assert!(DescriptorFrame::decode(&[5]).is_err());
         assert!(DescriptorFrame::decode(&[200, 0, 1, 2]).is_err());
+    }
+
+    /// Invariant 8: a rank offers arenas only when every member shares its
+    /// host, the call is one that uses them, and an arena of the call's
+    /// size fits the limit and the shared-memory folder.
+    #[tokio::test]
+    async fn arenas_are_offered_only_where_they_can_be_used() {
+        use crate::endpoint::TransferConfig;
+        let shm = tempfile::tempdir().unwrap();
+        let endpoint = |dir: &std::path::Path| {
+            let cfg = TransferConfig {
+                boot_id: Some("here".into()),
+                shm_dir: dir.to_path_buf(),
+                ..TransferConfig::default()
+            };
+            let any = "127.0.0.1:0".parse().unwrap();
+            Arc::new(TransferEndpoint::bind(any, 0, None, cfg).unwrap())
+        };
+        let peer = |port: u16, boot: &str| {
+            Peer::new(
+                std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                Some(boot.into()),
+            )
+        };
+        let comm = |ep: &Arc<TransferEndpoint>, other: Peer, max_arena_bytes: usize| {
+            let cfg = CollectiveConfig {
+                max_arena_bytes,
+                ..CollectiveConfig::default()
+            };
+            Communicator::new(ep.clone(), vec![peer(1, "here"), other], 0, cfg).unwrap()
+        };
+        let (sum, f32) = (Some(ReduceOp::Sum), ElementType::F32);
+        let ep = endpoint(shm.path());
+        let c = comm(&ep, peer(2, "here"), 1 << 20);
+        assert!(c.descriptor("all_reduce", sum, f32, 1 << 20, None).shared);
+        assert!(c.descriptor("all_gather", None, f32, 8, None).shared);
+        assert_eq!(
+            std::fs::read_dir(shm.path()).unwrap().count(),
+            1,
+            "reserved"
+        );
+        assert!(
+            !c.descriptor("all_reduce", sum, f32, (1 << 20) + 4, None)
+                .shared,
+            "over the limit"
+        );
+        assert!(
+            !c.descriptor("all_reduce", sum, f32, 64, None).shared,
+            "small"
+        );
+        assert!(
+            !c.descriptor("barrier", None, ElementType::U8, 0, None)
+                .shared
+        );
+        assert!(
+            !c.descriptor("all_gather", None, f32, 0, None).shared,
+            "empty"
+        );
+        drop(c);
+        assert_eq!(std::fs::read_dir(shm.path()).unwrap().count(), 0, "removed");
+        let elsewhere = comm(&ep, peer(2, "there"), 1 << 30);
+        assert!(
+            !elsewhere
+                .descriptor("all_reduce", sum, f32, 1 << 20, None)
+                .shared
+        );
+        // No room in the folder (here: no folder): the ring, not a failure.
+        let gone = endpoint(&shm.path().join("missing"));
+        let c = comm(&gone, peer(2, "here"), 1 << 30);
+        assert!(!c.descriptor("all_reduce", sum, f32, 1 << 20, None).shared);
     }
 
     #[test]

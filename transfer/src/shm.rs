@@ -300,15 +300,27 @@ unsafe impl Send for ShmArena {}
 unsafe impl Sync for ShmArena {}
 
 impl ShmArena {
-    /// A new arena of `len` (> 0) bytes in `dir`, its pages allocated.
+    /// A new arena of `len` (> 0) bytes in `dir`, its pages allocated:
+    /// a tmpfs without room for them fails here, with `ENOSPC`, instead of
+    /// raising `SIGBUS` at a later write (a container's `/dev/shm` is often
+    /// 64 MiB).
     pub fn create(dir: &Path, len: usize) -> std::io::Result<ShmArena> {
+        use std::os::fd::AsRawFd;
         if len == 0 {
             return Err(std::io::Error::other("an arena holds at least one byte"));
         }
         let (name, file) = create_file(dir)?;
         let path = dir.join(&name);
-        let mapped = file
-            .set_len(len as u64)
+        let size = libc::off_t::try_from(len).map_err(std::io::Error::other);
+        let mapped = size
+            .and_then(|size| {
+                // SAFETY: plain syscall on an open descriptor; no memory is
+                // passed.
+                match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size) } {
+                    0 => Ok(()),
+                    code => Err(std::io::Error::from_raw_os_error(code)),
+                }
+            })
             .and_then(|()| map_shared(&file, len, true));
         match mapped {
             Ok(ptr) => Ok(ShmArena {
