@@ -322,7 +322,7 @@ impl Communicator {
         data: Vec<u8>,
     ) -> Result<Vec<u8>> {
         check_reducible(dtype)?;
-        let d = self.descriptor("all_reduce", Some(op), dtype, data.len(), None);
+        let d = self.offer_arenas(descriptor("all_reduce", Some(op), dtype, data.len(), None));
         if self.size() > 1 && all_reduce_is_small(data.len()) {
             return self
                 .run_with(d, data, |_, frames| async move {
@@ -342,14 +342,20 @@ impl Communicator {
         data: Vec<u8>,
     ) -> Result<Vec<u8>> {
         check_reducible(dtype)?;
-        let d = self.descriptor("reduce_scatter", Some(op), dtype, data.len(), None);
+        let d = self.offer_arenas(descriptor(
+            "reduce_scatter",
+            Some(op),
+            dtype,
+            data.len(),
+            None,
+        ));
         self.run(d, |call| call.reduce_scatter(op, dtype, data))
             .await
     }
 
     /// Concatenates every rank's `data` in rank order (equal sizes).
     pub async fn all_gather(&mut self, dtype: ElementType, data: &[u8]) -> Result<Vec<u8>> {
-        let d = self.descriptor("all_gather", None, dtype, data.len(), None);
+        let d = self.offer_arenas(descriptor("all_gather", None, dtype, data.len(), None));
         self.run(d, |call| call.all_gather(dtype, data)).await
     }
 
@@ -367,28 +373,21 @@ impl Communicator {
                 self.size()
             )));
         }
-        let d = self.descriptor("broadcast", None, dtype, data.len(), Some(root));
+        let d = self.offer_arenas(descriptor("broadcast", None, dtype, data.len(), Some(root)));
         self.run(d, |call| call.broadcast(root as usize, dtype, data))
             .await
     }
 
     /// Returns once every rank has entered it.
     pub async fn barrier(&mut self) -> Result<()> {
-        let d = self.descriptor("barrier", None, ElementType::U8, 0, None);
+        let d = self.offer_arenas(descriptor("barrier", None, ElementType::U8, 0, None));
         self.run(d, |_| async { Ok(()) }).await
     }
 
-    /// What this rank is about to do, with whether it reaches every member
-    /// through shared memory (invariant 8).
-    fn descriptor(
-        &self,
-        kind: &str,
-        op: Option<ReduceOp>,
-        dtype: ElementType,
-        bytes: usize,
-        root: Option<u32>,
-    ) -> Descriptor {
-        let d = descriptor(kind, op, dtype, bytes, root);
+    /// `d`, saying whether this rank reaches every member through shared
+    /// memory and holds an arena for it (invariant 8).
+    fn offer_arenas(&self, d: Descriptor) -> Descriptor {
+        let bytes = d.bytes as usize;
         let shared = self.cfg.arenas
             && self.size() > 1
             && bytes > 0
@@ -1137,45 +1136,32 @@ mod tests {
             };
             Communicator::new(ep.clone(), vec![peer(1, "here"), other], 0, cfg).unwrap()
         };
-        let (sum, f32) = (Some(ReduceOp::Sum), ElementType::F32);
+        let sum = Some(ReduceOp::Sum);
+        let offered = |c: &Communicator, kind: &str, op: Option<ReduceOp>, bytes: usize| {
+            let d = descriptor(kind, op, ElementType::F32, bytes, None);
+            c.offer_arenas(d).shared
+        };
         let ep = endpoint(shm.path());
         let c = comm(&ep, peer(2, "here"), 1 << 20);
-        assert!(c.descriptor("all_reduce", sum, f32, 1 << 20, None).shared);
-        assert!(c.descriptor("all_gather", None, f32, 8, None).shared);
-        assert_eq!(
-            std::fs::read_dir(shm.path()).unwrap().count(),
-            1,
-            "reserved"
-        );
+        assert!(offered(&c, "all_reduce", sum, 1 << 20));
+        assert!(offered(&c, "all_gather", None, 8));
+        let files = || std::fs::read_dir(shm.path()).unwrap().count();
+        assert_eq!(files(), 1, "reserved");
         assert!(
-            !c.descriptor("all_reduce", sum, f32, (1 << 20) + 4, None)
-                .shared,
+            !offered(&c, "all_reduce", sum, (1 << 20) + 4),
             "over the limit"
         );
-        assert!(
-            !c.descriptor("all_reduce", sum, f32, 64, None).shared,
-            "small"
-        );
-        assert!(
-            !c.descriptor("barrier", None, ElementType::U8, 0, None)
-                .shared
-        );
-        assert!(
-            !c.descriptor("all_gather", None, f32, 0, None).shared,
-            "empty"
-        );
+        assert!(!offered(&c, "all_reduce", sum, 64), "small");
+        assert!(!offered(&c, "barrier", None, 0));
+        assert!(!offered(&c, "all_gather", None, 0), "empty");
         drop(c);
-        assert_eq!(std::fs::read_dir(shm.path()).unwrap().count(), 0, "removed");
+        assert_eq!(files(), 0, "removed");
         let elsewhere = comm(&ep, peer(2, "there"), 1 << 30);
-        assert!(
-            !elsewhere
-                .descriptor("all_reduce", sum, f32, 1 << 20, None)
-                .shared
-        );
+        assert!(!offered(&elsewhere, "all_reduce", sum, 1 << 20));
         // No room in the folder (here: no folder): the ring, not a failure.
         let gone = endpoint(&shm.path().join("missing"));
         let c = comm(&gone, peer(2, "here"), 1 << 30);
-        assert!(!c.descriptor("all_reduce", sum, f32, 1 << 20, None).shared);
+        assert!(!offered(&c, "all_reduce", sum, 1 << 20));
     }
 
     #[test]

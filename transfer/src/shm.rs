@@ -189,42 +189,115 @@ pub(crate) fn read(dir: &Path, name: &str, byte_len: u64, mut data: Vec<u8>) -> 
     Ok(data)
 }
 
-/// A lent payload mapped read-only (invariant 3). Dropping it unmaps the
-/// file and tells the receiving stream that the sender may have it back.
-pub(crate) struct ShmMapping {
+/// A live shared mapping of a file, unmapped when dropped (the one place
+/// that unmaps), then `on_unmap` fires.
+struct Mapped {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
-    released: Option<tokio::sync::oneshot::Sender<()>>,
+    on_unmap: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-// SAFETY: the mapping is read-only and owned by this value alone (no
-// interior mutability); any thread may read it or unmap it on drop.
-unsafe impl Send for ShmMapping {}
-// SAFETY: as above: shared references only read immutable mapped bytes.
-unsafe impl Sync for ShmMapping {}
+// SAFETY: the mapping is owned by this value alone; its bytes are reached
+// only through `bytes` (shared, read) and `bytes_mut` (`&mut self`), so
+// moving it to or sharing it with another thread adds no aliasing.
+unsafe impl Send for Mapped {}
+// SAFETY: as above: `&Mapped` only reads.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    /// Maps the first `len` (> 0) bytes of `f`, shared, with its pages
+    /// populated; read-write when `write`.
+    fn new(f: &File, len: usize, write: bool) -> std::io::Result<Mapped> {
+        use std::os::fd::AsRawFd;
+        let prot = if write {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh shared mapping of an open file descriptor at
+        // least `len` bytes long (every caller checked or set the length);
+        // the kernel picks the address, and the result is checked against
+        // MAP_FAILED before use. Closing the file afterwards keeps the
+        // mapping.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        Ok(Mapped {
+            ptr,
+            len,
+            on_unmap: None,
+        })
+    }
+
+    fn check(&self, range: &std::ops::Range<usize>) -> Result<()> {
+        if range.start > range.end || range.end > self.len {
+            return Err(TransferError::InvalidArgument(format!(
+                "bytes {range:?} of a {}-byte mapping",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// The bytes of `range`, or an error if it is not inside the mapping.
+    fn bytes(&self, range: std::ops::Range<usize>) -> Result<&[u8]> {
+        self.check(&range)?;
+        // SAFETY: `ptr` is a live mapping of `len` bytes, unmapped only in
+        // `drop`, of a file that never shrinks while mapped (invariants 3
+        // and 4); the range lies inside it; nobody writes these bytes while
+        // they may be read (invariant 3: the sender waits for the release;
+        // invariant 4: the collectives' protocol).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(range.start), range.len()) })
+    }
+
+    /// The bytes of `range` of a read-write mapping, or an error if it is
+    /// not inside it.
+    fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> Result<&mut [u8]> {
+        self.check(&range)?;
+        // SAFETY: as in `bytes`, and the mapping is read-write (only
+        // `ShmArena` calls this, on its own file); `&mut self` makes this
+        // the only reference this process holds into it, and peers map it
+        // read-only.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(range.start), range.len())
+        })
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what `mmap` returned and this is
+        // the only unmap; no slice of it outlives the borrow that made it.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+        if let Some(tx) = self.on_unmap.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A lent payload mapped read-only (invariant 3). Dropping it unmaps the
+/// file and tells the receiving stream that the sender may have it back.
+pub(crate) struct ShmMapping(Mapped);
 
 impl std::ops::Deref for ShmMapping {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is the start of a live `len`-byte read-only mapping
-        // (unmapped only in `drop`) of a file that was exactly `len` bytes
-        // long when mapped and that the sender leaves unchanged and
-        // unshortened until this value is dropped (invariant 3).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for ShmMapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what `mmap` returned and this is
-        // the only unmap; no slice of it outlives `self`.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-        if let Some(tx) = self.released.take() {
-            let _ = tx.send(());
-        }
+        self.0.bytes(0..self.0.len).expect("the whole mapping")
     }
 }
 
@@ -243,44 +316,10 @@ pub(crate) fn map(
         return Ok(None);
     }
     let len = usize::try_from(byte_len).map_err(|_| fail(format!("{byte_len} bytes")))?;
-    let ptr = map_shared(&f, len, false).map_err(|e| fail(format!("mmap: {e}")))?;
+    let mut mapped = Mapped::new(&f, len, false).map_err(|e| fail(format!("mmap: {e}")))?;
     let (released, on_release) = tokio::sync::oneshot::channel();
-    let mapping = ShmMapping {
-        ptr,
-        len,
-        released: Some(released),
-    };
-    Ok(Some((mapping, on_release)))
-}
-
-/// Maps the first `len` (> 0) bytes of `f`, shared, with its pages
-/// populated; read-write when `write`.
-fn map_shared(f: &File, len: usize, write: bool) -> std::io::Result<std::ptr::NonNull<u8>> {
-    use std::os::fd::AsRawFd;
-    let prot = if write {
-        libc::PROT_READ | libc::PROT_WRITE
-    } else {
-        libc::PROT_READ
-    };
-    // SAFETY: a fresh shared mapping of an open file descriptor at least
-    // `len` bytes long (every caller checked or set the length); the kernel
-    // picks the address, and the result is checked against MAP_FAILED
-    // before use. Closing the file afterwards keeps the mapping.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    std::ptr::NonNull::new(ptr.cast::<u8>())
-        .ok_or_else(|| std::io::Error::other("mmap returned null"))
+    mapped.on_unmap = Some(released);
+    Ok(Some((ShmMapping(mapped), on_release)))
 }
 
 /// A communicator's own arena (invariant 4): a file of `len` bytes mapped
@@ -289,15 +328,8 @@ fn map_shared(f: &File, len: usize, write: bool) -> std::io::Result<std::ptr::No
 pub(crate) struct ShmArena {
     name: String,
     path: PathBuf,
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
+    map: Mapped,
 }
-
-// SAFETY: the mapping is owned by this value alone and written only
-// through `&mut self`; any thread may use or drop it.
-unsafe impl Send for ShmArena {}
-// SAFETY: `&self` hands out no access to the bytes.
-unsafe impl Sync for ShmArena {}
 
 impl ShmArena {
     /// A new arena of `len` (> 0) bytes in `dir`, its pages allocated:
@@ -321,14 +353,9 @@ impl ShmArena {
                     code => Err(std::io::Error::from_raw_os_error(code)),
                 }
             })
-            .and_then(|()| map_shared(&file, len, true));
+            .and_then(|()| Mapped::new(&file, len, true));
         match mapped {
-            Ok(ptr) => Ok(ShmArena {
-                name,
-                path,
-                ptr,
-                len,
-            }),
+            Ok(map) => Ok(ShmArena { name, path, map }),
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 Err(e)
@@ -341,28 +368,18 @@ impl ShmArena {
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len
     }
 
     /// The bytes of `range` (which must lie inside the arena).
     pub fn region_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
-        assert!(range.start <= range.end && range.end <= self.len);
-        // SAFETY: `ptr` is a live read-write mapping of `len` bytes,
-        // unmapped only in `drop`; the range was checked to lie inside it;
-        // `&mut self` makes this the only reference this process holds
-        // into it, and peers map it read-only.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(range.start), range.len()) }
+        self.map.bytes_mut(range).expect("a range inside the arena")
     }
 }
 
 impl Drop for ShmArena {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what `mmap` returned, this is the
-        // only unmap, and no slice of it outlives the `&mut self` borrow
-        // that made it.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
+        // The mapping goes with the fields; the name can go first.
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -370,15 +387,8 @@ impl Drop for ShmArena {
 /// A peer's arena mapped read-only (invariant 4).
 pub(crate) struct PeerArena {
     name: String,
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
+    map: Mapped,
 }
-
-// SAFETY: read-only and owned by this value alone; any thread may read it
-// or unmap it on drop.
-unsafe impl Send for PeerArena {}
-// SAFETY: shared references only read.
-unsafe impl Sync for PeerArena {}
 
 impl PeerArena {
     /// Maps the arena a peer named, after checking the name and that it
@@ -393,11 +403,10 @@ impl PeerArena {
         if len < min_len || len == 0 {
             return Err(fail(format!("{len} bytes, needed {min_len}")));
         }
-        let ptr = map_shared(&f, len, false).map_err(|e| fail(format!("mmap: {e}")))?;
+        let map = Mapped::new(&f, len, false).map_err(|e| fail(format!("mmap: {e}")))?;
         Ok(PeerArena {
             name: name.to_owned(),
-            ptr,
-            len,
+            map,
         })
     }
 
@@ -406,32 +415,12 @@ impl PeerArena {
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len
     }
 
     /// The bytes of `range`, or an error if it is not inside the arena.
     pub fn region(&self, range: std::ops::Range<usize>) -> Result<&[u8]> {
-        if range.start > range.end || range.end > self.len {
-            return Err(TransferError::InvalidArgument(format!(
-                "bytes {range:?} of a {}-byte arena",
-                self.len
-            )));
-        }
-        // SAFETY: `ptr` is a live read-only mapping of `len` bytes of a file
-        // that never shrinks (invariant 4), unmapped only in `drop`; the
-        // range lies inside it; its owner leaves these bytes alone while the
-        // protocol lets them be read (collective invariant 8).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(range.start), range.len()) })
-    }
-}
-
-impl Drop for PeerArena {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what `mmap` returned; this is the
-        // only unmap and no region outlives `&self`.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
+        self.map.bytes(range)
     }
 }
 
