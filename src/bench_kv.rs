@@ -88,9 +88,14 @@ impl Drop for Replicas {
 }
 
 fn spawn(args: &[String]) -> Result<(Child, SocketAddr)> {
+    // The replica exits when its stdin (kept open in `Child`) closes: a
+    // bench killed without dropping its `Replicas` leaves no orphan
+    // (`procs` invariant 2).
     let mut child = Command::new(std::env::current_exe()?)
         .args(args)
+        .arg("--exit-with-parent")
         .env("RUST_LOG", "error")
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         // Replicas complain about each other while the bench tears them down.
         .stderr(Stdio::null())
@@ -134,7 +139,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 pub async fn run(args: BenchKvArgs) -> Result<()> {
-    let dir = tempfile::tempdir()?;
+    let dir = tessel::scratch::scratch_dir("benchkv")?;
     let tls_dir = dir.path().join("tls");
     init_certs(&tls_dir, &["127.0.0.1".into()])?;
     let tls = TlsFiles::load(&tls_dir)?;

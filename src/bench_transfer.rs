@@ -150,7 +150,7 @@ fn report_all_reduce(n: usize, path: &str, bytes: usize, per_rank: &[Vec<f64>]) 
 }
 
 async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
-    let dir = tempfile::tempdir()?;
+    let dir = tessel::scratch::scratch_dir("benchtransfer")?;
     let tls_dir = dir.path().join("tls");
     init_certs(&tls_dir, &["127.0.0.1".into()])?;
     let tls = TlsFiles::load(&tls_dir)?;

@@ -35,4 +35,5 @@ pub mod mlir;
 pub mod plan;
 pub mod rank_group;
 pub mod run;
+pub mod scratch;
 pub mod sharding;

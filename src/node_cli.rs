@@ -277,7 +277,7 @@ pub(crate) struct LocalCluster {
 impl LocalCluster {
     /// A folder with the cluster's certificates; nothing started yet.
     pub fn new() -> Result<LocalCluster> {
-        let dir = tempfile::Builder::new().prefix("tessel-local-").tempdir()?;
+        let dir = tessel::scratch::scratch_dir("local")?;
         tessel_kvstore::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])?;
         Ok(LocalCluster {
             workers: Vec::new(),

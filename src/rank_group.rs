@@ -59,7 +59,7 @@ impl RankGroup {
     /// the group.
     pub fn start(bin: &Path, n: usize, opts: &RankOptions) -> Result<RankGroup> {
         let tls_err = |e: String| RankGroupError::Tls(e);
-        let dir = tempfile::tempdir().map_err(|e| tls_err(e.to_string()))?;
+        let dir = crate::scratch::scratch_dir("ranks").map_err(|e| tls_err(e.to_string()))?;
         let tls = dir.path().join("tls");
         tessel_kvstore::tls::init_certs(&tls, &["127.0.0.1".into()])
             .map_err(|e| tls_err(e.to_string()))?;
