@@ -304,8 +304,7 @@ async fn bad_assignments_fail_clearly_and_never_hang_past_the_timeout() {
 
 #[test]
 fn tessel_local_prints_the_topology_and_leaves_nothing_behind() {
-    let before = local_dirs();
-    let out = std::process::Command::new(tessel_bin())
+    let child = std::process::Command::new(tessel_bin())
         .args([
             "local",
             "--workers",
@@ -314,13 +313,17 @@ fn tessel_local_prints_the_topology_and_leaves_nothing_behind() {
             "2",
             "--print-topology",
         ])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let t: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(t["devices"].as_array().unwrap().len(), 6);
     assert_eq!(t["processes"].as_array().unwrap().len(), 3);
-    assert_eq!(local_dirs(), before, "temp folders removed");
+    assert!(dirs_of(pid).is_empty(), "temp folder removed");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(children_of_local(), 0, "no process outlives tessel local");
 }
@@ -366,41 +369,43 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn ctrl_c_stops_every_child_of_tessel_local_and_removes_its_folder() {
-    let before = local_dirs();
     let mut child = local_kept_running();
     assert!(children_of_local() > 0, "the cluster is up");
+    assert_eq!(dirs_of(child.id()).len(), 1, "its folder, named by its pid");
     signal(&child, "INT");
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
     wait_until("no child left", || children_of_local() == 0);
-    assert_eq!(local_dirs(), before, "temp folder removed");
+    assert!(dirs_of(child.id()).is_empty(), "temp folder removed");
 }
 
 #[test]
 fn children_exit_when_tessel_local_is_killed() {
-    let before = local_dirs();
     let mut child = local_kept_running();
     signal(&child, "KILL");
     let _ = child.wait();
     // Nobody could clean up after SIGKILL, but every child notices its
     // parent is gone (stdin closes) and exits.
     wait_until("no child left", || children_of_local() == 0);
-    for d in local_dirs() {
-        if !before.contains(&d) {
-            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(d));
-        }
-    }
+    // Its folder stays until the next scratch folder of its kind is made.
+    let left = dirs_of(child.id());
+    assert_eq!(left.len(), 1, "{left:?}");
+    let _next = tessel::scratch::scratch_dir("local").unwrap();
+    assert!(
+        dirs_of(child.id()).is_empty(),
+        "swept as its process is gone"
+    );
 }
 
-fn local_dirs() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+/// `tessel local` folders of process `pid` (`tessel::scratch`).
+fn dirs_of(pid: u32) -> Vec<String> {
+    let prefix = format!("tessel-local-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
         .unwrap()
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("tessel-local-"))
-        .collect();
-    v.sort();
-    v
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
 }
 
 /// Processes whose command line names a `tessel local` folder.
