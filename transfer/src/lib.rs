@@ -6,8 +6,10 @@
 //!   ([`header`], sans-IO); peers on the same host (same boot id) exchange
 //!   payloads through shared memory.
 //! - Collectives ([`Communicator`]): ring all-reduce, reduce-scatter,
-//!   all-gather, broadcast, barrier; reductions in [`reduce`] (sans-IO,
-//!   with the single-process reference).
+//!   all-gather, broadcast, barrier, or, between processes of one host,
+//!   the same calls over shared-memory arenas; reductions in [`reduce`]
+//!   (sans-IO, with the single-process reference, which both paths equal
+//!   bit for bit).
 //!
 //! ```no_run
 //! use std::sync::Arc;
