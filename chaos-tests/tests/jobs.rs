@@ -324,6 +324,12 @@ async fn a_worker_serves_the_metrics_of_its_job_processes() {
         sample(&text, "tessel_worker_job_processes_running", &[]),
         Some(1.0)
     );
+    let beats = sample(
+        &text,
+        "tessel_worker_heartbeats_total",
+        &[r#"outcome="ok""#],
+    );
+    assert!(beats.is_some_and(|b| b >= 1.0), "{text}");
     // Ending the job ends the process, which the worker counts.
     tessel_coordinator::jobs::finish_job(&kv, "metered")
         .await

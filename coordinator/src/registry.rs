@@ -217,11 +217,20 @@ async fn heartbeat_loop(
         tick.tick().await;
         // Bounded by the interval, so a replica that died mid-call costs
         // one beat, not the client's whole retry budget.
+        let started = std::time::Instant::now();
         let beat = tokio::time::timeout(liveness.heartbeat, kv.keep_alive(reg.lease)).await;
         let Ok(beat) = beat else {
+            metrics::counter!("tessel_worker_heartbeats_total", "outcome" => "timed_out")
+                .increment(1);
             tracing::warn!("heartbeat timed out; retrying");
             continue;
         };
+        let outcome = if beat.is_ok() { "ok" } else { "failed" };
+        metrics::counter!("tessel_worker_heartbeats_total", "outcome" => outcome).increment(1);
+        if beat.is_ok() {
+            metrics::histogram!("tessel_worker_heartbeat_seconds")
+                .record(started.elapsed().as_secs_f64());
+        }
         match beat {
             Ok(()) => {}
             Err(KvError::LeaseNotFound(_)) => {
