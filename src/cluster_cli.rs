@@ -241,11 +241,7 @@ async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
 }
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
-    if let Some(listen) = args.metrics_listen {
-        let addr = crate::metrics_http::serve(listen).await?;
-        // Tests and scripts read this line to learn the port.
-        println!("metrics on http://{addr}/metrics");
-    }
+    crate::metrics_http::serve_if(args.metrics_listen).await?;
     if let Some(url) = &args.kv {
         let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(connect_etcd(url).await?);
         println!("coordinator attached to {url}");

@@ -22,9 +22,20 @@ const SECONDS: [f64; 12] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 5.0,
 ];
 
+/// `--metrics-listen`: when given, installs the recorder, serves it and
+/// prints `metrics on http://ADDR/metrics` (tests and scripts read the
+/// line to learn a port 0 pick).
+pub async fn serve_if(listen: Option<SocketAddr>) -> Result<()> {
+    if let Some(listen) = listen {
+        let addr = serve(listen).await?;
+        println!("metrics on http://{addr}/metrics");
+    }
+    Ok(())
+}
+
 /// Installs the recorder and serves it on `listen` (port 0 picks one);
 /// returns the bound address.
-pub async fn serve(listen: SocketAddr) -> Result<SocketAddr> {
+async fn serve(listen: SocketAddr) -> Result<SocketAddr> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)
         .context("metrics buckets")?
@@ -63,7 +74,8 @@ async fn answer(mut stream: tokio::net::TcpStream, handle: PrometheusHandle) {
         Ok(Some(head)) => match route(&head) {
             200 => (200, handle.render()),
             404 => (404, "not found: only /metrics is served\n".to_owned()),
-            code => (code, "only GET is served\n".to_owned()),
+            405 => (405, "only GET is served\n".to_owned()),
+            _ => (400, "bad request\n".to_owned()),
         },
         _ => (400, "bad request\n".to_owned()),
     };

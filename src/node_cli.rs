@@ -90,11 +90,7 @@ fn transfer_ip(args: &WorkerArgs) -> Result<std::net::IpAddr> {
 }
 
 pub async fn worker(args: WorkerArgs) -> Result<()> {
-    if let Some(listen) = args.metrics_listen {
-        let addr = crate::metrics_http::serve(listen).await?;
-        // Tests and scripts read this line to learn the port.
-        println!("metrics on http://{addr}/metrics");
-    }
+    crate::metrics_http::serve_if(args.metrics_listen).await?;
     let kv: Arc<dyn KvStore> = Arc::from(args.target.connect().await?);
     let plugin = locate::resolve(args.plugin.as_deref())?;
     let transfer_ip = transfer_ip(&args)?;

@@ -122,6 +122,15 @@ pub struct Descriptor {
     pub shared: bool,
 }
 
+/// The collectives a descriptor can name.
+const KINDS: [&str; 5] = [
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "barrier",
+];
+
 /// Largest encoded descriptor.
 pub const MAX_DESCRIPTOR: usize = 1024;
 
@@ -138,13 +147,6 @@ impl Descriptor {
             return Err(bad(format!("{} bytes, over {MAX_DESCRIPTOR}", bytes.len())));
         }
         let d: Descriptor = postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
-        const KINDS: [&str; 5] = [
-            "all_reduce",
-            "reduce_scatter",
-            "all_gather",
-            "broadcast",
-            "barrier",
-        ];
         if !KINDS.contains(&d.kind.as_str()) {
             return Err(bad(format!("unknown kind {:?}", d.kind)));
         }
@@ -205,8 +207,15 @@ impl Descriptor {
         self.kind == "all_reduce" && all_reduce_is_small(self.bytes as usize)
     }
 
-    /// How a call of `n` ranks that agreed on this descriptor runs, as the
-    /// metrics label it.
+    /// Whether a call of more than one rank would move data through
+    /// arenas if every rank offers them (invariant 8): at least a byte,
+    /// and neither a barrier nor a small all-reduce.
+    fn wants_arenas(&self) -> bool {
+        self.bytes > 0 && self.kind != "barrier" && !self.carries_data()
+    }
+
+    /// How a call of `n` ranks that agreed on this descriptor runs (with
+    /// arenas if `shared`), as the metrics label it.
     fn algorithm(&self, n: usize, shared: bool) -> &'static str {
         if n == 1 {
             "local"
@@ -219,6 +228,15 @@ impl Descriptor {
         } else {
             "ring"
         }
+    }
+
+    /// The kind as a static label (descriptors are validated on decode and
+    /// built from literals here).
+    fn kind_label(&self) -> &'static str {
+        KINDS
+            .into_iter()
+            .find(|k| *k == self.kind)
+            .unwrap_or("unknown")
     }
 
     /// The same call, whatever the ranks' paths (invariants 2 and 8).
@@ -387,17 +405,15 @@ impl Communicator {
     /// `d`, saying whether this rank reaches every member through shared
     /// memory and holds an arena for it (invariant 8).
     fn offer_arenas(&self, d: Descriptor) -> Descriptor {
-        let bytes = d.bytes as usize;
         let shared = self.cfg.arenas
             && self.size() > 1
-            && bytes > 0
-            && d.algorithm(self.size(), true) == "arena"
+            && d.wants_arenas()
             && self
                 .members
                 .iter()
                 .enumerate()
                 .all(|(r, p)| r == self.rank || self.endpoint.same_host(p))
-            && self.reserve_arena(bytes);
+            && self.reserve_arena(d.bytes as usize);
         Descriptor { shared, ..d }
     }
 
@@ -478,16 +494,16 @@ impl Communicator {
         let mut algorithm = "none";
         let result = match call.exchange_descriptors(&d, attached).await {
             Ok((frames, shared)) => {
-                call.shared = shared && d.bytes > 0;
-                algorithm = d.algorithm(self.size(), call.shared);
+                call.shared = shared;
+                algorithm = d.algorithm(self.size(), shared);
                 body(call, frames).await
             }
             Err(e) => Err(e),
         };
-        let kind = d.kind.clone();
+        let kind = d.kind_label();
         match &result {
             Ok(_) => {
-                metrics::histogram!("tessel_collective_seconds", "kind" => kind.clone(), "algorithm" => algorithm)
+                metrics::histogram!("tessel_collective_seconds", "kind" => kind, "algorithm" => algorithm)
                     .record(started.elapsed().as_secs_f64());
                 metrics::counter!("tessel_collective_bytes_total", "kind" => kind)
                     .increment(d.bytes);
@@ -769,28 +785,40 @@ impl Call {
         Ok(arena.name().to_owned())
     }
 
-    /// The arena `from` posts under `tag`, at least `min_len` bytes long:
-    /// the mapping kept from an earlier call when the name is the same.
-    async fn peer_arena(&self, from: usize, tag: u64, min_len: usize) -> Result<Arc<PeerArena>> {
-        let got = self.recv(from, tag).await?;
+    /// Sends `payload` to every other rank under `tag` and takes one
+    /// message from each; returns them by rank (this rank's slot empty).
+    async fn post_to_all(&self, tag: u64, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
+        let sends = others
+            .iter()
+            .map(|&k| self.send(k, tag, ElementType::U8, payload));
+        let recvs = others.iter().map(|&k| self.recv(k, tag));
+        let (_, got) = futures::try_join!(try_join_all(sends), try_join_all(recvs))?;
+        let mut by_rank = vec![Vec::new(); self.n()];
+        for (k, message) in others.into_iter().zip(got) {
+            by_rank[k] = message;
+        }
+        Ok(by_rank)
+    }
+
+    /// The arena rank `from` named, at least `min_len` bytes long: the
+    /// mapping kept from an earlier call when the name is the same.
+    fn peer_arena(&self, from: usize, name: &[u8], min_len: usize) -> Result<Arc<PeerArena>> {
         let bad = |reason: String| TransferError::Stream {
             peer: format!("rank {from}"),
             reason,
         };
         let name =
-            std::str::from_utf8(&got).map_err(|_| bad("an arena name not in UTF-8".into()))?;
-        {
-            let arenas = self.arenas.lock().expect("not poisoned");
-            if let Some(Some(a)) = arenas.peers.get(from) {
-                if a.name() == name && a.len() >= min_len {
-                    return Ok(a.clone());
-                }
+            std::str::from_utf8(name).map_err(|_| bad("an arena name not in UTF-8".into()))?;
+        let mut arenas = self.arenas.lock().expect("not poisoned");
+        if let Some(Some(a)) = arenas.peers.get(from) {
+            if a.name() == name && a.len() >= min_len {
+                return Ok(a.clone());
             }
         }
         let arena = PeerArena::open(self.endpoint.shm_dir(), name, min_len)
             .map_err(|e| bad(format!("arena: {e}")))?;
         let arena = Arc::new(arena);
-        let mut arenas = self.arenas.lock().expect("not poisoned");
         arenas.peers.resize(self.n(), None);
         arenas.peers[from] = Some(arena.clone());
         Ok(arena)
@@ -803,29 +831,15 @@ impl Call {
         name: &str,
         min_len: usize,
     ) -> Result<Vec<Option<Arc<PeerArena>>>> {
-        let tag = self.tag(PHASE_REDUCE, 0, 0);
-        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
-        let sends = others
-            .iter()
-            .map(|&k| self.send(k, tag, ElementType::U8, name.as_bytes()));
-        let maps = others.iter().map(|&k| self.peer_arena(k, tag, min_len));
-        let (_, got) = futures::try_join!(try_join_all(sends), try_join_all(maps))?;
-        let mut peers = vec![None; self.n()];
-        for (k, arena) in others.into_iter().zip(got) {
-            peers[k] = Some(arena);
-        }
-        Ok(peers)
-    }
-
-    /// An empty message to every peer under `tag`, and one from each.
-    async fn signal_all(&self, tag: u64) -> Result<()> {
-        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
-        let sends = others
-            .iter()
-            .map(|&k| self.send(k, tag, ElementType::U8, &[]));
-        let recvs = others.iter().map(|&k| self.recv(k, tag));
-        futures::try_join!(try_join_all(sends), try_join_all(recvs))?;
-        Ok(())
+        let names = self
+            .post_to_all(self.tag(PHASE_REDUCE, 0, 0), name.as_bytes())
+            .await?;
+        (0..self.n())
+            .map(|k| match k == self.rank {
+                true => Ok(None),
+                false => self.peer_arena(k, &names[k], min_len).map(Some),
+            })
+            .collect()
     }
 
     /// The reduce half of the same-host path (invariant 8): publishes the
@@ -929,7 +943,8 @@ impl Call {
             let peers = self
                 .fold_in_arenas(op, dtype, &mut data, &segs, true)
                 .await?;
-            self.signal_all(self.tag(PHASE_GATHER, 0, 0)).await?;
+            // Every fold is in its arena before anyone copies one out.
+            self.post_to_all(self.tag(PHASE_GATHER, 0, 0), &[]).await?;
             for (j, seg) in segs.iter().enumerate() {
                 if let Some(peer) = &peers[j] {
                     data[seg.clone()].copy_from_slice(peer.region(seg.clone())?);
@@ -1004,7 +1019,8 @@ impl Call {
                     .map(|k| self.send(k, tag, ElementType::U8, name.as_bytes()));
                 try_join_all(sends).await?;
             } else {
-                let peer = self.peer_arena(root, tag, len).await?;
+                let name = self.recv(root, tag).await?;
+                let peer = self.peer_arena(root, &name, len)?;
                 data.copy_from_slice(peer.region(0..len)?);
             }
             return Ok(data);

@@ -113,31 +113,30 @@ fn combine_as<const OTHER_LEFT: bool>(
             (own, other)
         }
     }
-    let o = ordered::<OTHER_LEFT, f32>;
-    let o64 = ordered::<OTHER_LEFT, f64>;
+    let float = |a, b| {
+        let (l, r) = ordered::<OTHER_LEFT, f32>(a, b);
+        float_op(op, l, r)
+    };
     match dtype {
-        ElementType::F32 => zip::<f32>(own, other, |a, b| {
-            let (l, r) = o(a, b);
-            float_op(op, l, r)
-        }),
+        ElementType::F32 => zip::<f32>(own, other, float),
         ElementType::F64 => zip::<f64>(own, other, |a, b| {
-            let (l, r) = o64(a, b);
+            let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
             float_op(op, l, r)
         }),
         ElementType::F16 => zip::<u16>(own, other, |a, b| {
-            let (l, r) = o(f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32());
-            f16::from_f32(float_op(op, l, r)).to_bits()
+            let (a, b) = (f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32());
+            f16::from_f32(float(a, b)).to_bits()
         }),
         ElementType::BF16 => zip::<u16>(own, other, |a, b| {
-            let (l, r) = o(bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32());
-            bf16::from_f32(float_op(op, l, r)).to_bits()
+            let (a, b) = (bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32());
+            bf16::from_f32(float(a, b)).to_bits()
         }),
         ElementType::S32 => zip::<i32>(own, other, |a, b| {
-            let (l, r) = ordered::<OTHER_LEFT, i32>(a, b);
+            let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
             int_op(op, l, r)
         }),
         ElementType::S64 => zip::<i64>(own, other, |a, b| {
-            let (l, r) = ordered::<OTHER_LEFT, i64>(a, b);
+            let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
             int_op(op, l, r)
         }),
         _ => unreachable!("checked by check_reducible"),

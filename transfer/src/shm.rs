@@ -154,9 +154,9 @@ fn failure(path: &Path, reason: String) -> TransferError {
     }
 }
 
-/// Opens the file a validated header names and checks its length against
-/// the header's.
-fn open_payload(dir: &Path, name: &str, byte_len: u64) -> Result<(File, PathBuf)> {
+/// Opens the file a peer named in `dir`, after checking the name's form;
+/// with its path and length.
+fn open_named(dir: &Path, name: &str) -> Result<(File, PathBuf, u64)> {
     check_shm_name(name)?;
     let path = dir.join(name);
     let f = File::open(&path).map_err(|e| failure(&path, e.to_string()))?;
@@ -164,6 +164,13 @@ fn open_payload(dir: &Path, name: &str, byte_len: u64) -> Result<(File, PathBuf)
         .metadata()
         .map_err(|e| failure(&path, e.to_string()))?
         .len();
+    Ok((f, path, len))
+}
+
+/// Opens the file a validated header names and checks its length against
+/// the header's.
+fn open_payload(dir: &Path, name: &str, byte_len: u64) -> Result<(File, PathBuf)> {
+    let (f, path, len) = open_named(dir, name)?;
     if len != byte_len {
         return Err(failure(
             &path,
@@ -394,11 +401,8 @@ impl PeerArena {
     /// Maps the arena a peer named, after checking the name and that it
     /// holds at least `min_len` (> 0) bytes.
     pub fn open(dir: &Path, name: &str, min_len: usize) -> Result<PeerArena> {
-        check_shm_name(name)?;
-        let path = dir.join(name);
+        let (f, path, len) = open_named(dir, name)?;
         let fail = |reason: String| failure(&path, reason);
-        let f = File::open(&path).map_err(|e| fail(e.to_string()))?;
-        let len = f.metadata().map_err(|e| fail(e.to_string()))?.len();
         let len = usize::try_from(len).map_err(|_| fail(format!("{len} bytes")))?;
         if len < min_len || len == 0 {
             return Err(fail(format!("{len} bytes, needed {min_len}")));
