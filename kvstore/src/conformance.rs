@@ -357,6 +357,18 @@ pub async fn barrier_timeouts_and_cancels_fail_everyone_alike(store: &dyn KvStor
     assert!(
         matches!(waiting, Err(KvError::BarrierFailed { reason, .. }) if reason.contains("job cancelled"))
     );
+    // Cancelled before anyone arrived: the arrivals still fail.
+    store
+        .cancel_barrier(b"conf/barrier/early", "job cancelled")
+        .await
+        .unwrap();
+    let late = store
+        .barrier(b"conf/barrier/early", b"w0", 1, Duration::from_secs(10))
+        .await;
+    assert!(
+        matches!(&late, Err(KvError::BarrierFailed { reason, .. }) if reason.contains("job cancelled")),
+        "{late:?}"
+    );
 }
 
 pub async fn oversized_writes_are_refused_and_write_nothing(store: &dyn KvStore) {

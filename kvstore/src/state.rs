@@ -936,7 +936,8 @@ impl KvState {
                         participants: *participants,
                     },
                 });
-                if b.participants != *participants {
+                // A count of 0: cancelled before anyone arrived.
+                if b.participants != *participants && b.participants != 0 {
                     return Err(KvError::InvalidArgument(format!(
                         "barrier `{}` has {} participants, not {participants}",
                         show_key(id),
@@ -958,10 +959,13 @@ impl KvState {
                 Ok(Output::Barrier(b.status.clone()))
             }
             Op::BarrierCancel { id, reason } => {
+                // Cancelled before anyone arrived: kept for the retention
+                // from now (invariant 4), so late arrivals fail too.
+                let now = self.clock_ms;
                 let b = self.barriers.entry(id.clone()).or_insert_with(|| Barrier {
                     participants: 0,
                     arrived: BTreeSet::new(),
-                    deadline_ms: 0,
+                    deadline_ms: now,
                     status: BarrierStatus::Waiting {
                         arrived: 0,
                         participants: 0,
@@ -1326,6 +1330,24 @@ mod tests {
                 participants: 2
             }))
         );
+        // Cancelled before anyone arrived: kept from the cancel on, and
+        // arrivals of any count get the cancel.
+        let cancel = Op::BarrierCancel {
+            id: "early".into(),
+            reason: "job cancelled".into(),
+        };
+        let cancelled_at = kept_until + 5_000;
+        must(&mut s, req(cancelled_at, cancel));
+        let late = req(
+            cancelled_at + BARRIER_RETENTION_MS - 1,
+            arrive("early", "w0"),
+        );
+        assert!(matches!(
+            s.apply(&late).0,
+            Ok(Output::Barrier(BarrierStatus::Failed { reason })) if reason.contains("job cancelled")
+        ));
+        must(&mut s, req(cancelled_at + BARRIER_RETENTION_MS, Op::Tick));
+        assert_eq!(s.barrier(b"early"), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tessel_kvstore::etcd::local::LocalEtcd;
 use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
-use tessel_kvstore::{conformance, KvStore};
+use tessel_kvstore::{conformance, KvError, KvStore};
 
 async fn client(endpoints: &[String]) -> EtcdKv {
     EtcdKv::connect(endpoints, EtcdOptions::default())
@@ -81,4 +81,67 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
     assert_eq!(kv.try_get(b"after/kill").await.unwrap(), b"ok");
     // A write whose answer was lost to the kill may still have landed.
     assert!(kv.list(b"load/").await.unwrap().len() >= acked.len());
+}
+
+/// Invariant 7 of the etcd backend: a decided barrier's keys go away with
+/// its lease, and its id can then hold a new barrier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decided_barrier_is_forgotten_after_its_retention() {
+    let etcd = LocalEtcd::start(3).await.unwrap();
+    let opts = EtcdOptions {
+        barrier_retention: Duration::from_secs(1),
+        ..EtcdOptions::default()
+    };
+    let kv = EtcdKv::connect(&etcd.endpoints(), opts).await.unwrap();
+    let timeout = Duration::from_secs(1);
+    kv.barrier(b"retained", b"w0", 1, timeout).await.unwrap();
+    kv.cancel_barrier(b"never-started", "job cancelled")
+        .await
+        .unwrap();
+    // Within the retention the outcome holds, and so does the count.
+    kv.barrier(b"retained", b"w1", 1, timeout).await.unwrap();
+    let wrong = kv.barrier(b"retained", b"w0", 2, timeout).await;
+    assert!(
+        matches!(wrong, Err(KvError::InvalidArgument(_))),
+        "{wrong:?}"
+    );
+    let raw = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .unwrap();
+    let barrier_keys = || {
+        let mut raw = raw.kv_client();
+        async move {
+            raw.get(
+                "tessel/b/",
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .unwrap()
+            .count()
+        }
+    };
+    assert!(barrier_keys().await >= 4, "meta, arrivals and outcomes");
+    // The leases run 2 s (timeout plus retention; etcd checks expiry every
+    // 500 ms, and may extend a lease across a leader change).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while barrier_keys().await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "barrier keys outlived their lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Forgotten: the id holds a new barrier of another size.
+    let fresh = kv.barrier(b"retained", b"w0", 2, timeout).await;
+    assert!(
+        matches!(&fresh, Err(KvError::BarrierFailed { reason, .. }) if reason.contains("1 of 2")),
+        "{fresh:?}"
+    );
+    kv.barrier(b"never-started", b"w0", 1, timeout)
+        .await
+        .unwrap();
 }

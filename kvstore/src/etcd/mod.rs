@@ -26,6 +26,13 @@
 //! 6. A call that meets a transport error or `Unavailable` is retried (with
 //!    the same write ambiguity as [`crate::raft::client::RaftKv`]) until
 //!    its deadline.
+//! 7. A barrier's keys share one etcd lease of its timeout plus
+//!    [`EtcdOptions::barrier_retention`], granted by whoever writes its
+//!    first key (the first arrival, or a cancel before any); when the lease
+//!    expires etcd deletes them all, so barriers do not pile up and the id
+//!    can start a new barrier, as the state machine forgets a decided
+//!    barrier (`state` invariant 4). A barrier forgotten while a call
+//!    arrives is started afresh, once.
 
 pub mod local;
 
@@ -40,7 +47,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::error::{show_key, KvError, Result};
-use crate::state::{increment_value, Event, KeyValue, Limits};
+use crate::state::{increment_value, Event, KeyValue, Limits, BARRIER_RETENTION_MS};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 
 /// Largest gRPC message read from etcd: the value limit plus headroom.
@@ -55,6 +62,8 @@ pub struct EtcdOptions {
     /// Deadline of one call, retries included (blocking calls add their own
     /// timeout).
     pub request_timeout: Duration,
+    /// How long a barrier's keys outlive its timeout (invariant 7).
+    pub barrier_retention: Duration,
 }
 
 impl Default for EtcdOptions {
@@ -63,6 +72,7 @@ impl Default for EtcdOptions {
             namespace: b"tessel/".to_vec(),
             limits: Limits::default(),
             request_timeout: Duration::from_secs(15),
+            barrier_retention: Duration::from_millis(BARRIER_RETENTION_MS),
         }
     }
 }
@@ -274,13 +284,142 @@ impl EtcdKv {
         }
     }
 
+    /// One arrival at a barrier (invariants 3 and 7).
+    async fn arrive(
+        &self,
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: Duration,
+    ) -> Result<()> {
+        let outcome_key = self.barrier_key(id, "outcome");
+        let (stored, lease) = self.barrier_meta(id, participants, timeout).await?;
+        let (count, deadline_ms) = std::str::from_utf8(&stored)
+            .ok()
+            .and_then(|s| s.split_once(' '))
+            .and_then(|(n, d)| Some((n.parse::<u32>().ok()?, d.parse::<u64>().ok()?)))
+            .ok_or_else(|| {
+                KvError::Internal(format!("barrier `{}`: bad metadata", show_key(id)))
+            })?;
+        if count != participants {
+            return Err(KvError::InvalidArgument(format!(
+                "barrier `{}` has {count} participants, not {participants}",
+                show_key(id)
+            )));
+        }
+        let arrived_prefix = self.barrier_key(id, "a/");
+        let arrival = [&arrived_prefix[..], hex(participant).as_bytes()].concat();
+        // Arrive only while undecided; read the outcome otherwise.
+        let r = self
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(
+                        outcome_key.clone(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then([
+                        TxnOp::put(arrival, "", with_lease(lease)),
+                        TxnOp::get(
+                            arrived_prefix,
+                            Some(GetOptions::new().with_prefix().with_count_only()),
+                        ),
+                    ])
+                    .or_else([TxnOp::get(outcome_key.clone(), None)]),
+            )
+            .await?;
+        if !r.succeeded() {
+            let kv = first_get(&r)
+                .ok_or_else(|| KvError::Internal("barrier outcome vanished".into()))?;
+            return barrier_result(id, kv.value());
+        }
+        let arrived = r
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(g.count() as u32),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let now = unix_ms();
+        if arrived >= participants && now < deadline_ms {
+            return self.decide_barrier(id, "passed", lease).await;
+        }
+        let timed_out = format!("failed:timed out with {arrived} of {participants} participants");
+        if now >= deadline_ms {
+            return self.decide_barrier(id, &timed_out, lease).await;
+        }
+        let wait = Duration::from_millis(deadline_ms - now);
+        let until = Instant::now() + wait;
+        match self
+            .wait_for_key(&outcome_key, header_revision(r.header()) + 1, until)
+            .await?
+        {
+            Some(v) => barrier_result(id, &v),
+            None => {
+                // Count again: the message names who made it.
+                let arrived_prefix = self.barrier_key(id, "a/");
+                let mut kv = self.kv.clone();
+                let n = kv
+                    .get(
+                        arrived_prefix,
+                        Some(GetOptions::new().with_prefix().with_count_only()),
+                    )
+                    .await
+                    .map(|r| r.count())
+                    .unwrap_or(arrived as i64);
+                let reason = format!("failed:timed out with {n} of {participants} participants");
+                self.decide_barrier(id, &reason, lease).await
+            }
+        }
+    }
+
+    /// A barrier's metadata (`"{participants} {deadline_unix_ms}"`) and
+    /// lease; the first arrival writes both (invariants 3 and 7).
+    async fn barrier_meta(
+        &self,
+        id: &[u8],
+        participants: u32,
+        timeout: Duration,
+    ) -> Result<(Vec<u8>, i64)> {
+        let key = self.barrier_key(id, "meta");
+        if let (Some(kv), _) = self.read(&key).await? {
+            return Ok((kv.value().to_vec(), kv.lease()));
+        }
+        let meta = format!(
+            "{participants} {}",
+            unix_ms().saturating_add(timeout.as_millis() as u64)
+        );
+        let lease = self
+            .grant(timeout.saturating_add(self.opts.barrier_retention))
+            .await? as i64;
+        let r = self
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.clone(), meta.clone(), with_lease(lease))])
+                    .or_else([TxnOp::get(key, None)]),
+            )
+            .await?;
+        if r.succeeded() {
+            return Ok((meta.into_bytes(), lease));
+        }
+        // Someone else arrived first: theirs holds.
+        if let Err(e) = self.revoke(lease as u64).await {
+            tracing::debug!(error = %e, "revoking an unused barrier lease");
+        }
+        first_get(&r)
+            .map(|kv| (kv.value().to_vec(), kv.lease()))
+            .ok_or(KvError::LeaseNotFound(lease as u64))
+    }
+
     /// Writes a barrier's outcome unless one exists; returns the stored one
     /// (invariant 3).
-    async fn decide_barrier(&self, id: &[u8], outcome: &str) -> Result<()> {
+    async fn decide_barrier(&self, id: &[u8], outcome: &str, lease: i64) -> Result<()> {
         let key = self.barrier_key(id, "outcome");
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), outcome, None)])
+            .and_then([TxnOp::put(key.clone(), outcome, with_lease(lease))])
             .or_else([TxnOp::get(key, None)]);
         let r = self.txn(txn).await?;
         if r.succeeded() {
@@ -291,6 +430,11 @@ impl EtcdKv {
             None => Err(KvError::Internal("barrier outcome vanished".into())),
         }
     }
+}
+
+/// Put options attaching `lease` (0: none, as etcd reports it).
+fn with_lease(lease: i64) -> Option<PutOptions> {
+    (lease != 0).then(|| PutOptions::new().with_lease(lease))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -684,116 +828,31 @@ impl KvStore for EtcdKv {
                 "a barrier needs at least one participant".into(),
             ));
         }
-        let meta_key = self.barrier_key(id, "meta");
-        let outcome_key = self.barrier_key(id, "outcome");
-        let meta = format!(
-            "{participants} {}",
-            unix_ms().saturating_add(timeout.as_millis() as u64)
-        );
-        // The first arrival fixes the participant count and deadline.
-        let r = self
-            .txn(
-                Txn::new()
-                    .when([Compare::create_revision(
-                        meta_key.clone(),
-                        CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then([TxnOp::put(meta_key.clone(), meta.clone(), None)])
-                    .or_else([TxnOp::get(meta_key, None)]),
-            )
-            .await?;
-        let stored = if r.succeeded() {
-            meta.into_bytes()
-        } else {
-            first_get(&r)
-                .map(|kv| kv.value().to_vec())
-                .unwrap_or_default()
-        };
-        let (count, deadline_ms) = std::str::from_utf8(&stored)
-            .ok()
-            .and_then(|s| s.split_once(' '))
-            .and_then(|(n, d)| Some((n.parse::<u32>().ok()?, d.parse::<u64>().ok()?)))
-            .ok_or_else(|| {
-                KvError::Internal(format!("barrier `{}`: bad metadata", show_key(id)))
-            })?;
-        if count != participants {
-            return Err(KvError::InvalidArgument(format!(
-                "barrier `{}` has {count} participants, not {participants}",
-                show_key(id)
-            )));
-        }
-        let arrived_prefix = self.barrier_key(id, "a/");
-        let arrival = [&arrived_prefix[..], hex(participant).as_bytes()].concat();
-        // Arrive only while undecided; read the outcome otherwise.
-        let r = self
-            .txn(
-                Txn::new()
-                    .when([Compare::create_revision(
-                        outcome_key.clone(),
-                        CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then([
-                        TxnOp::put(arrival, "", None),
-                        TxnOp::get(
-                            arrived_prefix,
-                            Some(GetOptions::new().with_prefix().with_count_only()),
-                        ),
-                    ])
-                    .or_else([TxnOp::get(outcome_key.clone(), None)]),
-            )
-            .await?;
-        if !r.succeeded() {
-            let kv = first_get(&r)
-                .ok_or_else(|| KvError::Internal("barrier outcome vanished".into()))?;
-            return barrier_result(id, kv.value());
-        }
-        let arrived = r
-            .op_responses()
-            .into_iter()
-            .find_map(|op| match op {
-                TxnOpResponse::Get(g) => Some(g.count() as u32),
-                _ => None,
-            })
-            .unwrap_or(0);
-        let now = unix_ms();
-        if arrived >= participants && now < deadline_ms {
-            return self.decide_barrier(id, "passed").await;
-        }
-        let timed_out = format!("failed:timed out with {arrived} of {participants} participants");
-        if now >= deadline_ms {
-            return self.decide_barrier(id, &timed_out).await;
-        }
-        let wait = Duration::from_millis(deadline_ms - now);
-        let until = Instant::now() + wait;
-        match self
-            .wait_for_key(&outcome_key, header_revision(r.header()) + 1, until)
-            .await?
-        {
-            Some(v) => barrier_result(id, &v),
-            None => {
-                // Count again: the message names who made it.
-                let arrived_prefix = self.barrier_key(id, "a/");
-                let mut kv = self.kv.clone();
-                let n = kv
-                    .get(
-                        arrived_prefix,
-                        Some(GetOptions::new().with_prefix().with_count_only()),
-                    )
-                    .await
-                    .map(|r| r.count())
-                    .unwrap_or(arrived as i64);
-                let reason = format!("failed:timed out with {n} of {participants} participants");
-                self.decide_barrier(id, &reason).await
-            }
+        match self.arrive(id, participant, participants, timeout).await {
+            // Invariant 7: forgotten meanwhile; start it afresh.
+            Err(KvError::LeaseNotFound(_)) => self
+                .arrive(id, participant, participants, timeout)
+                .await
+                .map_err(|e| match e {
+                    KvError::LeaseNotFound(_) => KvError::Internal(format!(
+                        "barrier `{}` expired while arriving twice",
+                        show_key(id)
+                    )),
+                    e => e,
+                }),
+            r => r,
         }
     }
 
     async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()> {
         self.opts.limits.check_key(id)?;
+        let lease = match self.read(&self.barrier_key(id, "meta")).await? {
+            (Some(meta), _) => meta.lease(),
+            // Nobody arrived yet: the outcome alone, kept for the retention.
+            (None, _) => self.grant(self.opts.barrier_retention).await? as i64,
+        };
         match self
-            .decide_barrier(id, &format!("failed:cancelled: {reason}"))
+            .decide_barrier(id, &format!("failed:cancelled: {reason}"), lease)
             .await
         {
             Ok(()) | Err(KvError::BarrierFailed { .. }) => Ok(()),
