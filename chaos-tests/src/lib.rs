@@ -35,6 +35,8 @@ pub fn tessel_bin() -> PathBuf {
 pub struct Proc {
     pub child: Child,
     pub addr: SocketAddr,
+    /// `HOST:PORT` of its metrics, when started with `--metrics-listen`.
+    pub metrics: Option<String>,
 }
 
 impl Proc {
@@ -129,9 +131,7 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
             let _ = child.kill();
             panic!("worker {worker_id} did not register");
         };
-        if let Some(addr) = line.strip_prefix("metrics on http://") {
-            metrics = Some(addr.trim_end_matches("/metrics").to_owned());
-        }
+        metrics = metrics.or_else(|| metrics_address(&line));
         if let Some(n) = line.split(" registered as incarnation ").nth(1) {
             let incarnation = n
                 .split_whitespace()
@@ -163,7 +163,7 @@ pub fn spawn_replica(args: &[String]) -> Proc {
     // A joining replica is only a member once it printed "joined": until
     // then the cluster may be in a joint configuration.
     let joining = args.iter().any(|a| a == "--join");
-    let mut addr = None;
+    let (mut addr, mut metrics) = (None, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while addr.is_none() || joining {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -177,12 +177,43 @@ pub fn spawn_replica(args: &[String]) -> Proc {
         if let Some(a) = line.split("listening on ").nth(1) {
             addr = Some(a.trim().parse().expect("address"));
         }
+        metrics = metrics.or_else(|| metrics_address(&line));
         if line.ends_with(" joined") {
             break;
         }
     }
     let addr = addr.expect("address reported");
-    Proc { child, addr }
+    Proc {
+        child,
+        addr,
+        metrics,
+    }
+}
+
+/// The address in a "metrics on http://HOST:PORT/metrics" line.
+fn metrics_address(line: &str) -> Option<String> {
+    let addr = line.strip_prefix("metrics on http://")?;
+    Some(addr.trim_end_matches("/metrics").to_owned())
+}
+
+/// `GET /metrics` from `addr`; the body.
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
+}
+
+/// The value of the first sample whose line starts with `name` and
+/// contains every one of `labels`.
+pub fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// A replica's command line.

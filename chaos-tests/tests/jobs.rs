@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tessel::job::JobSpec;
 use tessel::plan::JobBundle;
-use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster};
+use tessel_chaos_tests::{sample, scrape, spawn_worker, tessel_bin, KvCluster};
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::keys;
 use tessel_kvstore::KvStore;
@@ -245,26 +245,6 @@ outputs = ["a"]
         .unwrap()
         .expect("the job fails");
     assert!(failure.to_string().contains("bad job bundle"), "{failure}");
-}
-
-/// `GET /metrics` from `addr`; the body.
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text
-}
-
-/// The value of the first sample whose line starts with `name` and
-/// contains every one of `labels`.
-fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
-    text.lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// `tessel worker --metrics-listen`: the worker's job processes record

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
-use tessel_chaos_tests::{spawn_worker, KvCluster, WorkerProc};
+use tessel_chaos_tests::{sample, scrape, spawn_worker, KvCluster, WorkerProc};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::{JobRecord, JobState};
 use tessel_kvstore::KvStore;
@@ -184,10 +184,10 @@ fn tiny(dir: &Path, name: &str, processes: u32, steps: u64) -> ValidatedJob {
 
 /// A job larger than the cluster waits with its reason; devices in use are
 /// not given twice; cancelling a running job frees its devices for the
-/// next one.
+/// next one. The coordinators' `/metrics` count what happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
-    let cluster = KvCluster::start(3, &[]);
+    let cluster = KvCluster::start(3, &["--metrics-listen", "127.0.0.1:0"]);
     let _ws = workers(&cluster, 2);
     let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
     let client = Client::from_store(kv.clone());
@@ -248,4 +248,72 @@ async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
         "2^10 after 10 doublings"
     );
     assert_eq!(client.job(&big).await.unwrap().state, JobState::Pending);
+
+    // Every coordinator runs passes; the one that commits a transition
+    // counts it, so the counts add up across them, and every pass sets
+    // the gauges from the committed state.
+    let scrapes = || -> Vec<String> {
+        cluster
+            .procs
+            .values()
+            .map(|p| scrape(p.metrics.as_deref().expect("a metrics address")))
+            .collect()
+    };
+    let total = |texts: &[String], name: &str, labels: &[&str]| -> f64 {
+        texts.iter().filter_map(|t| sample(t, name, labels)).sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let texts = loop {
+        let texts = scrapes();
+        let settled = texts.iter().all(|t| {
+            sample(t, "tessel_scheduler_jobs", &[r#"state="Succeeded""#]) == Some(1.0)
+                && sample(t, "tessel_scheduler_jobs", &[r#"state="Cancelled""#]) == Some(1.0)
+        });
+        if settled {
+            break texts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gauges never settled:\n{texts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for t in &texts {
+        assert_eq!(
+            sample(t, "tessel_scheduler_jobs", &[r#"state="Pending""#]),
+            Some(1.0),
+            "big waits"
+        );
+        assert_eq!(sample(t, "tessel_scheduler_workers_alive", &[]), Some(2.0));
+        assert_eq!(
+            sample(t, "tessel_scheduler_devices", &[r#"kind="alive""#]),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(t, "tessel_scheduler_devices", &[r#"kind="in_use""#]),
+            Some(0.0)
+        );
+    }
+    let transitions = |to: &str| {
+        total(
+            &texts,
+            "tessel_scheduler_transitions_total",
+            &[&format!(r#"to="{to}""#)],
+        )
+    };
+    assert_eq!(transitions("Scheduled"), 2.0, "long and next, once each");
+    assert_eq!(transitions("Cancelled"), 1.0);
+    assert_eq!(transitions("Succeeded"), 1.0);
+    assert_eq!(
+        total(&texts, "tessel_scheduler_queue_seconds_count", &[]),
+        2.0
+    );
+    assert!(
+        total(
+            &texts,
+            "tessel_scheduler_passes_total",
+            &[r#"outcome="committed""#]
+        ) >= 4.0,
+        "{texts:?}"
+    );
 }

@@ -58,6 +58,16 @@ pub enum JobState {
 }
 
 impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Pending,
+        JobState::Scheduled,
+        JobState::Running,
+        JobState::Restarting,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -207,6 +217,16 @@ impl SchedulerState {
             events: 0,
         });
         id
+    }
+
+    /// How many jobs are in each state, in [`JobState::ALL`]'s order.
+    pub fn jobs_by_state(&self) -> [(JobState, usize); 7] {
+        JobState::ALL.map(|st| (st, self.jobs.iter().filter(|j| j.state == st).count()))
+    }
+
+    /// Devices held by Scheduled and Running jobs.
+    pub fn devices_in_use(&self) -> u32 {
+        self.used().values().sum()
     }
 
     /// Devices in use per worker (Scheduled and Running jobs).
@@ -510,6 +530,7 @@ async fn carry_out(
 
 /// One pass: observe, advance, commit, carry out.
 pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
+    let started = std::time::Instant::now();
     let (old, mut state) = read_state(kv).await?;
     let mut observed = BTreeMap::new();
     for job in state.jobs.iter().filter(|j| !j.state.is_terminal()) {
@@ -519,9 +540,46 @@ pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
     let before = state.clone();
     let events = state.advance(&observed, &workers, keys::unix_ms());
     if state != before && !commit(kv, old.as_deref(), &state).await? {
-        return Ok(()); // another pass won; the next one starts over
+        // Another pass won; the next one starts over.
+        metrics::counter!("tessel_scheduler_passes_total", "outcome" => "superseded").increment(1);
+        return Ok(());
     }
+    record(&state, &workers, &events, state != before, started);
     carry_out(kv, &state, &events, topology_timeout).await
+}
+
+/// The metrics of a pass whose state is the committed one: the gauges
+/// of what it saw, and (`committed`: this pass made the change) each
+/// transition once, as it was committed once.
+fn record(
+    state: &SchedulerState,
+    workers: &[WorkerCapacity],
+    events: &[(String, JobEvent)],
+    committed: bool,
+    started: std::time::Instant,
+) {
+    for (st, n) in state.jobs_by_state() {
+        metrics::gauge!("tessel_scheduler_jobs", "state" => st.name()).set(n as f64);
+    }
+    let alive: u32 = workers.iter().map(|w| w.devices).sum();
+    metrics::gauge!("tessel_scheduler_workers_alive").set(workers.len() as f64);
+    metrics::gauge!("tessel_scheduler_devices", "kind" => "alive").set(f64::from(alive));
+    metrics::gauge!("tessel_scheduler_devices", "kind" => "in_use")
+        .set(f64::from(state.devices_in_use()));
+    for (id, e) in events {
+        metrics::counter!("tessel_scheduler_transitions_total", "to" => e.to.name()).increment(1);
+        // From submission to the first placement: the queueing time.
+        if e.to == JobState::Scheduled && e.attempt == 1 {
+            if let Some(job) = state.job(id) {
+                let waited = e.unix_ms.saturating_sub(job.submitted_unix_ms);
+                metrics::histogram!("tessel_scheduler_queue_seconds")
+                    .record(waited as f64 / 1000.0);
+            }
+        }
+    }
+    let outcome = if committed { "committed" } else { "unchanged" };
+    metrics::counter!("tessel_scheduler_passes_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("tessel_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
 }
 
 /// Runs passes every `interval` until the task is dropped; errors are
@@ -529,6 +587,7 @@ pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
 pub async fn run(kv: Arc<dyn KvStore>, interval: Duration, topology_timeout: Duration) {
     loop {
         if let Err(e) = pass(&*kv, topology_timeout).await {
+            metrics::counter!("tessel_scheduler_passes_total", "outcome" => "failed").increment(1);
             tracing::warn!(error = %e, "scheduler pass failed");
         }
         tokio::time::sleep(interval).await;
@@ -700,6 +759,16 @@ mod tests {
         let w = workers(2, 1);
         s.advance(&BTreeMap::new(), &w, 1);
         assert_eq!(s.job(&b).unwrap().state, JobState::Pending);
+        let count = |s: &SchedulerState, st: JobState| {
+            s.jobs_by_state()
+                .into_iter()
+                .find(|(x, _)| *x == st)
+                .unwrap()
+                .1
+        };
+        assert_eq!(count(&s, JobState::Scheduled), 1);
+        assert_eq!(count(&s, JobState::Pending), 1);
+        assert_eq!(s.devices_in_use(), 2);
         let e = s.advance(
             &obs(
                 &a,
@@ -715,6 +784,9 @@ mod tests {
         // b is placed on the devices a held, in the same or the next pass.
         s.advance(&BTreeMap::new(), &w, 3);
         assert_eq!(s.job(&b).unwrap().state, JobState::Scheduled);
+        assert_eq!(count(&s, JobState::Cancelled), 1);
+        assert_eq!(count(&s, JobState::Pending), 0);
+        assert_eq!(s.devices_in_use(), 2, "b holds what a held");
         assert!(SchedulerState::decode(&s.encode()).unwrap() == s);
     }
 }
