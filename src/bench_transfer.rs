@@ -8,7 +8,9 @@
 //!
 //! Then the all-reduce: `--ranks` groups of `tessel transfer-rank`
 //! processes, each path (network: QUIC between all ranks; shm: shared-memory
-//! arenas; shm-ring: the ring with its chunks lent through shared memory),
+//! arenas; shm-in-place: the same on buffers that live in shared memory,
+//! which the input is written into, through `all_reduce_in_place`;
+//! shm-ring: the ring with its chunks lent through shared memory),
 //! `--all-reduce-bytes` of f32 summed `--repeat` times after one warm-up,
 //! each call after a barrier that follows every rank's writing of its
 //! input. A call's time is the slowest rank's;
@@ -41,9 +43,10 @@ pub struct BenchTransferArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     pub ranks: Vec<usize>,
     /// Paths for the all-reduce: `network` (QUIC even between processes
-    /// of this host), `shm` (shared-memory arenas) and `shm-ring` (the ring,
-    /// its chunks lent through shared memory).
-    #[arg(long, value_delimiter = ',', default_value = "network,shm,shm-ring", value_parser = ["network", "shm", "shm-ring"])]
+    /// of this host), `shm` (shared-memory arenas), `shm-in-place`
+    /// (arenas, on buffers in shared memory: `all_reduce_in_place`) and
+    /// `shm-ring` (the ring, its chunks lent through shared memory).
+    #[arg(long, value_delimiter = ',', default_value = "network,shm,shm-in-place,shm-ring", value_parser = ["network", "shm", "shm-in-place", "shm-ring"])]
     pub paths: Vec<String>,
     /// Largest message of a ring step (the collectives' chunk size).
     #[arg(long, default_value_t = 4 << 20)]
@@ -97,7 +100,8 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<()> {
     let mut g = RankGroup::start(&std::env::current_exe()?, n, &opts)?;
     let cmd = |repeat: u32| {
         serde_json::json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32",
-                           "count": count, "seed": 1, "repeat": repeat, "barrier": true})
+                           "count": count, "seed": 1, "repeat": repeat, "barrier": true,
+                           "in_place": path == "shm-in-place"})
     };
     let check = |answers: Vec<serde_json::Value>| -> Result<Vec<Vec<f64>>> {
         answers

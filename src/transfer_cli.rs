@@ -75,6 +75,10 @@ pub enum RankCommand {
         /// the skew of ranks still writing inputs on shared cores.
         #[serde(default)]
         barrier: bool,
+        /// Through `Communicator::all_reduce_in_place` on a buffer from
+        /// `Communicator::buffer`, which the input is written into.
+        #[serde(default)]
+        in_place: bool,
     },
     ReduceScatter {
         reduce: String,
@@ -210,19 +214,30 @@ async fn execute(
             seed,
             repeat,
             barrier,
+            in_place,
         } => {
             let (op, t) = (op(&reduce)?, dtype(&t)?);
+            let mut buf = in_place.then(|| comm.buffer(count * t.size()));
             let mut last = Vec::new();
             for _ in 0..repeat.max(1) {
                 let input = pattern(t, count, rank, seed);
+                if let Some(buf) = &mut buf {
+                    buf.as_mut_slice().copy_from_slice(&input);
+                }
                 if barrier {
                     comm.barrier().await?;
                 }
                 timed = Instant::now();
-                last = comm.all_reduce(op, t, input).await?;
+                match &mut buf {
+                    Some(buf) => comm.all_reduce_in_place(op, t, buf).await?,
+                    None => last = comm.all_reduce(op, t, input).await?,
+                }
                 lap(&mut ms, timed);
             }
-            last
+            match buf {
+                Some(buf) => buf.as_slice().to_vec(),
+                None => last,
+            }
         }
         RankCommand::ReduceScatter {
             reduce,

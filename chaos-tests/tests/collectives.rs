@@ -68,24 +68,26 @@ fn collectives_match_the_reference(n: usize, path: Path) {
     )
     .unwrap();
     // Both all-reduce algorithms: data riding with the descriptors (small)
-    // and the chunked ring (over SMALL_ALL_REDUCE bytes for every dtype).
+    // and the chunked ring (over SMALL_ALL_REDUCE bytes for every dtype),
+    // on owned data and in place (on a buffer in shared memory, except
+    // over the network).
     let large = tessel_transfer::reduce::SMALL_ALL_REDUCE / 2 + 3;
-    for (i, dtype, count) in REDUCIBLE
-        .into_iter()
-        .enumerate()
-        .flat_map(|(i, d)| [(i, d, 1003), (i, d, large)])
-    {
+    for (i, dtype, count, in_place) in REDUCIBLE.into_iter().enumerate().flat_map(|(i, d)| {
+        [(i, d, 1003), (i, d, large)]
+            .into_iter()
+            .flat_map(|(i, d, c)| [(i, d, c, false), (i, d, c, true)])
+    }) {
         for op in ReduceOp::ALL {
             let seed = 10 * i as u64 + op as u64;
             let cmd = json!({"op": "all_reduce", "reduce": op.name(), "dtype": dtype.name(),
-                             "count": count, "seed": seed});
+                             "count": count, "seed": seed, "in_place": in_place});
             let want = reference_reduce(op, dtype, &inputs(n, dtype, count, seed)).unwrap();
             let got = ok(&g.all(&cmd, T).unwrap());
             for (r, d) in got.iter().enumerate() {
                 assert_eq!(
                     d,
                     &sha256_hex(&want),
-                    "all_reduce {} {} of {count} on rank {r} of {n}",
+                    "all_reduce {} {} of {count} (in place: {in_place}) on rank {r} of {n}",
                     op.name(),
                     dtype.name()
                 );
@@ -306,6 +308,34 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
             assert!(started.elapsed() < Duration::from_secs(10), "no hang");
         }
 
+        // In place on one rank, not on the other: the two end differently
+        // over arenas, so they must not meet.
+        let mut g = RankGroup::start(
+            &tessel_bin(),
+            2,
+            &RankOptions {
+                force_network,
+                ..RankOptions::default()
+            },
+        )
+        .unwrap();
+        for r in 0..2 {
+            g.send(
+                r,
+                &json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32", "count": 20_000,
+                        "seed": 1, "in_place": r == 0}),
+            )
+            .unwrap();
+        }
+        let (a, b) = (g.answer(0, T).unwrap(), g.answer(1, T).unwrap());
+        assert_eq!((&a["ok"], &b["ok"]), (&json!(false), &json!(false)));
+        assert_eq!(a["error"], b["error"]);
+        let error = a["error"].as_str().unwrap();
+        assert!(
+            error.contains("rank 0: all_reduce sum in place of 80000 bytes"),
+            "{error}"
+        );
+
         // A dtype mismatch in a fresh group.
         let mut g = RankGroup::start(&tessel_bin(), 2, &RankOptions::default()).unwrap();
         g.send(
@@ -326,7 +356,7 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
 
 /// SIGKILL of a rank mid-all-reduce: every other rank fails within the
 /// deadline (and hands out nothing); the communicator is then broken.
-fn a_killed_rank_fails_the_others(path: Path) {
+fn a_killed_rank_fails_the_others(path: Path, in_place: bool) {
     let deadline_ms = 10_000;
     let mut g = RankGroup::start(
         &tessel_bin(),
@@ -345,7 +375,7 @@ fn a_killed_rank_fails_the_others(path: Path) {
         )
         .unwrap());
     let cmd = json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32",
-                     "count": 4 << 20, "seed": 1, "repeat": 1000});
+                     "count": 4 << 20, "seed": 1, "repeat": 1000, "in_place": in_place});
     for r in 0..4 {
         g.send(r, &cmd).unwrap();
     }
@@ -375,10 +405,15 @@ fn a_killed_rank_fails_the_others(path: Path) {
 
 #[test]
 fn a_killed_rank_fails_the_others_within_the_deadline_over_the_network() {
-    a_killed_rank_fails_the_others(Path::Network);
+    a_killed_rank_fails_the_others(Path::Network, false);
 }
 
 #[test]
 fn a_killed_rank_fails_the_others_within_the_deadline_over_arenas() {
-    a_killed_rank_fails_the_others(Path::Arenas);
+    a_killed_rank_fails_the_others(Path::Arenas, false);
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_within_the_deadline_in_place() {
+    a_killed_rank_fails_the_others(Path::Arenas, true);
 }

@@ -55,6 +55,18 @@
 //!    rank has left the previous call, and before its first post, except
 //!    its folded segment, which nobody reads before the second post: bytes
 //!    never change under a reader.
+//! 9. An in-place all-reduce ([`Communicator::all_reduce_in_place`]) runs
+//!    on a [`CollectiveBuffer`], which lives in shared memory when every
+//!    member is on this host ([`Communicator::buffer`]): peers then read
+//!    the caller's bytes where the caller wrote them, with invariant 8's
+//!    steps minus the copy in (the buffer is posted instead of an arena).
+//!    Its descriptor says `in_place` (compared under invariant 2, since
+//!    the two kinds of all-reduce end differently), and the call ends with
+//!    a third post, after which no peer reads the buffer any more: only
+//!    then may the caller write it again. A failed call replaces the
+//!    buffer's storage with zeroed memory, so that neither the caller nor
+//!    a peer still reading the old bytes sees a partial result, and what
+//!    the caller writes next never reaches a peer of the broken call.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -71,6 +83,9 @@ use crate::reduce::{
     segment, ReduceOp,
 };
 use crate::shm::{PeerArena, ShmArena};
+
+/// Peer mappings kept per rank (its arena and, say, one in-place buffer).
+const PEER_MAPPINGS: usize = 2;
 
 /// Tag phases (2 bits).
 const PHASE_DESCRIPTOR: u64 = 0;
@@ -120,6 +135,8 @@ pub struct Descriptor {
     pub root: Option<u32>,
     /// This rank reaches every member through shared memory (invariant 8).
     pub shared: bool,
+    /// An all-reduce on a [`CollectiveBuffer`] (invariant 9).
+    pub in_place: bool,
 }
 
 /// The collectives a descriptor can name.
@@ -254,6 +271,9 @@ impl std::fmt::Display for Descriptor {
         if let Some(op) = self.op {
             write!(f, " {}", op.name())?;
         }
+        if self.in_place {
+            write!(f, " in place")?;
+        }
         write!(f, " of {} bytes of {}", self.bytes, self.dtype)?;
         if let Some(root) = self.root {
             write!(f, " from root {root}")?;
@@ -276,11 +296,90 @@ pub struct Communicator {
 }
 
 /// The arenas of the same-host path (invariant 8): this rank's, and its
-/// mappings of the peers' by rank, kept from call to call.
+/// mappings of the peers' arenas and buffers by rank (the most recently
+/// used first, at most [`PEER_MAPPINGS`] each), kept from call to call.
 #[derive(Default)]
 struct Arenas {
     mine: Option<ShmArena>,
-    peers: Vec<Option<Arc<PeerArena>>>,
+    peers: Vec<Vec<Arc<PeerArena>>>,
+}
+
+/// A buffer for [`Communicator::all_reduce_in_place`] (invariant 9): in
+/// shared memory when the communicator that made it reaches every member
+/// that way, else in private memory. Write the input with
+/// [`Self::as_mut_slice`], read the result with [`Self::as_slice`].
+pub struct CollectiveBuffer {
+    storage: Storage,
+}
+
+enum Storage {
+    Shared(ShmArena),
+    Private(Vec<u8>),
+}
+
+impl CollectiveBuffer {
+    /// A zeroed buffer of `len` bytes in private memory.
+    pub fn private(len: usize) -> CollectiveBuffer {
+        CollectiveBuffer {
+            storage: Storage::Private(vec![0; len]),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.storage {
+            Storage::Shared(a) => a.len(),
+            Storage::Private(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether peers on this host can read it in place.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.storage, Storage::Shared(_))
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Shared(a) => a.region(0..a.len()),
+            Storage::Private(v) => v,
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match &mut self.storage {
+            Storage::Shared(a) => {
+                let len = a.len();
+                a.region_mut(0..len)
+            }
+            Storage::Private(v) => v,
+        }
+    }
+
+    /// The shared-memory file's name, for the peers.
+    fn shared_name(&self) -> Option<String> {
+        match &self.storage {
+            Storage::Shared(a) => Some(a.name().to_owned()),
+            Storage::Private(_) => None,
+        }
+    }
+
+    /// After a failed call (invariant 9): fresh zeroed memory of the same
+    /// length; the old file keeps its bytes for whoever still maps it.
+    fn replace_with_zeros(&mut self) {
+        self.storage = Storage::Private(vec![0; self.len()]);
+    }
+}
+
+impl std::fmt::Debug for CollectiveBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CollectiveBuffer")
+            .field("len", &self.len())
+            .field("shared", &self.is_shared())
+            .finish()
+    }
 }
 
 impl Communicator {
@@ -351,6 +450,78 @@ impl Communicator {
         self.run(d, |call| call.all_reduce(op, dtype, data)).await
     }
 
+    /// A buffer of `len` bytes (zeroed) for [`Self::all_reduce_in_place`]:
+    /// in shared memory when every member runs on this host, arenas are on
+    /// and the size is over the small all-reduce's and within
+    /// `max_arena_bytes` (and the folder has room), else private.
+    pub fn buffer(&self, len: usize) -> CollectiveBuffer {
+        let wanted = self.cfg.arenas
+            && self.size() > 1
+            && !all_reduce_is_small(len)
+            && len <= self.cfg.max_arena_bytes
+            && self.all_on_this_host();
+        if wanted {
+            match ShmArena::create(self.endpoint.shm_dir(), len) {
+                Ok(a) => {
+                    return CollectiveBuffer {
+                        storage: Storage::Shared(a),
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    bytes = len,
+                    dir = %self.endpoint.shm_dir().display(),
+                    error = %e,
+                    "no shared-memory buffer; in-place all-reduces take the ring"
+                ),
+            }
+        }
+        CollectiveBuffer::private(len)
+    }
+
+    /// [`Self::all_reduce`] of `buf`'s bytes, leaving the result in `buf`
+    /// (invariant 9). Every rank must call this one, not `all_reduce`. On
+    /// an error `buf` holds zeros, and the communicator is broken.
+    pub async fn all_reduce_in_place(
+        &mut self,
+        op: ReduceOp,
+        dtype: ElementType,
+        buf: &mut CollectiveBuffer,
+    ) -> Result<()> {
+        check_reducible(dtype)?;
+        let len = buf.len();
+        if len % dtype.size() != 0 {
+            return Err(TransferError::InvalidArgument(format!(
+                "{len} bytes are not a whole number of {} elements",
+                dtype.name()
+            )));
+        }
+        let mut d = descriptor("all_reduce", Some(op), dtype, len, None);
+        d.in_place = true;
+        let result = if self.size() > 1 && all_reduce_is_small(len) {
+            let data = buf.as_slice().to_vec();
+            self.run_with(d, data, |_, frames| async move {
+                fold_in_rank_order(op, dtype, &frames)
+            })
+            .await
+            .map(|out| buf.as_mut_slice().copy_from_slice(&out))
+        } else {
+            d.shared = self.cfg.arenas
+                && self.size() > 1
+                && buf.is_shared()
+                && d.wants_arenas()
+                && self.all_on_this_host();
+            let name = buf.shared_name();
+            self.run(d, |call| {
+                call.all_reduce_in_place(op, dtype, buf.as_mut_slice(), name)
+            })
+            .await
+        };
+        if result.is_err() {
+            buf.replace_with_zeros();
+        }
+        result
+    }
+
     /// Reduces across ranks and gives rank `r` segment `r` of the result
     /// (segments as in [`crate::reduce::segment`]).
     pub async fn reduce_scatter(
@@ -408,13 +579,17 @@ impl Communicator {
         let shared = self.cfg.arenas
             && self.size() > 1
             && d.wants_arenas()
-            && self
-                .members
-                .iter()
-                .enumerate()
-                .all(|(r, p)| r == self.rank || self.endpoint.same_host(p))
+            && self.all_on_this_host()
             && self.reserve_arena(d.bytes as usize);
         Descriptor { shared, ..d }
+    }
+
+    /// Whether this rank reaches every member through shared memory.
+    fn all_on_this_host(&self) -> bool {
+        self.members
+            .iter()
+            .enumerate()
+            .all(|(r, p)| r == self.rank || self.endpoint.same_host(p))
     }
 
     /// Makes this rank's arena at least `len` bytes long before the call
@@ -542,6 +717,7 @@ fn descriptor(
         bytes: bytes as u64,
         root,
         shared: false,
+        in_place: false,
     }
 }
 
@@ -811,16 +987,18 @@ impl Call {
         let name =
             std::str::from_utf8(name).map_err(|_| bad("an arena name not in UTF-8".into()))?;
         let mut arenas = self.arenas.lock().expect("not poisoned");
-        if let Some(Some(a)) = arenas.peers.get(from) {
-            if a.name() == name && a.len() >= min_len {
-                return Ok(a.clone());
-            }
-        }
-        let arena = PeerArena::open(self.endpoint.shm_dir(), name, min_len)
-            .map_err(|e| bad(format!("arena: {e}")))?;
-        let arena = Arc::new(arena);
-        arenas.peers.resize(self.n(), None);
-        arenas.peers[from] = Some(arena.clone());
+        arenas.peers.resize_with(self.n(), Vec::new);
+        let known = &mut arenas.peers[from];
+        let arena = match known.iter().position(|a| a.name() == name) {
+            Some(i) if known[i].len() >= min_len => known.remove(i),
+            _ => Arc::new(
+                PeerArena::open(self.endpoint.shm_dir(), name, min_len)
+                    .map_err(|e| bad(format!("arena: {e}")))?,
+            ),
+        };
+        known.retain(|a| a.name() != name);
+        known.insert(0, arena.clone());
+        known.truncate(PEER_MAPPINGS);
         Ok(arena)
     }
 
@@ -854,7 +1032,7 @@ impl Call {
         segs: &[Range<usize>],
         publish: bool,
     ) -> Result<Vec<Option<Arc<PeerArena>>>> {
-        let (n, r) = (self.n(), self.rank);
+        let r = self.rank;
         let name = self.fill_arena(data.len(), |arena| {
             for (j, seg) in segs.iter().enumerate() {
                 if j != r {
@@ -866,10 +1044,6 @@ impl Call {
         })?;
         let peers = self.exchange_arenas(&name, data.len()).await?;
         let seg = segs[r].clone();
-        let others = (1..n)
-            .filter_map(|step| peers[(r + step) % n].as_ref())
-            .map(|peer| peer.region(seg.clone()))
-            .collect::<Result<Vec<&[u8]>>>()?;
         let mut arenas = self.arenas.lock().expect("not poisoned");
         let copy = match publish {
             true => Some(
@@ -881,8 +1055,44 @@ impl Call {
             ),
             false => None,
         };
-        fold_onto(op, dtype, &others, &mut data[seg], copy, n)?;
+        self.fold_own_segment(op, dtype, &peers, &mut data[seg.clone()], seg, copy)?;
         Ok(peers)
+    }
+
+    /// Folds this rank's segment `seg` (`own`: its bytes here) from every
+    /// peer's arena in the ring's order, into `own` and `copy`.
+    fn fold_own_segment(
+        &self,
+        op: ReduceOp,
+        dtype: ElementType,
+        peers: &[Option<Arc<PeerArena>>],
+        own: &mut [u8],
+        seg: Range<usize>,
+        copy: Option<&mut [u8]>,
+    ) -> Result<()> {
+        let (n, r) = (self.n(), self.rank);
+        let others = (1..n)
+            .filter_map(|step| peers[(r + step) % n].as_ref())
+            .map(|peer| peer.region(seg.clone()))
+            .collect::<Result<Vec<&[u8]>>>()?;
+        fold_onto(op, dtype, &others, own, copy, n)
+    }
+
+    /// The end of an all-reduce through arenas: once every rank's fold is
+    /// in place (a post), copies the other ranks' folded segments.
+    async fn copy_folded_segments(
+        &self,
+        peers: &[Option<Arc<PeerArena>>],
+        data: &mut [u8],
+        segs: &[Range<usize>],
+    ) -> Result<()> {
+        self.post_to_all(self.tag(PHASE_GATHER, 0, 0), &[]).await?;
+        for (j, seg) in segs.iter().enumerate() {
+            if let Some(peer) = &peers[j] {
+                data[seg.clone()].copy_from_slice(peer.region(seg.clone())?);
+            }
+        }
+        Ok(())
     }
 
     fn byte_segments(&self, dtype: ElementType, bytes: usize) -> Vec<Range<usize>> {
@@ -943,18 +1153,40 @@ impl Call {
             let peers = self
                 .fold_in_arenas(op, dtype, &mut data, &segs, true)
                 .await?;
-            // Every fold is in its arena before anyone copies one out.
-            self.post_to_all(self.tag(PHASE_GATHER, 0, 0), &[]).await?;
-            for (j, seg) in segs.iter().enumerate() {
-                if let Some(peer) = &peers[j] {
-                    data[seg.clone()].copy_from_slice(peer.region(seg.clone())?);
-                }
-            }
+            self.copy_folded_segments(&peers, &mut data, &segs).await?;
         } else if self.n() > 1 {
             self.reduce_phase(op, dtype, &mut data, &segs).await?;
             self.gather_phase(dtype, &mut data, &segs).await?;
         }
         Ok(data)
+    }
+
+    /// Invariant 9: `data` is the caller's buffer, named `name` in shared
+    /// memory when the call is `shared`.
+    async fn all_reduce_in_place(
+        self,
+        op: ReduceOp,
+        dtype: ElementType,
+        data: &mut [u8],
+        name: Option<String>,
+    ) -> Result<()> {
+        let segs = self.byte_segments(dtype, data.len());
+        if self.shared {
+            let name = name.ok_or_else(|| TransferError::Stream {
+                peer: "this host".into(),
+                reason: "a shared call without a shared buffer".into(),
+            })?;
+            let peers = self.exchange_arenas(&name, data.len()).await?;
+            let seg = segs[self.rank].clone();
+            self.fold_own_segment(op, dtype, &peers, &mut data[seg.clone()], seg, None)?;
+            self.copy_folded_segments(&peers, data, &segs).await?;
+            // Nobody reads this buffer once every peer says so.
+            self.post_to_all(self.tag(PHASE_GATHER, 1, 0), &[]).await?;
+        } else if self.n() > 1 {
+            self.reduce_phase(op, dtype, data, &segs).await?;
+            self.gather_phase(dtype, data, &segs).await?;
+        }
+        Ok(())
     }
 
     async fn reduce_scatter(
@@ -1089,6 +1321,21 @@ mod tests {
         );
         assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
         assert_eq!(d.to_string(), "all_reduce mean of 64 bytes of bf16");
+        // Paths may differ between ranks; in place or not may not.
+        let shared = Descriptor {
+            shared: true,
+            ..d.clone()
+        };
+        assert!(shared.same_call(&d) && d.same_call(&shared));
+        let in_place = Descriptor {
+            in_place: true,
+            ..d.clone()
+        };
+        assert!(!in_place.same_call(&d) && !d.same_call(&in_place));
+        assert_eq!(
+            in_place.to_string(),
+            "all_reduce mean in place of 64 bytes of bf16"
+        );
         let mut bad = d.clone();
         bad.kind = "all_to_all".into();
         assert!(Descriptor::decode(&bad.encode()).is_err());
@@ -1170,14 +1417,28 @@ mod tests {
         assert!(!offered(&c, "all_reduce", sum, 64), "small");
         assert!(!offered(&c, "barrier", None, 0));
         assert!(!offered(&c, "all_gather", None, 0), "empty");
+        // In-place buffers (invariant 9): shared where arenas would be.
+        let mut buf = c.buffer(1 << 20);
+        assert!(buf.is_shared() && buf.len() == 1 << 20, "{buf:?}");
+        assert_eq!(files(), 2, "the arena and the buffer");
+        buf.as_mut_slice()[5] = 7;
+        assert_eq!(buf.as_slice()[5], 7);
+        assert!(!c.buffer(64).is_shared(), "small");
+        assert!(!c.buffer((1 << 20) + 4).is_shared(), "over the limit");
+        assert_eq!(c.buffer(0).len(), 0);
+        buf.replace_with_zeros();
+        assert!(!buf.is_shared() && buf.as_slice() == vec![0; 1 << 20]);
+        assert_eq!(files(), 1, "a replaced buffer's file is gone");
         drop(c);
         assert_eq!(files(), 0, "removed");
         let elsewhere = comm(&ep, peer(2, "there"), 1 << 30);
         assert!(!offered(&elsewhere, "all_reduce", sum, 1 << 20));
+        assert!(!elsewhere.buffer(1 << 20).is_shared());
         // No room in the folder (here: no folder): the ring, not a failure.
         let gone = endpoint(&shm.path().join("missing"));
         let c = comm(&gone, peer(2, "here"), 1 << 30);
         assert!(!offered(&c, "all_reduce", sum, 1 << 20));
+        assert!(!c.buffer(1 << 20).is_shared());
     }
 
     #[test]

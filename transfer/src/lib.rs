@@ -7,7 +7,9 @@
 //!   payloads through shared memory.
 //! - Collectives ([`Communicator`]): ring all-reduce, reduce-scatter,
 //!   all-gather, broadcast, barrier, or, between processes of one host,
-//!   the same calls over shared-memory arenas; reductions in [`reduce`]
+//!   the same calls over shared-memory arenas, and an in-place all-reduce
+//!   on a [`CollectiveBuffer`] that peers on this host read where the
+//!   caller wrote it; reductions in [`reduce`]
 //!   (sans-IO, with the single-process reference, which both paths equal
 //!   bit for bit).
 //!
@@ -40,7 +42,9 @@ pub mod reduce;
 pub mod shm;
 pub mod testing;
 
-pub use collective::{CollectiveConfig, Communicator, Descriptor, DescriptorFrame};
+pub use collective::{
+    CollectiveBuffer, CollectiveConfig, Communicator, Descriptor, DescriptorFrame,
+};
 pub use endpoint::{Peer, Received, TransferConfig, TransferEndpoint, ALPN, GSO_MAX_UDP_PAYLOAD};
 pub use error::{Result, TransferError};
 pub use header::TransferHeader;

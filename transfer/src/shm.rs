@@ -379,6 +379,11 @@ impl ShmArena {
     }
 
     /// The bytes of `range` (which must lie inside the arena).
+    pub fn region(&self, range: std::ops::Range<usize>) -> &[u8] {
+        self.map.bytes(range).expect("a range inside the arena")
+    }
+
+    /// The bytes of `range` (which must lie inside the arena).
     pub fn region_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
         self.map.bytes_mut(range).expect("a range inside the arena")
     }
