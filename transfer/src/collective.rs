@@ -1078,20 +1078,38 @@ impl Call {
         fold_onto(op, dtype, &others, own, copy, n)
     }
 
-    /// The end of an all-reduce through arenas: once every rank's fold is
-    /// in place (a post), copies the other ranks' folded segments.
+    /// The end of an all-reduce through arenas: tells every peer that
+    /// this rank's fold is in place, and copies each peer's folded segment
+    /// as soon as that peer says the same.
     async fn copy_folded_segments(
         &self,
         peers: &[Option<Arc<PeerArena>>],
         data: &mut [u8],
         segs: &[Range<usize>],
     ) -> Result<()> {
-        self.post_to_all(self.tag(PHASE_GATHER, 0, 0), &[]).await?;
-        for (j, seg) in segs.iter().enumerate() {
-            if let Some(peer) = &peers[j] {
-                data[seg.clone()].copy_from_slice(peer.region(seg.clone())?);
+        use futures::stream::{FuturesUnordered, TryStreamExt};
+        let tag = self.tag(PHASE_GATHER, 0, 0);
+        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
+        let sends = try_join_all(
+            others
+                .iter()
+                .map(|&k| self.send(k, tag, ElementType::U8, &[])),
+        );
+        let copies = async {
+            let mut folded: FuturesUnordered<_> = others
+                .iter()
+                .map(|&k| async move { self.recv(k, tag).await.map(|_| k) })
+                .collect();
+            while let Some(k) = folded.try_next().await? {
+                let peer = peers[k].as_ref().ok_or_else(|| TransferError::Stream {
+                    peer: format!("rank {k}"),
+                    reason: "no arena mapped".into(),
+                })?;
+                data[segs[k].clone()].copy_from_slice(peer.region(segs[k].clone())?);
             }
-        }
+            Ok(())
+        };
+        futures::try_join!(sends, copies)?;
         Ok(())
     }
 
