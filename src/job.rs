@@ -52,7 +52,11 @@
 //! 3. Every `execute` step passes, per parameter, an array whose dtype and
 //!    process-local shape equal the program's parameter type, and its
 //!    outputs are declared arrays whose process-local types equal the
-//!    program's results.
+//!    program's results. The local shape an input has is the one it has
+//!    at that point of the plan, as the runner lays it out: `reshard` and
+//!    `all_gather` change it, an `execute` output has its declared
+//!    sharding; the plan is followed twice, since a step starts with the
+//!    layouts the step before it left (after two passes they repeat).
 //! 4. Errors name the field (`plan[1].inputs[2]`, `arrays.w.shape`) and
 //!    all of them are reported at once.
 
@@ -399,9 +403,7 @@ impl Validation {
         for (name, a) in &s.arrays {
             self.check_array(s, name, a, base);
         }
-        for (i, step) in s.plan.iter().enumerate() {
-            self.check_step(s, i, step);
-        }
+        self.check_plan(s);
         if s.plan.is_empty() {
             self.err("plan", "no steps");
         }
@@ -607,7 +609,41 @@ impl Validation {
         Some(local)
     }
 
-    fn check_step(&mut self, s: &JobSpec, i: usize, step: &PlanStep) {
+    /// Invariant 3: the plan's steps in order, twice, with each array's
+    /// process-local type as the runner will have it; an error that only
+    /// the second pass finds says so.
+    fn check_plan(&mut self, s: &JobSpec) {
+        let mut current = self.local_types.clone();
+        for (i, step) in s.plan.iter().enumerate() {
+            self.check_step(s, i, step, &mut current);
+        }
+        let first = std::mem::take(&mut self.errors);
+        for (i, step) in s.plan.iter().enumerate() {
+            self.check_step(s, i, step, &mut current);
+        }
+        let second = std::mem::replace(&mut self.errors, first);
+        for e in second {
+            if !self.errors.contains(&e) {
+                self.err(
+                    e.field,
+                    format!(
+                        "{} (from the second step on, with the layouts the plan leaves)",
+                        e.message
+                    ),
+                );
+            }
+        }
+    }
+
+    /// One step against `current` (each array's local type at this point
+    /// of the plan), which it updates.
+    fn check_step(
+        &mut self,
+        s: &JobSpec,
+        i: usize,
+        step: &PlanStep,
+        current: &mut BTreeMap<String, TensorType>,
+    ) {
         let field = format!("plan[{i}]");
         let known = |a: &str| s.arrays.contains_key(a);
         match step {
@@ -643,7 +679,7 @@ impl Validation {
                             element_type: ElementType::S32,
                             dims: vec![],
                         }
-                    } else if let Some(t) = self.local_types.get(name) {
+                    } else if let Some(t) = current.get(name) {
                         t.clone()
                     } else {
                         if !known(name) {
@@ -687,6 +723,10 @@ impl Validation {
                         ),
                         _ => {}
                     }
+                    // The runner gives an output its declared sharding.
+                    if let Some(t) = self.local_types.get(name) {
+                        current.insert(name.clone(), t.clone());
+                    }
                 }
             }
             PlanStep::AllReduce { array, reduce } => {
@@ -704,24 +744,31 @@ impl Validation {
                     );
                 }
             }
-            PlanStep::AllGather { array } => {
-                if !known(array) {
-                    self.err(format!("{field}.array"), format!("unknown array `{array}`"));
-                }
-            }
+            PlanStep::AllGather { array } => match s.arrays.get(array) {
+                None => self.err(format!("{field}.array"), format!("unknown array `{array}`")),
+                Some(a) => relayout(current, array, a.shape.clone()),
+            },
             PlanStep::Reshard { array, sharding } => match s.arrays.get(array) {
                 None => self.err(format!("{field}.array"), format!("unknown array `{array}`")),
                 Some(a) => {
                     let at = format!("{field}.sharding");
-                    if self.local_shape(s, &at, &a.shape, sharding).is_none() {
-                        self.err(
+                    match self.local_shape(s, &at, &a.shape, sharding) {
+                        Some(local) => relayout(current, array, local),
+                        None => self.err(
                             at,
                             format!("cannot reshard `{array}` to {}", sharding.describe()),
-                        );
+                        ),
                     }
                 }
             },
         }
+    }
+}
+
+/// `array` now has the process-local `dims` (its dtype stays).
+fn relayout(current: &mut BTreeMap<String, TensorType>, array: &str, dims: Vec<i64>) {
+    if let Some(t) = current.get_mut(array) {
+        t.dims = dims;
     }
 }
 
@@ -830,6 +877,40 @@ every = 5
         );
         assert_eq!(v.local_types["w"].dims, vec![8, 4], "replicated");
         assert_eq!(v.signatures["train"].parameters.len(), 3);
+    }
+
+    /// Invariant 3: inputs are checked with the layout they have at that
+    /// point of the plan, which repeats.
+    #[test]
+    fn execute_inputs_follow_the_layouts_of_earlier_steps() {
+        let gather_x = "[[plan]]\nop = \"all_gather\"\narray = \"x\"\n\n";
+        let reshard_x = "[[plan]]\nop = \"reshard\"\narray = \"x\"\nsharding = \"replicated\"\n\n";
+        let first_step = "[[plan]]\nop = \"execute\"";
+        // Gathered before `train`, which takes 64 rows: refused in the
+        // first pass already.
+        for before in [gather_x, reshard_x] {
+            let e = errors(first_step, &format!("{before}{first_step}"));
+            assert!(
+                has(&e, "plan[1].inputs[1]", "f32[256, 8] per process"),
+                "{e:?}"
+            );
+            assert!(!e[0].message.contains("second step"), "{e:?}");
+        }
+        // Gathered after it: the first step passes, the second sees the
+        // whole array.
+        let e = errors("[report]", &format!("{gather_x}[report]"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            has(&e, "plan[0].inputs[1]", "f32[256, 8] per process")
+                && e[0].message.contains("from the second step on"),
+            "{e:?}"
+        );
+        // Split again before the next step: every step sees 64 rows.
+        let split_x = "[[plan]]\nop = \"reshard\"\narray = \"x\"\nsharding = { split = \"data\", dim = 0 }\n\n";
+        let spec = SPEC.replacen("[report]", &format!("{gather_x}{split_x}[report]"), 1);
+        validate(&spec).unwrap();
+        // The validated job still carries the declared layouts.
+        assert_eq!(validate(&spec).unwrap().local_types["x"].dims, vec![64, 8]);
     }
 
     #[test]

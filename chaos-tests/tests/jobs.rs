@@ -1,6 +1,6 @@
 //! Job plans on real worker processes: the MLP demo against a single
-//! device, a program that does not compile, a bad bundle, a worker
-//! killed mid-job, and a worker's metrics.
+//! device, gathering and resharding, a program that does not compile, a
+//! bad bundle, a worker killed mid-job, and a worker's metrics.
 //!
 //! Organised by the property each test proves.
 
@@ -105,6 +105,40 @@ fn data_parallel_training_matches_one_device() {
             "{spec}: loss went from {first} to {loss}"
         );
     }
+}
+
+/// A plan that gathers a split array, computes on the whole of it, and
+/// splits the result again, on 2 processes: every process sees the whole
+/// input in order, and the blocks the result is cut into gather back to
+/// the whole (a process keeping the wrong block would show).
+#[test]
+fn gathered_and_resharded_arrays_keep_their_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = tessel_pjrt::HostBuffer::from_slice(&[1f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    std::fs::write(dir.path().join("a.npy"), tessel::array::write_npy(&a)).unwrap();
+    std::fs::write(
+        dir.path().join("double.mlir"),
+        "func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  \
+         %0 = stablehlo.add %a, %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}\n",
+    )
+    .unwrap();
+    let spec = dir.path().join("job.toml");
+    std::fs::write(
+        &spec,
+        "name = \"relayout\"\nprocesses = 2\nmesh = \"data=2\"\nsteps = 2\n\n\
+         [programs.double]\nfile = \"double.mlir\"\n\n\
+         [arrays.a]\ndtype = \"f32\"\nshape = [4]\nsharding = { split = \"data\", dim = 0 }\n\
+         init = { kind = \"npy\", file = \"a.npy\" }\n\n\
+         [arrays.b]\ndtype = \"f32\"\nshape = [4]\ninit = { kind = \"constant\", value = 0.0 }\n\n\
+         [[plan]]\nop = \"all_gather\"\narray = \"a\"\n\n\
+         [[plan]]\nop = \"execute\"\nprogram = \"double\"\ninputs = [\"a\"]\noutputs = [\"b\"]\n\n\
+         [[plan]]\nop = \"reshard\"\narray = \"b\"\nsharding = { split = \"data\", dim = 0 }\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    run_local(&spec, &out);
+    assert_eq!(load(&out.join("a.npy")), vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(load(&out.join("b.npy")), vec![2.0, 4.0, 6.0, 8.0]);
 }
 
 /// Puts the bundle of `spec` (with `steps` steps) as job `id` and assigns
