@@ -186,10 +186,9 @@ fn mixed_paths_in_one_ring_match_the_reference() {
     }
 }
 
-/// 1 GiB point to point, and 10,000 small arrays of every dtype, byte for
-/// byte (the sender's digest of what it sent equals the receiver's).
-fn point_to_point(force_network: bool) {
-    let mut g = RankGroup::start(
+/// Two ranks, on the network path or the same-host one.
+fn pair(force_network: bool) -> RankGroup {
+    RankGroup::start(
         &tessel_bin(),
         2,
         &RankOptions {
@@ -197,7 +196,13 @@ fn point_to_point(force_network: bool) {
             ..RankOptions::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// 1 GiB point to point, and 10,000 small arrays of every dtype, byte for
+/// byte (the sender's digest of what it sent equals the receiver's).
+fn point_to_point(force_network: bool) {
+    let mut g = pair(force_network);
     let count = (1usize << 30) / 8;
     g.send(
         0,
@@ -310,15 +315,7 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
 
         // In place on one rank, not on the other: the two end differently
         // over arenas, so they must not meet.
-        let mut g = RankGroup::start(
-            &tessel_bin(),
-            2,
-            &RankOptions {
-                force_network,
-                ..RankOptions::default()
-            },
-        )
-        .unwrap();
+        let mut g = pair(force_network);
         for r in 0..2 {
             g.send(
                 r,
