@@ -19,6 +19,8 @@
 //!    step (as the reference does), so the rounding sequence is fixed.
 //! 3. `max`/`min` on floats follow IEEE maxNum/minNum (a NaN operand loses).
 
+use std::ops::Range;
+
 use half::{bf16, f16};
 use tessel_pjrt::ElementType;
 
@@ -113,23 +115,22 @@ fn combine_as<const OTHER_LEFT: bool>(
             (own, other)
         }
     }
-    let float = |a, b| {
-        let (l, r) = ordered::<OTHER_LEFT, f32>(a, b);
-        float_op(op, l, r)
-    };
     match dtype {
-        ElementType::F32 => zip::<f32>(own, other, float),
+        ElementType::F32 => zip::<f32>(own, other, |a, b| {
+            let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
+            float_op(op, l, r)
+        }),
         ElementType::F64 => zip::<f64>(own, other, |a, b| {
             let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
             float_op(op, l, r)
         }),
         ElementType::F16 => zip::<u16>(own, other, |a, b| {
-            let (a, b) = (f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32());
-            f16::from_f32(float(a, b)).to_bits()
+            let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
+            f16_op(op, l, r)
         }),
         ElementType::BF16 => zip::<u16>(own, other, |a, b| {
-            let (a, b) = (bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32());
-            bf16::from_f32(float(a, b)).to_bits()
+            let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
+            bf16_op(op, l, r)
         }),
         ElementType::S32 => zip::<i32>(own, other, |a, b| {
             let (l, r) = ordered::<OTHER_LEFT, _>(a, b);
@@ -180,100 +181,105 @@ pub fn fold_onto(
     let mut at = 0;
     while at < len {
         let end = (at + block).min(len);
-        let inputs: Vec<&[u8]> = others.iter().map(|o| &o[at..end]).collect();
-        if fold_fused(op, dtype, &inputs, &mut own[at..end]) {
-            if op == ReduceOp::Mean {
-                finish_mean(dtype, &mut own[at..end], ranks)?;
-            }
-            if let Some(c) = copy.as_deref_mut() {
-                c[at..end].copy_from_slice(&own[at..end]);
-            }
-            at = end;
-            continue;
-        }
-        let acc = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..end - at];
-        match others.split_first() {
-            Some((first, rest)) => {
-                acc.copy_from_slice(&first[at..end]);
-                for o in rest {
-                    accumulate(op, dtype, acc, &o[at..end])?;
+        if !fold_fused(op, dtype, others, at..end, &mut own[at..end]) {
+            let acc = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..end - at];
+            match others.split_first() {
+                Some((first, rest)) => {
+                    acc.copy_from_slice(&first[at..end]);
+                    for o in rest {
+                        accumulate(op, dtype, acc, &o[at..end])?;
+                    }
+                    accumulate(op, dtype, acc, &own[at..end])?;
                 }
-                accumulate(op, dtype, acc, &own[at..end])?;
+                None => acc.copy_from_slice(&own[at..end]),
             }
-            None => acc.copy_from_slice(&own[at..end]),
+            own[at..end].copy_from_slice(acc);
         }
         if op == ReduceOp::Mean {
-            finish_mean(dtype, acc, ranks)?;
+            finish_mean(dtype, &mut own[at..end], ranks)?;
         }
-        own[at..end].copy_from_slice(acc);
         if let Some(c) = copy.as_deref_mut() {
-            c[at..end].copy_from_slice(acc);
+            c[at..end].copy_from_slice(&own[at..end]);
         }
         at = end;
     }
     Ok(())
 }
 
-/// [`fold_onto`]'s fold of one block when one to three other ranks'
-/// blocks come in (up to 4 ranks) and every slice is aligned for the
-/// dtype: each element is read once from every input and written once,
+/// [`fold_onto`]'s fold of the block `range` into `own` (that block of
+/// the owner's segment) when one to three other ranks' blocks come in (up
+/// to 4 ranks) and every slice is aligned for the dtype: each element is
+/// read once from every input and written once,
 /// `own = ((others[0] ⊕ others[1]) ⊕ others[2]) ⊕ own`, the same
-/// operations in the same order as the block-at-a-time path (each ⊕ of
-/// f16 and bf16 rounded as there). False, touching nothing, otherwise.
-fn fold_fused(op: ReduceOp, dtype: ElementType, others: &[&[u8]], own: &mut [u8]) -> bool {
-    fn float<T: FloatLike + bytemuck::Pod>(op: ReduceOp, others: &[&[u8]], own: &mut [u8]) -> bool {
+/// operations in the same order as the block-at-a-time path. False,
+/// touching nothing, otherwise.
+fn fold_fused(
+    op: ReduceOp,
+    dtype: ElementType,
+    others: &[&[u8]],
+    range: Range<usize>,
+    own: &mut [u8],
+) -> bool {
+    fn float<T: FloatLike + bytemuck::Pod>(
+        op: ReduceOp,
+        others: &[&[u8]],
+        range: Range<usize>,
+        own: &mut [u8],
+    ) -> bool {
+        // The operator outside the loop, so that it vectorizes.
         match op {
-            ReduceOp::Sum | ReduceOp::Mean => fused::<T>(others, own, |l, r| l + r),
-            ReduceOp::Max => fused::<T>(others, own, |l: T, r| l.max_num(r)),
-            ReduceOp::Min => fused::<T>(others, own, |l: T, r| l.min_num(r)),
+            ReduceOp::Sum | ReduceOp::Mean => fused::<T>(others, range, own, |l, r| l + r),
+            ReduceOp::Max => fused::<T>(others, range, own, |l: T, r| l.max_num(r)),
+            ReduceOp::Min => fused::<T>(others, range, own, |l: T, r| l.min_num(r)),
         }
     }
     match dtype {
-        ElementType::F32 => float::<f32>(op, others, own),
-        ElementType::F64 => float::<f64>(op, others, own),
-        ElementType::F16 => fused::<u16>(others, own, |l, r| {
-            let (l, r) = (f16::from_bits(l).to_f32(), f16::from_bits(r).to_f32());
-            f16::from_f32(float_op(op, l, r)).to_bits()
-        }),
-        ElementType::BF16 => fused::<u16>(others, own, |l, r| {
-            let (l, r) = (bf16::from_bits(l).to_f32(), bf16::from_bits(r).to_f32());
-            bf16::from_f32(float_op(op, l, r)).to_bits()
-        }),
-        ElementType::S32 => fused::<i32>(others, own, |l, r| int_op(op, l, r)),
-        ElementType::S64 => fused::<i64>(others, own, |l, r| int_op(op, l, r)),
+        ElementType::F32 => float::<f32>(op, others, range, own),
+        ElementType::F64 => float::<f64>(op, others, range, own),
+        ElementType::F16 => fused::<u16>(others, range, own, |l, r| f16_op(op, l, r)),
+        ElementType::BF16 => fused::<u16>(others, range, own, |l, r| bf16_op(op, l, r)),
+        ElementType::S32 => fused::<i32>(others, range, own, |l, r| int_op(op, l, r)),
+        ElementType::S64 => fused::<i64>(others, range, own, |l, r| int_op(op, l, r)),
         _ => false,
     }
 }
 
-/// `own = g(…g(g(others[0], others[1]), …), own)` element-wise for one to
-/// three `others` viewed as `T`; false if there are more, none, or a
-/// slice is not aligned for `T`.
-fn fused<T: bytemuck::Pod>(others: &[&[u8]], own: &mut [u8], g: impl Fn(T, T) -> T) -> bool {
+/// `own = g(…g(g(others[0][range], others[1][range]), …), own)`
+/// element-wise for one to three `others` viewed as `T` (all of
+/// `range`'s length, as `fold_onto` checked); false if there are more,
+/// none, or a slice is not aligned for `T`.
+fn fused<T: bytemuck::Pod>(
+    others: &[&[u8]],
+    range: Range<usize>,
+    own: &mut [u8],
+    g: impl Fn(T, T) -> T,
+) -> bool {
     let Ok(out) = bytemuck::try_cast_slice_mut::<u8, T>(own) else {
         return false;
     };
-    let Ok(ins) = others
-        .iter()
-        .map(|o| bytemuck::try_cast_slice::<u8, T>(o))
-        .collect::<std::result::Result<Vec<&[T]>, _>>()
-    else {
-        return false;
-    };
-    if ins.iter().any(|i| i.len() != out.len()) {
-        return false;
+    fn view<'a, T: bytemuck::Pod>(o: &'a [u8], range: &Range<usize>) -> Option<&'a [T]> {
+        bytemuck::try_cast_slice(&o[range.clone()]).ok()
     }
-    match ins[..] {
+    let input = |o| view::<T>(o, &range);
+    match others {
         [a] => {
+            let Some(a) = input(a) else { return false };
             for (o, a) in out.iter_mut().zip(a) {
                 *o = g(*a, *o);
             }
         }
         [a, b] => {
+            let (Some(a), Some(b)) = (input(a), input(b)) else {
+                return false;
+            };
             for ((o, a), b) in out.iter_mut().zip(a).zip(b) {
                 *o = g(g(*a, *b), *o);
             }
         }
         [a, b, c] => {
+            let (Some(a), Some(b), Some(c)) = (input(a), input(b), input(c)) else {
+                return false;
+            };
             for (((o, a), b), c) in out.iter_mut().zip(a).zip(b).zip(c) {
                 *o = g(g(g(*a, *b), *c), *o);
             }
@@ -281,6 +287,18 @@ fn fused<T: bytemuck::Pod>(others: &[&[u8]], own: &mut [u8], g: impl Fn(T, T) ->
         _ => return false,
     }
     true
+}
+
+/// `l ⊕ r` of two f16 bit patterns, computed in f32 and rounded back.
+fn f16_op(op: ReduceOp, l: u16, r: u16) -> u16 {
+    let (l, r) = (f16::from_bits(l).to_f32(), f16::from_bits(r).to_f32());
+    f16::from_f32(float_op(op, l, r)).to_bits()
+}
+
+/// `l ⊕ r` of two bf16 bit patterns, computed in f32 and rounded back.
+fn bf16_op(op: ReduceOp, l: u16, r: u16) -> u16 {
+    let (l, r) = (bf16::from_bits(l).to_f32(), bf16::from_bits(r).to_f32());
+    bf16::from_f32(float_op(op, l, r)).to_bits()
 }
 
 /// Divides every element by `ranks` (the last step of `Mean`).
