@@ -441,13 +441,24 @@ impl Communicator {
         check_reducible(dtype)?;
         let d = self.offer_arenas(descriptor("all_reduce", Some(op), dtype, data.len(), None));
         if self.size() > 1 && all_reduce_is_small(data.len()) {
-            return self
-                .run_with(d, data, |_, frames| async move {
-                    fold_in_rank_order(op, dtype, &frames)
-                })
-                .await;
+            return self.small_all_reduce(d, op, dtype, data).await;
         }
         self.run(d, |call| call.all_reduce(op, dtype, data)).await
+    }
+
+    /// An all-reduce whose data rides with the descriptors (invariant 6),
+    /// folded in rank order once every rank's has arrived.
+    async fn small_all_reduce(
+        &mut self,
+        d: Descriptor,
+        op: ReduceOp,
+        dtype: ElementType,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        self.run_with(d, data, |_, frames| async move {
+            fold_in_rank_order(op, dtype, &frames)
+        })
+        .await
     }
 
     /// A buffer of `len` bytes (zeroed) for [`Self::all_reduce_in_place`]:
@@ -455,12 +466,8 @@ impl Communicator {
     /// and the size is over the small all-reduce's and within
     /// `max_arena_bytes` (and the folder has room), else private.
     pub fn buffer(&self, len: usize) -> CollectiveBuffer {
-        let wanted = self.cfg.arenas
-            && self.size() > 1
-            && !all_reduce_is_small(len)
-            && len <= self.cfg.max_arena_bytes
-            && self.all_on_this_host();
-        if wanted {
+        let call = descriptor("all_reduce", None, ElementType::U8, len, None);
+        if len <= self.cfg.max_arena_bytes && self.arenas_apply(&call) {
             match ShmArena::create(self.endpoint.shm_dir(), len) {
                 Ok(a) => {
                     return CollectiveBuffer {
@@ -497,19 +504,13 @@ impl Communicator {
         }
         let mut d = descriptor("all_reduce", Some(op), dtype, len, None);
         d.in_place = true;
+        d.shared = self.arenas_apply(&d) && buf.is_shared();
         let result = if self.size() > 1 && all_reduce_is_small(len) {
             let data = buf.as_slice().to_vec();
-            self.run_with(d, data, |_, frames| async move {
-                fold_in_rank_order(op, dtype, &frames)
-            })
-            .await
-            .map(|out| buf.as_mut_slice().copy_from_slice(&out))
+            self.small_all_reduce(d, op, dtype, data)
+                .await
+                .map(|out| buf.as_mut_slice().copy_from_slice(&out))
         } else {
-            d.shared = self.cfg.arenas
-                && self.size() > 1
-                && buf.is_shared()
-                && d.wants_arenas()
-                && self.all_on_this_host();
             let name = buf.shared_name();
             self.run(d, |call| {
                 call.all_reduce_in_place(op, dtype, buf.as_mut_slice(), name)
@@ -576,20 +577,22 @@ impl Communicator {
     /// `d`, saying whether this rank reaches every member through shared
     /// memory and holds an arena for it (invariant 8).
     fn offer_arenas(&self, d: Descriptor) -> Descriptor {
-        let shared = self.cfg.arenas
-            && self.size() > 1
-            && d.wants_arenas()
-            && self.all_on_this_host()
-            && self.reserve_arena(d.bytes as usize);
+        let shared = self.arenas_apply(&d) && self.reserve_arena(d.bytes as usize);
         Descriptor { shared, ..d }
     }
 
-    /// Whether this rank reaches every member through shared memory.
-    fn all_on_this_host(&self) -> bool {
-        self.members
-            .iter()
-            .enumerate()
-            .all(|(r, p)| r == self.rank || self.endpoint.same_host(p))
+    /// Whether the call `d` would move its data through shared memory
+    /// (invariants 8 and 9): arenas on, more than one rank, every member
+    /// reached through shared memory, and data the arenas carry.
+    fn arenas_apply(&self, d: &Descriptor) -> bool {
+        self.cfg.arenas
+            && self.size() > 1
+            && d.wants_arenas()
+            && self
+                .members
+                .iter()
+                .enumerate()
+                .all(|(r, p)| r == self.rank || self.endpoint.same_host(p))
     }
 
     /// Makes this rank's arena at least `len` bytes long before the call
@@ -769,6 +772,11 @@ struct Call {
 impl Call {
     fn n(&self) -> usize {
         self.members.len()
+    }
+
+    /// Every rank but this one, in order.
+    fn others(&self) -> Vec<usize> {
+        (0..self.n()).filter(|&k| k != self.rank).collect()
     }
 
     fn tag(&self, phase: u64, step: usize, chunk: usize) -> u64 {
@@ -964,7 +972,7 @@ impl Call {
     /// Sends `payload` to every other rank under `tag` and takes one
     /// message from each; returns them by rank (this rank's slot empty).
     async fn post_to_all(&self, tag: u64, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
+        let others = self.others();
         let sends = others
             .iter()
             .map(|&k| self.send(k, tag, ElementType::U8, payload));
@@ -989,14 +997,17 @@ impl Call {
         let mut arenas = self.arenas.lock().expect("not poisoned");
         arenas.peers.resize_with(self.n(), Vec::new);
         let known = &mut arenas.peers[from];
-        let arena = match known.iter().position(|a| a.name() == name) {
-            Some(i) if known[i].len() >= min_len => known.remove(i),
+        let kept = known
+            .iter()
+            .position(|a| a.name() == name)
+            .map(|i| known.remove(i));
+        let arena = match kept {
+            Some(a) if a.len() >= min_len => a,
             _ => Arc::new(
                 PeerArena::open(self.endpoint.shm_dir(), name, min_len)
                     .map_err(|e| bad(format!("arena: {e}")))?,
             ),
         };
-        known.retain(|a| a.name() != name);
         known.insert(0, arena.clone());
         known.truncate(PEER_MAPPINGS);
         Ok(arena)
@@ -1089,7 +1100,7 @@ impl Call {
     ) -> Result<()> {
         use futures::stream::{FuturesUnordered, TryStreamExt};
         let tag = self.tag(PHASE_GATHER, 0, 0);
-        let others: Vec<usize> = (0..self.n()).filter(|&k| k != self.rank).collect();
+        let others = self.others();
         let sends = try_join_all(
             others
                 .iter()
