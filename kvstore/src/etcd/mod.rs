@@ -309,6 +309,7 @@ impl EtcdKv {
         }
         let arrived_prefix = self.barrier_key(id, "a/");
         let arrival = [&arrived_prefix[..], hex(participant).as_bytes()].concat();
+        let count_only = || GetOptions::new().with_prefix().with_count_only();
         // Arrive only while undecided; read the outcome otherwise.
         let r = self
             .txn(
@@ -320,10 +321,7 @@ impl EtcdKv {
                     )])
                     .and_then([
                         TxnOp::put(arrival, "", with_lease(lease)),
-                        TxnOp::get(
-                            arrived_prefix,
-                            Some(GetOptions::new().with_prefix().with_count_only()),
-                        ),
+                        TxnOp::get(arrived_prefix.clone(), Some(count_only())),
                     ])
                     .or_else([TxnOp::get(outcome_key.clone(), None)]),
             )
@@ -358,16 +356,13 @@ impl EtcdKv {
             Some(v) => barrier_result(id, &v),
             None => {
                 // Count again: the message names who made it.
-                let arrived_prefix = self.barrier_key(id, "a/");
-                let mut kv = self.kv.clone();
-                let n = kv
-                    .get(
-                        arrived_prefix,
-                        Some(GetOptions::new().with_prefix().with_count_only()),
-                    )
+                let n = self
+                    .kv
+                    .clone()
+                    .get(arrived_prefix, Some(count_only()))
                     .await
-                    .map(|r| r.count())
-                    .unwrap_or(arrived as i64);
+                    .map(|r| r.count() as u32)
+                    .unwrap_or(arrived);
                 let reason = format!("failed:timed out with {n} of {participants} participants");
                 self.decide_barrier(id, &reason, lease).await
             }
