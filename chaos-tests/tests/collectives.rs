@@ -95,6 +95,39 @@ fn collectives_match_the_reference(n: usize, path: Path) {
         }
     }
 
+    // Arrays whose arena copies take the streaming path (each rank's
+    // segment, all-gather piece and broadcast at least a megabyte).
+    // (Their own group: 256-byte chunks would be too many for them.)
+    if matches!(path, Path::Arenas) {
+        let mut g = RankGroup::start(&tessel_bin(), n, &path.options()).unwrap();
+        let count = (1 << 20) + 7;
+        for (op, in_place) in [(ReduceOp::Sum, false), (ReduceOp::Max, true)] {
+            let cmd = json!({"op": "all_reduce", "reduce": op.name(), "dtype": "f32",
+                             "count": count, "seed": 8, "in_place": in_place});
+            let want =
+                reference_reduce(op, ElementType::F32, &inputs(n, ElementType::F32, count, 8))
+                    .unwrap();
+            for (r, d) in ok(&g.all(&cmd, T).unwrap()).iter().enumerate() {
+                assert_eq!(
+                    d,
+                    &sha256_hex(&want),
+                    "large all_reduce (in place: {in_place}) on rank {r} of {n}"
+                );
+            }
+        }
+        let cmd = json!({"op": "all_gather", "dtype": "bf16", "count": 600_001, "seed": 9});
+        let want = inputs(n, ElementType::BF16, 600_001, 9).concat();
+        for d in ok(&g.all(&cmd, T).unwrap()) {
+            assert_eq!(d, sha256_hex(&want), "large all_gather of {n}");
+        }
+        let cmd =
+            json!({"op": "broadcast", "root": 0, "dtype": "f64", "count": 140_001, "seed": 10});
+        let want = pattern(ElementType::F64, 140_001, 0, 10);
+        for d in ok(&g.all(&cmd, T).unwrap()) {
+            assert_eq!(d, sha256_hex(&want), "large broadcast of {n}");
+        }
+    }
+
     let count = 1003;
     let dtype = ElementType::S64;
     let cmd =

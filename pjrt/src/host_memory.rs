@@ -1,4 +1,5 @@
-//! Host allocator tuning for large transfers.
+//! Host memory tuning for large transfers: the allocator, huge pages and
+//! streaming copies.
 //!
 //! On the CPU plugin a host-to-device copy allocates the device buffer with
 //! the C allocator. glibc serves allocations above 32 MiB with a fresh
@@ -69,9 +70,96 @@ pub fn advise_huge_pages(region: &[std::mem::MaybeUninit<u8>]) -> bool {
     }
 }
 
+/// Copies `src` into `dst` (equal lengths, else a panic) with
+/// non-temporal stores on x86-64, a plain copy elsewhere.
+///
+/// For large copies whose destination this core does not read again soon:
+/// a plain store first reads each destination line into the cache (a read
+/// for ownership) and later writes it back, three bytes of memory traffic
+/// per byte copied; a streaming store writes the line straight to memory,
+/// two. glibc's `memcpy` streams only above `x86_non_temporal_threshold`,
+/// three quarters of what it takes the shared cache to be (192 MiB on this
+/// project's 2-core machine, above any collective's copy). The stores are
+/// fenced before returning, so a later store (say, the message that tells
+/// another process the bytes are there) cannot overtake them.
+pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "a copy between equal lengths");
+    // SAFETY: `dst` and `src` are valid for `len` bytes each and cannot
+    // overlap (`&mut` against `&`).
+    unsafe { stream_bytes(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+}
+
+/// Streaming copy of `len` bytes: plain copies for the head up to the
+/// first 64-byte-aligned destination byte and for the tail, 64-byte blocks
+/// of SSE2 streaming stores (SSE2 is part of x86-64) between them.
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes of writes, `src` for `len` bytes of
+/// reads, and the two ranges must not overlap.
+unsafe fn stream_bytes(dst: *mut u8, src: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        const BLOCK: usize = 64;
+        let head = dst.align_offset(BLOCK).min(len);
+        let blocks = (len - head) / BLOCK;
+        // SAFETY (whole block): the caller's contract covers `len` bytes at
+        // `dst` and at `src`, apart; every offset below stays inside them.
+        // Stores go to `dst + head + 64 k + 16 i`, 16-byte aligned because
+        // `dst + head` is 64-byte aligned; the loads are unaligned loads.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            for k in 0..blocks {
+                let at = head + k * BLOCK;
+                let s = src.add(at).cast::<__m128i>();
+                let d = dst.add(at).cast::<__m128i>();
+                let (a, b) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
+                let (c, e) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
+                _mm_stream_si128(d, a);
+                _mm_stream_si128(d.add(1), b);
+                _mm_stream_si128(d.add(2), c);
+                _mm_stream_si128(d.add(3), e);
+            }
+            let done = head + blocks * BLOCK;
+            std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done);
+            _mm_sfence();
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streaming_copies_equal_their_source_at_every_alignment_and_length() {
+        let len = (1 << 20) + 200;
+        let src: Vec<u8> = (0..len + 64).map(|i| (i * 7 + i / 251) as u8).collect();
+        for (src_at, dst_at, trim) in [
+            (0, 0, 0),
+            (1, 0, 63),
+            (0, 5, 1),
+            (13, 37, 100),
+            (63, 1, 64),
+            (0, 0, len - 70),
+            (3, 9, len),
+        ] {
+            let n = len - trim;
+            let mut dst = vec![0xAAu8; n + 128];
+            copy_streaming(&mut dst[dst_at..dst_at + n], &src[src_at..src_at + n]);
+            assert!(dst[..dst_at].iter().all(|&b| b == 0xAA), "nothing before");
+            assert_eq!(&dst[dst_at..dst_at + n], &src[src_at..src_at + n]);
+            assert!(
+                dst[dst_at + n..].iter().all(|&b| b == 0xAA),
+                "nothing after"
+            );
+        }
+    }
 
     #[test]
     fn huge_page_advice_covers_only_whole_aligned_pages_and_keeps_contents() {
