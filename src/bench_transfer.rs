@@ -179,15 +179,21 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
     for _ in 0..args.repeat {
         // The sender's first bytes arrive with its header: time from the
         // moment the array is in the mailbox backwards is not possible, so
-        // the sender sends a 1-byte marker first and we time from it.
-        quic.recv(1, 0, T).await?;
+        // the sender sends a marker first (its endpoint's address) and we
+        // time from it.
+        let marker = quic.recv(1, 0, T).await?;
         let t = Instant::now();
         let got = quic.recv(1, 1, T).await?;
         quic_s.push(t.elapsed().as_secs_f64());
         anyhow::ensure!(got.data.len() as u64 == args.bytes, "short transfer");
         // Both paths receive into memory already faulted in after the first
-        // run: the TCP path reads into one buffer, QUIC reuses the last.
+        // run: the TCP path reads into one buffer, QUIC reuses the last,
+        // which it must have back before the next payload's header comes
+        // (else that payload gets fresh pages), so the sender waits for
+        // word that it has.
         quic.recycle(got.data);
+        let sender: SocketAddr = std::str::from_utf8(&marker.data)?.parse()?;
+        quic.send(sender, 2, ElementType::U8, &[1], &[1], T).await?;
     }
     let (mut stream, _) = tcp.accept().await?;
     stream.set_nodelay(true)?;
@@ -226,10 +232,21 @@ async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
         TransferConfig::default(),
     )?;
     let data: Vec<u8> = (0..args.bytes).map(|i| i as u8).collect();
+    let me = ep.local_addr()?.to_string();
     for _ in 0..args.repeat {
-        ep.send(quic_to, 0, ElementType::U8, &[1], &[1], T).await?;
+        let marker = me.as_bytes();
+        ep.send(
+            quic_to,
+            0,
+            ElementType::U8,
+            &[marker.len() as u64],
+            marker,
+            T,
+        )
+        .await?;
         ep.send(quic_to, 1, ElementType::U8, &[args.bytes], &data, T)
             .await?;
+        ep.recv(0, 2, T).await?;
     }
     if let Some(st) = ep.connection_stats(quic_to) {
         eprintln!(
