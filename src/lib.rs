@@ -1,11 +1,21 @@
 //! tessel runs multi-host ML jobs on PJRT, the plugin runtime of OpenXLA.
 //!
-//! This crate is tessel's public Rust API and the `tessel` command. Today it
-//! holds the pieces the command line needs to run one StableHLO program on
-//! one host: [`array`] (inline literals and `.npy` files), [`mlir`] (the
-//! signature of `@main`), [`sharding`] (splitting arrays over partitions) and
-//! [`run`] (compile, feed, execute, gather). The safe PJRT binding is
-//! re-exported as [`pjrt`].
+//! This crate is tessel's public Rust API and the `tessel` command:
+//! * jobs: [`job::JobSpec`] (what a user submits, validated at submit
+//!   time), [`client`] (submitting and following jobs: the API behind
+//!   `tessel submit`, `jobs`, `job`, `cancel`, `fetch`), [`plan`] (running a
+//!   job's plan in one of its processes), [`layout`] and [`init`] (which
+//!   block of each array a process holds, and its initial values),
+//!   [`checkpoint`] (a job's arrays on disk);
+//! * one program on one host: [`mod@array`] (inline literals and `.npy`
+//!   files), [`mlir`] (the signature of `@main`), [`sharding`] (splitting
+//!   arrays over partitions) and [`run`] (compile, feed, execute, gather);
+//! * for tests and benchmarks: [`rank_group`] (processes of `tessel
+//!   transfer-rank` on loopback) and [`scratch`] (scratch folders).
+//!
+//! The safe PJRT binding is re-exported as [`pjrt`]; the key-value service,
+//! scheduler, workers, topology and transfers are the workspace's other
+//! crates (`ARCHITECTURE.md`).
 //!
 //! ```no_run
 //! use tessel::{array, run};

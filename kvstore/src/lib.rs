@@ -8,7 +8,7 @@
 //!
 //! * [`state`]: the deterministic state machine every backend applies.
 //! * [`KvStore`]: the async interface, one for all backends.
-//! * [`etcd::EtcdKv`] (feature `etcd`): the same interface over etcd v3.
+//! * `etcd::EtcdKv` (feature `etcd`): the same interface over etcd v3.
 //! * [`MemoryKv`]: an in-memory test double (never a default).
 //! * [`conformance`]: the behaviour every backend must show; each backend's
 //!   tests run it.

@@ -4,7 +4,7 @@
 //!   endpoint).
 //! * [`GlobalTopology`]: every process of a job and its devices with global
 //!   ids, built deterministically by [`GlobalTopology::build`] (pure).
-//! * [`exchange`]: the exchange of local topologies over the key-value
+//! * [`mod@exchange`]: the exchange of local topologies over the key-value
 //!   service, with the semantics of XLA's `ExchangeTopologies`.
 //! * [`Mesh`]: named axes over the global devices.
 //! * [`CollectiveId`]: one id per clique of devices, agreed over the KV.

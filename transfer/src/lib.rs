@@ -45,7 +45,9 @@ pub mod testing;
 pub use collective::{
     CollectiveBuffer, CollectiveConfig, Communicator, Descriptor, DescriptorFrame,
 };
-pub use endpoint::{Peer, Received, TransferConfig, TransferEndpoint, ALPN, GSO_MAX_UDP_PAYLOAD};
+pub use endpoint::{
+    Peer, Received, TransferConfig, TransferEndpoint, ALPN, GSO_MAX_UDP_PAYLOAD, MIN_SPARE,
+};
 pub use error::{Result, TransferError};
 pub use header::TransferHeader;
 pub use reduce::ReduceOp;

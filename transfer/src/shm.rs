@@ -14,13 +14,13 @@
 //!    outlives its process. Files of processes that died without dropping
 //!    their pool are removed by the next pool created on the host.
 //! 3. A lent payload (header `lent`) is not copied out: the receiver maps
-//!    the file read-only ([`ShmMapping`]) and its consumer reads (reduces)
+//!    the file read-only (`ShmMapping`) and its consumer reads (reduces)
 //!    the bytes where the sender wrote them. The sender neither writes nor
 //!    shortens the file until the acknowledgement, which the receiver sends
 //!    only once the mapping is dropped, so the mapped bytes never change
 //!    under a reader and never shrink away from it.
-//! 4. An arena ([`ShmArena`]) is a communicator's standing file: mapped
-//!    read-write by its owner and read-only by its peers ([`PeerArena`]) for
+//! 4. An arena (`ShmArena`) is a communicator's standing file: mapped
+//!    read-write by its owner and read-only by its peers (`PeerArena`) for
 //!    the communicator's life, so a collective between processes of one
 //!    host faults no pages and maps nothing after its first call. Its
 //!    length never changes (a larger need gets a new file). Who may touch
