@@ -3,7 +3,12 @@
 //! with fsync (the log's store before 2026-11-23) and an append to
 //! [`tessel_kvstore::raft::wal::Wal`] (write + fdatasync on its thread, the
 //! caller woken by the flush callback). Every replicated write waits for
-//! one on the leader and one on a follower.
+//! one on the leader and one on a follower. Then the log's append again
+//! after idle gaps of 0–5 ms: on this project's virtual machine a sync
+//! after the disk and the CPUs were idle takes several times longer, and
+//! in a replicated write each disk idles while the other replica's sync
+//! and the network round trip run (`blocking_get_wakeup` in `bench kv`
+//! waits 5 ms before each write).
 //!
 //!     cargo run --release -p tessel-kvstore --example log_append_latency
 
@@ -73,5 +78,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     report("redb_durable_commit", redb_lat);
     report("wal_durable_append", wal_lat);
+    let mut next = APPENDS + 1;
+    for gap_ms in [0.0, 0.5, 1.0, 2.0, 5.0, 0.0] {
+        let mut lat = Vec::new();
+        for _ in 0..400 {
+            if gap_ms > 0.0 {
+                // The thread itself idles (tokio's timer rounds to 1 ms).
+                std::thread::sleep(Duration::from_secs_f64(gap_ms / 1e3));
+            }
+            let t = Instant::now();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            wal.append(
+                vec![entry(next)],
+                None,
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            )?;
+            rx.await??;
+            lat.push(t.elapsed());
+            next += 1;
+        }
+        report(&format!("wal_durable_append_after_{gap_ms}_ms_idle"), lat);
+    }
     Ok(())
 }
