@@ -48,6 +48,25 @@ fn report(figure: &str, mut lat: Vec<Duration>) {
     );
 }
 
+/// One durable append through the log's writer thread, timed from the
+/// call to the flush callback's wake-up.
+async fn timed_append(
+    wal: &Wal,
+    e: Entry<TypeConfig>,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    let t = Instant::now();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    wal.append(
+        vec![e],
+        None,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    )?;
+    rx.await??;
+    Ok(t.elapsed())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
@@ -64,17 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         txn.commit()?;
         redb_lat.push(t.elapsed());
 
-        let t = Instant::now();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        wal.append(
-            vec![e],
-            None,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        )?;
-        rx.await??;
-        wal_lat.push(t.elapsed());
+        wal_lat.push(timed_append(&wal, e).await?);
     }
     report("redb_durable_commit", redb_lat);
     report("wal_durable_append", wal_lat);
@@ -86,17 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // The thread itself idles (tokio's timer rounds to 1 ms).
                 std::thread::sleep(Duration::from_secs_f64(gap_ms / 1e3));
             }
-            let t = Instant::now();
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            wal.append(
-                vec![entry(next)],
-                None,
-                Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            )?;
-            rx.await??;
-            lat.push(t.elapsed());
+            lat.push(timed_append(&wal, entry(next)).await?);
             next += 1;
         }
         report(&format!("wal_durable_append_after_{gap_ms}_ms_idle"), lat);
