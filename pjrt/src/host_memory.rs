@@ -103,7 +103,7 @@ unsafe fn stream_bytes(dst: *mut u8, src: *const u8, len: usize) {
         const BLOCK: usize = 64;
         let head = dst.align_offset(BLOCK).min(len);
         let blocks = (len - head) / BLOCK;
-        // SAFETY (whole block): the caller's contract covers `len` bytes at
+        // SAFETY: (the whole block) the caller's contract covers `len` bytes at
         // `dst` and at `src`, apart; every offset below stays inside them.
         // Stores go to `dst + head + 64 k + 16 i`, 16-byte aligned because
         // `dst + head` is 64-byte aligned; the loads are unaligned loads.
