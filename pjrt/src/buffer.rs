@@ -543,9 +543,9 @@ impl Drop for Buffer {
         let mut args = ffi::PJRT_Buffer_Destroy_Args::new();
         args.buffer = self.raw;
         // SAFETY: we own the buffer (invariant 1); it is not used after this.
-        if let Err(e) =
-            unsafe { pjrt_call!(self.client.plugin_inner(), PJRT_Buffer_Destroy, &mut args) }
-        {
+        let destroyed =
+            unsafe { pjrt_call!(self.client.plugin_inner(), PJRT_Buffer_Destroy, &mut args) };
+        if let Err(e) = destroyed {
             tracing::warn!("PJRT_Buffer_Destroy: {e}");
         }
     }

@@ -352,12 +352,13 @@ impl LoadedExecutable {
         }?;
 
         let plugin = &client.inner.plugin.inner;
-        // SAFETY: on success the plugin filled every slot with a new buffer
-        // or event that we own (invariant 2).
+        // On success the plugin filled every slot with a new buffer or event
+        // that we own (invariant 2).
         let outputs = (0..num_devices)
             .map(|d| {
                 outputs[d * n_out..(d + 1) * n_out]
                     .iter()
+                    // SAFETY: a new buffer of ours, wrapped once (above).
                     .map(|&b| unsafe { Buffer::from_raw(client.clone(), b) })
                     .collect()
             })
@@ -365,6 +366,7 @@ impl LoadedExecutable {
         let events = events
             .into_iter()
             .filter(|e| !e.is_null())
+            // SAFETY: a new, non-null event of ours, wrapped once (above).
             .map(|e| unsafe { Event::from_raw(plugin.clone(), e) })
             .collect();
         Ok(Execution {
@@ -412,6 +414,8 @@ unsafe fn optimized_program(
     program.code = code.as_mut_ptr().cast();
     // SAFETY: `code` has code_size bytes for the plugin to fill.
     unsafe { pjrt_call!(plugin, PJRT_Executable_OptimizedProgram, &mut args) }.ok()?;
+    // SAFETY: on success the plugin set `format` to `format_size` bytes it
+    // keeps alive with the executable (or null).
     let format = unsafe { bytes_to_string(program.format, program.format_size) };
     match format.as_str() {
         "hlo" => Some(code),

@@ -202,10 +202,11 @@ unsafe fn plugin_error(
     callback_error: *mut ffi::PJRT_CallbackError,
     err: &KvError,
 ) -> *mut ffi::PJRT_Error {
-    // SAFETY: guaranteed by the caller.
     let ctor = if callback_error.is_null() {
         None
     } else {
+        // SAFETY: non-null, so the plugin's constructor (the caller's
+        // contract).
         unsafe { *callback_error }
     };
     match ctor {
@@ -287,6 +288,7 @@ pub unsafe extern "C" fn kv_get(
     let timeout = Duration::from_millis(args.timeout_in_ms.max(0) as u64);
     // SAFETY: key is valid for key_size bytes; user_arg is our bridge.
     let result = unsafe { bytes(args.key, args.key_size) }.and_then(|key| {
+        // SAFETY: user_arg is the bridge we registered with the client.
         unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.get(key, timeout)))
     });
     // SAFETY: the out-fields belong to the args struct; callback_error
@@ -342,7 +344,9 @@ pub unsafe extern "C" fn kv_put(
     };
     // SAFETY: key and value are valid for their sizes; user_arg is ours.
     let result = unsafe { bytes(args.key, args.key_size) }.and_then(|key| {
+        // SAFETY: value is valid for value_size bytes for the call.
         unsafe { bytes(args.value, args.value_size) }.and_then(|value| {
+            // SAFETY: user_arg is the bridge we registered with the client.
             unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.put(key, value)))
         })
     });

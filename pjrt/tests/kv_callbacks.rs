@@ -88,6 +88,7 @@ unsafe extern "C" fn make_error(
     msg: *const c_char,
     len: usize,
 ) -> *mut ffi::PJRT_Error {
+    // SAFETY: the trampolines pass a message valid for `len` bytes.
     let bytes = unsafe { std::slice::from_raw_parts(msg.cast::<u8>(), len) };
     let e = Box::new(PluginError {
         code,
@@ -97,6 +98,7 @@ unsafe extern "C" fn make_error(
 }
 
 fn take_error(e: *mut ffi::PJRT_Error) -> Option<PluginError> {
+    // SAFETY: every non-null error came from `make_error`'s Box, taken once.
     (!e.is_null()).then(|| *unsafe { Box::from_raw(e.cast::<PluginError>()) })
 }
 
@@ -123,6 +125,7 @@ impl FakePlugin {
         a.callback_error = &mut self.callback_error;
         a.user_arg = self.bridge.user_arg();
         let f = kv::put_callback().unwrap();
+        // SAFETY: `a` is a complete args struct whose pointers outlive the call.
         take_error(unsafe { f(&mut a) }).map_or(Ok(()), Err)
     }
 
@@ -134,6 +137,7 @@ impl FakePlugin {
         a.callback_error = &mut self.callback_error;
         a.user_arg = self.bridge.user_arg();
         let f = kv::get_callback().unwrap();
+        // SAFETY: `a` is a complete args struct whose pointers outlive the call.
         if let Some(e) = take_error(unsafe { f(&mut a) }) {
             return Err(e);
         }
@@ -151,6 +155,7 @@ impl FakePlugin {
         a.callback_error = &mut self.callback_error;
         a.user_arg = self.bridge.user_arg();
         let f = kv::try_get_callback().unwrap();
+        // SAFETY: `a` is a complete args struct whose pointers outlive the call.
         if let Some(e) = take_error(unsafe { f(&mut a) }) {
             return Err(e);
         }
@@ -172,7 +177,9 @@ fn copy_and_free(
         !value.is_null(),
         "a value pointer is returned even for empty values"
     );
+    // SAFETY: the callback returned `value` valid for `size` bytes until its deleter runs.
     let v = unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec();
+    // SAFETY: the value is deleted once, with the deleter returned beside it.
     unsafe { deleter.expect("value deleter")(value) };
     v
 }
@@ -316,6 +323,7 @@ fn a_null_user_arg_is_an_invalid_argument() {
     let mut a = ffi::PJRT_KeyValuePutCallback_Args::new();
     a.callback_error = &mut cb;
     a.user_arg = ptr::null_mut();
+    // SAFETY: a complete args struct (the null user_arg is what is tested).
     let e = take_error(unsafe { kv::put_callback().unwrap()(&mut a) }).unwrap();
     assert_eq!(e.code, ffi::PJRT_Error_Code_INVALID_ARGUMENT);
     // A non-empty key behind a null pointer is refused too, not read.
@@ -324,6 +332,7 @@ fn a_null_user_arg_is_an_invalid_argument() {
     a.key_size = 4;
     a.callback_error = &mut cb;
     a.user_arg = p.bridge.user_arg();
+    // SAFETY: a complete args struct (the null key is what is tested).
     let e = take_error(unsafe { kv::try_get_callback().unwrap()(&mut a) }).unwrap();
     assert_eq!(e.code, ffi::PJRT_Error_Code_INVALID_ARGUMENT);
     p.put(b"still", b"works").unwrap();
@@ -371,6 +380,7 @@ impl FakePluginRef {
         a.value_size = value.len();
         a.callback_error = &mut self.cb;
         a.user_arg = self.user_arg as *mut _;
+        // SAFETY: `a` is a complete args struct whose pointers outlive the call.
         assert!(take_error(unsafe { kv::put_callback().unwrap()(&mut a) }).is_none());
     }
     fn get(&mut self, key: &[u8]) -> Vec<u8> {
@@ -380,6 +390,7 @@ impl FakePluginRef {
         a.timeout_in_ms = 1000;
         a.callback_error = &mut self.cb;
         a.user_arg = self.user_arg as *mut _;
+        // SAFETY: `a` is a complete args struct whose pointers outlive the call.
         assert!(take_error(unsafe { kv::get_callback().unwrap()(&mut a) }).is_none());
         copy_and_free(a.value, a.value_size, a.value_deleter_callback)
     }
@@ -389,6 +400,7 @@ impl FakePluginRef {
         a.key_size = key.len();
         a.callback_error = &mut self.cb;
         a.user_arg = self.user_arg as *mut _;
+        // SAFETY: `a` is a complete args struct whose pointers outlive the call.
         match take_error(unsafe { kv::try_get_callback().unwrap()(&mut a) }) {
             None => Some(copy_and_free(
                 a.value,
