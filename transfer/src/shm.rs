@@ -27,6 +27,10 @@
 //!    which bytes when is the collectives' protocol (collective
 //!    invariant 8); the mappings only ever hand out the ranges asked for.
 
+// The one module of this crate with `unsafe`: mapping files (`mmap`,
+// `munmap`) and reserving their pages (`posix_fallocate`).
+#![allow(unsafe_code)]
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
