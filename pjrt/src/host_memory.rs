@@ -84,35 +84,30 @@ pub fn advise_huge_pages(region: &[std::mem::MaybeUninit<u8>]) -> bool {
 /// another process the bytes are there) cannot overtake them.
 pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "a copy between equal lengths");
-    // SAFETY: `dst` and `src` are valid for `len` bytes each and cannot
-    // overlap (`&mut` against `&`).
-    unsafe { stream_bytes(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
-}
-
-/// Streaming copy of `len` bytes: plain copies for the head up to the
-/// first 64-byte-aligned destination byte and for the tail, 64-byte blocks
-/// of SSE2 streaming stores (SSE2 is part of x86-64) between them.
-///
-/// # Safety
-/// `dst` must be valid for `len` bytes of writes, `src` for `len` bytes of
-/// reads, and the two ranges must not overlap.
-unsafe fn stream_bytes(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        // Plain copies for the head up to the first 64-byte-aligned
+        // destination byte and for the tail; 64-byte blocks of SSE2
+        // streaming stores (SSE2 is part of x86-64) between them.
         const BLOCK: usize = 64;
-        let head = dst.align_offset(BLOCK).min(len);
-        let blocks = (len - head) / BLOCK;
-        // SAFETY: (the whole block) the caller's contract covers `len` bytes at
-        // `dst` and at `src`, apart; every offset below stays inside them.
-        // Stores go to `dst + head + 64 k + 16 i`, 16-byte aligned because
-        // `dst + head` is 64-byte aligned; the loads are unaligned loads.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src, dst, head);
-            for k in 0..blocks {
-                let at = head + k * BLOCK;
-                let s = src.add(at).cast::<__m128i>();
-                let d = dst.add(at).cast::<__m128i>();
+        let head = dst.as_ptr().align_offset(BLOCK).min(dst.len());
+        let (dst_head, dst_rest) = dst.split_at_mut(head);
+        let (src_head, src_rest) = src.split_at(head);
+        dst_head.copy_from_slice(src_head);
+        let mut dst_blocks = dst_rest.chunks_exact_mut(BLOCK);
+        let mut src_blocks = src_rest.chunks_exact(BLOCK);
+        for (d, s) in (&mut dst_blocks).zip(&mut src_blocks) {
+            let (d, s) = (
+                d.as_mut_ptr().cast::<__m128i>(),
+                s.as_ptr().cast::<__m128i>(),
+            );
+            // SAFETY: `d` and `s` each point to 64 bytes of their slices
+            // (`chunks_exact`), apart (`&mut` against `&`); the loads are
+            // unaligned loads, and every store address is 16-byte aligned
+            // because each destination block starts 64-byte aligned (the
+            // head above).
+            unsafe {
                 let (a, b) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
                 let (c, e) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
                 _mm_stream_si128(d, a);
@@ -120,16 +115,15 @@ unsafe fn stream_bytes(dst: *mut u8, src: *const u8, len: usize) {
                 _mm_stream_si128(d.add(2), c);
                 _mm_stream_si128(d.add(3), e);
             }
-            let done = head + blocks * BLOCK;
-            std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done);
-            _mm_sfence();
         }
+        dst_blocks
+            .into_remainder()
+            .copy_from_slice(src_blocks.remainder());
+        // SAFETY: a store fence; no operands.
+        unsafe { _mm_sfence() };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: the caller's contract.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, len)
-    }
+    dst.copy_from_slice(src);
 }
 
 #[cfg(test)]
