@@ -286,7 +286,7 @@ pub unsafe extern "C" fn kv_get(
         return ptr::null_mut();
     };
     let timeout = Duration::from_millis(args.timeout_in_ms.max(0) as u64);
-    // SAFETY: key is valid for key_size bytes; user_arg is our bridge.
+    // SAFETY: key is valid for key_size bytes for the call.
     let result = unsafe { bytes(args.key, args.key_size) }.and_then(|key| {
         // SAFETY: user_arg is the bridge we registered with the client.
         unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.get(key, timeout)))
@@ -342,7 +342,7 @@ pub unsafe extern "C" fn kv_put(
     let Some(args) = (unsafe { args.as_ref() }) else {
         return ptr::null_mut();
     };
-    // SAFETY: key and value are valid for their sizes; user_arg is ours.
+    // SAFETY: key is valid for key_size bytes for the call.
     let result = unsafe { bytes(args.key, args.key_size) }.and_then(|key| {
         // SAFETY: value is valid for value_size bytes for the call.
         unsafe { bytes(args.value, args.value_size) }.and_then(|value| {
