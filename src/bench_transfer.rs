@@ -56,6 +56,10 @@ pub struct BenchTransferArgs {
     /// `jax` installed.
     #[arg(long, value_name = "PYTHON")]
     pub jax: Option<PathBuf>,
+    /// Connections per peer for the QUIC point-to-point figure, one line
+    /// each (a payload travels as one part per connection).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub connections: Vec<usize>,
     /// Skip the point-to-point figures.
     #[arg(long)]
     pub no_point_to_point: bool,
@@ -168,7 +172,12 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["bench", "transfer", "--bytes", &args.bytes.to_string()])
         .args(["--all-reduce-bytes", "0"])
-        .args(["--repeat", &args.repeat.to_string(), "--send-to"])
+        .args(["--repeat", &args.repeat.to_string()])
+        .args([
+            "--connections",
+            &connections_arg(&args.connections)?,
+            "--send-to",
+        ])
         .arg(quic.local_addr()?.to_string())
         .arg(tcp.local_addr()?.to_string())
         .arg(&tls_dir)
@@ -176,24 +185,28 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
         .context("starting the sender")?;
 
     let mut quic_s = Vec::new();
-    for _ in 0..args.repeat {
-        // The sender's first bytes arrive with its header: time from the
-        // moment the array is in the mailbox backwards is not possible, so
-        // the sender sends a marker first (its endpoint's address) and we
-        // time from it.
-        let marker = quic.recv(1, 0, T).await?;
-        let t = Instant::now();
-        let got = quic.recv(1, 1, T).await?;
-        quic_s.push(t.elapsed().as_secs_f64());
-        anyhow::ensure!(got.data.len() as u64 == args.bytes, "short transfer");
-        // Both paths receive into memory already faulted in after the first
-        // run: the TCP path reads into one buffer, QUIC reuses the last,
-        // which it must have back before the next payload's header comes
-        // (else that payload gets fresh pages), so the sender waits for
-        // word that it has.
-        quic.recycle(got.data);
-        let sender: SocketAddr = std::str::from_utf8(&marker.data)?.parse()?;
-        quic.send(sender, 2, ElementType::U8, &[1], &[1], T).await?;
+    for _ in &args.connections {
+        let mut secs = Vec::new();
+        for _ in 0..args.repeat {
+            // The sender's first bytes arrive with its header: time from the
+            // moment the array is in the mailbox backwards is not possible,
+            // so the sender sends a marker first (its endpoint's address)
+            // and we time from it.
+            let marker = quic.recv(1, 0, T).await?;
+            let t = Instant::now();
+            let got = quic.recv(1, 1, T).await?;
+            secs.push(t.elapsed().as_secs_f64());
+            anyhow::ensure!(got.data.len() as u64 == args.bytes, "short transfer");
+            // Both paths receive into memory already faulted in after the
+            // first run: the TCP path reads into one buffer, QUIC reuses the
+            // last, which it must have back before the next payload's header
+            // comes (else that payload gets fresh pages), so the sender
+            // waits for word that it has.
+            quic.recycle(got.data);
+            let sender: SocketAddr = std::str::from_utf8(&marker.data)?.parse()?;
+            quic.send(sender, 2, ElementType::U8, &[1], &[1], T).await?;
+        }
+        quic_s.push(secs);
     }
     let (mut stream, _) = tcp.accept().await?;
     stream.set_nodelay(true)?;
@@ -207,11 +220,16 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
         tcp_s.push(t.elapsed().as_secs_f64());
     }
     let _ = child.wait();
-    for (path, mut secs) in [("quic", quic_s), ("tcp", tcp_s)] {
+    let quic = args
+        .connections
+        .iter()
+        .zip(quic_s)
+        .map(|(k, secs)| (format!("\"path\":\"quic\",\"connections\":{k}"), secs));
+    for (path, mut secs) in quic.chain([("\"path\":\"tcp\"".to_owned(), tcp_s)]) {
         secs.sort_by(f64::total_cmp);
         let gbps = |s: f64| args.bytes as f64 / s / 1e9;
         println!(
-            "{{\"figure\":\"point_to_point\",\"path\":\"{path}\",\"bytes\":{},\"runs\":{},\"best_gb_s\":{:.2},\"median_gb_s\":{:.2}}}",
+            "{{\"figure\":\"point_to_point\",{path},\"bytes\":{},\"runs\":{},\"best_gb_s\":{:.2},\"median_gb_s\":{:.2}}}",
             args.bytes,
             secs.len(),
             gbps(secs[0]),
@@ -221,43 +239,56 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
     Ok(())
 }
 
+fn connections_arg(connections: &[usize]) -> Result<String> {
+    anyhow::ensure!(
+        !connections.is_empty() && connections.iter().all(|&k| k >= 1),
+        "--connections: one or more counts of at least 1"
+    );
+    Ok(connections
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(","))
+}
+
 async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
     let quic_to: SocketAddr = to[0].parse()?;
     let tcp_to: SocketAddr = to[1].parse()?;
     let tls = TlsFiles::load(&PathBuf::from(&to[2]))?;
-    let ep = TransferEndpoint::bind(
-        "127.0.0.1:0".parse()?,
-        1,
-        Some(&tls),
-        TransferConfig::default(),
-    )?;
     let data: Vec<u8> = (0..args.bytes).map(|i| i as u8).collect();
-    let me = ep.local_addr()?.to_string();
-    for _ in 0..args.repeat {
-        let marker = me.as_bytes();
-        ep.send(
-            quic_to,
-            0,
-            ElementType::U8,
-            &[marker.len() as u64],
-            marker,
-            T,
-        )
-        .await?;
-        ep.send(quic_to, 1, ElementType::U8, &[args.bytes], &data, T)
+    for &k in &args.connections {
+        let cfg = TransferConfig {
+            connections_per_peer: k,
+            ..TransferConfig::default()
+        };
+        let ep = TransferEndpoint::bind("127.0.0.1:0".parse()?, 1, Some(&tls), cfg)?;
+        let me = ep.local_addr()?.to_string();
+        for _ in 0..args.repeat {
+            let marker = me.as_bytes();
+            ep.send(
+                quic_to,
+                0,
+                ElementType::U8,
+                &[marker.len() as u64],
+                marker,
+                T,
+            )
             .await?;
-        ep.recv(0, 2, T).await?;
-    }
-    if let Some(st) = ep.connection_stats(quic_to) {
-        eprintln!(
-            "quic sender: path MTU {} B, {} datagrams in {} send calls ({} B each on average), {} lost packets, congestion window {} B",
-            st.path.current_mtu,
-            st.udp_tx.datagrams,
-            st.udp_tx.ios,
-            st.udp_tx.bytes / st.udp_tx.datagrams.max(1),
-            st.path.lost_packets,
-            st.path.cwnd
-        );
+            ep.send(quic_to, 1, ElementType::U8, &[args.bytes], &data, T)
+                .await?;
+            ep.recv(0, 2, T).await?;
+        }
+        if let Some(st) = ep.connection_stats(quic_to) {
+            eprintln!(
+                "quic sender, {k} connection(s), the first: path MTU {} B, {} datagrams in {} send calls ({} B each on average), {} lost packets, congestion window {} B",
+                st.path.current_mtu,
+                st.udp_tx.datagrams,
+                st.udp_tx.ios,
+                st.udp_tx.bytes / st.udp_tx.datagrams.max(1),
+                st.path.lost_packets,
+                st.path.cwnd
+            );
+        }
     }
     let mut s = tokio::net::TcpStream::connect(tcp_to).await?;
     s.set_nodelay(true)?;

@@ -14,7 +14,7 @@
 //!    sender, and neither side buffers more than the windows.
 //! 3. Received arrays wait in a mailbox keyed by (sender rank, tag) until
 //!    a `recv` takes them; each is delivered once, in arrival order.
-//! 4. Every call has a deadline; a connection per peer is reused.
+//! 4. Every call has a deadline; connections to a peer are reused.
 //! 5. Same-host path: to a peer with our boot id (unless `force_network`),
 //!    the sender writes the payload to a file of the shared-memory folder
 //!    (tmpfs, see [`crate::shm`]) and sends only the header naming it; the
@@ -36,10 +36,17 @@
 //!    a page fault and the zeroing of every page (a fifth of a 1 GiB
 //!    transfer's CPU here); a loop that receives the same sizes every step
 //!    pays that once. [`TransferEndpoint::recv_buffer`] recycles by itself.
+//! 8. Several connections: up to `connections_per_peer` connections to each
+//!    peer, opened as needed; transfers take them in turn, and a network
+//!    payload of at least `stripe_bytes` travels as one part per connection
+//!    (header field `part`, [`crate::stripe`]), so that different threads
+//!    seal and open its packets at once (quinn drives each connection from
+//!    one task).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,6 +58,7 @@ use tokio::sync::Notify;
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
 use crate::shm::ShmPool;
+use crate::stripe::{part_range, Assemblies, Part};
 
 /// ALPN of the transfer protocol.
 pub const ALPN: &[u8] = b"tessel-transfer";
@@ -103,6 +111,12 @@ pub struct TransferConfig {
     /// Most bytes of recycled buffers kept for later payloads
     /// (invariant 7).
     pub spare_bytes: usize,
+    /// Connections to each peer (at least 1); transfers take them in
+    /// turn (invariant 8).
+    pub connections_per_peer: usize,
+    /// A network payload of at least this many bytes travels as one part
+    /// per connection (invariant 8; 0: never).
+    pub stripe_bytes: usize,
 }
 
 impl Default for TransferConfig {
@@ -118,6 +132,8 @@ impl Default for TransferConfig {
             socket_buffer: 8 << 20,
             shm_dir: PathBuf::from("/dev/shm"),
             spare_bytes: 2 << 30,
+            connections_per_peer: 2,
+            stripe_bytes: 16 << 20,
         }
     }
 }
@@ -149,6 +165,10 @@ impl TransferConfig {
         let mut mtu = quinn::MtuDiscoveryConfig::default();
         if same_host {
             mtu.upper_bound(self.max_udp_payload);
+            // Losses here are a receive buffer overflowing, not the path:
+            // should they make black-hole detection fall back to 1,200
+            // bytes, discovery climbs back after a second, not a minute.
+            mtu.black_hole_cooldown(Duration::from_secs(1));
             t.enable_segmentation_offload(false);
         } else {
             mtu.upper_bound(self.remote_udp_payload.min(GSO_MAX_UDP_PAYLOAD));
@@ -222,6 +242,8 @@ struct Mailbox {
     slots: Mutex<HashMap<(u32, u64), VecDeque<Arrived>>>,
     arrived: Notify,
     spares: Mutex<Spares>,
+    /// Striped payloads being received (invariant 8).
+    assemblies: Assemblies,
 }
 
 /// Recycled buffers (invariant 7).
@@ -269,13 +291,29 @@ impl Mailbox {
         tessel_pjrt::host_memory::advise_huge_pages(data.spare_capacity_mut());
         data
     }
+
+    /// Puts an array in its slot and wakes the receivers (invariant 3).
+    fn deliver(&self, from: u32, tag: u64, arrived: Arrived) {
+        self.slots
+            .lock()
+            .expect("not poisoned")
+            .entry((from, tag))
+            .or_default()
+            .push_back(arrived);
+        self.arrived.notify_waiters();
+    }
 }
 
 /// A worker's transfer endpoint.
 pub struct TransferEndpoint {
     rank: u32,
     endpoint: Endpoint,
-    conns: Mutex<HashMap<SocketAddr, Connection>>,
+    /// Up to `connections_per_peer` connections per peer address.
+    conns: Mutex<HashMap<SocketAddr, Vec<Option<Connection>>>>,
+    /// Round robin over a peer's connections.
+    next_conn: AtomicUsize,
+    /// Numbers this endpoint's striped payloads (stripe invariant 1).
+    next_transfer: AtomicU64,
     /// Client settings for peers on this host and for the others
     /// (invariant 6).
     client_same_host: quinn::ClientConfig,
@@ -334,6 +372,8 @@ impl TransferEndpoint {
             rank,
             endpoint,
             conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicUsize::new(0),
+            next_transfer: AtomicU64::new(0),
             client_same_host,
             client_remote,
             mailbox,
@@ -357,8 +397,20 @@ impl TransferEndpoint {
     }
 
     async fn connection(&self, peer: &Peer) -> Result<Connection> {
+        let k =
+            self.next_conn.fetch_add(1, Ordering::Relaxed) % self.cfg.connections_per_peer.max(1);
+        self.connection_at(peer, k).await
+    }
+
+    async fn connection_at(&self, peer: &Peer, k: usize) -> Result<Connection> {
         let addr = peer.addr;
-        if let Some(c) = self.conns.lock().expect("not poisoned").get(&addr) {
+        if let Some(Some(c)) = self
+            .conns
+            .lock()
+            .expect("not poisoned")
+            .get(&addr)
+            .and_then(|v| v.get(k))
+        {
             if c.close_reason().is_none() {
                 return Ok(c.clone());
             }
@@ -375,10 +427,12 @@ impl TransferEndpoint {
             .map_err(|e| connect_err(e.to_string()))?
             .await
             .map_err(|e| connect_err(e.to_string()))?;
-        self.conns
-            .lock()
-            .expect("not poisoned")
-            .insert(addr, conn.clone());
+        let mut conns = self.conns.lock().expect("not poisoned");
+        let slots = conns.entry(addr).or_default();
+        if slots.len() <= k {
+            slots.resize(k + 1, None);
+        }
+        slots[k] = Some(conn.clone());
         Ok(conn)
     }
 
@@ -454,6 +508,7 @@ impl TransferEndpoint {
             .lock()
             .expect("not poisoned")
             .get(&peer)
+            .and_then(|v| v.first().cloned().flatten())
             .map(|c| c.stats())
     }
 
@@ -531,31 +586,37 @@ impl TransferEndpoint {
         };
         let payload = if shm.is_some() { &[][..] } else { data };
         let addr = peer.addr;
+        let k = self.cfg.connections_per_peer.max(1);
         let attempt = async {
-            let conn = self.connection(peer).await?;
-            let stream_err = |reason: String| TransferError::Stream {
-                peer: addr.to_string(),
-                reason,
-            };
-            let (mut send, mut recv) = conn
-                .open_bi()
-                .await
-                .map_err(|e| stream_err(e.to_string()))?;
-            send.write_all(&header.encode())
-                .await
-                .map_err(|e| stream_err(e.to_string()))?;
-            send.write_all(payload)
-                .await
-                .map_err(|e| stream_err(e.to_string()))?;
-            send.finish().map_err(|e| stream_err(e.to_string()))?;
-            let mut ack = [0u8; 1];
-            recv.read_exact(&mut ack)
-                .await
-                .map_err(|e| stream_err(format!("no acknowledgement: {e}")))?;
-            match ack[0] {
-                0 => Ok(()),
-                _ => Err(stream_err("the receiver refused the transfer".into())),
+            if shm.is_some()
+                || k < 2
+                || self.cfg.stripe_bytes == 0
+                || data.len() < self.cfg.stripe_bytes
+            {
+                return self.send_stream(peer, None, &header, payload).await;
             }
+            // Stripe invariant 1: one part per connection.
+            let count = (k as u32).min(crate::stripe::MAX_PARTS);
+            let transfer = self.next_transfer.fetch_add(1, Ordering::Relaxed);
+            let parts = (0..count).map(|index| {
+                let mut h = header.clone();
+                h.part = Some(Part {
+                    transfer,
+                    index,
+                    count,
+                });
+                let r = part_range(data.len() as u64, index, count);
+                async move {
+                    self.send_stream(
+                        peer,
+                        Some(index as usize),
+                        &h,
+                        &data[r.start as usize..r.end as usize],
+                    )
+                    .await
+                }
+            });
+            futures::future::try_join_all(parts).await.map(|_| ())
         };
         let result = tokio::time::timeout(timeout, attempt).await.map_err(|_| {
             TransferError::DeadlineExceeded {
@@ -574,6 +635,44 @@ impl TransferEndpoint {
                 .increment(1),
         }
         result
+    }
+
+    /// One stream: `header`, then `payload`, then the receiver's answer;
+    /// on connection `conn` to the peer, or the next in turn.
+    async fn send_stream(
+        &self,
+        peer: &Peer,
+        conn: Option<usize>,
+        header: &TransferHeader,
+        payload: &[u8],
+    ) -> Result<()> {
+        let stream_err = |reason: String| TransferError::Stream {
+            peer: peer.addr.to_string(),
+            reason,
+        };
+        let conn = match conn {
+            Some(k) => self.connection_at(peer, k).await?,
+            None => self.connection(peer).await?,
+        };
+        let (mut send, mut recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        send.write_all(&header.encode())
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        send.write_all(payload)
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        send.finish().map_err(|e| stream_err(e.to_string()))?;
+        let mut ack = [0u8; 1];
+        recv.read_exact(&mut ack)
+            .await
+            .map_err(|e| stream_err(format!("no acknowledgement: {e}")))?;
+        match ack[0] {
+            0 => Ok(()),
+            _ => Err(stream_err("the receiver refused the transfer".into())),
+        }
     }
 
     /// Takes the next array `from` sent under `tag`, waiting up to
@@ -671,11 +770,12 @@ async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferCon
         let cfg = cfg.clone();
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
+            let remote = conn.remote_address();
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let mailbox = mailbox.clone();
                 let cfg = cfg.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = receive(send, recv, &mailbox, &cfg).await {
+                    if let Err(e) = receive(send, recv, remote, &mailbox, &cfg).await {
                         tracing::warn!(error = %e, "transfer refused");
                     }
                 });
@@ -684,29 +784,105 @@ async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferCon
     }
 }
 
-/// Reads exactly `len` payload bytes into `data`, an empty buffer with
+/// Appends exactly `len` payload bytes to `data`, an empty buffer with
 /// room for them (`len` was validated against the limit): a spare, or
 /// fresh capacity without a zero-filling pass (invariant 7).
-async fn read_payload(
+async fn read_payload<B: bytes::BufMut + AsRef<[u8]>>(
     recv: &mut RecvStream,
     len: usize,
-    mut data: Vec<u8>,
-) -> std::result::Result<Vec<u8>, String> {
-    while data.len() < len {
+    data: &mut B,
+) -> std::result::Result<(), String> {
+    while data.as_ref().len() < len {
+        let have = data.as_ref().len();
         let chunk = recv
-            .read_chunk(len - data.len(), true)
+            .read_chunk(len - have, true)
             .await
             .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("the stream ended after {} of {len} bytes", data.len()))?;
-        data.extend_from_slice(&chunk.bytes);
+            .ok_or_else(|| format!("the stream ended after {have} of {len} bytes"))?;
+        data.put_slice(&chunk.bytes);
     }
-    Ok(data)
+    Ok(())
+}
+
+/// One part of a striped payload (invariant 8, stripe invariants 2–4),
+/// its header validated: fills its piece, delivers the whole if it is the
+/// last, and answers once the whole is delivered or abandoned.
+async fn receive_part(
+    mut send: SendStream,
+    mut recv: RecvStream,
+    remote: SocketAddr,
+    header: TransferHeader,
+    part: Part,
+    mailbox: &Mailbox,
+) -> Result<()> {
+    let stream_err = |reason: String| TransferError::Stream {
+        peer: remote.to_string(),
+        reason,
+    };
+    let key = (remote, part.transfer);
+    let (mut piece, mut delivery) = match mailbox
+        .assemblies
+        .claim(key, &header, |len| mailbox.buffer(len))
+    {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            let _ = recv.stop(VarInt::from_u32(REFUSED));
+            let _ = send.write_all(&[1]).await;
+            let _ = send.finish();
+            return Err(e);
+        }
+    };
+    let range = part_range(header.byte_len, part.index, part.count);
+    if let Err(e) = read_payload(&mut recv, (range.end - range.start) as usize, &mut piece).await {
+        mailbox.assemblies.abandon(key);
+        return Err(stream_err(format!(
+            "part {} of {}: {e}",
+            part.index, part.count
+        )));
+    }
+    if let Some(whole) = mailbox.assemblies.fill(key, part.index, piece) {
+        metrics::counter!("tessel_transfer_received_bytes_total", "path" => "quic")
+            .increment(header.byte_len);
+        let dtype = whole.header.element_type()?;
+        mailbox.deliver(
+            whole.header.from,
+            whole.header.tag,
+            Arrived {
+                dtype,
+                dims: whole.header.dims,
+                payload: Payload::Owned(whole.data),
+            },
+        );
+        let _ = whole.delivered.send(true);
+    }
+    let delivered = tokio::select! {
+        d = delivery.wait_for(|d| *d) => d.is_ok(),
+        _ = send.stopped() => {
+            // The sender stopped waiting (it gave up, or its connection
+            // closed): nothing of this payload may stay behind.
+            mailbox.assemblies.abandon(key);
+            return Ok(());
+        }
+    };
+    send.write_all(&[if delivered { 0 } else { 1 }])
+        .await
+        .map_err(|e| stream_err(e.to_string()))?;
+    let _ = send.finish();
+    if delivered {
+        Ok(())
+    } else {
+        Err(stream_err(format!(
+            "part {} of {}: another part of the payload failed",
+            part.index, part.count
+        )))
+    }
 }
 
 /// One incoming transfer (invariants 1–3).
 async fn receive(
     mut send: SendStream,
     mut recv: RecvStream,
+    remote: SocketAddr,
     mailbox: &Mailbox,
     cfg: &TransferConfig,
 ) -> Result<()> {
@@ -769,31 +945,32 @@ async fn receive(
                 }
             }
         }
-        None => Payload::Owned(
-            read_payload(
-                &mut recv,
-                header.byte_len as usize,
-                mailbox.buffer(header.byte_len as usize),
-            )
-            .await
-            .map_err(|e| stream_err(format!("payload: {e}")))?,
-        ),
+        None => match header.part {
+            Some(part) => {
+                return receive_part(send, recv, remote, header, part, mailbox).await;
+            }
+            None => {
+                let len = header.byte_len as usize;
+                let mut data = mailbox.buffer(len);
+                read_payload(&mut recv, len, &mut data)
+                    .await
+                    .map_err(|e| stream_err(format!("payload: {e}")))?;
+                Payload::Owned(data)
+            }
+        },
     };
     let path = if header.shm.is_some() { "shm" } else { "quic" };
     metrics::counter!("tessel_transfer_received_bytes_total", "path" => path)
         .increment(header.byte_len);
-    {
-        let mut slots = mailbox.slots.lock().expect("not poisoned");
-        slots
-            .entry((header.from, header.tag))
-            .or_default()
-            .push_back(Arrived {
-                dtype,
-                dims: header.dims,
-                payload,
-            });
-    }
-    mailbox.arrived.notify_waiters();
+    mailbox.deliver(
+        header.from,
+        header.tag,
+        Arrived {
+            dtype,
+            dims: header.dims,
+            payload,
+        },
+    );
     if let Some(released) = released {
         // Shm invariant 3: the sender has its file back only once the
         // mapping is dropped (taken and used, or discarded). A sender that
@@ -918,6 +1095,114 @@ mod tests {
             1,
             "small or over the limit: freed"
         );
+    }
+
+    /// Two endpoints over the network, the sender striping payloads of
+    /// 1 MiB or more over three connections.
+    fn striping_pair() -> (TransferEndpoint, TransferEndpoint, Peer) {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let cfg = TransferConfig {
+            connections_per_peer: 3,
+            stripe_bytes: 1 << 20,
+            ..TransferConfig::default()
+        };
+        let a = TransferEndpoint::bind(any, 0, None, cfg).unwrap();
+        let b = TransferEndpoint::bind(any, 1, None, TransferConfig::default()).unwrap();
+        let to_b = Peer::new(b.local_addr().unwrap(), None);
+        (a, b, to_b)
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(start.elapsed() < T, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Invariant 8: a large payload travels as one part per connection and
+    /// arrives whole, byte for byte; a small one takes one stream.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_striped_payload_arrives_whole() {
+        let (a, b, to_b) = striping_pair();
+        let len = (3 << 20) + 5;
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 + i / 4099) as u8).collect();
+        let dims = [len as u64];
+        let (sent, got) = tokio::join!(
+            a.send_to(&to_b, 4, ElementType::U8, &dims, &data, T),
+            b.recv(0, 4, T)
+        );
+        sent.unwrap();
+        let got = got.unwrap();
+        assert_eq!((got.dtype, &got.dims[..]), (ElementType::U8, &dims[..]));
+        assert!(got.data == data, "byte for byte");
+        let conns = a.conns.lock().unwrap()[&to_b.addr].len();
+        assert_eq!(conns, 3, "one part per connection");
+        assert_eq!(b.mailbox.assemblies.len(), 0);
+        // Under the threshold: one stream, delivered as before.
+        a.send_to(&to_b, 5, ElementType::U8, &[3], &[7, 8, 9], T)
+            .await
+            .unwrap();
+        assert_eq!(b.recv(0, 5, T).await.unwrap().data, [7, 8, 9]);
+    }
+
+    /// Stripe invariants 3 and 4: a sender that gives up after one part
+    /// leaves nothing behind, and parts that do not belong together are
+    /// refused and deliver nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_incomplete_or_mismatched_striped_payload_leaves_nothing() {
+        let (a, b, to_b) = striping_pair();
+        let part = |tag: u64, transfer: u64, index: u32| {
+            let mut h = TransferHeader::new(0, tag, ElementType::U8, &[8]).unwrap();
+            h.part = Some(Part {
+                transfer,
+                index,
+                count: 2,
+            });
+            h
+        };
+        // Part 0 of 2, then the sender gives up before part 1.
+        let p = part(1, 1000, 0);
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(300),
+            a.send_stream(&to_b, Some(0), &p, &[1; 4]),
+        )
+        .await;
+        assert!(gave_up.is_err(), "part 0 waits for the whole");
+        until("the abandoned assembly is dropped", || {
+            b.mailbox.assemblies.len() == 0
+        })
+        .await;
+
+        // Two parts of one transfer under different tags.
+        let (p, q) = (part(2, 1001, 0), part(3, 1001, 1));
+        let (first, second) = tokio::join!(a.send_stream(&to_b, Some(0), &p, &[1; 4]), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            a.send_stream(&to_b, Some(1), &q, &[2; 4]).await
+        });
+        assert!(first.is_err() && second.is_err(), "both refused");
+        assert_eq!(b.mailbox.assemblies.len(), 0);
+        // A repeated part.
+        let p = part(4, 1002, 1);
+        let (first, again) = tokio::join!(a.send_stream(&to_b, Some(0), &p, &[1; 4]), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            a.send_stream(&to_b, Some(1), &p, &[1; 4]).await
+        });
+        assert!(first.is_err() && again.is_err(), "both refused");
+        assert_eq!(b.mailbox.assemblies.len(), 0);
+        assert!(
+            b.mailbox.slots.lock().unwrap().is_empty(),
+            "nothing delivered"
+        );
+        // The endpoint still serves whole payloads.
+        let data = vec![9u8; 2 << 20];
+        let dims = [data.len() as u64];
+        let (sent, got) = tokio::join!(
+            a.send_to(&to_b, 6, ElementType::U8, &dims, &data, T),
+            b.recv(0, 6, T)
+        );
+        sent.unwrap();
+        assert!(got.unwrap().data == data);
     }
 
     /// A lent payload nobody takes does not hold its sender to the

@@ -11,11 +11,16 @@
 //! 2. Decoding never panics and never allocates more than the frame.
 //! 3. `lent` comes only with `shm`: a lent file is read in place and
 //!    acknowledged once its reader is done (shm invariant 3).
+//! 4. `part` comes only without `shm`, with 2 to [`MAX_PARTS`](crate::stripe::MAX_PARTS) parts and an
+//!    index below their count: the stream carries that part of a striped
+//!    payload (see [`crate::stripe`]); dtype, dims and `byte_len` describe
+//!    the whole.
 
 use serde::{Deserialize, Serialize};
 use tessel_pjrt::ElementType;
 
 use crate::error::{Result, TransferError};
+use crate::stripe::Part;
 
 /// Largest encoded header.
 pub const MAX_HEADER: usize = 4096;
@@ -40,6 +45,8 @@ pub struct TransferHeader {
     /// The `shm` file is lent: the receiver may read it in place and
     /// acknowledges only once done with it (invariant 3).
     pub lent: bool,
+    /// The stream carries this part of a striped payload (invariant 4).
+    pub part: Option<Part>,
 }
 
 impl TransferHeader {
@@ -52,6 +59,7 @@ impl TransferHeader {
             byte_len: expected_len(dtype, dims)?,
             shm: None,
             lent: false,
+            part: None,
         };
         Ok(h)
     }
@@ -82,6 +90,14 @@ impl TransferHeader {
             return Err(TransferError::InvalidHeader(
                 "a lent payload without a shared-memory file".into(),
             ));
+        }
+        if let Some(part) = &self.part {
+            part.validate()?;
+            if self.shm.is_some() {
+                return Err(TransferError::InvalidHeader(
+                    "a part of a striped payload in a shared-memory file".into(),
+                ));
+            }
         }
         if self.byte_len > max_bytes {
             return Err(TransferError::TooLarge {
@@ -150,6 +166,7 @@ fn expected_len(dtype: ElementType, dims: &[u64]) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stripe::MAX_PARTS;
 
     #[test]
     fn headers_round_trip_and_are_checked() {
@@ -201,5 +218,24 @@ mod tests {
         let mut lent = h.clone();
         lent.lent = true;
         assert!(lent.validate(1 << 20).is_err(), "lent without a file");
+
+        let mut part = h.clone();
+        part.part = Some(Part {
+            transfer: 5,
+            index: 1,
+            count: MAX_PARTS,
+        });
+        let frame = part.encode();
+        assert_eq!(TransferHeader::decode(&frame[4..], 1 << 20).unwrap(), part);
+        let mut bad = part.clone();
+        bad.part = Some(Part {
+            transfer: 5,
+            index: 2,
+            count: 2,
+        });
+        assert!(bad.validate(1 << 20).is_err(), "index beyond the count");
+        let mut bad = part.clone();
+        bad.shm = Some("tessel-12-34".into());
+        assert!(bad.validate(1 << 20).is_err(), "a part in a file");
     }
 }

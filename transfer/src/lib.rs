@@ -40,6 +40,7 @@ mod error;
 pub mod header;
 pub mod reduce;
 pub mod shm;
+pub mod stripe;
 pub mod testing;
 
 pub use collective::{
