@@ -256,6 +256,9 @@ async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
     let tcp_to: SocketAddr = to[1].parse()?;
     let tls = TlsFiles::load(&PathBuf::from(&to[2]))?;
     let data: Vec<u8> = (0..args.bytes).map(|i| i as u8).collect();
+    // Every endpoint lives to the end: closing one could cut off its answer
+    // to the receiver's last word.
+    let mut endpoints = Vec::new();
     for &k in &args.connections {
         let cfg = TransferConfig {
             connections_per_peer: k,
@@ -289,6 +292,7 @@ async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
                 st.path.cwnd
             );
         }
+        endpoints.push(ep);
     }
     let mut s = tokio::net::TcpStream::connect(tcp_to).await?;
     s.set_nodelay(true)?;
