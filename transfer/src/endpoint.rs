@@ -1173,6 +1173,23 @@ mod tests {
             b.mailbox.assemblies.len() == 0
         })
         .await;
+        // Part 0 of 2 from a sender whose endpoint then closes while the
+        // part waits (its connections close, as when its process dies).
+        let c = Arc::new(striping_pair().0);
+        let sending = tokio::spawn({
+            let (c, to_b, p) = (c.clone(), to_b.clone(), part(1, 1001, 0));
+            async move { c.send_stream(&to_b, Some(0), &p, &[1; 4]).await }
+        });
+        until("part 0 waits for part 1", || {
+            b.mailbox.assemblies.len() == 1
+        })
+        .await;
+        c.endpoint.close(VarInt::from_u32(0), b"gone");
+        assert!(sending.await.unwrap().is_err());
+        until("the dead sender's assembly is dropped", || {
+            b.mailbox.assemblies.len() == 0
+        })
+        .await;
 
         // Two parts of one transfer under different tags.
         let (p, q) = (part(2, 1001, 0), part(3, 1001, 1));
