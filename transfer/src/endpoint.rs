@@ -804,6 +804,15 @@ async fn read_payload<B: bytes::BufMut + AsRef<[u8]>>(
     Ok(())
 }
 
+/// Refuses a stream: stops reading it (if still reading) and answers `1`.
+async fn refuse(send: &mut SendStream, recv: Option<&mut RecvStream>) {
+    if let Some(recv) = recv {
+        let _ = recv.stop(VarInt::from_u32(REFUSED));
+    }
+    let _ = send.write_all(&[1]).await;
+    let _ = send.finish();
+}
+
 /// One part of a striped payload (invariant 8, stripe invariants 2–4),
 /// its header validated: fills its piece, delivers the whole if it is the
 /// last, and answers once the whole is delivered or abandoned.
@@ -826,9 +835,7 @@ async fn receive_part(
     {
         Ok(claimed) => claimed,
         Err(e) => {
-            let _ = recv.stop(VarInt::from_u32(REFUSED));
-            let _ = send.write_all(&[1]).await;
-            let _ = send.finish();
+            refuse(&mut send, Some(&mut recv)).await;
             return Err(e);
         }
     };
@@ -909,9 +916,7 @@ async fn receive(
     let (header, dtype) = match checked {
         Ok(h) => h,
         Err(e) => {
-            let _ = recv.stop(VarInt::from_u32(REFUSED));
-            let _ = send.write_all(&[1]).await;
-            let _ = send.finish();
+            refuse(&mut send, Some(&mut recv)).await;
             return Err(e);
         }
     };
@@ -939,8 +944,7 @@ async fn receive(
             match got {
                 Ok(p) => p,
                 Err(e) => {
-                    let _ = send.write_all(&[1]).await;
-                    let _ = send.finish();
+                    refuse(&mut send, None).await;
                     return Err(e);
                 }
             }
