@@ -151,6 +151,11 @@ impl RankGroup {
         (0..self.len()).map(|r| self.answer(r, timeout)).collect()
     }
 
+    /// Rank `r`'s process id.
+    pub fn pid(&self, r: usize) -> u32 {
+        self.ranks[r].child.id()
+    }
+
     /// SIGKILL rank `r`.
     pub fn kill(&mut self, r: usize) {
         let _ = self.ranks[r].child.kill();

@@ -289,6 +289,98 @@ fn point_to_point_over_shared_memory_is_byte_exact() {
     );
 }
 
+/// CPU time a process has used, in clock ticks (`/proc/PID/stat`: user and
+/// system time, the 14th and 15th fields).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    // Fields counted from the state (the 3rd): utime is the 14th.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// SIGKILL of a sender in the middle of a striped payload (512 MiB over
+/// two connections, the network path): the receiver's wait ends at its
+/// deadline with nothing handed out, and it keeps receiving from others,
+/// striped payloads included (stripe invariants 3 and 4: the half-filled
+/// assembly is dropped once the dead sender's connections time out; a
+/// build that printed it showed both parts failing 4–14 MB in).
+#[test]
+fn a_sender_killed_mid_payload_leaves_the_receiver_serving() {
+    let deadline_ms = 10_000;
+    let mut g = RankGroup::start(
+        &tessel_bin(),
+        3,
+        &RankOptions {
+            force_network: true,
+            timeout_ms: Some(deadline_ms),
+            ..RankOptions::default()
+        },
+    )
+    .unwrap();
+    let (sender, receiver) = (0, 1);
+    let receiver_pid = g.pid(receiver);
+    // 16 MiB, striped: opens both connections (their handshakes cost CPU).
+    let count = (16usize << 20) / 8;
+    g.send(
+        sender,
+        &json!({"op": "send", "to": receiver, "tag": 0, "dtype": "s64", "count": count, "seed": 1}),
+    )
+    .unwrap();
+    g.send(
+        receiver,
+        &json!({"op": "recv", "from": sender, "tag": 0, "dtype": "s64", "count": count}),
+    )
+    .unwrap();
+    let (sent, got) = (g.answer(sender, T).unwrap(), g.answer(receiver, T).unwrap());
+    assert_eq!(ok(&[sent]), ok(&[got]));
+
+    let count = (512usize << 20) / 8;
+    g.send(
+        sender,
+        &json!({"op": "send", "to": receiver, "tag": 1, "dtype": "s64", "count": count, "seed": 1}),
+    )
+    .unwrap();
+    g.send(
+        receiver,
+        &json!({"op": "recv", "from": sender, "tag": 1, "dtype": "s64", "count": count}),
+    )
+    .unwrap();
+    // The sender first makes its array (seconds, while the receiver waits
+    // idle), then sends it in a fraction of that: once the receiver has
+    // spent 30 ms of CPU, the payload is on its way.
+    let idle = cpu_ticks(receiver_pid);
+    let start = Instant::now();
+    while cpu_ticks(receiver_pid) < idle + 3 {
+        assert!(start.elapsed() < T, "the receiver never got busy");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    g.kill(sender);
+    let a = g
+        .answer(receiver, Duration::from_millis(deadline_ms + 5_000))
+        .unwrap();
+    assert_eq!(a["ok"], false, "nothing arrives: {a}");
+    assert!(a.get("sha256").is_none(), "no partial payload");
+
+    let (other, count) = (2, (64usize << 20) / 8);
+    g.send(
+        other,
+        &json!({"op": "send", "to": receiver, "tag": 2, "dtype": "s64", "count": count, "seed": 3}),
+    )
+    .unwrap();
+    g.send(
+        receiver,
+        &json!({"op": "recv", "from": other, "tag": 2, "dtype": "s64", "count": count}),
+    )
+    .unwrap();
+    let sent = ok(&[g.answer(other, T).unwrap()]);
+    let got = ok(&[g.answer(receiver, T).unwrap()]);
+    assert_eq!(
+        sent, got,
+        "64 MiB from another rank, striped, after the kill"
+    );
+}
+
 fn no_shm_files_left() -> bool {
     // Files of processes that are gone (this test's ranks are).
     std::fs::read_dir("/dev/shm")

@@ -342,7 +342,7 @@ mod tests {
         let key: AssemblyKey = ("127.0.0.1:9".parse().unwrap(), 3);
         let a = Assemblies::default();
         let (p0, delivery) = a
-            .claim(key, &part_header(8, 0, 2), |n| Vec::with_capacity(n))
+            .claim(key, &part_header(8, 0, 2), Vec::with_capacity)
             .unwrap();
         a.abandon(key);
         assert!(a.fill(key, 0, p0).is_none());
