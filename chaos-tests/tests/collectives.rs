@@ -318,34 +318,29 @@ fn a_sender_killed_mid_payload_leaves_the_receiver_serving() {
         },
     )
     .unwrap();
-    let (sender, receiver) = (0, 1);
+    let (sender, receiver, other) = (0, 1, 2);
     let receiver_pid = g.pid(receiver);
+    // `from` sends `mib` MiB to the receiver under `tag`.
+    let transfer = |g: &mut RankGroup, from: usize, tag: u64, mib: usize| {
+        let count = (mib << 20) / 8;
+        g.send(
+            from,
+            &json!({"op": "send", "to": receiver, "tag": tag, "dtype": "s64", "count": count,
+                    "seed": tag}),
+        )
+        .unwrap();
+        g.send(
+            receiver,
+            &json!({"op": "recv", "from": from, "tag": tag, "dtype": "s64", "count": count}),
+        )
+        .unwrap();
+    };
     // 16 MiB, striped: opens both connections (their handshakes cost CPU).
-    let count = (16usize << 20) / 8;
-    g.send(
-        sender,
-        &json!({"op": "send", "to": receiver, "tag": 0, "dtype": "s64", "count": count, "seed": 1}),
-    )
-    .unwrap();
-    g.send(
-        receiver,
-        &json!({"op": "recv", "from": sender, "tag": 0, "dtype": "s64", "count": count}),
-    )
-    .unwrap();
+    transfer(&mut g, sender, 0, 16);
     let (sent, got) = (g.answer(sender, T).unwrap(), g.answer(receiver, T).unwrap());
     assert_eq!(ok(&[sent]), ok(&[got]));
 
-    let count = (512usize << 20) / 8;
-    g.send(
-        sender,
-        &json!({"op": "send", "to": receiver, "tag": 1, "dtype": "s64", "count": count, "seed": 1}),
-    )
-    .unwrap();
-    g.send(
-        receiver,
-        &json!({"op": "recv", "from": sender, "tag": 1, "dtype": "s64", "count": count}),
-    )
-    .unwrap();
+    transfer(&mut g, sender, 1, 512);
     // The sender first makes its array (seconds, while the receiver waits
     // idle), then sends it in a fraction of that: once the receiver has
     // spent 30 ms of CPU, the payload is on its way.
@@ -362,17 +357,7 @@ fn a_sender_killed_mid_payload_leaves_the_receiver_serving() {
     assert_eq!(a["ok"], false, "nothing arrives: {a}");
     assert!(a.get("sha256").is_none(), "no partial payload");
 
-    let (other, count) = (2, (64usize << 20) / 8);
-    g.send(
-        other,
-        &json!({"op": "send", "to": receiver, "tag": 2, "dtype": "s64", "count": count, "seed": 3}),
-    )
-    .unwrap();
-    g.send(
-        receiver,
-        &json!({"op": "recv", "from": other, "tag": 2, "dtype": "s64", "count": count}),
-    )
-    .unwrap();
+    transfer(&mut g, other, 2, 64);
     let sent = ok(&[g.answer(other, T).unwrap()]);
     let got = ok(&[g.answer(receiver, T).unwrap()]);
     assert_eq!(
