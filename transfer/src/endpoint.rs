@@ -292,14 +292,27 @@ impl Mailbox {
         data
     }
 
-    /// Puts an array in its slot and wakes the receivers (invariant 3).
-    fn deliver(&self, from: u32, tag: u64, arrived: Arrived) {
+    /// Puts the array `header` announced in its slot, counts it as
+    /// received over `path`, and wakes the receivers (invariant 3).
+    fn deliver(
+        &self,
+        path: &'static str,
+        header: TransferHeader,
+        dtype: ElementType,
+        payload: Payload,
+    ) {
+        metrics::counter!("tessel_transfer_received_bytes_total", "path" => path)
+            .increment(header.byte_len);
         self.slots
             .lock()
             .expect("not poisoned")
-            .entry((from, tag))
+            .entry((header.from, header.tag))
             .or_default()
-            .push_back(arrived);
+            .push_back(Arrived {
+                dtype,
+                dims: header.dims,
+                payload,
+            });
         self.arrived.notify_waiters();
     }
 }
@@ -308,8 +321,8 @@ impl Mailbox {
 pub struct TransferEndpoint {
     rank: u32,
     endpoint: Endpoint,
-    /// Up to `connections_per_peer` connections per peer address.
-    conns: Mutex<HashMap<SocketAddr, Vec<Option<Connection>>>>,
+    /// Connection `k` (below `connections_per_peer`) to each peer address.
+    conns: Mutex<HashMap<(SocketAddr, usize), Connection>>,
     /// Round robin over a peer's connections.
     next_conn: AtomicUsize,
     /// Numbers this endpoint's striped payloads (stripe invariant 1).
@@ -404,13 +417,7 @@ impl TransferEndpoint {
 
     async fn connection_at(&self, peer: &Peer, k: usize) -> Result<Connection> {
         let addr = peer.addr;
-        if let Some(Some(c)) = self
-            .conns
-            .lock()
-            .expect("not poisoned")
-            .get(&addr)
-            .and_then(|v| v.get(k))
-        {
+        if let Some(c) = self.conns.lock().expect("not poisoned").get(&(addr, k)) {
             if c.close_reason().is_none() {
                 return Ok(c.clone());
             }
@@ -427,12 +434,10 @@ impl TransferEndpoint {
             .map_err(|e| connect_err(e.to_string()))?
             .await
             .map_err(|e| connect_err(e.to_string()))?;
-        let mut conns = self.conns.lock().expect("not poisoned");
-        let slots = conns.entry(addr).or_default();
-        if slots.len() <= k {
-            slots.resize(k + 1, None);
-        }
-        slots[k] = Some(conn.clone());
+        self.conns
+            .lock()
+            .expect("not poisoned")
+            .insert((addr, k), conn.clone());
         Ok(conn)
     }
 
@@ -507,8 +512,7 @@ impl TransferEndpoint {
         self.conns
             .lock()
             .expect("not poisoned")
-            .get(&peer)
-            .and_then(|v| v.first().cloned().flatten())
+            .get(&(peer, 0))
             .map(|c| c.stats())
     }
 
@@ -821,6 +825,7 @@ async fn receive_part(
     mut recv: RecvStream,
     remote: SocketAddr,
     header: TransferHeader,
+    dtype: ElementType,
     part: Part,
     mailbox: &Mailbox,
 ) -> Result<()> {
@@ -848,18 +853,7 @@ async fn receive_part(
         )));
     }
     if let Some(whole) = mailbox.assemblies.fill(key, part.index, piece) {
-        metrics::counter!("tessel_transfer_received_bytes_total", "path" => "quic")
-            .increment(header.byte_len);
-        let dtype = whole.header.element_type()?;
-        mailbox.deliver(
-            whole.header.from,
-            whole.header.tag,
-            Arrived {
-                dtype,
-                dims: whole.header.dims,
-                payload: Payload::Owned(whole.data),
-            },
-        );
+        mailbox.deliver("quic", header, dtype, Payload::Owned(whole.data));
         let _ = whole.delivered.send(true);
     }
     let delivered = tokio::select! {
@@ -920,6 +914,10 @@ async fn receive(
             return Err(e);
         }
     };
+    if let Some(part) = header.part {
+        // Header invariant 4: a part is never in a shared-memory file.
+        return receive_part(send, recv, remote, header, dtype, part, mailbox).await;
+    }
     // Set for a mapped lent payload: fires when the mapping is dropped.
     let mut released = None;
     let payload = match &header.shm {
@@ -949,32 +947,17 @@ async fn receive(
                 }
             }
         }
-        None => match header.part {
-            Some(part) => {
-                return receive_part(send, recv, remote, header, part, mailbox).await;
-            }
-            None => {
-                let len = header.byte_len as usize;
-                let mut data = mailbox.buffer(len);
-                read_payload(&mut recv, len, &mut data)
-                    .await
-                    .map_err(|e| stream_err(format!("payload: {e}")))?;
-                Payload::Owned(data)
-            }
-        },
+        None => {
+            let len = header.byte_len as usize;
+            let mut data = mailbox.buffer(len);
+            read_payload(&mut recv, len, &mut data)
+                .await
+                .map_err(|e| stream_err(format!("payload: {e}")))?;
+            Payload::Owned(data)
+        }
     };
     let path = if header.shm.is_some() { "shm" } else { "quic" };
-    metrics::counter!("tessel_transfer_received_bytes_total", "path" => path)
-        .increment(header.byte_len);
-    mailbox.deliver(
-        header.from,
-        header.tag,
-        Arrived {
-            dtype,
-            dims: header.dims,
-            payload,
-        },
-    );
+    mailbox.deliver(path, header, dtype, payload);
     if let Some(released) = released {
         // Shm invariant 3: the sender has its file back only once the
         // mapping is dropped (taken and used, or discarded). A sender that
@@ -1140,7 +1123,9 @@ mod tests {
         let got = got.unwrap();
         assert_eq!((got.dtype, &got.dims[..]), (ElementType::U8, &dims[..]));
         assert!(got.data == data, "byte for byte");
-        let conns = a.conns.lock().unwrap()[&to_b.addr].len();
+        let conns = (a.conns.lock().unwrap().keys())
+            .filter(|(addr, _)| *addr == to_b.addr)
+            .count();
         assert_eq!(conns, 3, "one part per connection");
         assert_eq!(b.mailbox.assemblies.len(), 0);
         // Under the threshold: one stream, delivered as before.

@@ -11,10 +11,10 @@
 //! 2. Decoding never panics and never allocates more than the frame.
 //! 3. `lent` comes only with `shm`: a lent file is read in place and
 //!    acknowledged once its reader is done (shm invariant 3).
-//! 4. `part` comes only without `shm`, with 2 to [`MAX_PARTS`](crate::stripe::MAX_PARTS) parts and an
-//!    index below their count: the stream carries that part of a striped
-//!    payload (see [`crate::stripe`]); dtype, dims and `byte_len` describe
-//!    the whole.
+//! 4. `part` comes only without `shm`, with 2 to
+//!    [`MAX_PARTS`](crate::stripe::MAX_PARTS) parts and an index below their
+//!    count: the stream carries that part of a striped payload (see
+//!    [`crate::stripe`]); dtype, dims and `byte_len` describe the whole.
 
 use serde::{Deserialize, Serialize};
 use tessel_pjrt::ElementType;

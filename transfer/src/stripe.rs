@@ -80,14 +80,12 @@ struct Assembly {
     unclaimed: Vec<Option<BytesMut>>,
     /// Pieces their parts have filled.
     filled: Vec<Option<BytesMut>>,
-    left: u32,
     delivered: watch::Sender<bool>,
 }
 
-/// A payload whose parts have all arrived.
+/// A payload whose parts have all arrived (its header is every part's,
+/// but for the part).
 pub(crate) struct Whole {
-    /// The header without its part.
-    pub header: TransferHeader,
     pub data: Vec<u8>,
     /// Send `true` once `data` is in the mailbox.
     pub delivered: watch::Sender<bool>,
@@ -139,7 +137,6 @@ impl Assemblies {
                 header: common(header),
                 filled: vec![None; part.count as usize],
                 unclaimed,
-                left: part.count,
                 delivered: watch::channel(false).0,
             }
         });
@@ -170,8 +167,7 @@ impl Assemblies {
         let mut open = self.open.lock().expect("not poisoned");
         let assembly = open.get_mut(&key)?;
         assembly.filled[index as usize] = Some(piece);
-        assembly.left -= 1;
-        if assembly.left > 0 {
+        if assembly.filled.iter().any(Option::is_none) {
             return None;
         }
         let assembly = open.remove(&key)?;
@@ -182,10 +178,7 @@ impl Assemblies {
             // Adjacent pieces of one buffer: joined in place.
             whole.unsplit(piece);
         }
-        let mut header = assembly.header;
-        header.part = None;
         Some(Whole {
-            header,
             data: Vec::from(whole),
             delivered: assembly.delivered,
         })
@@ -273,7 +266,6 @@ mod tests {
         }
         let whole = whole.expect("the last part completes it");
         assert_eq!(whole.data, src);
-        assert_eq!(whole.header.part, None);
         whole
     }
 
