@@ -10,10 +10,13 @@
 //! processes, each path (network: QUIC between all ranks; shm: shared-memory
 //! arenas; shm-in-place: the same on buffers that live in shared memory,
 //! which the input is written into, through `all_reduce_in_place`;
-//! shm-ring: the ring with its chunks lent through shared memory),
+//! shm-ring: the ring with its chunks lent through shared memory; tcp-ring:
+//! the same ring over plain TCP, the floor under the network path),
 //! `--all-reduce-bytes` of f32 summed `--repeat` times after one warm-up,
 //! each call after a barrier that follows every rank's writing of its
-//! input. A call's time is the slowest rank's;
+//! input. A call's time is the slowest rank's. Every path's result must
+//! equal the others' bit for bit (they share one reduction order), or the
+//! bench fails;
 //! algorithm bandwidth is bytes / time, bus bandwidth that × 2(n−1)/n (the
 //! bytes each rank moves in a ring, as nccl-tests reports it).
 
@@ -44,9 +47,11 @@ pub struct BenchTransferArgs {
     pub ranks: Vec<usize>,
     /// Paths for the all-reduce: `network` (QUIC even between processes
     /// of this host), `shm` (shared-memory arenas), `shm-in-place`
-    /// (arenas, on buffers in shared memory: `all_reduce_in_place`) and
-    /// `shm-ring` (the ring, its chunks lent through shared memory).
-    #[arg(long, value_delimiter = ',', default_value = "network,shm,shm-in-place,shm-ring", value_parser = ["network", "shm", "shm-in-place", "shm-ring"])]
+    /// (arenas, on buffers in shared memory: `all_reduce_in_place`),
+    /// `shm-ring` (the ring, its chunks lent through shared memory) and
+    /// `tcp-ring` (the ring over plain TCP: no encryption, no framing, no
+    /// copy but the kernel's; the floor under `network`).
+    #[arg(long, value_delimiter = ',', default_value = "network,tcp-ring,shm,shm-in-place,shm-ring", value_parser = ["network", "tcp-ring", "shm", "shm-in-place", "shm-ring"])]
     pub paths: Vec<String>,
     /// Largest message of a ring step (the collectives' chunk size).
     #[arg(long, default_value_t = 4 << 20)]
@@ -79,8 +84,16 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
     }
     if args.all_reduce_bytes > 0 {
         for &n in &args.ranks {
+            let mut first: Option<(&str, String)> = None;
             for path in &args.paths {
-                all_reduce(&args, n, path)?;
+                let digest = all_reduce(&args, n, path)?;
+                match &first {
+                    None => first = Some((path, digest)),
+                    Some((p, d)) => anyhow::ensure!(
+                        *d == digest,
+                        "{n} ranks: the {path} path's result differs from the {p} path's"
+                    ),
+                }
             }
             if let Some(python) = &args.jax {
                 jax_all_reduce(&args, python, n)?;
@@ -90,36 +103,45 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
     Ok(())
 }
 
-fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<()> {
+/// Times one path; returns the digest of its result.
+fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<String> {
     use tessel::rank_group::{RankGroup, RankOptions};
     anyhow::ensure!(n >= 1, "--ranks: at least 1");
     let count = (args.all_reduce_bytes / 4) as usize;
     let opts = RankOptions {
-        force_network: path == "network",
+        force_network: path == "network" || path == "tcp-ring",
         no_arenas: path == "shm-ring",
         timeout_ms: Some(T.as_millis() as u64),
         chunk_bytes: Some(args.chunk_bytes),
         ..RankOptions::default()
     };
     let mut g = RankGroup::start(&std::env::current_exe()?, n, &opts)?;
+    let op = match path {
+        "tcp-ring" => "tcp_ring_all_reduce",
+        _ => "all_reduce",
+    };
     let cmd = |repeat: u32| {
-        serde_json::json!({"op": "all_reduce", "reduce": "sum", "dtype": "f32",
+        serde_json::json!({"op": op, "reduce": "sum", "dtype": "f32",
                            "count": count, "seed": 1, "repeat": repeat, "barrier": true,
                            "in_place": path == "shm-in-place"})
     };
-    let check = |answers: Vec<serde_json::Value>| -> Result<Vec<Vec<f64>>> {
-        answers
-            .into_iter()
-            .map(|a| {
-                anyhow::ensure!(a["ok"] == true, "all-reduce failed: {a}");
-                Ok(serde_json::from_value(a["ms"].clone())?)
-            })
-            .collect()
+    // Every rank's wall and CPU times, and the digest all ranks agree on.
+    type Times = Vec<Vec<f64>>;
+    let check = |answers: Vec<serde_json::Value>| -> Result<(Times, Times, String)> {
+        let digest = answers.first().map(|a| a["sha256"].clone());
+        let (mut ms, mut cpu) = (Vec::new(), Vec::new());
+        for a in answers {
+            anyhow::ensure!(a["ok"] == true, "all-reduce failed: {a}");
+            anyhow::ensure!(Some(&a["sha256"]) == digest.as_ref(), "ranks disagree: {a}");
+            ms.push(serde_json::from_value(a["ms"].clone())?);
+            cpu.push(serde_json::from_value(a["cpu_ms"].clone())?);
+        }
+        Ok((ms, cpu, digest.unwrap_or_default().to_string()))
     };
     check(g.all(&cmd(1), T)?)?;
-    let per_rank = check(g.all(&cmd(args.repeat), T)?)?;
-    report_all_reduce(n, path, count * 4, &per_rank);
-    Ok(())
+    let (per_rank, cpu, digest) = check(g.all(&cmd(args.repeat), T)?)?;
+    report_all_reduce(n, path, count * 4, &per_rank, Some(&cpu));
+    Ok(digest)
 }
 
 /// One JAX process (scripts/jax_allreduce.py, embedded).
@@ -133,25 +155,43 @@ fn jax_all_reduce(args: &BenchTransferArgs, python: &std::path::Path, n: usize) 
             .into_iter()
             .map(|v| Ok(serde_json::from_value(v["ms"].clone())?))
             .collect::<Result<_>>()?;
-    report_all_reduce(n, "jax_gloo", count as usize * 4, &per_rank);
+    report_all_reduce(n, "jax_gloo", count as usize * 4, &per_rank, None);
     Ok(())
 }
 
 /// One JSON line: per call the slowest rank's time, best and median of
-/// the calls, algorithm and bus bandwidth at the median.
-fn report_all_reduce(n: usize, path: &str, bytes: usize, per_rank: &[Vec<f64>]) {
-    let calls = per_rank.iter().map(Vec::len).min().unwrap_or(0);
-    let mut ms: Vec<f64> = (0..calls)
-        .map(|i| per_rank.iter().map(|r| r[i]).fold(0.0, f64::max))
-        .collect();
+/// the calls, algorithm and bus bandwidth at the median; with `cpu`, the
+/// median over calls of the CPU time all ranks' processes spent in a call
+/// (user and system; the kernel's softirq work on loopback packets is
+/// accounted apart and not in it).
+fn report_all_reduce(
+    n: usize,
+    path: &str,
+    bytes: usize,
+    per_rank: &[Vec<f64>],
+    cpu: Option<&[Vec<f64>]>,
+) {
+    let per_call = |per_rank: &[Vec<f64>], fold: fn(f64, f64) -> f64| -> Vec<f64> {
+        let calls = per_rank.iter().map(Vec::len).min().unwrap_or(0);
+        let mut v: Vec<f64> = (0..calls)
+            .map(|i| per_rank.iter().map(|r| r[i]).fold(0.0, fold))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let ms = per_call(per_rank, f64::max);
     if ms.is_empty() {
         return;
     }
-    ms.sort_by(f64::total_cmp);
     let (best, median) = (ms[0], ms[ms.len() / 2]);
     let algbw = bytes as f64 / (median / 1e3) / 1e9;
+    let cpu = cpu
+        .map(|c| per_call(c, |a, b| a + b))
+        .filter(|c| !c.is_empty())
+        .map(|c| format!(",\"cpu_ms\":{:.1}", c[c.len() / 2]))
+        .unwrap_or_default();
     println!(
-        "{{\"figure\":\"all_reduce\",\"ranks\":{n},\"path\":\"{path}\",\"dtype\":\"f32\",\"bytes\":{bytes},\"runs\":{},\"best_ms\":{best:.1},\"median_ms\":{median:.1},\"algbw_gb_s\":{algbw:.2},\"busbw_gb_s\":{:.2}}}",
+        "{{\"figure\":\"all_reduce\",\"ranks\":{n},\"path\":\"{path}\",\"dtype\":\"f32\",\"bytes\":{bytes},\"runs\":{},\"best_ms\":{best:.1},\"median_ms\":{median:.1},\"algbw_gb_s\":{algbw:.2},\"busbw_gb_s\":{:.2}{cpu}}}",
         ms.len(),
         algbw * 2.0 * (n as f64 - 1.0) / n as f64
     );

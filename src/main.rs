@@ -29,6 +29,7 @@ mod job_cli;
 mod metrics_http;
 mod node_cli;
 mod procs;
+mod tcp_ring;
 mod transfer_cli;
 
 #[derive(Subcommand)]

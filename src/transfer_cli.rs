@@ -6,8 +6,9 @@
 //! 1. The rank binds port 0 and prints `{"rank":R,"addr":"IP:PORT","boot_id":"…"}`.
 //! 2. It reads the group: `[{"addr":"…","boot_id":"…"}, …]` in rank order.
 //! 3. It then runs one [`RankCommand`] per line and answers each with
-//!    `{"ok":true,"sha256":"…","ms":[…]}` (the digest of the last result,
-//!    the time of every repetition) or `{"ok":false,"error":"…"}`.
+//!    `{"ok":true,"sha256":"…","ms":[…],"cpu_ms":[…]}` (the digest of the
+//!    last result; the wall time of every repetition, and the CPU time this
+//!    process spent in it) or `{"ok":false,"error":"…"}`.
 //!    Inputs come from `tessel_transfer::testing::pattern(dtype, count,
 //!    rank, seed)`, so the driver can compute the expected digest itself.
 //!    End of input ends the process.
@@ -27,6 +28,8 @@ use tessel_transfer::{
     CollectiveConfig, Communicator, Peer, ReduceOp, TransferConfig, TransferEndpoint,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::tcp_ring::TcpRing;
 
 #[derive(Args)]
 pub struct TransferRankArgs {
@@ -79,6 +82,17 @@ pub enum RankCommand {
         /// `Communicator::buffer`, which the input is written into.
         #[serde(default)]
         in_place: bool,
+    },
+    /// The same ring all-reduce over plain TCP between the ranks
+    /// (`tcp_ring` module): `repeat` calls, each after a barrier, on
+    /// connections set up once per command.
+    TcpRingAllReduce {
+        reduce: String,
+        dtype: String,
+        count: usize,
+        seed: u64,
+        #[serde(default = "one")]
+        repeat: u32,
     },
     ReduceScatter {
         reduce: String,
@@ -174,11 +188,22 @@ pub async fn run(args: TransferRankArgs) -> Result<()> {
     let timeout = Duration::from_millis(args.timeout_ms);
     while let Some(line) = lines.next_line().await? {
         let answer = match serde_json::from_str::<RankCommand>(&line) {
-            Ok(cmd) => execute(&mut comm, &endpoint, &members, args.rank, cmd, timeout).await,
+            Ok(cmd) => {
+                let at = Place {
+                    endpoint: &endpoint,
+                    members: &members,
+                    rank: args.rank,
+                    timeout,
+                    chunk_bytes: args.chunk_bytes,
+                };
+                execute(&mut comm, &at, cmd).await
+            }
             Err(e) => Err(anyhow::anyhow!("bad command {line:?}: {e}")),
         };
         let json = match answer {
-            Ok((digest, ms)) => serde_json::json!({"ok": true, "sha256": digest, "ms": ms}),
+            Ok((digest, laps)) => serde_json::json!({
+                "ok": true, "sha256": digest, "ms": laps.ms, "cpu_ms": laps.cpu_ms
+            }),
             Err(e) => serde_json::json!({"ok": false, "error": format!("{e:#}")}),
         };
         println!("{json}");
@@ -194,18 +219,69 @@ fn op(name: &str) -> Result<ReduceOp> {
     ReduceOp::parse(name).with_context(|| format!("unknown reduction {name:?}"))
 }
 
+/// When a timed section started, on the wall clock and in this process's
+/// CPU time (all its threads, user and kernel).
+#[derive(Clone, Copy)]
+struct Stopwatch {
+    wall: Instant,
+    cpu: Duration,
+}
+
+impl Stopwatch {
+    fn start() -> Stopwatch {
+        Stopwatch {
+            wall: Instant::now(),
+            cpu: process_cpu_time(),
+        }
+    }
+}
+
+fn process_cpu_time() -> Duration {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// Every repetition's wall and CPU milliseconds.
+#[derive(Default)]
+struct Laps {
+    ms: Vec<f64>,
+    cpu_ms: Vec<f64>,
+}
+
+impl Laps {
+    fn lap(&mut self, since: Stopwatch) {
+        self.ms.push(since.wall.elapsed().as_secs_f64() * 1e3);
+        let cpu = process_cpu_time().saturating_sub(since.cpu);
+        self.cpu_ms.push(cpu.as_secs_f64() * 1e3);
+    }
+}
+
+/// Where a command runs: this rank and its group.
+struct Place<'a> {
+    endpoint: &'a TransferEndpoint,
+    members: &'a [Peer],
+    rank: u32,
+    timeout: Duration,
+    chunk_bytes: usize,
+}
+
 async fn execute(
     comm: &mut Communicator,
-    endpoint: &TransferEndpoint,
-    members: &[Peer],
-    rank: u32,
+    at: &Place<'_>,
     cmd: RankCommand,
-    timeout: Duration,
-) -> Result<(String, Vec<f64>)> {
+) -> Result<(String, Laps)> {
+    let Place {
+        endpoint,
+        members,
+        rank,
+        timeout,
+        chunk_bytes,
+    } = *at;
     let digest = tessel_topology::sha256_hex;
-    let mut ms = Vec::new();
-    let mut timed = Instant::now();
-    let lap = |ms: &mut Vec<f64>, since: Instant| ms.push(since.elapsed().as_secs_f64() * 1e3);
+    let mut laps = Laps::default();
+    let mut timed = Stopwatch::start();
     let out = match cmd {
         RankCommand::AllReduce {
             reduce,
@@ -227,17 +303,42 @@ async fn execute(
                 if barrier {
                     comm.barrier().await?;
                 }
-                timed = Instant::now();
+                timed = Stopwatch::start();
                 match &mut buf {
                     Some(buf) => comm.all_reduce_in_place(op, t, buf).await?,
                     None => last = comm.all_reduce(op, t, input).await?,
                 }
-                lap(&mut ms, timed);
+                laps.lap(timed);
             }
             match buf {
                 Some(buf) => buf.as_slice().to_vec(),
                 None => last,
             }
+        }
+        RankCommand::TcpRingAllReduce {
+            reduce,
+            dtype: t,
+            count,
+            seed,
+            repeat,
+        } => {
+            let (op, t) = (op(&reduce)?, dtype(&t)?);
+            let mut ring = TcpRing::connect(endpoint, members, rank as usize, timeout).await?;
+            let mut data = Vec::new();
+            for _ in 0..repeat.max(1) {
+                data = pattern(t, count, rank, seed);
+                comm.barrier().await?;
+                timed = Stopwatch::start();
+                let done;
+                (ring, data, done) = tokio::task::spawn_blocking(move || {
+                    let done = ring.all_reduce(op, t, &mut data, chunk_bytes);
+                    (ring, data, done)
+                })
+                .await?;
+                done?;
+                laps.lap(timed);
+            }
+            data
         }
         RankCommand::ReduceScatter {
             reduce,
@@ -249,7 +350,7 @@ async fn execute(
             let out = comm
                 .reduce_scatter(op, t, pattern(t, count, rank, seed))
                 .await?;
-            lap(&mut ms, timed);
+            laps.lap(timed);
             out
         }
         RankCommand::AllGather {
@@ -259,7 +360,7 @@ async fn execute(
         } => {
             let t = dtype(&t)?;
             let out = comm.all_gather(t, &pattern(t, count, rank, seed)).await?;
-            lap(&mut ms, timed);
+            laps.lap(timed);
             out
         }
         RankCommand::Broadcast {
@@ -275,12 +376,12 @@ async fn execute(
                 vec![0; count * t.size()]
             };
             let out = comm.broadcast(root, t, input).await?;
-            lap(&mut ms, timed);
+            laps.lap(timed);
             out
         }
         RankCommand::Barrier => {
             comm.barrier().await?;
-            lap(&mut ms, timed);
+            laps.lap(timed);
             Vec::new()
         }
         RankCommand::Send {
@@ -295,7 +396,7 @@ async fn execute(
             let peer = members.get(to as usize).context("no such rank")?;
             let dims = [count as u64];
             let arrays: Vec<Vec<u8>> = (0..repeat).map(|i| pattern(t, count, i, seed)).collect();
-            timed = Instant::now();
+            timed = Stopwatch::start();
             for (b, batch) in arrays.chunks(64).enumerate() {
                 let sends = batch.iter().enumerate().map(|(k, data)| {
                     let i = (b * 64 + k) as u64;
@@ -303,7 +404,7 @@ async fn execute(
                 });
                 futures::future::try_join_all(sends).await?;
             }
-            lap(&mut ms, timed);
+            laps.lap(timed);
             arrays.concat()
         }
         RankCommand::Recv {
@@ -315,7 +416,7 @@ async fn execute(
         } => {
             let t = dtype(&t)?;
             let mut all = Vec::new();
-            timed = Instant::now();
+            timed = Stopwatch::start();
             for i in 0..repeat {
                 let got = endpoint.recv(from, tag + u64::from(i), timeout).await?;
                 if got.dtype != t || got.dims != [count as u64] {
@@ -332,9 +433,9 @@ async fn execute(
                     all.extend_from_slice(&got.data);
                 }
             }
-            lap(&mut ms, timed);
+            laps.lap(timed);
             all
         }
     };
-    Ok((digest(&out), ms))
+    Ok((digest(&out), laps))
 }

@@ -54,6 +54,40 @@ impl Path {
     }
 }
 
+/// The benchmark's floor, the ring over plain TCP (`tcp_ring_all_reduce`),
+/// computes what the ring computes, bit for bit: every reducible dtype and
+/// operator, several chunks per segment, uneven segments.
+#[test]
+fn the_plain_tcp_ring_matches_the_ring_reference() {
+    let n = 3;
+    let mut g = RankGroup::start(
+        &tessel_bin(),
+        n,
+        &RankOptions {
+            chunk_bytes: Some(256),
+            ..Path::Network.options()
+        },
+    )
+    .unwrap();
+    for (i, dtype) in REDUCIBLE.into_iter().enumerate() {
+        for op in ReduceOp::ALL {
+            let (count, seed) = (1003, 20 * i as u64 + op as u64);
+            let cmd = json!({"op": "tcp_ring_all_reduce", "reduce": op.name(),
+                             "dtype": dtype.name(), "count": count, "seed": seed, "repeat": 2});
+            let want = reference_ring_reduce(op, dtype, &inputs(n, dtype, count, seed)).unwrap();
+            for (r, d) in ok(&g.all(&cmd, T).unwrap()).iter().enumerate() {
+                assert_eq!(
+                    d,
+                    &sha256_hex(&want),
+                    "{} {} on rank {r}",
+                    op.name(),
+                    dtype.name()
+                );
+            }
+        }
+    }
+}
+
 /// Every collective, every reducible dtype and operator, equal bit for bit
 /// to the single-process reference, for `n` ranks on `path`.
 fn collectives_match_the_reference(n: usize, path: Path) {
