@@ -79,6 +79,7 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
     if let Some(to) = &args.send_to {
         return sender(&args, to).await;
     }
+    aead_throughput(args.repeat)?;
     if !args.no_point_to_point {
         point_to_point(&args).await?;
     }
@@ -142,6 +143,59 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<String> 
     let (per_rank, cpu, digest) = check(g.all(&cmd(args.repeat), T)?)?;
     report_all_reduce(n, path, count * 4, &per_rank, Some(&cpu));
     Ok(digest)
+}
+
+/// What encryption alone costs: AES-128-GCM (the cipher the endpoints
+/// offer first) from `ring`, the library rustls uses under QUIC, sealing
+/// and opening 64 MiB in place, one record per datagram of the sizes QUIC
+/// sends (loopback's 65,527 bytes, Ethernet's 1,452), in this process on
+/// one core. Every byte of the network path is sealed once and opened
+/// once, so this bounds it from below.
+fn aead_throughput(repeat: u32) -> Result<()> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
+    const TAG: usize = 16;
+    const TOTAL: usize = 64 << 20;
+    let key = LessSafeKey::new(
+        UnboundKey::new(&AES_128_GCM, &[7; 16]).map_err(|_| anyhow::anyhow!("AES key"))?,
+    );
+    let nonce = |i: usize| {
+        let mut n = [0u8; 12];
+        n[4..].copy_from_slice(&(i as u64).to_be_bytes());
+        Nonce::assume_unique_for_key(n)
+    };
+    for record in [65_527usize, 1_452] {
+        let records = TOTAL / record;
+        let mut buf: Vec<u8> = (0..records * (record + TAG)).map(|i| i as u8).collect();
+        let (mut seal, mut open) = (Vec::new(), Vec::new());
+        for _ in 0..repeat.max(1) {
+            let t = Instant::now();
+            for (i, slot) in buf.chunks_exact_mut(record + TAG).enumerate() {
+                let (text, tag) = slot.split_at_mut(record);
+                let sealed = key
+                    .seal_in_place_separate_tag(nonce(i), Aad::empty(), text)
+                    .map_err(|_| anyhow::anyhow!("seal"))?;
+                tag.copy_from_slice(sealed.as_ref());
+            }
+            seal.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for (i, slot) in buf.chunks_exact_mut(record + TAG).enumerate() {
+                key.open_in_place(nonce(i), Aad::empty(), slot)
+                    .map_err(|_| anyhow::anyhow!("open: record {i} does not authenticate"))?;
+            }
+            open.push(t.elapsed().as_secs_f64());
+        }
+        let gbps = |mut secs: Vec<f64>| {
+            secs.sort_by(f64::total_cmp);
+            (records * record) as f64 / secs[secs.len() / 2] / 1e9
+        };
+        println!(
+            "{{\"figure\":\"aead\",\"cipher\":\"AES-128-GCM\",\"record_bytes\":{record},\"bytes\":{},\"seal_gb_s\":{:.2},\"open_gb_s\":{:.2}}}",
+            records * record,
+            gbps(seal),
+            gbps(open)
+        );
+    }
+    Ok(())
 }
 
 /// One JAX process (scripts/jax_allreduce.py, embedded).
