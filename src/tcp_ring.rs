@@ -14,11 +14,10 @@
 //!    over one TCP connection each way. A step's write runs on a thread of
 //!    its own, so send and receive overlap and no rank blocks on a full
 //!    socket buffer that nobody drains.
-//! 2. Step s of the reduce-scatter sends segment r−1−s and folds the
-//!    incoming segment r−2−s (`incoming ⊕ own`, the running value on the
-//!    left); step s of the all-gather sends segment r−s and stores segment
-//!    r−1−s. A step starts only once the previous one has ended, as it may
-//!    send what that step folded.
+//! 2. The steps are the ring's own (`reduce_scatter_step`,
+//!    `all_gather_step`), folding `incoming ⊕ own` with the running value
+//!    on the left. A step starts only once the previous one has ended, as
+//!    it may send what that step folded.
 //! 3. Every read and write has the command's deadline as its socket
 //!    timeout: a rank that dies or stalls fails the others, never hangs
 //!    them.
@@ -30,7 +29,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tessel::pjrt::ElementType;
-use tessel_transfer::reduce::{combine, finish_mean, segment};
+use tessel_transfer::reduce::{
+    all_gather_step, byte_segments, combine, disjoint, finish_mean, reduce_scatter_step,
+};
 use tessel_transfer::{Peer, ReduceOp, TransferEndpoint};
 
 /// Endpoint tag on which a rank tells rank r−1 its listening port. The
@@ -118,19 +119,13 @@ impl TcpRing {
             data.len(),
             dtype.name()
         );
-        let count = data.len() / size;
         let (n, r) = (self.n, self.rank);
-        let seg = |j: usize| {
-            let e = segment(count, n, j % n);
-            e.start * size..e.end * size
-        };
-        // Segment r − k, as an index that never goes below zero.
-        let back = |k: usize| seg(r + n * 2 - k);
+        let segs = byte_segments(dtype, data.len(), n);
         let chunk = (chunk_bytes / size).max(1) * size;
         let mut scratch = vec![0u8; chunk];
         for s in 0..n - 1 {
-            let (send, recv) = (back(1 + s), back(2 + s));
-            self.step(data, send, recv, chunk, |own, prev| {
+            let (send, recv) = reduce_scatter_step(n, r, s);
+            self.step(data, &segs[send], &segs[recv], chunk, |own, prev| {
                 let incoming = &mut scratch[..own.len()];
                 prev.read_exact(incoming)?;
                 combine(op, dtype, own, incoming)?;
@@ -138,11 +133,11 @@ impl TcpRing {
             })?;
         }
         if op == ReduceOp::Mean {
-            finish_mean(dtype, &mut data[seg(r)], n)?;
+            finish_mean(dtype, &mut data[segs[r].clone()], n)?;
         }
         for s in 0..n - 1 {
-            let (send, recv) = (back(s), back(1 + s));
-            self.step(data, send, recv, chunk, |own, prev| {
+            let (send, recv) = all_gather_step(n, r, s);
+            self.step(data, &segs[send], &segs[recv], chunk, |own, prev| {
                 prev.read_exact(own)?;
                 Ok(())
             })?;
@@ -155,12 +150,12 @@ impl TcpRing {
     fn step(
         &mut self,
         data: &mut [u8],
-        send: Range<usize>,
-        recv: Range<usize>,
+        send: &Range<usize>,
+        recv: &Range<usize>,
         chunk: usize,
         mut take: impl FnMut(&mut [u8], &mut TcpStream) -> Result<()>,
     ) -> Result<()> {
-        let (out, into) = disjoint(data, send, recv);
+        let (out, into) = disjoint(data, send.clone(), recv.clone());
         let next = &mut self.next;
         let prev = &mut self.prev;
         std::thread::scope(|scope| {
@@ -170,17 +165,5 @@ impl TcpRing {
             read.context("receiving from rank r-1")?;
             wrote.context("sending to rank r+1")
         })
-    }
-}
-
-/// `data[send]` and `data[recv]`, which do not overlap.
-fn disjoint(data: &mut [u8], send: Range<usize>, recv: Range<usize>) -> (&[u8], &mut [u8]) {
-    if send.end <= recv.start {
-        let (head, tail) = data.split_at_mut(recv.start);
-        (&head[send], &mut tail[..recv.len()])
-    } else {
-        debug_assert!(recv.end <= send.start);
-        let (head, tail) = data.split_at_mut(send.start);
-        (&tail[..send.len()], &mut head[recv])
     }
 }

@@ -79,8 +79,8 @@ use tessel_pjrt::ElementType;
 use crate::endpoint::{Payload, Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
 use crate::reduce::{
-    all_reduce_is_small, check_reducible, combine, finish_mean, fold_in_rank_order, fold_onto,
-    segment, ReduceOp,
+    all_gather_step, all_reduce_is_small, byte_segments, check_reducible, combine, disjoint,
+    finish_mean, fold_in_rank_order, fold_onto, reduce_scatter_step, ReduceOp,
 };
 use crate::shm::{PeerArena, ShmArena};
 
@@ -1141,17 +1141,6 @@ impl Call {
         Ok(())
     }
 
-    fn byte_segments(&self, dtype: ElementType, bytes: usize) -> Vec<Range<usize>> {
-        let size = dtype.size();
-        let count = bytes / size;
-        (0..self.n())
-            .map(|j| {
-                let r = segment(count, self.n(), j);
-                r.start * size..r.end * size
-            })
-            .collect()
-    }
-
     /// Reduce-scatter leaving segment `r` complete on rank `r`: at step `s`
     /// rank `r` sends segment `r - s - 1` and receives `r - s - 2` (mod n),
     /// so segment `j` is folded from rank `j + 1` around to `j`.
@@ -1164,7 +1153,7 @@ impl Call {
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
         self.ring(PHASE_REDUCE, Some(op), dtype, buf, segs, |s| {
-            ((r + 2 * n - s - 1) % n, (r + 2 * n - s - 2) % n)
+            reduce_scatter_step(n, r, s)
         })
         .await?;
         if op == ReduceOp::Mean {
@@ -1183,7 +1172,7 @@ impl Call {
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
         self.ring(PHASE_GATHER, None, dtype, buf, segs, |s| {
-            ((r + n - s) % n, (r + 2 * n - s - 1) % n)
+            all_gather_step(n, r, s)
         })
         .await
     }
@@ -1194,7 +1183,7 @@ impl Call {
         dtype: ElementType,
         mut data: Vec<u8>,
     ) -> Result<Vec<u8>> {
-        let segs = self.byte_segments(dtype, data.len());
+        let segs = byte_segments(dtype, data.len(), self.n());
         if self.shared {
             let peers = self
                 .fold_in_arenas(op, dtype, &mut data, &segs, true)
@@ -1216,7 +1205,7 @@ impl Call {
         data: &mut [u8],
         name: Option<String>,
     ) -> Result<()> {
-        let segs = self.byte_segments(dtype, data.len());
+        let segs = byte_segments(dtype, data.len(), self.n());
         if self.shared {
             let name = name.ok_or_else(|| TransferError::Stream {
                 peer: "this host".into(),
@@ -1241,7 +1230,7 @@ impl Call {
         dtype: ElementType,
         mut data: Vec<u8>,
     ) -> Result<Vec<u8>> {
-        let segs = self.byte_segments(dtype, data.len());
+        let segs = byte_segments(dtype, data.len(), self.n());
         if self.shared {
             self.fold_in_arenas(op, dtype, &mut data, &segs, false)
                 .await?;
@@ -1336,18 +1325,6 @@ impl Call {
             .map(|(k, c)| self.send(next, self.tag(PHASE_GATHER, 0, k), dtype, c));
         try_join_all(fwd).await?;
         Ok(data)
-    }
-}
-
-/// `(&buf[a], &mut buf[b])` for non-overlapping ranges.
-fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
-    debug_assert!(a.end <= b.start || b.end <= a.start);
-    if a.start < b.start {
-        let (lo, hi) = buf.split_at_mut(b.start);
-        (&lo[a], &mut hi[..b.end - b.start])
-    } else {
-        let (lo, hi) = buf.split_at_mut(a.start);
-        (&hi[..a.end - a.start], &mut lo[b])
     }
 }
 
@@ -1484,38 +1461,5 @@ mod tests {
         let c = comm(&gone, peer(2, "here"), 1 << 30);
         assert!(!offered(&c, "all_reduce", sum, 1 << 20));
         assert!(!c.buffer(1 << 20).is_shared());
-    }
-
-    #[test]
-    fn disjoint_halves() {
-        let mut v: Vec<u8> = (0..10).collect();
-        let (a, b) = disjoint(&mut v, 0..3, 5..10);
-        assert_eq!(a, &[0, 1, 2]);
-        b[0] = 99;
-        let (a, b) = disjoint(&mut v, 5..7, 1..2);
-        assert_eq!(a, &[99, 6]);
-        assert_eq!(b, &[1]);
-    }
-
-    #[test]
-    fn ring_schedules_visit_every_segment_once_per_pass() {
-        // Reduce phase: the segment a rank receives at step s is the one
-        // it sends at step s + 1, and after n - 1 steps rank r has received
-        // segment r last.
-        for n in 2..7usize {
-            for r in 0..n {
-                let send = |s: usize| (r + 2 * n - s - 1) % n;
-                let recv = |s: usize| (r + 2 * n - s - 2) % n;
-                for s in 0..n - 2 {
-                    assert_eq!(recv(s), send(s + 1));
-                }
-                assert_eq!(recv(n - 2), r);
-                // What rank r sends at step s is what r + 1 receives.
-                let recv_next = |s: usize| ((r + 1) + 2 * n - s - 2) % n;
-                for s in 0..n - 1 {
-                    assert_eq!(send(s), recv_next(s));
-                }
-            }
-        }
     }
 }

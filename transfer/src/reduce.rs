@@ -419,6 +419,47 @@ pub fn segment(count: usize, n: usize, j: usize) -> std::ops::Range<usize> {
     at(j)..at(j + 1)
 }
 
+/// Byte ranges of the `n` segments of `bytes` bytes of `dtype` elements
+/// ([`segment`] in bytes).
+pub fn byte_segments(dtype: ElementType, bytes: usize, n: usize) -> Vec<Range<usize>> {
+    let size = dtype.size();
+    let count = bytes / size;
+    (0..n)
+        .map(|j| {
+            let r = segment(count, n, j);
+            r.start * size..r.end * size
+        })
+        .collect()
+}
+
+/// Step `s` of the ring's reduce-scatter for rank `r` of `n`: the segment it
+/// sends to rank r+1 (`r − s − 1`) and the one it receives from rank r−1
+/// and folds (`r − s − 2`, mod n), so that segment `j` is folded from rank
+/// `j + 1` around to `j` (module docs) and ends complete on rank `j`.
+pub fn reduce_scatter_step(n: usize, r: usize, s: usize) -> (usize, usize) {
+    ((r + 2 * n - s - 1) % n, (r + 2 * n - s - 2) % n)
+}
+
+/// Step `s` of the ring's all-gather for rank `r` of `n`, which starts
+/// with segment `r` complete: the segment it sends (`r − s`) and the one it
+/// receives (`r − s − 1`, mod n).
+pub fn all_gather_step(n: usize, r: usize, s: usize) -> (usize, usize) {
+    ((r + n - s) % n, (r + 2 * n - s - 1) % n)
+}
+
+/// `buf[send]` to read and `buf[recv]` to write, two ranges that do not
+/// overlap (either may be empty).
+pub fn disjoint(buf: &mut [u8], send: Range<usize>, recv: Range<usize>) -> (&[u8], &mut [u8]) {
+    debug_assert!(send.end <= recv.start || recv.end <= send.start);
+    if send.end <= recv.start {
+        let (lo, hi) = buf.split_at_mut(recv.start);
+        (&lo[send], &mut hi[..recv.len()])
+    } else {
+        let (lo, hi) = buf.split_at_mut(send.start);
+        (&hi[..send.len()], &mut lo[recv])
+    }
+}
+
 /// Largest all-reduce whose data travels with the descriptors and is
 /// reduced in rank order (module docs).
 pub const SMALL_ALL_REDUCE: usize = 64 << 10;
@@ -498,6 +539,39 @@ pub fn reference_ring_reduce(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disjoint_halves() {
+        let mut v: Vec<u8> = (0..10).collect();
+        let (a, b) = disjoint(&mut v, 0..3, 5..10);
+        assert_eq!(a, &[0, 1, 2]);
+        b[0] = 99;
+        let (a, b) = disjoint(&mut v, 5..7, 1..2);
+        assert_eq!(a, &[99, 6]);
+        assert_eq!(b, &[1]);
+    }
+
+    #[test]
+    fn ring_schedules_visit_every_segment_once_per_pass() {
+        // Reduce phase: the segment a rank receives at step s is the one
+        // it sends at step s + 1, and after n - 1 steps rank r has received
+        // segment r last.
+        for n in 2..7usize {
+            for r in 0..n {
+                let send = |s: usize| reduce_scatter_step(n, r, s).0;
+                let recv = |s: usize| reduce_scatter_step(n, r, s).1;
+                for s in 0..n - 2 {
+                    assert_eq!(recv(s), send(s + 1));
+                }
+                assert_eq!(recv(n - 2), r);
+                // What rank r sends at step s is what r + 1 receives.
+                let recv_next = |s: usize| reduce_scatter_step(n, (r + 1) % n, s).1;
+                for s in 0..n - 1 {
+                    assert_eq!(send(s), recv_next(s));
+                }
+            }
+        }
+    }
 
     fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
         bytemuck::cast_slice(v).to_vec()
