@@ -111,7 +111,7 @@ pub struct TransferConfig {
     /// Most bytes of recycled buffers kept for later payloads
     /// (invariant 7).
     pub spare_bytes: usize,
-    /// Connections to each peer (at least 1); transfers take them in
+    /// Connections to each peer (0 counts as 1); transfers take them in
     /// turn (invariant 8).
     pub connections_per_peer: usize,
     /// A network payload of at least this many bytes travels as one part
@@ -353,6 +353,10 @@ impl TransferEndpoint {
         tls: Option<&TlsFiles>,
         cfg: TransferConfig,
     ) -> Result<TransferEndpoint> {
+        let cfg = TransferConfig {
+            connections_per_peer: cfg.connections_per_peer.max(1),
+            ..cfg
+        };
         let tls_err = |e: tessel_kvstore::tls::TlsError| TransferError::Tls(e.to_string());
         let (mut server, mut client_remote) = match tls {
             Some(t) => (
@@ -410,8 +414,7 @@ impl TransferEndpoint {
     }
 
     async fn connection(&self, peer: &Peer) -> Result<Connection> {
-        let k =
-            self.next_conn.fetch_add(1, Ordering::Relaxed) % self.cfg.connections_per_peer.max(1);
+        let k = self.next_conn.fetch_add(1, Ordering::Relaxed) % self.cfg.connections_per_peer;
         self.connection_at(peer, k).await
     }
 
@@ -590,7 +593,7 @@ impl TransferEndpoint {
         };
         let payload = if shm.is_some() { &[][..] } else { data };
         let addr = peer.addr;
-        let k = self.cfg.connections_per_peer.max(1);
+        let k = self.cfg.connections_per_peer;
         let attempt = async {
             if shm.is_some()
                 || k < 2
