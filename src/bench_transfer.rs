@@ -129,15 +129,15 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<String> 
     // Every rank's wall and CPU times, and the digest all ranks agree on.
     type Times = Vec<Vec<f64>>;
     let check = |answers: Vec<serde_json::Value>| -> Result<(Times, Times, String)> {
-        let digest = answers.first().map(|a| a["sha256"].clone());
+        let digest = answers[0]["sha256"].as_str().unwrap_or_default().to_owned();
         let (mut ms, mut cpu) = (Vec::new(), Vec::new());
         for a in answers {
             anyhow::ensure!(a["ok"] == true, "all-reduce failed: {a}");
-            anyhow::ensure!(Some(&a["sha256"]) == digest.as_ref(), "ranks disagree: {a}");
+            anyhow::ensure!(a["sha256"] == digest.as_str(), "ranks disagree: {a}");
             ms.push(serde_json::from_value(a["ms"].clone())?);
             cpu.push(serde_json::from_value(a["cpu_ms"].clone())?);
         }
-        Ok((ms, cpu, digest.unwrap_or_default().to_string()))
+        Ok((ms, cpu, digest))
     };
     check(g.all(&cmd(1), T)?)?;
     let (per_rank, cpu, digest) = check(g.all(&cmd(args.repeat), T)?)?;
