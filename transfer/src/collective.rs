@@ -67,6 +67,21 @@
 //!    buffer's storage with zeroed memory, so that neither the caller nor
 //!    a peer still reading the old bytes sees a partial result, and what
 //!    the caller writes next never reaches a peer of the broken call.
+//! 10. The ring copies nothing of its own between receiving a chunk and
+//!     sending it on (endpoint invariant 9). The reduce-scatter folds a
+//!     received chunk, in the pieces it arrived in, with the rank's input
+//!     into fresh memory ([`combine_pieces_into`]) and sends that at the
+//!     next step as it is; the all-gather keeps what arrives and sends it
+//!     on as it is. The input is read, never written, while the ring runs:
+//!     every segment is written once into the result at the end, which
+//!     for [`Communicator::all_reduce`] is the input's own memory once the
+//!     stream has let go of it. The first send is the input itself
+//!     (shared when the caller handed it over, else copied by the
+//!     stream). The exception: a rank whose previous rank runs on this
+//!     host works in place, as every ring did before. Its chunks arrive as
+//!     lent files whose senders wait until the mapping is dropped, so they
+//!     must be folded or copied out at once, and folding or copying them
+//!     straight into the caller's buffer is the one copy they need.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -76,11 +91,14 @@ use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use tessel_pjrt::ElementType;
 
-use crate::endpoint::{Payload, Peer, TransferEndpoint};
+use bytes::Bytes;
+
+use crate::endpoint::{Outgoing, Payload, Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
 use crate::reduce::{
-    all_gather_step, all_reduce_is_small, byte_segments, check_reducible, combine, disjoint,
-    finish_mean, fold_in_rank_order, fold_onto, reduce_scatter_step, ReduceOp,
+    all_gather_step, all_reduce_is_small, byte_segments, check_reducible, chunk_ranges, combine,
+    combine_pieces_into, disjoint, finish_mean, fold_in_rank_order, fold_onto, reduce_scatter_step,
+    ReduceOp,
 };
 use crate::shm::{PeerArena, ShmArena};
 
@@ -103,6 +121,55 @@ fn copy_large(dst: &mut [u8], src: &[u8]) {
     match src.len() >= STREAMING_COPY_MIN {
         true => tessel_pjrt::host_memory::copy_streaming(dst, src),
         false => dst.copy_from_slice(src),
+    }
+}
+
+/// The input of a ring all-reduce (invariant 10): the caller's bytes,
+/// shared (sent as they are) or borrowed (copied once on their way out).
+enum Source<'a> {
+    Shared(Bytes),
+    Borrowed(&'a [u8]),
+}
+
+impl Source<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Source::Shared(b) => b,
+            Source::Borrowed(b) => b,
+        }
+    }
+
+    /// Bytes `range`, to send.
+    fn part(&self, range: Range<usize>) -> Outgoing<'_> {
+        match self {
+            Source::Shared(b) => Outgoing::Shared(vec![b.slice(range)]),
+            Source::Borrowed(b) => Outgoing::Borrowed(&b[range]),
+        }
+    }
+}
+
+/// An empty vector with room for `input`'s bytes: `input`'s own memory
+/// when nothing else holds it any more (quinn lets go of sent bytes once
+/// they are acknowledged, which the peer's answer normally carries), else
+/// fresh.
+fn reclaim(input: Bytes) -> Vec<u8> {
+    let len = input.len();
+    match input.try_into_mut() {
+        Ok(mut m) => {
+            m.clear();
+            Vec::from(m)
+        }
+        Err(_) => {
+            metrics::counter!("tessel_transfer_ring_fresh_outputs_total").increment(1);
+            Vec::with_capacity(len)
+        }
+    }
+}
+
+/// Appends every segment's chunks, in segment order, to `out`.
+fn append_in_order(out: &mut Vec<u8>, all: &[Vec<Outgoing<'_>>]) {
+    for piece in all.iter().flatten().flat_map(Outgoing::pieces) {
+        out.extend_from_slice(piece);
     }
 }
 
@@ -817,16 +884,18 @@ impl Call {
     }
 
     async fn send(&self, to: usize, tag: u64, dtype: ElementType, data: &[u8]) -> Result<()> {
-        self.send_with(to, tag, dtype, data, false).await
+        self.send_with(to, tag, dtype, Outgoing::Borrowed(data), false)
+            .await
     }
 
-    /// `lend`: a ring chunk, lent to a same-host peer (invariant 7).
+    /// `lend`: a ring chunk, lent to a same-host peer (invariant 7) or
+    /// kept in its pieces by a network peer (invariant 10).
     async fn send_with(
         &self,
         to: usize,
         tag: u64,
         dtype: ElementType,
-        data: &[u8],
+        data: Outgoing<'_>,
         lend: bool,
     ) -> Result<()> {
         let count = (data.len() / dtype.size()) as u64;
@@ -865,10 +934,27 @@ impl Call {
         if i > 0 {
             return Err(TransferError::Aborted {
                 rank: keys[i].0,
-                reason: String::from_utf8_lossy(&got.payload).into_owned(),
+                reason: String::from_utf8_lossy(&got.payload.into_vec()).into_owned(),
             });
         }
         Ok(got.payload)
+    }
+
+    /// A ring chunk of `len` bytes from `from` under `tag`.
+    async fn take_chunk(&self, from: usize, tag: u64, len: usize) -> Result<Payload> {
+        let got = self.take(from, tag).await?;
+        if got.len() != len {
+            return Err(TransferError::Mismatch(format!(
+                "rank {from} sent {} bytes for a {len}-byte chunk",
+                got.len(),
+            )));
+        }
+        Ok(got)
+    }
+
+    /// Bytes per ring chunk: whole elements, at least one.
+    fn chunk_len(&self, dtype: ElementType) -> usize {
+        (self.chunk_bytes / dtype.size()).max(1) * dtype.size()
     }
 
     /// Invariant 2; returns what every rank attached, in rank order, and
@@ -920,55 +1006,6 @@ impl Call {
             return Err(TransferError::Mismatch(list));
         }
         Ok((data, all.iter().all(|d| d.shared)))
-    }
-
-    /// One ring pass of `n - 1` steps. At step `s` this rank sends the
-    /// segment `schedule(s).0` to the next rank and receives `schedule(s).1`
-    /// from the previous one, combining it with `op` (reduce phase) or
-    /// storing it (gather phase). Each segment travels as chunks, so
-    /// reducing chunk k overlaps with receiving chunk k + 1.
-    async fn ring(
-        &self,
-        phase: u64,
-        op: Option<ReduceOp>,
-        dtype: ElementType,
-        buf: &mut [u8],
-        segments: &[Range<usize>],
-        schedule: impl Fn(usize) -> (usize, usize),
-    ) -> Result<()> {
-        let n = self.n();
-        let next = (self.rank + 1) % n;
-        let prev = (self.rank + n - 1) % n;
-        let chunk = (self.chunk_bytes / dtype.size()).max(1) * dtype.size();
-        for step in 0..n - 1 {
-            let (send_seg, recv_seg) = schedule(step);
-            let out = segments[send_seg].clone();
-            let inc = segments[recv_seg].clone();
-            let (out_buf, in_buf) = disjoint(buf, out, inc);
-            let sends = out_buf
-                .chunks(chunk)
-                .enumerate()
-                .map(|(k, c)| self.send_with(next, self.tag(phase, step, k), dtype, c, true));
-            let recvs = async {
-                for (k, dst) in in_buf.chunks_mut(chunk).enumerate() {
-                    let got = self.take(prev, self.tag(phase, step, k)).await?;
-                    if got.len() != dst.len() {
-                        return Err(TransferError::Mismatch(format!(
-                            "rank {prev} sent {} bytes for a {}-byte chunk",
-                            got.len(),
-                            dst.len()
-                        )));
-                    }
-                    match op {
-                        Some(op) => combine(op, dtype, dst, &got)?,
-                        None => dst.copy_from_slice(&got),
-                    }
-                }
-                Ok(())
-            };
-            futures::try_join!(try_join_all(sends), recvs)?;
-        }
-        Ok(())
     }
 
     /// Lets `fill` write this rank's arena (reserved at least `len` bytes
@@ -1141,10 +1178,57 @@ impl Call {
         Ok(())
     }
 
-    /// Reduce-scatter leaving segment `r` complete on rank `r`: at step `s`
-    /// rank `r` sends segment `r - s - 1` and receives `r - s - 2` (mod n),
-    /// so segment `j` is folded from rank `j + 1` around to `j`.
-    async fn reduce_phase(
+    /// Whether ring chunks from the previous rank arrive as lent files (it
+    /// runs on this host): the ring then works in place (invariant 10).
+    fn lent_files_arrive(&self) -> bool {
+        let prev = (self.rank + self.n() - 1) % self.n();
+        self.endpoint.same_host(&self.members[prev])
+    }
+
+    /// One ring pass of `n - 1` steps in place (invariant 10's exception).
+    /// At step `s` this rank sends the segment `schedule(s).0` of `buf` to
+    /// the next rank and receives `schedule(s).1` from the previous one,
+    /// combining it into `buf` with `op` (reduce phase) or storing it there
+    /// (gather phase).
+    async fn ring_in_place(
+        &self,
+        phase: u64,
+        op: Option<ReduceOp>,
+        dtype: ElementType,
+        buf: &mut [u8],
+        segments: &[Range<usize>],
+        schedule: impl Fn(usize) -> (usize, usize),
+    ) -> Result<()> {
+        let n = self.n();
+        let (next, prev) = ((self.rank + 1) % n, (self.rank + n - 1) % n);
+        let chunk = self.chunk_len(dtype);
+        for step in 0..n - 1 {
+            let (send_seg, recv_seg) = schedule(step);
+            let (out_buf, in_buf) =
+                disjoint(buf, segments[send_seg].clone(), segments[recv_seg].clone());
+            let sends = out_buf.chunks(chunk).enumerate().map(|(k, c)| {
+                let tag = self.tag(phase, step, k);
+                self.send_with(next, tag, dtype, Outgoing::Borrowed(c), true)
+            });
+            let recvs = async {
+                for (k, dst) in in_buf.chunks_mut(chunk).enumerate() {
+                    let tag = self.tag(phase, step, k);
+                    let got = self.take_chunk(prev, tag, dst.len()).await?;
+                    let got = got.contiguous();
+                    match op {
+                        Some(op) => combine(op, dtype, dst, &got)?,
+                        None => dst.copy_from_slice(&got),
+                    }
+                }
+                Ok(())
+            };
+            futures::try_join!(try_join_all(sends), recvs)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::reduce_phase`] in place: segment `r` of `buf` ends complete.
+    async fn reduce_in_place(
         &self,
         op: ReduceOp,
         dtype: ElementType,
@@ -1152,7 +1236,7 @@ impl Call {
         segs: &[Range<usize>],
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
-        self.ring(PHASE_REDUCE, Some(op), dtype, buf, segs, |s| {
+        self.ring_in_place(PHASE_REDUCE, Some(op), dtype, buf, segs, |s| {
             reduce_scatter_step(n, r, s)
         })
         .await?;
@@ -1162,19 +1246,124 @@ impl Call {
         Ok(())
     }
 
-    /// All-gather where rank `r` starts with segment `r`: at step `s` it
-    /// sends `r - s` and receives `r - s - 1` (mod n).
-    async fn gather_phase(
+    /// [`Self::gather_phase`] in place, segment `r` of `buf` complete.
+    async fn gather_in_place(
         &self,
         dtype: ElementType,
         buf: &mut [u8],
         segs: &[Range<usize>],
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
-        self.ring(PHASE_GATHER, None, dtype, buf, segs, |s| {
+        self.ring_in_place(PHASE_GATHER, None, dtype, buf, segs, |s| {
             all_gather_step(n, r, s)
         })
         .await
+    }
+
+    /// Reduce-scatter leaving segment `r` complete on rank `r` (invariant
+    /// 10): at step `s` rank `r` sends segment `r - s - 1` and receives
+    /// `r - s - 2` (mod n), so segment `j` is folded from rank `j + 1`
+    /// around to `j`. Each chunk travels on its own stream, so reducing
+    /// chunk k overlaps with receiving chunk k + 1. Returns segment `r`,
+    /// divided for `Mean`, chunk by chunk.
+    async fn reduce_phase(
+        &self,
+        op: ReduceOp,
+        dtype: ElementType,
+        input: &Source<'_>,
+        segs: &[Range<usize>],
+    ) -> Result<Vec<Bytes>> {
+        let (n, r) = (self.n(), self.rank);
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let chunk = self.chunk_len(dtype);
+        let own = input.bytes();
+        let (first, _) = reduce_scatter_step(n, r, 0);
+        let mut outgoing: Vec<Outgoing> = chunk_ranges(segs[first].clone(), chunk)
+            .map(|c| input.part(c))
+            .collect();
+        let mut reduced = Vec::new();
+        for step in 0..n - 1 {
+            let (_, recv_seg) = reduce_scatter_step(n, r, step);
+            let sends = outgoing.drain(..).enumerate().map(|(k, c)| {
+                self.send_with(next, self.tag(PHASE_REDUCE, step, k), dtype, c, true)
+            });
+            let recvs = async {
+                let mut sums = Vec::new();
+                for (k, c) in chunk_ranges(segs[recv_seg].clone(), chunk).enumerate() {
+                    let tag = self.tag(PHASE_REDUCE, step, k);
+                    let got = self.take_chunk(prev, tag, c.len()).await?;
+                    let mut sum = Vec::with_capacity(c.len());
+                    combine_pieces_into(op, dtype, &own[c], got.pieces(), &mut sum)?;
+                    sums.push(sum);
+                }
+                Ok(sums)
+            };
+            (_, reduced) = futures::try_join!(try_join_all(sends), recvs)?;
+            if step + 2 < n {
+                // Sent on at the next step as it is.
+                outgoing = reduced
+                    .drain(..)
+                    .map(|sum| Outgoing::Shared(vec![Bytes::from(sum)]))
+                    .collect();
+            }
+        }
+        if op == ReduceOp::Mean {
+            for sum in &mut reduced {
+                finish_mean(dtype, sum, n)?;
+            }
+        }
+        Ok(reduced.into_iter().map(Bytes::from).collect())
+    }
+
+    /// All-gather where rank `r` starts with segment `r`, given as its
+    /// chunks in `own` (invariant 10): at step `s` it sends `r - s` and
+    /// receives `r - s - 1` (mod n), keeping what arrives to send on at the
+    /// next step as it is. Returns every segment's chunks, in segment
+    /// order.
+    async fn gather_phase<'a>(
+        &self,
+        dtype: ElementType,
+        own: Vec<Outgoing<'a>>,
+        segs: &[Range<usize>],
+    ) -> Result<Vec<Vec<Outgoing<'a>>>> {
+        let (n, r) = (self.n(), self.rank);
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let chunk = self.chunk_len(dtype);
+        let mut held: Vec<Vec<Outgoing>> = (0..n).map(|_| Vec::new()).collect();
+        let mut outgoing = own;
+        for step in 0..n - 1 {
+            let (send_seg, recv_seg) = all_gather_step(n, r, step);
+            let sends = outgoing.iter().enumerate().map(|(k, c)| {
+                let tag = self.tag(PHASE_GATHER, step, k);
+                self.send_with(next, tag, dtype, c.clone(), true)
+            });
+            let recvs = async {
+                let mut got = Vec::new();
+                for (k, c) in chunk_ranges(segs[recv_seg].clone(), chunk).enumerate() {
+                    let tag = self.tag(PHASE_GATHER, step, k);
+                    let chunk = self.take_chunk(prev, tag, c.len()).await?;
+                    got.push(Outgoing::Shared(chunk.into_shared()));
+                }
+                Ok(got)
+            };
+            let (_, got) = futures::try_join!(try_join_all(sends), recvs)?;
+            held[send_seg] = std::mem::replace(&mut outgoing, got);
+        }
+        held[(r + 1) % n] = outgoing;
+        Ok(held)
+    }
+
+    /// The ring all-reduce (invariant 10): every segment's chunks.
+    async fn ring_all_reduce(
+        &self,
+        op: ReduceOp,
+        dtype: ElementType,
+        input: Source<'_>,
+        segs: &[Range<usize>],
+    ) -> Result<Vec<Vec<Outgoing<'static>>>> {
+        let own = self.reduce_phase(op, dtype, &input, segs).await?;
+        let own = own.into_iter().map(|b| Outgoing::Shared(vec![b])).collect();
+        self.gather_phase(dtype, own, segs).await
     }
 
     async fn all_reduce(
@@ -1189,9 +1378,16 @@ impl Call {
                 .fold_in_arenas(op, dtype, &mut data, &segs, true)
                 .await?;
             self.copy_folded_segments(&peers, &mut data, &segs).await?;
+        } else if self.n() > 1 && self.lent_files_arrive() {
+            self.reduce_in_place(op, dtype, &mut data, &segs).await?;
+            self.gather_in_place(dtype, &mut data, &segs).await?;
         } else if self.n() > 1 {
-            self.reduce_phase(op, dtype, &mut data, &segs).await?;
-            self.gather_phase(dtype, &mut data, &segs).await?;
+            let input = Bytes::from(data);
+            let all = self
+                .ring_all_reduce(op, dtype, Source::Shared(input.clone()), &segs)
+                .await?;
+            data = reclaim(input);
+            append_in_order(&mut data, &all);
         }
         Ok(data)
     }
@@ -1217,9 +1413,18 @@ impl Call {
             self.copy_folded_segments(&peers, data, &segs).await?;
             // Nobody reads this buffer once every peer says so.
             self.post_to_all(self.tag(PHASE_GATHER, 1, 0), &[]).await?;
+        } else if self.n() > 1 && self.lent_files_arrive() {
+            self.reduce_in_place(op, dtype, data, &segs).await?;
+            self.gather_in_place(dtype, data, &segs).await?;
         } else if self.n() > 1 {
-            self.reduce_phase(op, dtype, data, &segs).await?;
-            self.gather_phase(dtype, data, &segs).await?;
+            let all = self
+                .ring_all_reduce(op, dtype, Source::Borrowed(data), &segs)
+                .await?;
+            let mut at = 0;
+            for piece in all.iter().flatten().flat_map(Outgoing::pieces) {
+                data[at..at + piece.len()].copy_from_slice(piece);
+                at += piece.len();
+            }
         }
         Ok(())
     }
@@ -1234,8 +1439,11 @@ impl Call {
         if self.shared {
             self.fold_in_arenas(op, dtype, &mut data, &segs, false)
                 .await?;
+        } else if self.n() > 1 && self.lent_files_arrive() {
+            self.reduce_in_place(op, dtype, &mut data, &segs).await?;
         } else if self.n() > 1 {
-            self.reduce_phase(op, dtype, &mut data, &segs).await?;
+            let input = Source::Shared(Bytes::from(data));
+            return Ok(self.reduce_phase(op, dtype, &input, &segs).await?.concat());
         }
         Ok(data[segs[self.rank].clone()].to_vec())
     }
@@ -1254,13 +1462,24 @@ impl Call {
             }
             return Ok(out);
         }
-        let mut buf = vec![0u8; len * self.n()];
-        buf[self.rank * len..(self.rank + 1) * len].copy_from_slice(data);
-        let segs: Vec<_> = (0..self.n()).map(|j| j * len..(j + 1) * len).collect();
-        if self.n() > 1 {
-            self.gather_phase(dtype, &mut buf, &segs).await?;
+        if self.n() == 1 {
+            return Ok(data.to_vec());
         }
-        Ok(buf)
+        let (n, r) = (self.n(), self.rank);
+        let segs: Vec<_> = (0..n).map(|j| j * len..(j + 1) * len).collect();
+        if self.lent_files_arrive() {
+            let mut buf = vec![0u8; len * n];
+            buf[segs[r].clone()].copy_from_slice(data);
+            self.gather_in_place(dtype, &mut buf, &segs).await?;
+            return Ok(buf);
+        }
+        let own = chunk_ranges(0..len, self.chunk_len(dtype))
+            .map(|c| Outgoing::Borrowed(&data[c]))
+            .collect();
+        let all = self.gather_phase(dtype, own, &segs).await?;
+        let mut out = Vec::with_capacity(len * n);
+        append_in_order(&mut out, &all);
+        Ok(out)
     }
 
     /// Pipelined along the ring from the root: each rank forwards chunk k

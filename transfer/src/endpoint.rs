@@ -42,6 +42,14 @@
 //!    (header field `part`, [`crate::stripe`]), so that different threads
 //!    seal and open its packets at once (quinn drives each connection from
 //!    one task).
+//! 9. No copies of our own on the network path of a lent payload (a
+//!    collective's ring chunk): the sender may hand over shared pieces
+//!    ([`Outgoing::Shared`]), which quinn keeps until they are
+//!    acknowledged instead of copying them into its send buffer, and the
+//!    receiver delivers the pieces `read_chunk` hands out
+//!    ([`Payload::Pieces`]) instead of copying them into one buffer. The
+//!    ring reduces straight from the pieces and sends them on as they
+//!    are.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -50,6 +58,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use tessel_kvstore::tls::TlsFiles;
 use tessel_pjrt::ElementType;
@@ -192,30 +201,104 @@ pub struct Received {
     pub data: Vec<u8>,
 }
 
-/// A received payload: bytes read off the stream or out of a file, or a
-/// lent file mapped in place (shm invariant 3; dropping it lets the sender
-/// have the file back).
+/// A received payload: bytes read off the stream or out of a file, a lent
+/// file mapped in place (shm invariant 3; dropping it lets the sender
+/// have the file back), or a lent payload in the pieces it arrived in
+/// (invariant 9).
 pub(crate) enum Payload {
     Owned(Vec<u8>),
     Mapped(crate::shm::ShmMapping),
+    Pieces(Vec<Bytes>),
 }
 
-impl std::ops::Deref for Payload {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            Payload::Owned(v) => v,
-            Payload::Mapped(m) => m,
-        }
-    }
+/// One slice, or shared pieces, as the slices they are in order.
+fn slices<'a>(one: Option<&'a [u8]>, many: &'a [Bytes]) -> impl Iterator<Item = &'a [u8]> + Clone {
+    one.into_iter().chain(many.iter().map(|b| &b[..]))
 }
 
 impl Payload {
+    pub(crate) fn len(&self) -> usize {
+        self.pieces().map(<[u8]>::len).sum()
+    }
+
+    /// The bytes in order, as one or more slices.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> + Clone {
+        match self {
+            Payload::Owned(v) => slices(Some(v), &[]),
+            Payload::Mapped(m) => slices(Some(m), &[]),
+            Payload::Pieces(p) => slices(None, p),
+        }
+    }
+
+    /// The bytes in one slice (pieces are joined).
+    pub(crate) fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            Payload::Owned(v) => v.as_slice().into(),
+            Payload::Mapped(m) => (&m[..]).into(),
+            Payload::Pieces(p) if p.len() == 1 => (&p[0][..]).into(),
+            Payload::Pieces(p) => p.concat().into(),
+        }
+    }
+
     pub(crate) fn into_vec(self) -> Vec<u8> {
         match self {
             Payload::Owned(v) => v,
             Payload::Mapped(m) => m.to_vec(),
+            Payload::Pieces(p) => p.concat(),
+        }
+    }
+
+    /// The bytes as shared pieces to keep or send on: received bytes
+    /// without a copy, a mapping copied (its sender waits until it is
+    /// dropped).
+    pub(crate) fn into_shared(self) -> Vec<Bytes> {
+        match self {
+            Payload::Owned(v) => vec![Bytes::from(v)],
+            Payload::Mapped(m) => vec![Bytes::copy_from_slice(&m)],
+            Payload::Pieces(p) => p,
+        }
+    }
+}
+
+/// What a send carries: borrowed bytes, which the stream copies on their
+/// way out, or shared pieces, which it keeps until the peer acknowledges
+/// them and never copies (invariant 9).
+#[derive(Clone, Debug)]
+pub(crate) enum Outgoing<'a> {
+    Borrowed(&'a [u8]),
+    Shared(Vec<Bytes>),
+}
+
+impl<'a> Outgoing<'a> {
+    pub(crate) fn len(&self) -> usize {
+        self.pieces().map(<[u8]>::len).sum()
+    }
+
+    /// The bytes in order, as one or more slices.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> + Clone {
+        match self {
+            Outgoing::Borrowed(b) => slices(Some(b), &[]),
+            Outgoing::Shared(p) => slices(None, p),
+        }
+    }
+
+    /// Bytes `range` of these.
+    fn range(&self, range: std::ops::Range<usize>) -> Outgoing<'a> {
+        match self {
+            Outgoing::Borrowed(b) => Outgoing::Borrowed(&b[range]),
+            Outgoing::Shared(pieces) => {
+                let mut out = Vec::new();
+                let mut at = 0;
+                for p in pieces {
+                    let (start, end) = (at, at + p.len());
+                    at = end;
+                    let (lo, hi) = (range.start.max(start), range.end.min(end));
+                    if lo < hi {
+                        out.push(p.slice(lo - start..hi - start));
+                    }
+                }
+                Outgoing::Shared(out)
+            }
         }
     }
 }
@@ -551,15 +634,24 @@ impl TransferEndpoint {
         data: &[u8],
         timeout: Duration,
     ) -> Result<()> {
-        self.send_with(peer, tag, dtype, dims, data, timeout, false)
-            .await
+        self.send_with(
+            peer,
+            tag,
+            dtype,
+            dims,
+            Outgoing::Borrowed(data),
+            timeout,
+            false,
+        )
+        .await
     }
 
-    /// [`Self::send_to`], or with `lend` a same-host peer reads the file in
-    /// place and the call returns only once the peer's consumer is done
-    /// with it (invariant 5): for a sender whose peer takes the array at
-    /// once, as a collective's ring does, never for a mailbox that may
-    /// hold it.
+    /// [`Self::send_to`] of borrowed or shared bytes, or with `lend` for a
+    /// taker that consumes the array at once, as a collective's ring does
+    /// (never for a mailbox that may hold it): a same-host peer reads the
+    /// file in place and the call returns only once the peer's consumer is
+    /// done with it (invariant 5), a network peer keeps the pieces the
+    /// bytes arrived in (invariant 9).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send_with(
         &self,
@@ -567,39 +659,41 @@ impl TransferEndpoint {
         tag: u64,
         dtype: ElementType,
         dims: &[u64],
-        data: &[u8],
+        data: Outgoing<'_>,
         timeout: Duration,
         lend: bool,
     ) -> Result<()> {
         let mut header = TransferHeader::new(self.rank, tag, dtype, dims)?;
-        if header.byte_len != data.len() as u64 {
+        let len = data.len();
+        if header.byte_len != len as u64 {
             return Err(TransferError::InvalidHeader(format!(
-                "{}{dims:?} is {} bytes, the data has {}",
+                "{}{dims:?} is {} bytes, the data has {len}",
                 dtype.name(),
                 header.byte_len,
-                data.len()
             )));
         }
+        header.lent = lend;
         let shm = if self.same_host(peer) {
-            let f = self.shm.write(data).map_err(|e| TransferError::Stream {
-                peer: peer.addr.to_string(),
-                reason: format!("shared memory in {}: {e}", self.cfg.shm_dir.display()),
-            })?;
+            let f = self
+                .shm
+                .write(data.pieces())
+                .map_err(|e| TransferError::Stream {
+                    peer: peer.addr.to_string(),
+                    reason: format!("shared memory in {}: {e}", self.cfg.shm_dir.display()),
+                })?;
             header.shm = Some(f.name.clone());
-            header.lent = lend;
             Some(f)
         } else {
             None
         };
-        let payload = if shm.is_some() { &[][..] } else { data };
+        let payload = match shm {
+            Some(_) => Outgoing::Borrowed(&[]),
+            None => data,
+        };
         let addr = peer.addr;
         let k = self.cfg.connections_per_peer;
         let attempt = async {
-            if shm.is_some()
-                || k < 2
-                || self.cfg.stripe_bytes == 0
-                || data.len() < self.cfg.stripe_bytes
-            {
+            if shm.is_some() || k < 2 || self.cfg.stripe_bytes == 0 || len < self.cfg.stripe_bytes {
                 return self.send_stream(peer, None, &header, payload).await;
             }
             // Stripe invariant 1: one part per connection.
@@ -612,16 +706,9 @@ impl TransferEndpoint {
                     index,
                     count,
                 });
-                let r = part_range(data.len() as u64, index, count);
-                async move {
-                    self.send_stream(
-                        peer,
-                        Some(index as usize),
-                        &h,
-                        &data[r.start as usize..r.end as usize],
-                    )
-                    .await
-                }
+                let r = part_range(len as u64, index, count);
+                let part = payload.range(r.start as usize..r.end as usize);
+                async move { self.send_stream(peer, Some(index as usize), &h, part).await }
             });
             futures::future::try_join_all(parts).await.map(|_| ())
         };
@@ -637,7 +724,7 @@ impl TransferEndpoint {
         }
         match &result {
             Ok(()) => metrics::counter!("tessel_transfer_sent_bytes_total", "path" => path)
-                .increment(data.len() as u64),
+                .increment(len as u64),
             Err(_) => metrics::counter!("tessel_transfer_send_failures_total", "path" => path)
                 .increment(1),
         }
@@ -651,7 +738,7 @@ impl TransferEndpoint {
         peer: &Peer,
         conn: Option<usize>,
         header: &TransferHeader,
-        payload: &[u8],
+        payload: Outgoing<'_>,
     ) -> Result<()> {
         let stream_err = |reason: String| TransferError::Stream {
             peer: peer.addr.to_string(),
@@ -668,9 +755,11 @@ impl TransferEndpoint {
         send.write_all(&header.encode())
             .await
             .map_err(|e| stream_err(e.to_string()))?;
-        send.write_all(payload)
-            .await
-            .map_err(|e| stream_err(e.to_string()))?;
+        match payload {
+            Outgoing::Borrowed(bytes) => send.write_all(bytes).await,
+            Outgoing::Shared(mut pieces) => send.write_all_chunks(&mut pieces).await,
+        }
+        .map_err(|e| stream_err(e.to_string()))?;
         send.finish().map_err(|e| stream_err(e.to_string()))?;
         let mut ack = [0u8; 1];
         recv.read_exact(&mut ack)
@@ -791,24 +880,43 @@ async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferCon
     }
 }
 
-/// Appends exactly `len` payload bytes to `data`, an empty buffer with
-/// room for them (`len` was validated against the limit): a spare, or
-/// fresh capacity without a zero-filling pass (invariant 7).
-async fn read_payload<B: bytes::BufMut + AsRef<[u8]>>(
+/// Hands `take` exactly `len` payload bytes (`len` was validated against
+/// the limit) in the pieces the stream delivers them in.
+async fn read_chunks(
     recv: &mut RecvStream,
     len: usize,
-    data: &mut B,
+    mut take: impl FnMut(Bytes),
 ) -> std::result::Result<(), String> {
-    while data.as_ref().len() < len {
-        let have = data.as_ref().len();
+    let mut have = 0;
+    while have < len {
         let chunk = recv
             .read_chunk(len - have, true)
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("the stream ended after {have} of {len} bytes"))?;
-        data.put_slice(&chunk.bytes);
+        have += chunk.bytes.len();
+        take(chunk.bytes);
     }
     Ok(())
+}
+
+/// Appends exactly `len` payload bytes to `data`, an empty buffer with
+/// room for them: a spare, or fresh capacity without a zero-filling pass
+/// (invariant 7).
+async fn read_payload<B: bytes::BufMut>(
+    recv: &mut RecvStream,
+    len: usize,
+    data: &mut B,
+) -> std::result::Result<(), String> {
+    read_chunks(recv, len, |bytes| data.put_slice(&bytes)).await
+}
+
+/// Exactly `len` payload bytes in the pieces the stream hands out, without
+/// copying them (invariant 9).
+async fn read_pieces(recv: &mut RecvStream, len: usize) -> std::result::Result<Vec<Bytes>, String> {
+    let mut pieces = Vec::new();
+    read_chunks(recv, len, |bytes| pieces.push(bytes)).await?;
+    Ok(pieces)
 }
 
 /// Refuses a stream: stops reading it (if still reading) and answers `1`.
@@ -950,6 +1058,10 @@ async fn receive(
                 }
             }
         }
+        None if header.lent => read_pieces(&mut recv, header.byte_len as usize)
+            .await
+            .map(Payload::Pieces)
+            .map_err(|e| stream_err(format!("payload: {e}")))?,
         None => {
             let len = header.byte_len as usize;
             let mut data = mailbox.buffer(len);
@@ -1014,7 +1126,7 @@ mod tests {
                     7,
                     ElementType::U8,
                     &[data.len() as u64],
-                    &data,
+                    Outgoing::Borrowed(&data),
                     T,
                     true,
                 )
@@ -1023,7 +1135,7 @@ mod tests {
         };
         let (_, got) = b.take_first(&[(0, 7)], T).await.unwrap();
         assert!(matches!(got.payload, Payload::Mapped(_)), "read in place");
-        assert_eq!(&got.payload[..], &data[..]);
+        assert_eq!(got.payload.pieces().collect::<Vec<_>>().concat(), data);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!sending.is_finished(), "acknowledged while still mapped");
         drop(got);
@@ -1102,6 +1214,47 @@ mod tests {
         (a, b, to_b)
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lent_network_payload_keeps_its_pieces_both_ways() {
+        let (a, b, to_b) = striping_pair();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        // Shared pieces, cut anywhere, one of them empty.
+        let shared = Outgoing::Shared(vec![
+            Bytes::copy_from_slice(&data[..1]),
+            Bytes::new(),
+            Bytes::copy_from_slice(&data[1..2_000_001]),
+            Bytes::copy_from_slice(&data[2_000_001..]),
+        ]);
+        let dims = [data.len() as u64];
+        // Under the stripe size (one stream) and over it (parts).
+        for (tag, stripe) in [(1, false), (2, true)] {
+            let part = if stripe {
+                shared.clone()
+            } else {
+                shared.range(0..900_000)
+            };
+            let want = part.pieces().collect::<Vec<_>>().concat();
+            let dims = [want.len() as u64];
+            a.send_with(&to_b, tag, ElementType::U8, &dims, part, T, true)
+                .await
+                .unwrap();
+            let (_, got) = b.take_first(&[(0, tag)], T).await.unwrap();
+            match (&got.payload, stripe) {
+                (Payload::Pieces(p), false) => assert!(p.len() > 1, "{} pieces", p.len()),
+                (Payload::Owned(_), true) => {}
+                _ => panic!("tag {tag}: an unexpected kind of payload"),
+            }
+            assert_eq!(got.payload.into_vec(), want);
+        }
+        // Not lent: one buffer, as a mailbox keeps it.
+        a.send_with(&to_b, 3, ElementType::U8, &dims, shared, T, false)
+            .await
+            .unwrap();
+        let (_, got) = b.take_first(&[(0, 3)], T).await.unwrap();
+        assert!(matches!(got.payload, Payload::Owned(_)));
+        assert_eq!(got.payload.into_vec(), data);
+    }
+
     async fn until(what: &str, mut done: impl FnMut() -> bool) {
         let start = std::time::Instant::now();
         while !done() {
@@ -1157,7 +1310,7 @@ mod tests {
         let p = part(1, 1000, 0);
         let gave_up = tokio::time::timeout(
             Duration::from_millis(300),
-            a.send_stream(&to_b, Some(0), &p, &[1; 4]),
+            a.send_stream(&to_b, Some(0), &p, Outgoing::Borrowed(&[1; 4])),
         )
         .await;
         assert!(gave_up.is_err(), "part 0 waits for the whole");
@@ -1170,7 +1323,10 @@ mod tests {
         let c = Arc::new(striping_pair().0);
         let sending = tokio::spawn({
             let (c, to_b, p) = (c.clone(), to_b.clone(), part(1, 1001, 0));
-            async move { c.send_stream(&to_b, Some(0), &p, &[1; 4]).await }
+            async move {
+                c.send_stream(&to_b, Some(0), &p, Outgoing::Borrowed(&[1; 4]))
+                    .await
+            }
         });
         until("part 0 waits for part 1", || {
             b.mailbox.assemblies.len() == 1
@@ -1185,18 +1341,26 @@ mod tests {
 
         // Two parts of one transfer under different tags.
         let (p, q) = (part(2, 1001, 0), part(3, 1001, 1));
-        let (first, second) = tokio::join!(a.send_stream(&to_b, Some(0), &p, &[1; 4]), async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            a.send_stream(&to_b, Some(1), &q, &[2; 4]).await
-        });
+        let (first, second) = tokio::join!(
+            a.send_stream(&to_b, Some(0), &p, Outgoing::Borrowed(&[1; 4])),
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                a.send_stream(&to_b, Some(1), &q, Outgoing::Borrowed(&[2; 4]))
+                    .await
+            }
+        );
         assert!(first.is_err() && second.is_err(), "both refused");
         assert_eq!(b.mailbox.assemblies.len(), 0);
         // A repeated part.
         let p = part(4, 1002, 1);
-        let (first, again) = tokio::join!(a.send_stream(&to_b, Some(0), &p, &[1; 4]), async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            a.send_stream(&to_b, Some(1), &p, &[1; 4]).await
-        });
+        let (first, again) = tokio::join!(
+            a.send_stream(&to_b, Some(0), &p, Outgoing::Borrowed(&[1; 4])),
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                a.send_stream(&to_b, Some(1), &p, Outgoing::Borrowed(&[1; 4]))
+                    .await
+            }
+        );
         assert!(first.is_err() && again.is_err(), "both refused");
         assert_eq!(b.mailbox.assemblies.len(), 0);
         assert!(
@@ -1224,8 +1388,16 @@ mod tests {
         let sending = {
             let (a, to_b) = (a.clone(), to_b.clone());
             tokio::spawn(async move {
-                a.send_with(&to_b, 1, ElementType::U8, &[4096], &[1; 4096], T, true)
-                    .await
+                a.send_with(
+                    &to_b,
+                    1,
+                    ElementType::U8,
+                    &[4096],
+                    Outgoing::Borrowed(&[1; 4096]),
+                    T,
+                    true,
+                )
+                .await
             })
         };
         // Wait until it arrived, then drop the receiver without taking it.

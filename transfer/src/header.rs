@@ -9,8 +9,11 @@
 //!    exactly `byte_len` bytes without overflow, and `byte_len` is within
 //!    the receiver's limit; only then is anything allocated.
 //! 2. Decoding never panics and never allocates more than the frame.
-//! 3. `lent` comes only with `shm`: a lent file is read in place and
-//!    acknowledged once its reader is done (shm invariant 3).
+//! 3. `lent` marks a payload that goes straight to a waiting taker (a
+//!    collective's ring chunk). With `shm`, the file is read in place and
+//!    acknowledged once its reader is done (shm invariant 3); on the
+//!    stream, the receiver may keep the bytes in the buffers they arrived
+//!    in instead of copying them into one (endpoint invariant 9).
 //! 4. `part` comes only without `shm`, with 2 to
 //!    [`MAX_PARTS`](crate::stripe::MAX_PARTS) parts and an index below their
 //!    count: the stream carries that part of a striped payload (see
@@ -42,8 +45,9 @@ pub struct TransferHeader {
     /// the shared-memory folder (`tessel-…`, no separators); the receiver
     /// reads and removes it.
     pub shm: Option<String>,
-    /// The `shm` file is lent: the receiver may read it in place and
-    /// acknowledges only once done with it (invariant 3).
+    /// The payload goes straight to a waiting taker (invariant 3): a
+    /// `shm` file is read in place and acknowledged only once done with;
+    /// bytes on the stream may stay in the pieces they arrived in.
     pub lent: bool,
     /// The stream carries this part of a striped payload (invariant 4).
     pub part: Option<Part>,
@@ -86,10 +90,6 @@ impl TransferHeader {
         }
         if let Some(name) = &self.shm {
             check_shm_name(name)?;
-        } else if self.lent {
-            return Err(TransferError::InvalidHeader(
-                "a lent payload without a shared-memory file".into(),
-            ));
         }
         if let Some(part) = &self.part {
             part.validate()?;
@@ -217,7 +217,7 @@ mod tests {
         shm.validate(1 << 20).unwrap();
         let mut lent = h.clone();
         lent.lent = true;
-        assert!(lent.validate(1 << 20).is_err(), "lent without a file");
+        lent.validate(1 << 20).unwrap();
 
         let mut part = h.clone();
         part.part = Some(Part {

@@ -460,6 +460,81 @@ pub fn disjoint(buf: &mut [u8], send: Range<usize>, recv: Range<usize>) -> (&[u8
     }
 }
 
+/// The ranges of at most `chunk` bytes (at least one) that `segment`
+/// travels in, in order; none for an empty segment.
+pub fn chunk_ranges(segment: Range<usize>, chunk: usize) -> impl Iterator<Item = Range<usize>> {
+    let chunk = chunk.max(1);
+    let end = segment.end;
+    segment
+        .step_by(chunk)
+        .map(move |start| start..(start + chunk).min(end))
+}
+
+/// Appends `incoming[i] ⊕ own[i]` for every element to `out` (the operands
+/// of [`combine`]), where `incoming` is the concatenation of `pieces`,
+/// split anywhere, even inside an element. Nothing is written to `own`:
+/// the ring reduces a received chunk, in the pieces it arrived in, into
+/// fresh memory that it then sends on without a copy. Block by block, each
+/// block of `incoming` is copied into `out` and `own` folded onto it there,
+/// both aligned whatever the pieces' alignment.
+pub fn combine_pieces_into<'p>(
+    op: ReduceOp,
+    dtype: ElementType,
+    own: &[u8],
+    pieces: impl IntoIterator<Item = &'p [u8]>,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    check_reducible(dtype)?;
+    let size = dtype.size();
+    let mismatch = |got: usize| {
+        TransferError::InvalidArgument(format!(
+            "cannot combine {got} bytes with {} bytes of {}",
+            own.len(),
+            dtype.name()
+        ))
+    };
+    // Whole elements of `incoming` starting at byte `at`.
+    let mut fold = |bytes: &[u8], at: usize| -> Result<()> {
+        let Some(own) = own.get(at..at + bytes.len()) else {
+            return Err(mismatch(at + bytes.len()));
+        };
+        for (block, mine) in bytes.chunks(FOLD_BLOCK).zip(own.chunks(FOLD_BLOCK)) {
+            let from = out.len();
+            out.extend_from_slice(block);
+            accumulate(op, dtype, &mut out[from..], mine)?;
+        }
+        Ok(())
+    };
+    // An element split between pieces is put together here.
+    let mut split = [0u8; 8];
+    let mut held = 0;
+    let mut at = 0;
+    for mut piece in pieces {
+        if held > 0 {
+            let take = (size - held).min(piece.len());
+            split[held..held + take].copy_from_slice(&piece[..take]);
+            held += take;
+            piece = &piece[take..];
+            if held < size {
+                continue;
+            }
+            fold(&split[..size], at)?;
+            at += size;
+        }
+        let whole = piece.len() - piece.len() % size;
+        if whole > 0 {
+            fold(&piece[..whole], at)?;
+            at += whole;
+        }
+        held = piece.len() - whole;
+        split[..held].copy_from_slice(&piece[whole..]);
+    }
+    if held > 0 || at != own.len() {
+        return Err(mismatch(at + held));
+    }
+    Ok(())
+}
+
 /// Largest all-reduce whose data travels with the descriptors and is
 /// reduced in rank order (module docs).
 pub const SMALL_ALL_REDUCE: usize = 64 << 10;
@@ -539,6 +614,74 @@ pub fn reference_ring_reduce(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_cover_a_segment_in_order() {
+        let got: Vec<_> = chunk_ranges(10..35, 10).collect();
+        assert_eq!(got, vec![10..20, 20..30, 30..35]);
+        assert_eq!(chunk_ranges(7..7, 4).count(), 0);
+        assert_eq!(
+            chunk_ranges(0..3, 0).count(),
+            3,
+            "a chunk is at least a byte"
+        );
+    }
+
+    #[test]
+    fn pieces_split_anywhere_combine_as_one_buffer() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        for dtype in REDUCIBLE {
+            for op in ReduceOp::ALL {
+                // Over FOLD_BLOCK, so blocks and pieces cross.
+                let count = 9000 + next() % 100;
+                let bytes = count * dtype.size();
+                let gen = |salt: u64| -> Vec<u8> {
+                    (0..bytes)
+                        .map(|i| ((i as u64 * 31 + salt * 17) % 251) as u8 & 0x3f)
+                        .collect()
+                };
+                let (own, incoming) = (gen(1), gen(2));
+                let mut want = own.clone();
+                combine(op, dtype, &mut want, &incoming).unwrap();
+                // Cuts anywhere, empty pieces included.
+                let mut cuts: Vec<usize> = (0..40).map(|_| next() % (bytes + 1)).collect();
+                cuts.extend([0, 0, bytes]);
+                cuts.sort();
+                let pieces: Vec<&[u8]> = std::iter::once(0)
+                    .chain(cuts.iter().copied())
+                    .zip(cuts.iter().copied())
+                    .map(|(a, b)| &incoming[a..b])
+                    .collect();
+                let mut out = vec![0xAA];
+                combine_pieces_into(op, dtype, &own, pieces, &mut out).unwrap();
+                assert_eq!(out[0], 0xAA, "appends");
+                assert_eq!(&out[1..], &want[..], "{op:?} {}", dtype.name());
+            }
+        }
+        let own = vec![0u8; 16];
+        let mut out = Vec::new();
+        for pieces in [
+            vec![&own[..12]],
+            vec![&own[..], &own[..4]],
+            vec![&own[..14]],
+        ] {
+            out.clear();
+            assert!(
+                combine_pieces_into(ReduceOp::Sum, ElementType::F32, &own, pieces, &mut out)
+                    .is_err()
+            );
+        }
+        assert!(
+            combine_pieces_into(ReduceOp::Sum, ElementType::Pred, &own, [&own[..]], &mut out)
+                .is_err()
+        );
+    }
 
     #[test]
     fn disjoint_halves() {

@@ -69,9 +69,13 @@ impl ShmPool {
         }
     }
 
-    /// A file holding `data` (invariant 1).
-    pub fn write(&self, data: &[u8]) -> std::io::Result<ShmFile> {
-        let len = data.len() as u64;
+    /// A file holding `data`, the concatenation of its pieces (invariant
+    /// 1).
+    pub fn write<'a>(
+        &self,
+        data: impl Iterator<Item = &'a [u8]> + Clone,
+    ) -> std::io::Result<ShmFile> {
+        let len = data.clone().map(|p| p.len() as u64).sum();
         let reused = self
             .free
             .lock()
@@ -85,9 +89,13 @@ impl ShmPool {
                 ShmFile { name, file, len }
             }
         };
-        if let Err(e) = f.file.write_all_at(data, 0) {
-            self.release(f, false);
-            return Err(e);
+        let mut at = 0;
+        for piece in data {
+            if let Err(e) = f.file.write_all_at(piece, at) {
+                self.release(f, false);
+                return Err(e);
+            }
+            at += piece.len() as u64;
         }
         Ok(f)
     }
@@ -446,7 +454,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pool = ShmPool::new(dir.path().to_path_buf());
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
-        let f = pool.write(&data).unwrap();
+        let f = pool.write([&data[..]].into_iter()).unwrap();
         let (m, mut rx) = map(dir.path(), &f.name, data.len() as u64)
             .unwrap()
             .unwrap();
@@ -459,7 +467,7 @@ mod tests {
             "length checked against the header"
         );
         pool.release(f, true);
-        let empty = pool.write(b"").unwrap();
+        let empty = pool.write([&b""[..]].into_iter()).unwrap();
         assert!(map(dir.path(), &empty.name, 0).unwrap().is_none());
         pool.release(empty, true);
     }
@@ -468,7 +476,7 @@ mod tests {
     fn files_are_reused_after_delivery_and_removed_otherwise() {
         let dir = tempfile::tempdir().unwrap();
         let pool = ShmPool::new(dir.path().to_path_buf());
-        let a = pool.write(b"hello").unwrap();
+        let a = pool.write([&b"hello"[..]].into_iter()).unwrap();
         let name = a.name.clone();
         assert_eq!(read(dir.path(), &name, 5, Vec::new()).unwrap(), b"hello");
         assert!(
@@ -476,12 +484,12 @@ mod tests {
             "length checked"
         );
         pool.release(a, true);
-        let b = pool.write(b"world").unwrap();
+        let b = pool.write([&b"world"[..]].into_iter()).unwrap();
         assert_eq!(b.name, name, "same length: reused");
         assert_eq!(read(dir.path(), &name, 5, Vec::new()).unwrap(), b"world");
         pool.release(b, false);
         assert!(!dir.path().join(&name).exists(), "failed: removed");
-        let c = pool.write(b"again").unwrap();
+        let c = pool.write([&b"again"[..]].into_iter()).unwrap();
         pool.release(c, true);
         drop(pool);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -493,8 +501,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = ShmPool::new(dir.path().to_path_buf());
         let second = ShmPool::new(dir.path().to_path_buf());
-        let a = first.write(b"one").unwrap();
-        let b = second.write(b"two").unwrap();
+        let a = first.write([&b"one"[..]].into_iter()).unwrap();
+        let b = second.write([&b"two"[..]].into_iter()).unwrap();
         assert_ne!(a.name, b.name);
         first.release(a, true);
         second.release(b, true);
