@@ -692,6 +692,13 @@ impl KvState {
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
+            let l = &self.leases[&id];
+            tracing::info!(
+                lease = id,
+                ttl_ms = l.ttl_ms,
+                overdue_ms = now - l.expires_at_ms,
+                "lease expired"
+            );
             self.drop_lease(t, id, events)?;
         }
         for b in self.barriers.values_mut() {

@@ -21,7 +21,8 @@
 //! 4. A leader's first write of its term (a client's or a tick) is preceded
 //!    by `RenewLeases`, so leases never expire for the time between the old
 //!    leader's death and the new leader's election, when nobody could renew
-//!    them.
+//!    them. While the renewal fails, client writes answer `Unavailable`
+//!    (the client tries again) and ticks wait.
 //! 5. Client writes that arrive while earlier proposals are in flight are
 //!    proposed together as one log entry (group commit: one append, one
 //!    fsync per replica), applied in arrival order, each with its own
@@ -249,8 +250,12 @@ async fn tick_when_due(
         let due = local
             .read(|s, _| s.next_deadline_ms())
             .is_some_and(|ms| ms <= wall_ms());
-        if leader == Some(id) && due {
-            renew_leases_once_per_term(&raft, &leases_renewed).await;
+        if leader == Some(id)
+            && due
+            && renew_leases_once_per_term(&raft, &leases_renewed)
+                .await
+                .is_ok()
+        {
             let _ = raft
                 .client_write(Proposal::one(Request {
                     now_ms: wall_ms(),
@@ -479,21 +484,29 @@ async fn propose_loop(
 }
 
 /// Proposes [`Op::RenewLeases`] once per term, before this leader's first
-/// write or tick of the term (invariant 4).
-async fn renew_leases_once_per_term(raft: &Raft<TypeConfig>, renewed: &AtomicU64) {
+/// write or tick of the term (invariant 4). Until it has succeeded, no
+/// write or tick may be proposed: one stamped with this leader's clock
+/// would expire the leases that fell due while nobody could renew them.
+async fn renew_leases_once_per_term(
+    raft: &Raft<TypeConfig>,
+    renewed: &AtomicU64,
+) -> Result<(), KvError> {
     let term = raft.metrics().borrow().current_term;
     if renewed.load(Ordering::Acquire) == term {
-        return;
+        return Ok(());
     }
-    let r = raft
-        .client_write(Proposal::one(Request {
-            now_ms: wall_ms(),
-            op: Op::RenewLeases,
-        }))
-        .await;
-    if r.is_ok() {
-        renewed.store(term, Ordering::Release);
-    }
+    raft.client_write(Proposal::one(Request {
+        now_ms: wall_ms(),
+        op: Op::RenewLeases,
+    }))
+    .await
+    .map_err(|e| {
+        tracing::warn!(term, error = %e, "renewing leases failed");
+        unavailable(format!("renewing leases: {e}"))
+    })?;
+    renewed.store(term, Ordering::Release);
+    tracing::info!(term, "renewed every lease for the new term");
+    Ok(())
 }
 
 async fn reply(send: &mut SendStream, r: &WireResponse) {
@@ -766,9 +779,9 @@ impl ReplicaHandler {
         let response = match req {
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
-                let checked = self.local.read(|s, _| s.limits().check_op(&op));
+                let mut checked = self.local.read(|s, _| s.limits().check_op(&op));
                 if checked.is_ok() {
-                    renew_leases_once_per_term(&self.raft, &self.leases_renewed).await;
+                    checked = renew_leases_once_per_term(&self.raft, &self.leases_renewed).await;
                 }
                 let r = match checked {
                     Err(e) => Err(e),
