@@ -22,6 +22,8 @@ pub mod keys;
 pub mod monitor;
 pub mod registry;
 pub mod scheduler;
+#[cfg(test)]
+mod testing;
 
 pub use error::{CoordinatorError, Result};
 pub use jobs::JobFailure;

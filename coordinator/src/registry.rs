@@ -11,6 +11,12 @@
 //! 3. A worker is alive exactly while its alive key exists; the key lives
 //!    and dies with the lease, so a worker that stops heartbeating is dead
 //!    within its TTL, whatever happened to it.
+//! 4. A live worker sends a keep-alive every heartbeat interval. Each
+//!    keep-alive and each timestamp write is given up after one interval,
+//!    so a replica that died mid-call costs one beat, not the client's
+//!    retry budget: the client sends the next call past it. A timestamp
+//!    write retried by the client after it was applied finds the worker's
+//!    own value, which is not a newer incarnation.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -204,6 +210,7 @@ impl Drop for Heartbeat {
     }
 }
 
+/// Invariant 4: a keep-alive, then the timestamp write, every interval.
 async fn heartbeat_loop(
     kv: &dyn KvStore,
     reg: &Registration,
@@ -215,8 +222,6 @@ async fn heartbeat_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        // Bounded by the interval, so a replica that died mid-call costs
-        // one beat, not the client's whole retry budget.
         let started = std::time::Instant::now();
         let beat = tokio::time::timeout(liveness.heartbeat, kv.keep_alive(reg.lease)).await;
         let Ok(beat) = beat else {
@@ -227,12 +232,9 @@ async fn heartbeat_loop(
         };
         let outcome = if beat.is_ok() { "ok" } else { "failed" };
         metrics::counter!("tessel_worker_heartbeats_total", "outcome" => outcome).increment(1);
-        if beat.is_ok() {
-            metrics::histogram!("tessel_worker_heartbeat_seconds")
-                .record(started.elapsed().as_secs_f64());
-        }
         match beat {
-            Ok(()) => {}
+            Ok(()) => metrics::histogram!("tessel_worker_heartbeat_seconds")
+                .record(started.elapsed().as_secs_f64()),
             Err(KvError::LeaseNotFound(_)) => {
                 return CoordinatorError::StaleIncarnation {
                     worker: reg.worker_id.clone(),
@@ -246,47 +248,64 @@ async fn heartbeat_loop(
                 continue;
             }
         }
-        let expected = match &last {
-            Some(v) => v.clone(),
-            None => match kv.try_get(key.as_bytes()).await {
-                Ok(v) => v,
-                Err(KvError::NotFound(_)) => {
-                    return CoordinatorError::StaleIncarnation {
-                        worker: reg.worker_id.clone(),
-                        incarnation: reg.incarnation,
-                        current: None,
-                    }
-                }
-                Err(_) => continue,
-            },
-        };
-        if keys::parse_alive_value(&expected).map(|(i, _)| i) != Some(reg.incarnation) {
-            return CoordinatorError::StaleIncarnation {
-                worker: reg.worker_id.clone(),
-                incarnation: reg.incarnation,
-                current: keys::parse_alive_value(&expected).map(|(i, _)| i),
-            };
+        let stamp = write_stamp(kv, &key, reg, last.take());
+        match tokio::time::timeout(liveness.heartbeat, stamp).await {
+            Ok(Ok(written)) => last = written,
+            Ok(Err(stale)) => return stale,
+            // Whether it was applied is unknown: read the key next time.
+            Err(_) => tracing::warn!("heartbeat timestamp write timed out"),
         }
-        let now = keys::alive_value(reg.incarnation, keys::unix_ms()).into_bytes();
-        match kv
-            .compare_and_swap(key.as_bytes(), Some(&expected), &now)
-            .await
-        {
-            Ok(CasOutcome::Swapped { .. }) => last = Some(now),
-            Ok(CasOutcome::Mismatch { current }) => {
-                return CoordinatorError::StaleIncarnation {
-                    worker: reg.worker_id.clone(),
-                    incarnation: reg.incarnation,
-                    current: current
-                        .as_deref()
-                        .and_then(keys::parse_alive_value)
-                        .map(|(i, _)| i),
-                }
+    }
+}
+
+/// Writes the heartbeat's timestamp into the alive key by compare-and-swap
+/// from `last` (read first when unknown); the value the key now holds, or
+/// `None` after a transient failure. `Err` when another incarnation (or
+/// none) holds the key (invariant 2).
+async fn write_stamp(
+    kv: &dyn KvStore,
+    key: &str,
+    reg: &Registration,
+    last: Option<Vec<u8>>,
+) -> std::result::Result<Option<Vec<u8>>, CoordinatorError> {
+    let stale = |current: Option<u64>| CoordinatorError::StaleIncarnation {
+        worker: reg.worker_id.clone(),
+        incarnation: reg.incarnation,
+        current,
+    };
+    let expected = match last {
+        Some(v) => v,
+        None => match kv.try_get(key.as_bytes()).await {
+            Ok(v) => v,
+            Err(KvError::NotFound(_)) => return Err(stale(None)),
+            Err(_) => return Ok(None),
+        },
+    };
+    let holder = keys::parse_alive_value(&expected).map(|(i, _)| i);
+    if holder != Some(reg.incarnation) {
+        return Err(stale(holder));
+    }
+    let now = keys::alive_value(reg.incarnation, keys::unix_ms()).into_bytes();
+    match kv
+        .compare_and_swap(key.as_bytes(), Some(&expected), &now)
+        .await
+    {
+        Ok(CasOutcome::Swapped { .. }) => Ok(Some(now)),
+        Ok(CasOutcome::Mismatch { current }) => {
+            let holder = current
+                .as_deref()
+                .and_then(keys::parse_alive_value)
+                .map(|(i, _)| i);
+            match current {
+                // Our own write, retried by the client after its first try
+                // was applied but not answered (a replica died).
+                Some(ours) if holder == Some(reg.incarnation) => Ok(Some(ours)),
+                _ => Err(stale(holder)),
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "heartbeat timestamp not written");
-                last = None;
-            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "heartbeat timestamp not written");
+            Ok(None)
         }
     }
 }
@@ -365,6 +384,7 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::testing::FaultyKv;
     use tessel_kvstore::MemoryKv;
 
     pub fn info(id: &str) -> WorkerInfo {
@@ -436,6 +456,36 @@ pub(crate) mod tests {
         tokio::time::sleep(Duration::from_millis(1300)).await;
         let s = list_workers(&*kv).await.unwrap();
         assert_eq!(s[0].state, WorkerState::Dead);
+    }
+
+    /// Invariants 2 and 4: a timestamp write that never answers, or one
+    /// retried after it was applied, leaves the worker alive for many TTLs;
+    /// it dies within its TTL once the heartbeat stops.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stuck_or_retried_timestamp_writes_keep_the_lease() {
+        for (cas_hangs, cas_retried) in [(true, false), (false, true)] {
+            let kv: Arc<dyn KvStore> = Arc::new(FaultyKv {
+                cas_hangs,
+                retry_next_cas: cas_retried.into(),
+                ..FaultyKv::new()
+            });
+            let reg = register(&*kv, info("w"), fast()).await.unwrap();
+            let mut hb = Heartbeat::start(kv.clone(), reg, fast());
+            let case = format!("CAS hangs: {cas_hangs}, retried: {cas_retried}");
+            tokio::select! {
+                lost = hb.lost() => panic!("{case}: lost: {lost}"),
+                () = tokio::time::sleep(Duration::from_millis(2500)) => {}
+            }
+            let s = list_workers(&*kv).await.unwrap();
+            assert!(
+                matches!(s[0].state, WorkerState::Alive { incarnation: 1, .. }),
+                "{case}: {s:?}"
+            );
+            hb.stop();
+            tokio::time::sleep(Duration::from_millis(1300)).await;
+            let s = list_workers(&*kv).await.unwrap();
+            assert_eq!(s[0].state, WorkerState::Dead, "{case}");
+        }
     }
 
     #[test]

@@ -411,15 +411,21 @@ pub async fn read_state(kv: &dyn KvStore) -> Result<(Option<Vec<u8>>, SchedulerS
     }
 }
 
-/// Compare-and-swap of the state; false when another pass won.
+/// Compare-and-swap of the state; false when another pass won. A mismatch
+/// that finds exactly `new` is this call's own write: the client retried it
+/// after its first try was applied but not answered (a replica died;
+/// kvstore's client invariant 2).
 async fn commit(kv: &dyn KvStore, old: Option<&[u8]>, new: &SchedulerState) -> Result<bool> {
+    let new = new.encode();
     match kv
-        .compare_and_swap(keys::SCHED_STATE.as_bytes(), old, &new.encode())
+        .compare_and_swap(keys::SCHED_STATE.as_bytes(), old, &new)
         .await
         .map_err(CoordinatorError::kv("writing the scheduler state"))?
     {
         tessel_kvstore::CasOutcome::Swapped { .. } => Ok(true),
-        _ => Ok(false),
+        tessel_kvstore::CasOutcome::Mismatch { current } => {
+            Ok(current.as_deref() == Some(&new[..]))
+        }
     }
 }
 
@@ -597,6 +603,27 @@ pub async fn run(kv: Arc<dyn KvStore>, interval: Duration, topology_timeout: Dur
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::FaultyKv;
+
+    /// A submit whose state write the client retried after it was applied
+    /// keeps its one job and that job's bundle.
+    #[tokio::test]
+    async fn a_submit_retried_after_it_landed_keeps_its_job_and_bundle() {
+        let kv = FaultyKv {
+            retry_next_cas: true.into(),
+            ..FaultyKv::new()
+        };
+        let id = submit(&kv, "j", 1, 1, 0, b"bundle").await.unwrap();
+        let (_, state) = read_state(&kv).await.unwrap();
+        assert_eq!(state.jobs.len(), 1);
+        assert!(state.job(&id).is_some());
+        assert_eq!(
+            kv.try_get(keys::sched_bundle(&id).as_bytes())
+                .await
+                .unwrap(),
+            b"bundle"
+        );
+    }
 
     fn workers(n: u32, devices: u32) -> Vec<WorkerCapacity> {
         (0..n)

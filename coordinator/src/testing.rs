@@ -1,0 +1,89 @@
+//! Test doubles for this crate's unit tests.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tessel_kvstore::{CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
+
+/// [`MemoryKv`] behind a faulty network: compare-and-swaps never answer
+/// when `cas_hangs` (a replica that died mid-call). While
+/// `retry_next_cas` is set, the next one is applied twice, the caller
+/// hearing the second answer (a client retrying a write whose first try
+/// was applied but not answered), and the flag is cleared.
+pub struct FaultyKv {
+    pub inner: MemoryKv,
+    pub cas_hangs: bool,
+    pub retry_next_cas: AtomicBool,
+}
+
+impl FaultyKv {
+    /// No faults until fields say otherwise.
+    pub fn new() -> FaultyKv {
+        FaultyKv {
+            inner: MemoryKv::new(),
+            cas_hangs: false,
+            retry_next_cas: AtomicBool::new(false),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl KvStore for FaultyKv {
+    async fn insert(&self, k: &[u8], v: &[u8]) -> Result<u64> {
+        self.inner.insert(k, v).await
+    }
+    async fn put(&self, k: &[u8], v: &[u8]) -> Result<u64> {
+        self.inner.put(k, v).await
+    }
+    async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> Result<u64> {
+        self.inner.put_with_lease(k, v, l).await
+    }
+    async fn get(&self, k: &[u8], t: Duration) -> Result<Vec<u8>> {
+        self.inner.get(k, t).await
+    }
+    async fn try_get(&self, k: &[u8]) -> Result<Vec<u8>> {
+        self.inner.try_get(k).await
+    }
+    async fn list(&self, p: &[u8]) -> Result<Vec<KeyValue>> {
+        self.inner.list(p).await
+    }
+    async fn delete(&self, k: &[u8]) -> Result<u64> {
+        self.inner.delete(k).await
+    }
+    async fn delete_prefix(&self, p: &[u8]) -> Result<u64> {
+        self.inner.delete_prefix(p).await
+    }
+    async fn increment(&self, k: &[u8], d: i64) -> Result<i64> {
+        self.inner.increment(k, d).await
+    }
+    async fn compare_and_swap(&self, k: &[u8], e: Option<&[u8]>, v: &[u8]) -> Result<CasOutcome> {
+        if self.cas_hangs {
+            std::future::pending::<()>().await;
+        }
+        if self.retry_next_cas.swap(false, Ordering::SeqCst) {
+            self.inner.compare_and_swap(k, e, v).await?;
+        }
+        self.inner.compare_and_swap(k, e, v).await
+    }
+    async fn watch(&self, p: &[u8], r: u64) -> Result<WatchStream> {
+        self.inner.watch(p, r).await
+    }
+    async fn grant(&self, ttl: Duration) -> Result<u64> {
+        self.inner.grant(ttl).await
+    }
+    async fn keep_alive(&self, l: u64) -> Result<()> {
+        self.inner.keep_alive(l).await
+    }
+    async fn revoke(&self, l: u64) -> Result<()> {
+        self.inner.revoke(l).await
+    }
+    async fn barrier(&self, id: &[u8], who: &[u8], n: u32, t: Duration) -> Result<()> {
+        self.inner.barrier(id, who, n, t).await
+    }
+    async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()> {
+        self.inner.cancel_barrier(id, reason).await
+    }
+    async fn revision(&self) -> Result<u64> {
+        self.inner.revision().await
+    }
+}
