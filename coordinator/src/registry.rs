@@ -441,29 +441,12 @@ pub(crate) mod tests {
         ));
     }
 
+    /// Invariants 2-4: a worker is alive while it beats, for many TTLs,
+    /// even when a timestamp write never answers or is retried after it
+    /// was applied; it is dead within its TTL once the heartbeat stops.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_worker_is_alive_while_it_beats_and_dead_after_its_ttl() {
-        let kv: Arc<dyn KvStore> = Arc::new(MemoryKv::new());
-        let reg = register(&*kv, info("w"), fast()).await.unwrap();
-        let hb = Heartbeat::start(kv.clone(), reg, fast());
-        tokio::time::sleep(Duration::from_millis(900)).await;
-        let s = list_workers(&*kv).await.unwrap();
-        assert!(
-            matches!(s[0].state, WorkerState::Alive { incarnation: 1, .. }),
-            "{s:?}"
-        );
-        hb.stop();
-        tokio::time::sleep(Duration::from_millis(1300)).await;
-        let s = list_workers(&*kv).await.unwrap();
-        assert_eq!(s[0].state, WorkerState::Dead);
-    }
-
-    /// Invariants 2 and 4: a timestamp write that never answers, or one
-    /// retried after it was applied, leaves the worker alive for many TTLs;
-    /// it dies within its TTL once the heartbeat stops.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn stuck_or_retried_timestamp_writes_keep_the_lease() {
-        for (cas_hangs, cas_retried) in [(true, false), (false, true)] {
+        for (cas_hangs, cas_retried) in [(false, false), (true, false), (false, true)] {
             let kv: Arc<dyn KvStore> = Arc::new(FaultyKv {
                 cas_hangs,
                 retry_next_cas: cas_retried.into(),
