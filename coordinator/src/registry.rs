@@ -268,41 +268,38 @@ async fn write_stamp(
     reg: &Registration,
     last: Option<Vec<u8>>,
 ) -> std::result::Result<Option<Vec<u8>>, CoordinatorError> {
-    let stale = |current: Option<u64>| CoordinatorError::StaleIncarnation {
-        worker: reg.worker_id.clone(),
-        incarnation: reg.incarnation,
-        current,
+    // The key's value when this incarnation holds it; any value of ours
+    // is, even one of our writes that the client retried after its first
+    // try was applied but not answered (a replica died).
+    let ours = |value: Option<Vec<u8>>| {
+        let holder = value
+            .as_deref()
+            .and_then(keys::parse_alive_value)
+            .map(|(i, _)| i);
+        match value {
+            Some(v) if holder == Some(reg.incarnation) => Ok(v),
+            _ => Err(CoordinatorError::StaleIncarnation {
+                worker: reg.worker_id.clone(),
+                incarnation: reg.incarnation,
+                current: holder,
+            }),
+        }
     };
     let expected = match last {
         Some(v) => v,
         None => match kv.try_get(key.as_bytes()).await {
-            Ok(v) => v,
-            Err(KvError::NotFound(_)) => return Err(stale(None)),
+            Ok(v) => ours(Some(v))?,
+            Err(KvError::NotFound(_)) => ours(None)?,
             Err(_) => return Ok(None),
         },
     };
-    let holder = keys::parse_alive_value(&expected).map(|(i, _)| i);
-    if holder != Some(reg.incarnation) {
-        return Err(stale(holder));
-    }
     let now = keys::alive_value(reg.incarnation, keys::unix_ms()).into_bytes();
     match kv
         .compare_and_swap(key.as_bytes(), Some(&expected), &now)
         .await
     {
         Ok(CasOutcome::Swapped { .. }) => Ok(Some(now)),
-        Ok(CasOutcome::Mismatch { current }) => {
-            let holder = current
-                .as_deref()
-                .and_then(keys::parse_alive_value)
-                .map(|(i, _)| i);
-            match current {
-                // Our own write, retried by the client after its first try
-                // was applied but not answered (a replica died).
-                Some(ours) if holder == Some(reg.incarnation) => Ok(Some(ours)),
-                _ => Err(stale(holder)),
-            }
-        }
+        Ok(CasOutcome::Mismatch { current }) => ours(current).map(Some),
         Err(e) => {
             tracing::warn!(error = %e, "heartbeat timestamp not written");
             Ok(None)
