@@ -779,10 +779,10 @@ impl ReplicaHandler {
         let response = match req {
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
-                let mut checked = self.local.read(|s, _| s.limits().check_op(&op));
-                if checked.is_ok() {
-                    checked = renew_leases_once_per_term(&self.raft, &self.leases_renewed).await;
-                }
+                let checked = match self.local.read(|s, _| s.limits().check_op(&op)) {
+                    Ok(()) => renew_leases_once_per_term(&self.raft, &self.leases_renewed).await,
+                    invalid => invalid,
+                };
                 let r = match checked {
                     Err(e) => Err(e),
                     Ok(()) => {
