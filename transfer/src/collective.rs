@@ -166,10 +166,13 @@ fn reclaim(input: Bytes) -> Vec<u8> {
     }
 }
 
-/// Appends every segment's chunks, in segment order, to `out`.
-fn append_in_order(out: &mut Vec<u8>, all: &[Vec<Outgoing<'_>>]) {
+/// Writes every segment's chunks, in segment order, to `out`: appended to
+/// a vector, or copied into a buffer of the whole array's length (the
+/// chunks' lengths were checked as they arrived).
+fn write_in_order(mut out: impl std::io::Write, all: &[Vec<Outgoing<'_>>]) {
     for piece in all.iter().flatten().flat_map(Outgoing::pieces) {
-        out.extend_from_slice(piece);
+        out.write_all(piece)
+            .expect("the output holds the whole array");
     }
 }
 
@@ -1387,7 +1390,7 @@ impl Call {
                 .ring_all_reduce(op, dtype, Source::Shared(input.clone()), &segs)
                 .await?;
             data = reclaim(input);
-            append_in_order(&mut data, &all);
+            write_in_order(&mut data, &all);
         }
         Ok(data)
     }
@@ -1420,11 +1423,7 @@ impl Call {
             let all = self
                 .ring_all_reduce(op, dtype, Source::Borrowed(data), &segs)
                 .await?;
-            let mut at = 0;
-            for piece in all.iter().flatten().flat_map(Outgoing::pieces) {
-                data[at..at + piece.len()].copy_from_slice(piece);
-                at += piece.len();
-            }
+            write_in_order(&mut data[..], &all);
         }
         Ok(())
     }
@@ -1478,7 +1477,7 @@ impl Call {
             .collect();
         let all = self.gather_phase(dtype, own, &segs).await?;
         let mut out = Vec::with_capacity(len * n);
-        append_in_order(&mut out, &all);
+        write_in_order(&mut out, &all);
         Ok(out)
     }
 
