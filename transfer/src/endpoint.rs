@@ -1339,28 +1339,29 @@ mod tests {
         })
         .await;
 
-        // Two parts of one transfer under different tags.
-        let (p, q) = (part(2, 1001, 0), part(3, 1001, 1));
-        let (first, second) = tokio::join!(
-            a.send_stream(&to_b, Some(0), &p, Outgoing::Borrowed(&[1; 4])),
-            async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                a.send_stream(&to_b, Some(1), &q, Outgoing::Borrowed(&[2; 4]))
-                    .await
+        // Sends `(header, byte)` on connection 0 and, 100 ms later, the
+        // second one on connection 1.
+        let send_apart = |(p, x): (TransferHeader, u8), (q, y): (TransferHeader, u8)| {
+            let (a, to_b) = (&a, &to_b);
+            async move {
+                let (x, y) = ([x; 4], [y; 4]);
+                tokio::join!(
+                    a.send_stream(to_b, Some(0), &p, Outgoing::Borrowed(&x)),
+                    async {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        a.send_stream(to_b, Some(1), &q, Outgoing::Borrowed(&y))
+                            .await
+                    }
+                )
             }
-        );
+        };
+        // Two parts of one transfer under different tags.
+        let (first, second) = send_apart((part(2, 1001, 0), 1), (part(3, 1001, 1), 2)).await;
         assert!(first.is_err() && second.is_err(), "both refused");
         assert_eq!(b.mailbox.assemblies.len(), 0);
         // A repeated part.
         let p = part(4, 1002, 1);
-        let (first, again) = tokio::join!(
-            a.send_stream(&to_b, Some(0), &p, Outgoing::Borrowed(&[1; 4])),
-            async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                a.send_stream(&to_b, Some(1), &p, Outgoing::Borrowed(&[1; 4]))
-                    .await
-            }
-        );
+        let (first, again) = send_apart((p.clone(), 1), (p, 1)).await;
         assert!(first.is_err() && again.is_err(), "both refused");
         assert_eq!(b.mailbox.assemblies.len(), 0);
         assert!(
