@@ -6,6 +6,12 @@
 //!    connection and the server keep serving every other stream.
 //! 2. At most one connection per peer address is kept; a closed one is
 //!    replaced on the next call.
+//! 3. A one-frame stream is read to its end when the sender's end has
+//!    arrived with the frame (the sender finishes right after writing, so
+//!    it usually travels in the same packet). A stream dropped before its
+//!    end is read sends STOP_SENDING, since quinn cannot tell it from one
+//!    whose data is still in flight: a spurious frame for the peer to
+//!    handle on every request.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,6 +20,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use serde::Serialize;
 
@@ -49,6 +56,13 @@ pub async fn read_frame(recv: &mut RecvStream, max: usize) -> Result<Option<Vec<
         .await
         .map_err(|e| ReadError::Io(e.to_string()))?;
     Ok(Some(body))
+}
+
+/// Takes the peer's end of stream when it has already arrived, without
+/// waiting for it (invariant 3).
+fn take_end(recv: &mut RecvStream) {
+    let mut probe = [0u8; 1];
+    let _ = recv.read(&mut probe).now_or_never();
 }
 
 /// Why a frame could not be read.
@@ -150,7 +164,10 @@ impl PeerClient {
             let _ = send.finish();
             let stream_err = |reason: String| NetError::Stream { addr, reason };
             match read_frame(&mut recv, wire::MAX_FRAME).await {
-                Ok(Some(body)) => Ok(wire::decode(&body)?),
+                Ok(Some(body)) => {
+                    take_end(&mut recv);
+                    Ok(wire::decode(&body)?)
+                }
                 Ok(None) => Err(stream_err("closed without an answer".into())),
                 Err(ReadError::Frame(f)) => Err(NetError::Frame(f)),
                 Err(ReadError::Io(e)) => Err(stream_err(e)),
@@ -204,7 +221,10 @@ async fn serve_stream<H: Handler>(
 ) {
     // Invariant 1: problems with this stream end this stream only.
     let body = match read_frame(&mut recv, wire::MAX_FRAME).await {
-        Ok(Some(b)) => b,
+        Ok(Some(b)) => {
+            take_end(&mut recv);
+            b
+        }
         Ok(None) => return,
         Err(ReadError::Frame(e)) => {
             tracing::warn!(%peer, "refusing stream: {e}");
@@ -223,5 +243,58 @@ async fn serve_stream<H: Handler>(
             tracing::warn!(%peer, "refusing stream: {e}");
             let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ClientRequest;
+
+    /// Answers every request with one frame, as the replicas do.
+    struct Answer;
+
+    impl Handler for Answer {
+        fn handle(
+            self: Arc<Self>,
+            _req: WireRequest,
+            mut send: SendStream,
+            _peer: SocketAddr,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+            Box::pin(async move {
+                let _ = write_frame(&mut send, &WireResponse::Revision(Ok(7))).await;
+                let _ = send.finish();
+            })
+        }
+    }
+
+    /// Invariant 3: requests answered in one frame leave no STOP_SENDING
+    /// behind, in either direction.
+    #[tokio::test]
+    async fn a_call_reads_both_streams_to_their_end() {
+        let (server_cfg, client_cfg) = crate::tls::insecure_configs(wire::ALPN).unwrap();
+        let server = Endpoint::server(server_cfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = server.local_addr().unwrap();
+        tokio::spawn(serve(server, Arc::new(Answer)));
+        let mut endpoint = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(client_cfg);
+        let client = PeerClient::new(endpoint);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        for _ in 0..50 {
+            match client.call(addr, &req, Duration::from_secs(5)).await {
+                Ok(WireResponse::Revision(Ok(7))) => {}
+                other => panic!("unexpected answer: {other:?}"),
+            }
+        }
+        let conn = client.connection(addr).await.unwrap();
+        // Let the peer's frames for the last call arrive.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stats = conn.stats();
+        assert_eq!(stats.frame_tx.stop_sending, 0, "sent: {:?}", stats.frame_tx);
+        assert_eq!(
+            stats.frame_rx.stop_sending, 0,
+            "received: {:?}",
+            stats.frame_rx
+        );
     }
 }
