@@ -130,6 +130,27 @@ fn rss_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// CPU time (user + system, all threads) a process has used so far, in
+/// seconds; `/proc/PID/stat` counts it in USER_HZ ticks, 100 per second on
+/// Linux's x86 and arm ABIs.
+fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name, which may hold spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+/// CPU seconds of the load generator (this process) and of every node.
+fn cpu_all(pids: &[u32]) -> Vec<f64> {
+    std::iter::once(std::process::id())
+        .chain(pids.iter().copied())
+        .map(|p| cpu_s(p).unwrap_or(f64::NAN))
+        .collect()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -267,20 +288,32 @@ async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()
             }));
         }
         let started = Instant::now();
+        let cpu_before = cpu_all(pids);
         let mut all = Vec::new();
         for t in tasks {
             all.extend(t.await?);
         }
         let elapsed = started.elapsed().as_secs_f64();
+        // Where the CPU went: microseconds per acknowledged put, for the
+        // load generator first, then each node in `pids` order.
+        let cpu_us: Vec<String> = cpu_all(pids)
+            .iter()
+            .zip(&cpu_before)
+            .map(|(after, before)| {
+                format!("{:.1}", (after - before) * 1e6 / all.len().max(1) as f64)
+            })
+            .collect();
         all.sort();
         println!(
-            "{{\"system\":\"{system}\",\"figure\":\"concurrent_put\",\"clients\":{clients},\"ops\":{},\"puts_per_s\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3}}}",
+            "{{\"system\":\"{system}\",\"figure\":\"concurrent_put\",\"clients\":{clients},\"ops\":{},\"puts_per_s\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\"cpu_us_per_put\":{{\"load\":{},\"nodes\":[{}]}}}}",
             all.len(),
             all.len() as f64 / elapsed,
             percentile(&all, 0.5),
             percentile(&all, 0.99),
             percentile(&all, 0.999),
-            percentile(&all, 1.0)
+            percentile(&all, 1.0),
+            cpu_us[0],
+            cpu_us[1..].join(",")
         );
     }
 

@@ -194,7 +194,12 @@ fn run(cli: Cli) -> Result<()> {
     };
     match cli.command {
         Command::Certs { command } => cluster_cli::certs(command),
-        Command::Coordinator(args) => runtime()?.block_on(cluster_cli::coordinator(args)),
+        Command::Coordinator(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.worker_threads.into())
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?
+            .block_on(cluster_cli::coordinator(args)),
         Command::Kv(args) => runtime()?.block_on(cluster_cli::kv(args)),
         Command::Worker(args) => runtime()?.block_on(node_cli::worker(args)),
         Command::Workers(args) => runtime()?.block_on(node_cli::workers(args)),
