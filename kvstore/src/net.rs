@@ -12,6 +12,12 @@
 //!    end is read sends STOP_SENDING, since quinn cannot tell it from one
 //!    whose data is still in flight: a spurious frame for the peer to
 //!    handle on every request.
+//! 4. A call gives up on a peer that has sent nothing for [`SILENCE`]
+//!    while the call waits, instead of waiting for the connection's idle
+//!    timeout: a killed process sends no close, and a live one answers our
+//!    keep-alives within its ACK delay. The connection stays (a busy but
+//!    live peer loses only this call, which the caller retries); the idle
+//!    timeout closes it if the peer is really gone.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -63,6 +69,42 @@ pub async fn read_frame(recv: &mut RecvStream, max: usize) -> Result<Option<Vec<
 fn take_end(recv: &mut RecvStream) {
     let mut probe = [0u8; 1];
     let _ = recv.read(&mut probe).now_or_never();
+}
+
+/// How long a peer may send nothing while a call waits on it (invariant 4):
+/// twice the keep-alive interval, after which at least one keep-alive of
+/// ours has gone unanswered for half a second.
+pub const SILENCE: Duration = Duration::from_secs(1);
+const SILENCE_CHECK: Duration = Duration::from_millis(250);
+
+/// Returns once `conn` has received nothing for `silence`.
+async fn until_silent(conn: &Connection, silence: Duration) {
+    let mut seen = conn.stats().udp_rx.datagrams;
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(SILENCE_CHECK).await;
+        let now = conn.stats().udp_rx.datagrams;
+        if now != seen {
+            (seen, since) = (now, tokio::time::Instant::now());
+        } else if since.elapsed() >= silence {
+            return;
+        }
+    }
+}
+
+/// [`read_frame`] from a stream of `conn`, given up when the peer falls
+/// silent (invariant 4).
+pub async fn read_frame_from(
+    conn: &Connection,
+    recv: &mut RecvStream,
+    max: usize,
+) -> Result<Option<Vec<u8>>, ReadError> {
+    tokio::select! {
+        r = read_frame(recv, max) => r,
+        () = until_silent(conn, SILENCE) => Err(ReadError::Io(format!(
+            "the peer sent nothing for {SILENCE:?}"
+        ))),
+    }
 }
 
 /// Why a frame could not be read.
@@ -125,31 +167,33 @@ impl PeerClient {
         Ok(conn)
     }
 
-    /// Opens a stream to `addr` and sends `req` on it.
+    /// Opens a stream to `addr` and sends `req` on it; returns the
+    /// connection with the stream, for [`read_frame_from`].
     pub async fn open(
         &self,
         addr: SocketAddr,
         req: &WireRequest,
-    ) -> Result<(SendStream, RecvStream), NetError> {
+    ) -> Result<(Connection, SendStream, RecvStream), NetError> {
         let stream_err = |reason: String| NetError::Stream { addr, reason };
         let conn = self.connection(addr).await?;
-        let (mut send, recv) = match conn.open_bi().await {
-            Ok(s) => s,
+        let (conn, (mut send, recv)) = match conn.open_bi().await {
+            Ok(s) => (conn, s),
             Err(_) => {
                 // The pooled connection died: reconnect once (invariant 2).
                 self.conns
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&addr);
-                self.connection(addr)
-                    .await?
+                let conn = self.connection(addr).await?;
+                let streams = conn
                     .open_bi()
                     .await
-                    .map_err(|e| stream_err(e.to_string()))?
+                    .map_err(|e| stream_err(e.to_string()))?;
+                (conn, streams)
             }
         };
         write_frame(&mut send, req).await.map_err(stream_err)?;
-        Ok((send, recv))
+        Ok((conn, send, recv))
     }
 
     /// Sends `req` to `addr` and waits up to `timeout` for the answer.
@@ -160,10 +204,10 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<WireResponse, NetError> {
         let attempt = async {
-            let (mut send, mut recv) = self.open(addr, req).await?;
+            let (conn, mut send, mut recv) = self.open(addr, req).await?;
             let _ = send.finish();
             let stream_err = |reason: String| NetError::Stream { addr, reason };
-            match read_frame(&mut recv, wire::MAX_FRAME).await {
+            match read_frame_from(&conn, &mut recv, wire::MAX_FRAME).await {
                 Ok(Some(body)) => {
                     take_end(&mut recv);
                     Ok(wire::decode(&body)?)
@@ -268,17 +312,101 @@ mod tests {
         }
     }
 
+    /// Answers after `delay`, or never.
+    struct Slow(Option<Duration>);
+
+    impl Handler for Slow {
+        fn handle(
+            self: Arc<Self>,
+            req: WireRequest,
+            send: SendStream,
+            peer: SocketAddr,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+            Box::pin(async move {
+                match self.0 {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending().await,
+                }
+                Arc::new(Answer).handle(req, send, peer).await
+            })
+        }
+    }
+
+    /// A server on a runtime of its own, which the test can stop dead: no
+    /// close reaches the client, as when a process is killed.
+    fn server_on_own_runtime(
+        handler: impl Handler,
+    ) -> (tokio::runtime::Runtime, SocketAddr, quinn::ClientConfig) {
+        let (server_cfg, client_cfg) = crate::tls::insecure_configs(wire::ALPN).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = {
+            let _runtime = rt.enter();
+            Endpoint::server(server_cfg, "127.0.0.1:0".parse().unwrap()).unwrap()
+        };
+        let addr = server.local_addr().unwrap();
+        rt.spawn(serve(server, Arc::new(handler)));
+        (rt, addr, client_cfg)
+    }
+
+    fn client_with(cfg: quinn::ClientConfig) -> PeerClient {
+        let mut endpoint = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(cfg);
+        PeerClient::new(endpoint)
+    }
+
+    /// Invariant 4: a peer that dies while a call waits on it is given up
+    /// after `SILENCE`, well before the connection's idle timeout.
+    #[tokio::test]
+    async fn a_call_gives_up_on_a_peer_that_fell_silent() {
+        let (rt, addr, cfg) = server_on_own_runtime(Slow(None));
+        let client = client_with(cfg);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        let started = tokio::time::Instant::now();
+        let call = client.call(addr, &req, Duration::from_secs(10));
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            rt.shutdown_background();
+        };
+        let (answer, ()) = tokio::join!(call, kill);
+        let took = started.elapsed();
+        match answer {
+            Err(NetError::Stream { reason, .. }) => {
+                assert!(reason.contains("sent nothing"), "{reason}")
+            }
+            other => panic!("expected a silent peer, got {other:?}"),
+        }
+        assert!(
+            took < crate::tls::IDLE_TIMEOUT,
+            "gave up after {took:?}, no sooner than the idle timeout"
+        );
+    }
+
+    /// Invariant 4, the other side: a live peer that takes longer than
+    /// `SILENCE` (and than the idle timeout) to answer is waited for.
+    #[tokio::test]
+    async fn a_call_waits_for_a_slow_live_peer() {
+        let slow = crate::tls::IDLE_TIMEOUT + Duration::from_millis(500);
+        let (rt, addr, cfg) = server_on_own_runtime(Slow(Some(slow)));
+        let client = client_with(cfg);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        let answer = client.call(addr, &req, Duration::from_secs(10)).await;
+        assert!(
+            matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
+            "{answer:?}"
+        );
+        rt.shutdown_background();
+    }
+
     /// Invariant 3: requests answered in one frame leave no STOP_SENDING
     /// behind, in either direction.
     #[tokio::test]
     async fn a_call_reads_both_streams_to_their_end() {
-        let (server_cfg, client_cfg) = crate::tls::insecure_configs(wire::ALPN).unwrap();
-        let server = Endpoint::server(server_cfg, "127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = server.local_addr().unwrap();
-        tokio::spawn(serve(server, Arc::new(Answer)));
-        let mut endpoint = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        endpoint.set_default_client_config(client_cfg);
-        let client = PeerClient::new(endpoint);
+        let (rt, addr, cfg) = server_on_own_runtime(Answer);
+        let client = client_with(cfg);
         let req = WireRequest::Client(ClientRequest::Revision);
         for _ in 0..50 {
             match client.call(addr, &req, Duration::from_secs(5)).await {
@@ -296,5 +424,6 @@ mod tests {
             "received: {:?}",
             stats.frame_rx
         );
+        rt.shutdown_background();
     }
 }

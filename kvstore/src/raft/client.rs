@@ -129,8 +129,9 @@ impl RaftKv {
             for _ in 0..self.addrs.len() {
                 let i = self.next.load(Ordering::Relaxed) % self.addrs.len();
                 let addr = self.addrs[i];
-                // A dead replica is noticed by the idle timeout at the
-                // latest (a killed process sends no close).
+                // A dead replica is noticed once it has been silent for
+                // `net::SILENCE` (net invariant 4), by the idle timeout at
+                // the latest (a killed process sends no close).
                 let per_call = wait + crate::tls::IDLE_TIMEOUT;
                 // Point past this replica while the call runs: a caller that
                 // gives up (drops this future) on a dead replica moves the
@@ -479,7 +480,7 @@ async fn open_watch(
                 prefix: prefix.to_vec(),
                 from,
             });
-            if let Ok((mut send, recv)) = client.open(addr, &req).await {
+            if let Ok((_, mut send, recv)) = client.open(addr, &req).await {
                 let _ = send.finish();
                 return Some(recv);
             }

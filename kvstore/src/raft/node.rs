@@ -653,7 +653,7 @@ impl ReplicaHandler {
 
     /// Relays a request to the leader and every answer frame back.
     async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut SendStream) {
-        let (mut up, mut down) = match self
+        let (conn, mut up, mut down) = match self
             .client
             .open(addr, &WireRequest::Forwarded(req.clone()))
             .await
@@ -663,7 +663,7 @@ impl ReplicaHandler {
         };
         let _ = up.finish();
         loop {
-            match net::read_frame(&mut down, wire::MAX_FRAME).await {
+            match net::read_frame_from(&conn, &mut down, wire::MAX_FRAME).await {
                 Ok(Some(body)) => {
                     if send
                         .write_all(&(body.len() as u32).to_be_bytes())
