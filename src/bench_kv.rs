@@ -144,10 +144,10 @@ fn cpu_s(pid: u32) -> Option<f64> {
 }
 
 /// CPU seconds of the load generator (this process) and of every node.
-fn cpu_all(pids: &[u32]) -> Vec<f64> {
+fn cpu_all(pids: &[u32]) -> Vec<Option<f64>> {
     std::iter::once(std::process::id())
         .chain(pids.iter().copied())
-        .map(|p| cpu_s(p).unwrap_or(f64::NAN))
+        .map(cpu_s)
         .collect()
 }
 
@@ -299,8 +299,10 @@ async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()
         let cpu_us: Vec<String> = cpu_all(pids)
             .iter()
             .zip(&cpu_before)
-            .map(|(after, before)| {
-                format!("{:.1}", (after - before) * 1e6 / all.len().max(1) as f64)
+            .map(|(after, before)| match (after, before) {
+                (Some(a), Some(b)) => format!("{:.1}", (a - b) * 1e6 / all.len().max(1) as f64),
+                // A process gone (or unreadable) mid-phase, as `rss_kib`.
+                _ => "null".into(),
             })
             .collect();
         all.sort();

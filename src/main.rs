@@ -186,20 +186,23 @@ fn run(cli: Cli) -> Result<()> {
     if cli.exit_with_parent {
         procs::exit_with_parent();
     }
-    let runtime = || {
-        tokio::runtime::Builder::new_multi_thread()
+    // `threads`: the runtime's worker threads; `None`, one per core.
+    let runtime_with = |threads: Option<usize>| {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = threads {
+            builder.worker_threads(n);
+        }
+        builder
             .enable_all()
             .build()
             .context("cannot start the async runtime")
     };
+    let runtime = || runtime_with(None);
     match cli.command {
         Command::Certs { command } => cluster_cli::certs(command),
-        Command::Coordinator(args) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.worker_threads.into())
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")?
-            .block_on(cluster_cli::coordinator(args)),
+        Command::Coordinator(args) => {
+            runtime_with(Some(args.worker_threads.into()))?.block_on(cluster_cli::coordinator(args))
+        }
         Command::Kv(args) => runtime()?.block_on(cluster_cli::kv(args)),
         Command::Worker(args) => runtime()?.block_on(node_cli::worker(args)),
         Command::Workers(args) => runtime()?.block_on(node_cli::workers(args)),

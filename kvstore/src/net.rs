@@ -77,8 +77,8 @@ fn take_end(recv: &mut RecvStream) {
 pub const SILENCE: Duration = Duration::from_secs(1);
 const SILENCE_CHECK: Duration = Duration::from_millis(250);
 
-/// Returns once `conn` has received nothing for `silence`.
-async fn until_silent(conn: &Connection, silence: Duration) {
+/// Returns once `conn` has received nothing for [`SILENCE`].
+async fn until_silent(conn: &Connection) {
     let mut seen = conn.stats().udp_rx.datagrams;
     let mut since = tokio::time::Instant::now();
     loop {
@@ -86,7 +86,7 @@ async fn until_silent(conn: &Connection, silence: Duration) {
         let now = conn.stats().udp_rx.datagrams;
         if now != seen {
             (seen, since) = (now, tokio::time::Instant::now());
-        } else if since.elapsed() >= silence {
+        } else if since.elapsed() >= SILENCE {
             return;
         }
     }
@@ -101,7 +101,7 @@ pub async fn read_frame_from(
 ) -> Result<Option<Vec<u8>>, ReadError> {
     tokio::select! {
         r = read_frame(recv, max) => r,
-        () = until_silent(conn, SILENCE) => Err(ReadError::Io(format!(
+        () = until_silent(conn) => Err(ReadError::Io(format!(
             "the peer sent nothing for {SILENCE:?}"
         ))),
     }
@@ -175,21 +175,19 @@ impl PeerClient {
         req: &WireRequest,
     ) -> Result<(Connection, SendStream, RecvStream), NetError> {
         let stream_err = |reason: String| NetError::Stream { addr, reason };
-        let conn = self.connection(addr).await?;
-        let (conn, (mut send, recv)) = match conn.open_bi().await {
-            Ok(s) => (conn, s),
+        let mut conn = self.connection(addr).await?;
+        let (mut send, recv) = match conn.open_bi().await {
+            Ok(s) => s,
             Err(_) => {
                 // The pooled connection died: reconnect once (invariant 2).
                 self.conns
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&addr);
-                let conn = self.connection(addr).await?;
-                let streams = conn
-                    .open_bi()
+                conn = self.connection(addr).await?;
+                conn.open_bi()
                     .await
-                    .map_err(|e| stream_err(e.to_string()))?;
-                (conn, streams)
+                    .map_err(|e| stream_err(e.to_string()))?
             }
         };
         write_frame(&mut send, req).await.map_err(stream_err)?;
