@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use futures::StreamExt;
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
+use tessel_kvstore::raft::wal::LogIo;
 use tessel_kvstore::tls::{init_certs, TlsFiles};
 use tessel_kvstore::{show_key, Event, KvStore};
 
@@ -85,8 +86,21 @@ pub struct CoordinatorArgs {
     /// disk work still hands the other tasks to a fresh thread.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_threads: u16,
+    /// How the Raft log reaches the disk: `direct` writes whole blocks
+    /// with O_DIRECT and O_DSYNC, one call per write (falls back to
+    /// `buffered` where the file system refuses O_DIRECT); `buffered`
+    /// writes through the page cache, then fdatasync.
+    #[arg(long, value_enum, default_value_t = LogIoArg::Direct)]
+    pub log_io: LogIoArg,
     #[command(flatten)]
     pub tls: TlsArgs,
+}
+
+/// `--log-io`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogIoArg {
+    Direct,
+    Buffered,
 }
 
 fn parse_peer(s: &str) -> Result<(u64, SocketAddr), String> {
@@ -278,6 +292,10 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         data_dir,
         tls: tls.clone(),
         raft,
+        log_io: match args.log_io {
+            LogIoArg::Direct => LogIo::Direct,
+            LogIoArg::Buffered => LogIo::Buffered,
+        },
     };
     let replica = Replica::start(cfg).await?;
     let addr = replica.local_addr()?;

@@ -1,10 +1,12 @@
 //! How long one durable append of a small log entry takes on this machine,
 //! for the two stores measured for the Raft log, in one run: a redb commit
 //! with fsync (the log's store before 2026-11-23) and an append to
-//! [`tessel_kvstore::raft::wal::Wal`] (write + fdatasync on its thread, the
-//! caller woken by the flush callback). Every replicated write waits for
-//! one on the leader and one on a follower. Then the log's append again
-//! after idle gaps of 0–5 ms: on this project's virtual machine a sync
+//! [`tessel_kvstore::raft::wal::Wal`] on its writer thread, the caller woken
+//! by the flush callback, both ways it can write: direct (one `pwrite` of
+//! whole blocks with `O_DIRECT | O_DSYNC`, the default) and buffered
+//! (`pwrite` + `fdatasync`). Every replicated write waits for one on the
+//! leader and one on a follower. Then both ways again after idle gaps of
+//! 0–5 ms: on this project's virtual machine a sync
 //! after the disk and the CPUs were idle takes several times longer, and
 //! in a replicated write each disk idles while the other replica's sync
 //! and the network round trip run (`blocking_get_wakeup` in `bench kv`
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 use redb::{Database, TableDefinition};
-use tessel_kvstore::raft::wal::Wal;
+use tessel_kvstore::raft::wal::{LogIo, Wal};
 use tessel_kvstore::raft::{Proposal, TypeConfig};
 use tessel_kvstore::state::{Op, Request};
 
@@ -71,8 +73,12 @@ async fn timed_append(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let db = Database::create(dir.path().join("bench.redb"))?;
-    let wal = Wal::open(&dir.path().join("log"))?;
-    let (mut redb_lat, mut wal_lat) = (Vec::new(), Vec::new());
+    let direct = Wal::open_with_io(&dir.path().join("log"), LogIo::Direct)?;
+    if direct.io() != LogIo::Direct {
+        return Err("this file system refuses O_DIRECT; nothing to compare".into());
+    }
+    let buffered = Wal::open_with_io(&dir.path().join("log-buffered"), LogIo::Buffered)?;
+    let (mut redb_lat, mut direct_lat, mut buffered_lat) = (Vec::new(), Vec::new(), Vec::new());
     // Interleaved, so that both see the same disk weather.
     for i in 1..=APPENDS {
         let e = entry(i);
@@ -83,22 +89,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         txn.commit()?;
         redb_lat.push(t.elapsed());
 
-        wal_lat.push(timed_append(&wal, e).await?);
+        direct_lat.push(timed_append(&direct, e.clone()).await?);
+        buffered_lat.push(timed_append(&buffered, e).await?);
     }
     report("redb_durable_commit", redb_lat);
-    report("wal_durable_append", wal_lat);
+    report("wal_durable_append_direct", direct_lat);
+    report("wal_durable_append_buffered", buffered_lat);
     let mut next = APPENDS + 1;
     for gap_ms in [0.0, 0.5, 1.0, 2.0, 5.0, 0.0] {
-        let mut lat = Vec::new();
+        let (mut d, mut b) = (Vec::new(), Vec::new());
         for _ in 0..400 {
-            if gap_ms > 0.0 {
-                // The thread itself idles (tokio's timer rounds to 1 ms).
-                std::thread::sleep(Duration::from_secs_f64(gap_ms / 1e3));
+            for (wal, lat) in [(&direct, &mut d), (&buffered, &mut b)] {
+                if gap_ms > 0.0 {
+                    // The thread itself idles (tokio's timer rounds to 1 ms).
+                    std::thread::sleep(Duration::from_secs_f64(gap_ms / 1e3));
+                }
+                lat.push(timed_append(wal, entry(next)).await?);
             }
-            lat.push(timed_append(&wal, entry(next)).await?);
             next += 1;
         }
-        report(&format!("wal_durable_append_after_{gap_ms}_ms_idle"), lat);
+        report(
+            &format!("wal_durable_append_direct_after_{gap_ms}_ms_idle"),
+            d,
+        );
+        report(
+            &format!("wal_durable_append_buffered_after_{gap_ms}_ms_idle"),
+            b,
+        );
     }
     Ok(())
 }

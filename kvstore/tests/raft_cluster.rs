@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{wait_for_leader, Replica, ReplicaConfig};
+use tessel_kvstore::raft::wal::LogIo;
 use tessel_kvstore::tls::{init_certs, TlsFiles};
 use tessel_kvstore::KvStore;
 
@@ -32,6 +33,7 @@ async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<So
             data_dir: dir.join(format!("r{id}")),
             tls: Some(tls.clone()),
             raft: ReplicaConfig::default_raft(),
+            log_io: LogIo::Direct,
         };
         let replica = Replica::start(cfg).await.unwrap();
         let addr = replica.local_addr().unwrap();

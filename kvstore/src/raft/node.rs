@@ -53,6 +53,7 @@ use crate::error::KvError;
 use crate::local::LocalState;
 use crate::net::{self, Handler, NetError, PeerClient};
 use crate::raft::sm::SmTables;
+use crate::raft::wal::LogIo;
 use crate::raft::{storage, Proposal, TypeConfig};
 use crate::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
 use crate::tls::TlsFiles;
@@ -70,6 +71,9 @@ pub struct ReplicaConfig {
     /// `None` means `--insecure`.
     pub tls: Option<TlsFiles>,
     pub raft: openraft::Config,
+    /// How the Raft log writes ([`LogIo::Direct`] unless the file system
+    /// refuses it; `wal` invariant 7).
+    pub log_io: LogIo,
 }
 
 impl ReplicaConfig {
@@ -120,7 +124,7 @@ impl Replica {
     /// forms the cluster from `peers`.
     pub async fn start(cfg: ReplicaConfig) -> Result<Replica, ReplicaError> {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ReplicaError::Storage(e.to_string()))?;
-        let (log, sm) = storage::open(&cfg.data_dir, KvState::default())
+        let (log, sm) = storage::open(&cfg.data_dir, KvState::default(), cfg.log_io)
             .map_err(|e| ReplicaError::Storage(e.to_string()))?;
         let local = sm.local();
         let (server_cfg, client_cfg) = match &cfg.tls {

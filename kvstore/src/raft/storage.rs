@@ -39,7 +39,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageError, StorageIOError, Vote};
 
 use crate::raft::sm::StateMachineStore;
-use crate::raft::wal::{LogMeta, Wal};
+use crate::raft::wal::{LogIo, LogMeta, Wal};
 use crate::raft::TypeConfig;
 use crate::state::KvState;
 
@@ -65,9 +65,13 @@ fn write_logs_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> 
 }
 
 /// Opens (or creates) the stores of one replica in `dir`.
-pub fn open(dir: &Path, initial: KvState) -> StorageResult<(LogStore, StateMachineStore)> {
+pub fn open(
+    dir: &Path,
+    initial: KvState,
+    io: LogIo,
+) -> StorageResult<(LogStore, StateMachineStore)> {
     migrate_redb_log(dir).map_err(write_logs_err)?;
-    let wal = Wal::open(&dir.join(LOG_DIR)).map_err(write_logs_err)?;
+    let wal = Wal::open_with_io(&dir.join(LOG_DIR), io).map_err(write_logs_err)?;
     let log = LogStore {
         wal,
         unsaved_committed: Default::default(),
@@ -231,7 +235,7 @@ mod tests {
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
         async fn build(&self) -> StorageResult<(tempfile::TempDir, LogStore, StateMachineStore)> {
             let dir = tempfile::tempdir().map_err(write_logs_err)?;
-            let (log, sm) = open(dir.path(), KvState::default())?;
+            let (log, sm) = open(dir.path(), KvState::default(), LogIo::Direct)?;
             Ok((dir, log, sm))
         }
     }
@@ -255,7 +259,7 @@ mod tests {
             payload: EntryPayload::Blank,
         };
         {
-            let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+            let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
             log.blocking_append([blank(1), blank(2)]).await.unwrap();
             log.save_committed(Some(id(1))).await.unwrap();
             assert_eq!(log.read_committed().await.unwrap(), Some(id(1)));
@@ -263,12 +267,12 @@ mod tests {
         // Dropped without another append: the saved value never reached the
         // file (a crash at this point reads back the older one).
         {
-            let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+            let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
             assert_eq!(log.read_committed().await.unwrap(), None);
             log.save_committed(Some(id(2))).await.unwrap();
             log.blocking_append([blank(3)]).await.unwrap();
         }
-        let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+        let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
         assert_eq!(log.read_committed().await.unwrap(), Some(id(2)));
     }
 
@@ -317,7 +321,7 @@ mod tests {
             txn.commit().unwrap();
         }
         for _ in 0..2 {
-            let (mut log, _sm) = open(dir.path(), KvState::default()).unwrap();
+            let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
             assert!(!dir.path().join("raft.redb").exists());
             assert_eq!(log.read_vote().await.unwrap(), Some(vote));
             assert_eq!(log.read_committed().await.unwrap(), Some(id(7)));
@@ -336,7 +340,7 @@ mod tests {
         let path = dir.path();
         let vote = Vote::new(3, 1);
         {
-            let (mut log, mut sm) = open(path, KvState::default()).unwrap();
+            let (mut log, mut sm) = open(path, KvState::default(), LogIo::Direct).unwrap();
             log.save_vote(&vote).await.unwrap();
             let req = crate::state::Request {
                 now_ms: 5,
@@ -357,7 +361,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let (mut log, mut sm) = open(path, KvState::default()).unwrap();
+        let (mut log, mut sm) = open(path, KvState::default(), LogIo::Direct).unwrap();
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
         let (applied, _) = sm.applied_state().await.unwrap();
         assert_eq!(applied.map(|l| l.index), Some(1));
