@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use futures::StreamExt;
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
@@ -90,17 +90,18 @@ pub struct CoordinatorArgs {
     /// with O_DIRECT and O_DSYNC, one call per write (falls back to
     /// `buffered` where the file system refuses O_DIRECT); `buffered`
     /// writes through the page cache, then fdatasync.
-    #[arg(long, value_enum, default_value_t = LogIoArg::Direct)]
-    pub log_io: LogIoArg,
+    #[arg(long, default_value = "direct", value_parser = parse_log_io)]
+    pub log_io: LogIo,
     #[command(flatten)]
     pub tls: TlsArgs,
 }
 
-/// `--log-io`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogIoArg {
-    Direct,
-    Buffered,
+fn parse_log_io(s: &str) -> Result<LogIo, String> {
+    match s {
+        "direct" => Ok(LogIo::Direct),
+        "buffered" => Ok(LogIo::Buffered),
+        _ => Err(format!("`{s}`: expected direct or buffered")),
+    }
 }
 
 fn parse_peer(s: &str) -> Result<(u64, SocketAddr), String> {
@@ -292,10 +293,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         data_dir,
         tls: tls.clone(),
         raft,
-        log_io: match args.log_io {
-            LogIoArg::Direct => LogIo::Direct,
-            LogIoArg::Buffered => LogIo::Buffered,
-        },
+        log_io: args.log_io,
     };
     let replica = Replica::start(cfg).await?;
     let addr = replica.local_addr()?;

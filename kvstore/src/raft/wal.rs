@@ -881,10 +881,11 @@ impl Writer {
                 out[..kept].copy_from_slice(&self.tail_block);
                 out[kept..total].copy_from_slice(&self.buf);
                 let written = direct.write_all_at(out, at - kept as u64);
-                let end = at + self.buf.len() as u64;
-                let block_start = (end - end % BLOCK as u64 - (at - kept as u64)) as usize;
+                // `out` starts on a block boundary of the file, so its
+                // last partial block is the segment's.
                 self.tail_block.clear();
-                self.tail_block.extend_from_slice(&out[block_start..total]);
+                self.tail_block
+                    .extend_from_slice(&out[total - total % BLOCK..total]);
                 written
             }
             None => segment
