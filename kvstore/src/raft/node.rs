@@ -11,9 +11,10 @@
 //!    committed before that point. It also waits until it has applied its
 //!    whole log as of its first read in the term (the read floor): the
 //!    committed index is saved lazily (storage invariant 4), and a leader
-//!    restarted from disk resumes its term at once, where openraft's check
-//!    alone would compare against a committed index older than the writes
-//!    it acknowledged before the crash. A leader never drops its own log,
+//!    that resumed its term with an older committed index (as openraft
+//!    0.9 does after a restart; storage invariant 7d now holds an election
+//!    instead) would make openraft's check alone compare against a
+//!    committed index older than the writes it acknowledged. A leader never drops its own log,
 //!    so the wait ends while it leads; when it stops leading the read fails
 //!    and the client tries another replica.
 //! 3. Time in requests is the leader's wall clock; only the leader proposes
@@ -124,8 +125,10 @@ impl Replica {
     /// forms the cluster from `peers`.
     pub async fn start(cfg: ReplicaConfig) -> Result<Replica, ReplicaError> {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ReplicaError::Storage(e.to_string()))?;
-        let (log, sm) = storage::open(&cfg.data_dir, KvState::default(), cfg.log_io)
+        let (log, sm) = storage::open(&cfg.data_dir, cfg.id, KvState::default(), cfg.log_io)
+            .await
             .map_err(|e| ReplicaError::Storage(e.to_string()))?;
+        let log_synced = log.synced();
         let local = sm.local();
         let (server_cfg, client_cfg) = match &cfg.tls {
             Some(t) => (t.server_config(wire::ALPN)?, t.client_config(wire::ALPN)?),
@@ -160,6 +163,7 @@ impl Replica {
         );
         let network = Network {
             client: client.clone(),
+            log_synced,
         };
         let raft = Raft::new(cfg.id, config, network, log, sm)
             .await
@@ -277,12 +281,15 @@ async fn tick_when_due(
 #[derive(Clone)]
 struct Network {
     client: PeerClient,
+    /// Bounds the commit index sent to followers (storage invariant 7b).
+    log_synced: storage::LogSynced,
 }
 
 struct PeerLink {
     client: PeerClient,
     target: u64,
     addr: Result<SocketAddr, String>,
+    log_synced: storage::LogSynced,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -291,6 +298,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerLink {
         PeerLink {
             client: self.client.clone(),
+            log_synced: self.log_synced.clone(),
             target,
             addr: node
                 .addr
@@ -339,9 +347,11 @@ impl PeerLink {
 impl RaftNetwork<TypeConfig> for PeerLink {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        // Storage invariant 7b: followers apply only what is on this disk.
+        rpc.leader_commit = self.log_synced.bound(rpc.leader_commit);
         // Entries that would not fit one frame: ask openraft for fewer.
         let fits = entries_within(&rpc.entries, crate::wire::MAX_FRAME / 2);
         if fits < rpc.entries.len() {

@@ -40,6 +40,10 @@
 //!    twice). A batch waits for the flush in flight only when the live
 //!    overlay is full, and a synchronous flush (before a snapshot) or an
 //!    installed snapshot waits for it first.
+//! 7. An entry is applied only once the log holds it on disk, when the
+//!    log says how far that is ([`StateMachineStore::apply_when_synced`];
+//!    storage invariant 7a): a leader's own entries may be committed in
+//!    openraft's view before they are.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
@@ -62,6 +66,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{KvError, Result};
 use crate::local::LocalState;
+use crate::raft::storage::LogSynced;
 use crate::raft::{Response, TypeConfig};
 use crate::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
 
@@ -618,6 +623,8 @@ pub struct StateMachineStore {
     applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, Node>,
     snapshots_built: u64,
+    /// How far the log is on disk, where a log says (invariant 7).
+    log_synced: Option<LogSynced>,
 }
 
 /// The current snapshot; written as `snapshot.tmp` first (invariant 3).
@@ -663,7 +670,20 @@ impl StateMachineStore {
             applied,
             membership,
             snapshots_built: 0,
+            log_synced: None,
         })
+    }
+
+    /// Applies entries only once `log` has them on disk (invariant 7).
+    pub fn apply_when_synced(&mut self, log: LogSynced) {
+        self.log_synced = Some(log);
+    }
+
+    /// Undoes [`Self::apply_when_synced`], for tests that apply entries
+    /// they never appended to a log.
+    #[cfg(test)]
+    pub(crate) fn apply_without_waiting_for_the_log(&mut self) {
+        self.log_synced = None;
     }
 
     /// The applied state, for reads and waits.
@@ -1031,6 +1051,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if let (Some(log), Some(last)) = (&mut self.log_synced, entries.last()) {
+            log.wait_through(last.log_id.index).await?;
+        }
         let mut applied = self.applied;
         let mut membership = self.membership.clone();
         for e in &entries {

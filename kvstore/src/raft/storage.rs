@@ -18,13 +18,35 @@
 //!    restarted replica applies less at start and learns the rest from the
 //!    leader; it never applies an entry that was not committed.
 //! 5. `append` returns once its entries are queued and readable; the log's
-//!    writer thread syncs them and then reports the flush. (openraft 0.9
-//!    awaits that report before it replicates, so this overlaps nothing
-//!    today; it keeps the sync off the runtime's worker threads.)
+//!    writer thread syncs them and then reports the flush, except as in 7.
 //! 6. A data directory written by an older tessel (the log in
 //!    `raft.redb`) is migrated once: its log, vote, committed index and
 //!    purge point are written to `log.migrating/`, synced, renamed to
 //!    `log/`, and only then is `raft.redb` removed.
+//! 7. The leader's own entries are reported flushed as soon as they are
+//!    queued, so that openraft (0.9 awaits the report before anything
+//!    else, replication included) sends them to the followers while the
+//!    leader's sync runs: the leader's sync and the followers' overlap
+//!    instead of following one another. Own entries are those whose
+//!    leader id is this replica's committed vote for itself; a follower
+//!    saves the leader's vote before it appends, so it never takes this
+//!    path. openraft may then count the leader in a quorum before its
+//!    entries are on its disk, so nothing may act on such a commit until
+//!    they are, and [`LogSynced`] (how far the log really is on disk)
+//!    holds it back:
+//!    a. the state machine applies an entry, and so answers its client,
+//!       only once it is synced here (the followers' copies were synced
+//!       before they answered, so it is then on a majority of disks);
+//!    b. the commit index sent to followers is bounded by it, so no
+//!       follower applies what is not on a majority of disks;
+//!    c. the committed index saved here is written after the entries it
+//!       covers (4), so it is never ahead of them after a crash;
+//!    d. a replica that opens with a committed vote for itself saves it
+//!       again as an uncommitted one before openraft reads it. openraft
+//!       0.9 would otherwise resume leading that term at once and could
+//!       write new entries under the same log ids as ones a follower
+//!       already holds but this replica lost in the crash; it now holds
+//!       an election for a new term.
 
 // openraft's storage traits fix the error type (`StorageError`, ~224
 // bytes); the helpers here return it too rather than convert twice.
@@ -37,6 +59,7 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageError, StorageIOError, Vote};
+use tokio::sync::watch;
 
 use crate::raft::sm::StateMachineStore;
 use crate::raft::wal::{LogIo, LogMeta, Wal};
@@ -64,20 +87,77 @@ fn write_logs_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> 
     io_err(StorageIOError::write_logs, e)
 }
 
-/// Opens (or creates) the stores of one replica in `dir`.
-pub fn open(
+/// Opens (or creates) the stores of replica `id` in `dir`.
+pub async fn open(
     dir: &Path,
+    id: NodeId,
     initial: KvState,
     io: LogIo,
 ) -> StorageResult<(LogStore, StateMachineStore)> {
     migrate_redb_log(dir).map_err(write_logs_err)?;
     let wal = Wal::open_with_io(&dir.join(LOG_DIR), io).map_err(write_logs_err)?;
+    // Invariant 7d.
+    if let Some(vote) = wal.meta().vote {
+        if vote.is_committed() && vote.leader_id().voted_for() == Some(id) {
+            let uncommitted = Vote::new(vote.leader_id().term, id);
+            wal.save_vote(uncommitted)
+                .await
+                .map_err(|e| io_err(StorageIOError::write_vote, e))?;
+        }
+    }
+    let (synced, _) = watch::channel(Synced::Through(wal.last_log_id()));
+    let synced = Arc::new(synced);
     let log = LogStore {
         wal,
+        id,
+        synced: synced.clone(),
         unsaved_committed: Default::default(),
     };
-    let sm = StateMachineStore::open(dir, initial)?;
+    let mut sm = StateMachineStore::open(dir, initial)?;
+    sm.apply_when_synced(LogSynced(synced.subscribe()));
     Ok((log, sm))
+}
+
+/// How far the log is on disk (invariant 7): the last entry of the newest
+/// append whose sync completed, or the log's failure, after which nothing
+/// more will be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synced {
+    Through(Option<LogId<NodeId>>),
+    Failed,
+}
+
+/// A view of how far the log is on disk (invariant 7a, 7b).
+#[derive(Clone)]
+pub struct LogSynced(watch::Receiver<Synced>);
+
+impl LogSynced {
+    /// Waits until the entry at `index` is on disk; fails once the log
+    /// has failed (nothing more will be).
+    pub async fn wait_through(&mut self, index: u64) -> StorageResult<()> {
+        let synced = self
+            .0
+            .wait_for(|s| match s {
+                Synced::Through(last) => last.is_some_and(|l| l.index >= index),
+                Synced::Failed => true,
+            })
+            .await
+            .map(|s| *s);
+        match synced {
+            Ok(Synced::Through(_)) => Ok(()),
+            Ok(Synced::Failed) | Err(_) => Err(write_logs_err(std::io::Error::other(format!(
+                "the log failed before entry {index} was on disk"
+            )))),
+        }
+    }
+
+    /// `committed`, or the last entry on disk if that is older (7b).
+    pub fn bound(&self, committed: Option<LogId<NodeId>>) -> Option<LogId<NodeId>> {
+        match *self.0.borrow() {
+            Synced::Through(last) => committed.min(last),
+            Synced::Failed => None,
+        }
+    }
 }
 
 /// Invariant 6.
@@ -144,9 +224,31 @@ fn migrate_redb_log(dir: &Path) -> std::io::Result<()> {
 #[derive(Clone)]
 pub struct LogStore {
     wal: Wal,
+    /// This replica's id: whose entries are its own (invariant 7).
+    id: NodeId,
+    synced: Arc<watch::Sender<Synced>>,
     /// The committed index openraft reported, not yet written
     /// (invariant 4).
     unsaved_committed: Arc<std::sync::Mutex<Option<Option<LogId<NodeId>>>>>,
+}
+
+impl LogStore {
+    /// How far this log is on disk (invariant 7).
+    pub fn synced(&self) -> LogSynced {
+        LogSynced(self.synced.subscribe())
+    }
+
+    /// Whether `entries` are this replica's own, as leader of the term it
+    /// voted itself into (invariant 7).
+    fn own(&self, entries: &[Entry<TypeConfig>]) -> bool {
+        self.wal.meta().vote.is_some_and(|vote| {
+            vote.is_committed()
+                && vote.leader_id().voted_for() == Some(self.id)
+                && entries
+                    .iter()
+                    .all(|e| e.log_id.leader_id == *vote.leader_id())
+        })
+    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -196,27 +298,61 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.wal.meta().committed)
     }
 
-    /// Invariant 5.
+    /// Invariants 5 and 7.
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
+        let entries: Vec<_> = entries.into_iter().collect();
+        let Some(last) = entries.last().map(|e| e.log_id) else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
+        let (now, when_synced) = if self.own(&entries) {
+            (Some(callback), None)
+        } else {
+            (None, Some(callback))
+        };
         let committed = self.unsaved_committed.lock().expect("not poisoned").take();
+        let synced = self.synced.clone();
         self.wal
             .append(
-                entries.into_iter().collect(),
+                entries,
                 committed,
-                Box::new(move |io| callback.log_io_completed(io)),
+                Box::new(move |io| {
+                    synced.send_modify(|s| {
+                        *s = match (&io, *s) {
+                            (Ok(()), Synced::Through(_)) => Synced::Through(Some(last)),
+                            _ => Synced::Failed,
+                        }
+                    });
+                    if let Some(callback) = when_synced {
+                        callback.log_io_completed(io);
+                    }
+                }),
             )
-            .map_err(write_logs_err)
+            .map_err(write_logs_err)?;
+        if let Some(callback) = now {
+            callback.log_io_completed(Ok(()));
+        }
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         self.wal
             .truncate(log_id.index)
             .await
-            .map_err(write_logs_err)
+            .map_err(write_logs_err)?;
+        let last = self.wal.last_log_id();
+        self.synced.send_if_modified(|s| match s {
+            Synced::Through(Some(l)) if l.index >= log_id.index => {
+                *s = Synced::Through(last);
+                true
+            }
+            _ => false,
+        });
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
@@ -235,7 +371,10 @@ mod tests {
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
         async fn build(&self) -> StorageResult<(tempfile::TempDir, LogStore, StateMachineStore)> {
             let dir = tempfile::tempdir().map_err(write_logs_err)?;
-            let (log, sm) = open(dir.path(), KvState::default(), LogIo::Direct)?;
+            let (log, mut sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct).await?;
+            // The suite applies entries it never appended to the log, which
+            // a replica never does (invariant 7a is tested below).
+            sm.apply_without_waiting_for_the_log();
             Ok((dir, log, sm))
         }
     }
@@ -259,7 +398,9 @@ mod tests {
             payload: EntryPayload::Blank,
         };
         {
-            let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
+            let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+                .await
+                .unwrap();
             log.blocking_append([blank(1), blank(2)]).await.unwrap();
             log.save_committed(Some(id(1))).await.unwrap();
             assert_eq!(log.read_committed().await.unwrap(), Some(id(1)));
@@ -267,12 +408,16 @@ mod tests {
         // Dropped without another append: the saved value never reached the
         // file (a crash at this point reads back the older one).
         {
-            let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
+            let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+                .await
+                .unwrap();
             assert_eq!(log.read_committed().await.unwrap(), None);
             log.save_committed(Some(id(2))).await.unwrap();
             log.blocking_append([blank(3)]).await.unwrap();
         }
-        let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
+        let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+            .await
+            .unwrap();
         assert_eq!(log.read_committed().await.unwrap(), Some(id(2)));
     }
 
@@ -321,7 +466,9 @@ mod tests {
             txn.commit().unwrap();
         }
         for _ in 0..2 {
-            let (mut log, _sm) = open(dir.path(), KvState::default(), LogIo::Direct).unwrap();
+            let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+                .await
+                .unwrap();
             assert!(!dir.path().join("raft.redb").exists());
             assert_eq!(log.read_vote().await.unwrap(), Some(vote));
             assert_eq!(log.read_committed().await.unwrap(), Some(id(7)));
@@ -332,15 +479,114 @@ mod tests {
         }
     }
 
+    fn put(term: u64, leader: u64, index: u64, key: &[u8]) -> Entry<TypeConfig> {
+        use openraft::{CommittedLeaderId, EntryPayload};
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, leader), index),
+            payload: EntryPayload::Normal(crate::raft::Proposal::one(crate::state::Request {
+                now_ms: 5,
+                op: crate::state::Op::Put {
+                    key: key.to_vec(),
+                    value: b"v".to_vec(),
+                    lease: None,
+                },
+            })),
+        }
+    }
+
+    /// Invariant 7: while the log's writer is held back, the leader's own
+    /// entries are reported flushed at once, but the state machine does
+    /// not apply them and the commit index sent to followers stays at
+    /// what is on disk; another leader's entries are reported only once
+    /// they are on disk.
+    #[tokio::test]
+    async fn own_entries_are_reported_at_once_and_applied_only_once_synced() {
+        use openraft::storage::{RaftLogStorageExt, RaftStateMachine};
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+            .await
+            .unwrap();
+        let synced = log.synced();
+        let local = sm.local();
+        log.save_vote(&Vote::new_committed(2, 1)).await.unwrap();
+        let own = put(2, 1, 1, b"own");
+        let release = log.wal.pause();
+        tokio::time::timeout(Duration::from_secs(5), log.blocking_append([own.clone()]))
+            .await
+            .expect("own entries are reported while the writer is held back")
+            .unwrap();
+        assert_eq!(synced.bound(Some(own.log_id)), None);
+        let apply = tokio::spawn(async move { sm.apply([own]).await.map(|_| sm) });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!apply.is_finished(), "applied before it was on disk");
+        assert_eq!(local.try_get(b"own").unwrap(), None);
+        drop(release);
+        let _sm = apply.await.unwrap().unwrap();
+        assert_eq!(local.try_get(b"own").unwrap(), Some(b"v".to_vec()));
+        let on_disk = Some(LogId::new(openraft::CommittedLeaderId::new(2, 1), 1));
+        assert_eq!(synced.bound(Some(put(2, 1, 9, b"x").log_id)), on_disk);
+
+        // A follower of replica 2: its entries wait for the disk.
+        log.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
+        let release = log.wal.pause();
+        let theirs = log.blocking_append([put(3, 2, 2, b"theirs")]);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), theirs)
+                .await
+                .is_err(),
+            "a follower's entry was reported before it was on disk"
+        );
+        assert_eq!(synced.bound(Some(put(3, 2, 2, b"x").log_id)), on_disk);
+        drop(release);
+        log.blocking_append([put(3, 2, 3, b"more")]).await.unwrap();
+        assert_eq!(
+            synced
+                .bound(Some(put(3, 2, 3, b"x").log_id))
+                .map(|l| l.index),
+            Some(3)
+        );
+    }
+
+    /// Invariant 7d: a replica that opens with a committed vote for itself
+    /// holds an election instead of resuming the term; anyone else's
+    /// committed vote is kept as it was.
+    #[tokio::test]
+    async fn a_committed_vote_for_itself_opens_uncommitted() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+                .await
+                .unwrap();
+            log.save_vote(&Vote::new_committed(4, 1)).await.unwrap();
+        }
+        {
+            let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+                .await
+                .unwrap();
+            assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(4, 1)));
+            log.save_vote(&Vote::new_committed(5, 2)).await.unwrap();
+        }
+        let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
+            .await
+            .unwrap();
+        assert_eq!(
+            log.read_vote().await.unwrap(),
+            Some(Vote::new_committed(5, 2))
+        );
+    }
+
     #[tokio::test]
     async fn log_vote_and_snapshot_survive_reopening() {
-        use openraft::storage::RaftStateMachine;
+        use openraft::storage::{RaftLogStorageExt, RaftStateMachine};
         use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path();
         let vote = Vote::new(3, 1);
         {
-            let (mut log, mut sm) = open(path, KvState::default(), LogIo::Direct).unwrap();
+            let (mut log, mut sm) = open(path, 1, KvState::default(), LogIo::Direct)
+                .await
+                .unwrap();
             log.save_vote(&vote).await.unwrap();
             let req = crate::state::Request {
                 now_ms: 5,
@@ -354,6 +600,7 @@ mod tests {
                 log_id: LogId::new(CommittedLeaderId::new(3, 1), 1),
                 payload: EntryPayload::Normal(crate::raft::Proposal::one(req)),
             };
+            log.blocking_append([entry.clone()]).await.unwrap();
             sm.apply([entry]).await.unwrap();
             sm.get_snapshot_builder()
                 .await
@@ -361,7 +608,9 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let (mut log, mut sm) = open(path, KvState::default(), LogIo::Direct).unwrap();
+        let (mut log, mut sm) = open(path, 1, KvState::default(), LogIo::Direct)
+            .await
+            .unwrap();
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
         let (applied, _) = sm.applied_state().await.unwrap();
         assert_eq!(applied.map(|l| l.index), Some(1));
