@@ -34,19 +34,20 @@
 //!    entries are on its disk, so nothing may act on such a commit until
 //!    they are, and [`LogSynced`] (how far the log really is on disk)
 //!    holds it back:
-//!    a. the state machine applies an entry, and so answers its client,
-//!       only once it is synced here (the followers' copies were synced
-//!       before they answered, so it is then on a majority of disks);
-//!    b. the commit index sent to followers is bounded by it, so no
-//!       follower applies what is not on a majority of disks;
-//!    c. the committed index saved here is written after the entries it
-//!       covers (4), so it is never ahead of them after a crash;
-//!    d. a replica that opens with a committed vote for itself saves it
-//!       again as an uncommitted one before openraft reads it. openraft
-//!       0.9 would otherwise resume leading that term at once and could
-//!       write new entries under the same log ids as ones a follower
-//!       already holds but this replica lost in the crash; it now holds
-//!       an election for a new term.
+//!    - (7a) the state machine applies an entry, and so answers its
+//!      client, only once it is synced here (the followers' copies were
+//!      synced before they answered, so it is then on a majority of
+//!      disks);
+//!    - (7b) the commit index sent to followers is bounded by it, so no
+//!      follower applies what is not on a majority of disks;
+//!    - (7c) the committed index saved here is written after the entries
+//!      it covers (4), so it is never ahead of them after a crash;
+//!    - (7d) a replica that opens with a committed vote for itself saves
+//!      it again as an uncommitted one before openraft reads it. openraft
+//!      0.9 would otherwise resume leading that term at once and could
+//!      write new entries under the same log ids as ones a follower
+//!      already holds but this replica lost in the crash; it now holds an
+//!      election for a new term.
 
 // openraft's storage traits fix the error type (`StorageError`, ~224
 // bytes); the helpers here return it too rather than convert twice.
