@@ -25,7 +25,7 @@ fn entry(index: u64, keys: std::ops::Range<u64>) -> Entry<TypeConfig> {
         .collect();
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Proposal(reqs)),
+        payload: EntryPayload::Normal(Proposal::new(reqs)),
     }
 }
 

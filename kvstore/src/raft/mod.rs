@@ -9,6 +9,8 @@
 //!   group proposals.
 //! * [`client`]: [`client::RaftKv`], the client-facing `KvStore`.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::KvError;
@@ -24,13 +26,19 @@ pub use openraft::SnapshotPolicy;
 
 /// One log entry: state-machine requests proposed together (the leader
 /// groups concurrent writes so that one append and one fsync serve them
-/// all), applied in order.
+/// all), applied in order. Shared, not copied, by the clones openraft
+/// takes of an entry (one per follower it is sent to, one to apply it);
+/// encoded as the plain sequence of requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Proposal(pub Vec<Request>);
+pub struct Proposal(pub Arc<Vec<Request>>);
 
 impl Proposal {
+    pub fn new(reqs: Vec<Request>) -> Proposal {
+        Proposal(Arc::new(reqs))
+    }
+
     pub fn one(req: Request) -> Proposal {
-        Proposal(vec![req])
+        Proposal::new(vec![req])
     }
 
     /// Bytes of keys and values carried.
@@ -63,3 +71,29 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         SnapshotData = tokio::fs::File,
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Op;
+
+    /// Sharing a proposal's requests changed nothing on the wire or in the
+    /// log: it encodes as the plain sequence of its requests.
+    #[test]
+    fn a_proposal_encodes_as_its_plain_requests() {
+        let reqs: Vec<Request> = (0..3u8)
+            .map(|i| Request {
+                now_ms: 7,
+                op: Op::Put {
+                    key: vec![i],
+                    value: vec![i; 5],
+                    lease: None,
+                },
+            })
+            .collect();
+        let shared = postcard::to_allocvec(&Proposal::new(reqs.clone())).unwrap();
+        assert_eq!(shared, postcard::to_allocvec(&reqs).unwrap());
+        let back: Proposal = postcard::from_bytes(&shared).unwrap();
+        assert_eq!(*back.0, reqs);
+    }
+}

@@ -480,7 +480,7 @@ async fn propose_loop(
         let raft = raft.clone();
         tokio::spawn(async move {
             let (reqs, waiters): (Vec<Request>, Vec<Waiter>) = batch.into_iter().unzip();
-            match raft.client_write(Proposal(reqs)).await {
+            match raft.client_write(Proposal::new(reqs)).await {
                 Ok(resp) => {
                     for (w, r) in waiters.into_iter().zip(resp.data.0) {
                         let _ = w.send(r);
