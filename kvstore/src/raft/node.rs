@@ -14,9 +14,9 @@
 //!    that resumed its term with an older committed index (as openraft
 //!    0.9 does after a restart; storage invariant 7d now holds an election
 //!    instead) would make openraft's check alone compare against a
-//!    committed index older than the writes it acknowledged. A leader never drops its own log,
-//!    so the wait ends while it leads; when it stops leading the read fails
-//!    and the client tries another replica.
+//!    committed index older than the writes it acknowledged. A leader
+//!    never drops its own log, so the wait ends while it leads; when it
+//!    stops leading the read fails and the client tries another replica.
 //! 3. Time in requests is the leader's wall clock; only the leader proposes
 //!    `Tick`s, when a lease or barrier is due.
 //! 4. A leader's first write of its term (a client's or a tick) is preceded

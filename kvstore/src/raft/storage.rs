@@ -107,15 +107,14 @@ pub async fn open(
         }
     }
     let (synced, _) = watch::channel(Synced::Through(wal.last_log_id()));
-    let synced = Arc::new(synced);
     let log = LogStore {
         wal,
         id,
-        synced: synced.clone(),
+        synced: Arc::new(synced),
         unsaved_committed: Default::default(),
     };
     let mut sm = StateMachineStore::open(dir, initial)?;
-    sm.apply_when_synced(LogSynced(synced.subscribe()));
+    sm.apply_when_synced(log.synced());
     Ok((log, sm))
 }
 
@@ -123,7 +122,7 @@ pub async fn open(
 /// append whose sync completed, or the log's failure, after which nothing
 /// more will be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Synced {
+enum Synced {
     Through(Option<LogId<NodeId>>),
     Failed,
 }
