@@ -5,6 +5,8 @@
 //!   suite together with [`sm`].
 //! * [`wal`]: the log itself: segment files appended and `fdatasync`ed.
 //! * [`sm`]: the state machine on disk (redb) and its snapshot files.
+//! * [`key_filter`]: the keys the state machine may hold, to skip lookups
+//!   of new keys.
 //! * [`node`]: one replica: openraft, the QUIC server, request routing and
 //!   group proposals.
 //! * [`client`]: [`client::RaftKv`], the client-facing `KvStore`.
@@ -17,6 +19,7 @@ use crate::error::KvError;
 use crate::state::{Output, Request};
 
 pub mod client;
+pub mod key_filter;
 pub mod node;
 pub mod sm;
 pub mod storage;

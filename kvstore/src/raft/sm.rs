@@ -44,6 +44,14 @@
 //!    log says how far that is ([`StateMachineStore::apply_when_synced`];
 //!    storage invariant 7a): a leader's own entries may be committed in
 //!    openraft's view before they are.
+//! 8. Every key in the tables is in the [`KeyFilter`]: it is built from the
+//!    tables on opening and after a snapshot replaced them, and every key
+//!    written to the live overlay goes into it. A read below the overlays
+//!    of a key the filter does not hold answers "absent" without a lookup.
+//!    Removed keys stay in the filter; once it holds more than twice the
+//!    keys of the tables (plus [`key_filter::MIN_CAPACITY`]), the next
+//!    flush's thread builds a new one from the tables it committed, and
+//!    adopting the flush adds the live overlay's keys to it.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
@@ -66,6 +74,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{KvError, Result};
 use crate::local::LocalState;
+use crate::raft::key_filter::{self, KeyFilter};
 use crate::raft::storage::LogSynced;
 use crate::raft::{Response, TypeConfig};
 use crate::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
@@ -249,13 +258,16 @@ struct FlushCommit {
     applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, Node>,
     durable: bool,
+    /// Build a new key filter from the committed tables (invariant 8).
+    rebuild_filter: bool,
 }
 
-/// An overlay being written by its own thread (invariant 6).
+/// An overlay being written by its own thread (invariant 6), and the key
+/// filter it built when asked (invariant 8).
 struct Flushing {
     overlay: Arc<Overlay>,
     durable: bool,
-    thread: std::thread::JoinHandle<Result<()>>,
+    thread: std::thread::JoinHandle<Result<Option<KeyFilter>>>,
 }
 
 /// The tables of `state.redb` under overlays of the batches applied since
@@ -274,12 +286,30 @@ pub struct SmTables {
     /// overlay being flushed (a read would see its writes twice).
     base: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     base_history: redb::ReadOnlyTable<u64, &'static [u8]>,
+    /// Every key in the tables and overlays (invariant 8).
+    filter: KeyFilter,
+}
+
+/// A key filter of every key in `table` (invariant 8).
+fn filter_of(table: &impl ReadableTable<&'static [u8], &'static [u8]>) -> Result<KeyFilter> {
+    let started = std::time::Instant::now();
+    let count = table.len().map_err(storage)? as usize;
+    let keys = table
+        .iter()
+        .map_err(storage)?
+        .map(|item| item.map(|(k, _)| k.value().to_vec()).map_err(storage));
+    let filter = KeyFilter::from_keys(count, keys)?;
+    metrics::histogram!("tessel_kv_state_filter_build_seconds")
+        .record(started.elapsed().as_secs_f64());
+    Ok(filter)
 }
 
 impl SmTables {
     fn new(db: Arc<Database>) -> Result<SmTables> {
+        let base = open_read(&db, DATA)?;
         Ok(SmTables {
-            base: open_read(&db, DATA)?,
+            filter: filter_of(&base)?,
+            base,
             base_history: open_read(&db, HISTORY)?,
             db,
             live: Overlay::default(),
@@ -297,6 +327,13 @@ impl SmTables {
 
     fn overlay_full(&self) -> bool {
         self.bytes >= FLUSH_BYTES || self.live.entries() >= FLUSH_ENTRIES
+    }
+
+    /// Whether the key filter holds far more keys than the tables, most of
+    /// them removed since (invariant 8).
+    fn filter_stale(&self) -> Result<bool> {
+        let keys = self.base.len().map_err(storage)? as usize;
+        Ok(self.filter.inserted() > 2 * keys + key_filter::MIN_CAPACITY)
     }
 
     /// Whether ending a batch now could wait for a flush to finish.
@@ -320,7 +357,8 @@ impl SmTables {
         }
         self.adopt_flush(true)?;
         let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
-        let (overlay, commit) = self.freeze(state, applied, membership, durable);
+        let (overlay, mut commit) = self.freeze(state, applied, membership, durable);
+        commit.rebuild_filter = self.filter_stale()?;
         let overlay = Arc::new(overlay);
         let (db, written) = (self.db.clone(), overlay.clone());
         let thread = std::thread::Builder::new()
@@ -346,9 +384,24 @@ impl SmTables {
         durable: bool,
     ) -> Result<()> {
         self.adopt_flush(true)?;
-        let (overlay, commit) = self.freeze(state, applied, membership, durable);
-        write_overlay(&self.db, &overlay, &commit)?;
-        self.reopen_base(durable)
+        let (overlay, mut commit) = self.freeze(state, applied, membership, durable);
+        commit.rebuild_filter = self.filter_stale()?;
+        let rebuilt = write_overlay(&self.db, &overlay, &commit)?;
+        self.reopen_base(durable)?;
+        self.adopt_filter(rebuilt);
+        Ok(())
+    }
+
+    /// Takes a filter a flush rebuilt from the tables it committed, with
+    /// the keys written to the live overlay since (invariant 8).
+    fn adopt_filter(&mut self, rebuilt: Option<KeyFilter>) {
+        let Some(mut filter) = rebuilt else { return };
+        for (k, v) in &self.live.data {
+            if v.is_some() {
+                filter.insert(k);
+            }
+        }
+        self.filter = filter;
     }
 
     /// Takes the live overlay to be written, with what commits with it.
@@ -364,6 +417,7 @@ impl SmTables {
             applied,
             membership: membership.clone(),
             durable,
+            rebuild_filter: false,
         };
         (self.take_live(), commit)
     }
@@ -383,10 +437,13 @@ impl SmTables {
             _ => return Ok(()),
         }
         let f = self.flushing.take().expect("matched above");
-        f.thread
+        let rebuilt = f
+            .thread
             .join()
             .map_err(|_| storage("the state flush thread panicked"))??;
-        self.reopen_base(f.durable)
+        self.reopen_base(f.durable)?;
+        self.adopt_filter(rebuilt);
+        Ok(())
     }
 
     fn reopen_base(&mut self, durable: bool) -> Result<()> {
@@ -403,7 +460,9 @@ impl SmTables {
     fn discard(&mut self) -> Result<()> {
         debug_assert!(self.flushing.is_none());
         self.take_live();
-        self.reopen_base(false)
+        self.reopen_base(false)?;
+        self.filter = filter_of(&self.base)?;
+        Ok(())
     }
 
     /// The overlays, oldest first (the one in flight, then the live one):
@@ -417,6 +476,8 @@ impl SmTables {
     fn get_below_live(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         match self.flushing.as_ref().and_then(|f| f.overlay.data.get(key)) {
             Some(written) => Ok(written.clone()),
+            // Invariant 8: not in the filter, so not in the tables.
+            None if !self.filter.may_contain(key) => Ok(None),
             None => get_in(&self.base, key),
         }
     }
@@ -433,15 +494,20 @@ impl Drop for SmTables {
     }
 }
 
-/// Writes `o` and `c` to `db` in one transaction (invariants 1, 5).
-fn write_overlay(db: &Database, o: &Overlay, c: &FlushCommit) -> Result<()> {
+/// Writes `o` and `c` to `db` in one transaction (invariants 1, 5); then,
+/// when asked, builds a key filter of the committed tables (invariant 8).
+fn write_overlay(db: &Database, o: &Overlay, c: &FlushCommit) -> Result<Option<KeyFilter>> {
     let started = std::time::Instant::now();
     let result = write_overlay_once(db, o, c);
     let kind = if c.durable { "durable" } else { "buffered" };
     metrics::histogram!("tessel_kv_state_flush_seconds", "kind" => kind)
         .record(started.elapsed().as_secs_f64());
     metrics::counter!("tessel_kv_state_flushed_keys_total").increment(o.data.len() as u64);
-    result
+    result?;
+    if !c.rebuild_filter {
+        return Ok(None);
+    }
+    filter_of(&open_read(db, DATA)?).map(Some)
 }
 
 fn write_overlay_once(db: &Database, o: &Overlay, c: &FlushCommit) -> Result<()> {
@@ -546,6 +612,7 @@ impl Tables for SmTables {
 impl TablesMut for SmTables {
     fn insert(&mut self, kv: &KeyValue) -> Result<()> {
         self.bytes += kv.key.len() + kv.value.len();
+        self.filter.insert(&kv.key);
         self.live.data.insert(kv.key.clone(), Some(kv.clone()));
         Ok(())
     }
@@ -1339,6 +1406,72 @@ mod tests {
         }
         let reopened = StateMachineStore::open(b.path(), initial()).unwrap();
         assert_same(&reopened.local(), &mem);
+    }
+
+    #[tokio::test]
+    async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
+        let local = sm.local();
+        let put = |key: String| Request {
+            now_ms: 0,
+            op: Op::Put {
+                key: key.into_bytes(),
+                value: b"v".to_vec(),
+                lease: None,
+            },
+        };
+        let flush_now = |state: &KvState, t: &mut SmTables| {
+            t.last_flush -= FLUSH_INTERVAL;
+            t.end_batch(state, None, &StoredMembership::default())
+        };
+        let kept: Vec<_> = (0..500).map(|i| put(format!("kept/{i}"))).collect();
+        local.apply_batch(&kept, flush_now).unwrap();
+        // Rounds of keys written and removed again, flushed on the flush
+        // thread: the filter keeps the removed keys until it is rebuilt.
+        let mut largest = 0;
+        for round in 0..90 {
+            let mut batch: Vec<Request> = (0..1000)
+                .map(|i| put(format!("churn/{round}/{i}")))
+                .collect();
+            batch.push(Request {
+                now_ms: 0,
+                op: Op::DeletePrefix {
+                    prefix: format!("churn/{round}/").into_bytes(),
+                },
+            });
+            // Kept, and in the live overlay when the flush of the round
+            // before, which may have rebuilt the filter, is adopted.
+            batch.push(put(format!("late/{round}")));
+            local.apply_batch(&batch, flush_now).unwrap();
+            largest = largest.max(local.read(|_, t| t.filter.inserted()));
+        }
+        let (inserted, count) = local.read(|_, t| (t.filter.inserted(), t.count().unwrap()));
+        assert_eq!(count, 500 + 90);
+        assert!(largest > 2 * 500 + key_filter::MIN_CAPACITY, "{largest}");
+        assert!(
+            inserted < largest / 2,
+            "not rebuilt: {inserted} of {largest}"
+        );
+        // No key the tables hold is missing from the rebuilt filter, and
+        // reads still find every kept key and none of the removed ones.
+        local.read(|_, t| {
+            for i in 0..500 {
+                let key = format!("kept/{i}");
+                assert!(t.filter.may_contain(key.as_bytes()));
+                assert!(t.get(key.as_bytes()).unwrap().is_some(), "{key}");
+            }
+            for round in 0..90 {
+                let key = format!("late/{round}");
+                assert!(t.get(key.as_bytes()).unwrap().is_some(), "{key}");
+            }
+            assert!(t.get(b"churn/3/7").unwrap().is_none());
+        });
+        // And after reopening, from the file alone.
+        drop((local, sm));
+        let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
+        let reopened = sm.local().read(|_, t| t.filter.inserted());
+        assert_eq!(reopened, 500 + 90);
     }
 
     #[test]
