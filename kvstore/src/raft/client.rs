@@ -35,6 +35,31 @@ use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse}
 /// How long a request keeps trying replicas, beyond its own timeout.
 const RETRY_BUDGET: Duration = Duration::from_secs(15);
 
+/// A QUIC endpoint, one UDP socket, with the credentials clients present:
+/// one process's clients may share it (a load generator's do), and quinn
+/// then drives all their connections from one socket.
+#[derive(Clone)]
+pub struct ClientEndpoint(quinn::Endpoint);
+
+impl ClientEndpoint {
+    /// An endpoint on an ephemeral port of every local IPv4 (or IPv6)
+    /// address; `tls: None` means `--insecure`.
+    pub fn bind(ipv6: bool, tls: Option<&TlsFiles>) -> Result<ClientEndpoint> {
+        let client_cfg = match tls {
+            Some(t) => t.client_config(wire::ALPN),
+            None => crate::tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
+        }
+        .map_err(|e| KvError::InvalidArgument(e.to_string()))?;
+        let bind: SocketAddr = if ipv6 { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .expect("literal address");
+        let mut endpoint =
+            quinn::Endpoint::client(bind).map_err(|e| KvError::Unavailable(e.to_string()))?;
+        endpoint.set_default_client_config(client_cfg);
+        Ok(ClientEndpoint(endpoint))
+    }
+}
+
 /// A client of a replicated key-value cluster.
 pub struct RaftKv {
     addrs: Vec<SocketAddr>,
@@ -47,32 +72,26 @@ pub struct RaftKv {
 }
 
 impl RaftKv {
-    /// A client for the replicas at `addrs`; `tls: None` means `--insecure`.
+    /// A client for the replicas at `addrs`, on an endpoint of its own;
+    /// `tls: None` means `--insecure`.
     pub fn connect(addrs: Vec<SocketAddr>, tls: Option<&TlsFiles>) -> Result<RaftKv> {
+        let ipv6 = addrs.first().is_some_and(SocketAddr::is_ipv6);
+        RaftKv::connect_via(&ClientEndpoint::bind(ipv6, tls)?, addrs)
+    }
+
+    /// A client for the replicas at `addrs` whose connections go through
+    /// `endpoint`, beside those of every other client on it. Each client
+    /// still has connections of its own.
+    pub fn connect_via(endpoint: &ClientEndpoint, addrs: Vec<SocketAddr>) -> Result<RaftKv> {
         if addrs.is_empty() {
             return Err(KvError::InvalidArgument(
                 "no coordinator address given".into(),
             ));
         }
-        let client_cfg = match tls {
-            Some(t) => t.client_config(wire::ALPN),
-            None => crate::tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
-        }
-        .map_err(|e| KvError::InvalidArgument(e.to_string()))?;
-        let bind: SocketAddr = if addrs[0].is_ipv6() {
-            "[::]:0"
-        } else {
-            "0.0.0.0:0"
-        }
-        .parse()
-        .expect("literal address");
-        let mut endpoint =
-            quinn::Endpoint::client(bind).map_err(|e| KvError::Unavailable(e.to_string()))?;
-        endpoint.set_default_client_config(client_cfg);
         Ok(RaftKv {
             addrs,
             limits: Limits::default(),
-            client: PeerClient::new(endpoint),
+            client: PeerClient::new(endpoint.0.clone()),
             next: AtomicUsize::new(0),
             leader_sought: AtomicBool::new(false),
         })
