@@ -18,7 +18,7 @@
 //!    positive. The owner rebuilds the filter from the keys that exist when
 //!    [`KeyFilter::inserted`] far exceeds them (`sm` invariant 8).
 
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 
 /// Bits per key: with [`HASHES`] probes, about 0.8 % false positives.
 const BITS_PER_KEY: usize = 10;
@@ -60,23 +60,26 @@ impl Bloom {
 }
 
 /// The bit positions, below `len`, of a key with hashes `(h1, h2)`: double
-/// hashing (Kirsch and Mitzenmacher).
+/// hashing (Kirsch and Mitzenmacher), each probe mapped onto `0..len` by a
+/// multiply and shift rather than a division.
 fn positions((h1, h2): (u64, u64), len: u64) -> impl Iterator<Item = u64> {
-    (0..HASHES as u64).map(move |i| h1.wrapping_add(i.wrapping_mul(h2)) % len)
+    (0..HASHES as u64).map(move |i| {
+        let probe = h1.wrapping_add(i.wrapping_mul(h2));
+        ((u128::from(probe) * u128::from(len)) >> 64) as u64
+    })
 }
 
-/// Two independent 64-bit hashes of `key` (SipHash with fixed keys: the
+/// Two 64-bit hashes of `key` from one SipHash pass (fixed keys: the
 /// filter is rebuilt on every start, nothing depends on its layout; a key
-/// chosen to collide costs a lookup, never a wrong answer).
+/// chosen to collide costs a lookup, never a wrong answer). The second is
+/// the first's halves swapped and mixed, odd so that one key's probes do
+/// not repeat early.
 fn hashes(key: &[u8]) -> (u64, u64) {
-    let mut a = std::hash::DefaultHasher::new();
-    key.hash(&mut a);
-    let h1 = a.finish();
-    let mut b = std::hash::DefaultHasher::new();
-    0x9e37_79b9_7f4a_7c15u64.hash(&mut b);
-    key.hash(&mut b);
-    // Odd, so that the probes of one key never repeat a position early.
-    (h1, b.finish() | 1)
+    let mut hasher = std::hash::DefaultHasher::new();
+    hasher.write(key);
+    let h1 = hasher.finish();
+    let h2 = h1.rotate_left(32).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (h1, h2)
 }
 
 /// The keys a table may hold; see the module docs.
