@@ -1,6 +1,7 @@
 //! The replicated state machine on disk: key-value pairs and recent events
 //! in a redb file of their own (`state.redb`), snapshots as files streamed
-//! from it. A replica's memory does not grow with the number of keys.
+//! from it. A replica's memory grows with the number of keys only by the
+//! key filter's bits (invariant 8; ~10 bits per key).
 //!
 //! Invariants:
 //! 1. Applied batches collect in an in-memory overlay (bounded by
@@ -280,9 +281,8 @@ struct FlushJob {
 }
 
 /// The thread that writes overlays, one per state machine for its life
-/// (invariant 6). Not a thread per flush: a new thread's stack is a fresh
-/// mapping the kernel zeroes on first touch (a 2 MiB huge page here),
-/// 2.5 % of the leader's CPU at ten flushes a second.
+/// (invariant 6), rather than a new thread (a clone, a fresh stack, a
+/// fresh allocator heap) for each of up to ten flushes a second.
 struct Flusher {
     jobs: Option<std::sync::mpsc::Sender<FlushJob>>,
     thread: Option<std::thread::JoinHandle<()>>,
