@@ -194,7 +194,7 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     }
     let addrs: Vec<SocketAddr> = procs.0.iter().map(|(_, a)| *a).collect();
     let pids: Vec<u32> = procs.0.iter().map(|(c, _)| c.id()).collect();
-    let endpoint = ClientEndpoint::bind(false, Some(&tls))?;
+    let endpoint = ClientEndpoint::for_replicas(&addrs, Some(&tls))?;
     measure(&args, &Target::Tessel { addrs, endpoint }, &pids).await?;
     drop(procs);
     if args.etcd {

@@ -42,14 +42,16 @@ const RETRY_BUDGET: Duration = Duration::from_secs(15);
 pub struct ClientEndpoint(quinn::Endpoint);
 
 impl ClientEndpoint {
-    /// An endpoint on an ephemeral port of every local IPv4 (or IPv6)
-    /// address; `tls: None` means `--insecure`.
-    pub fn bind(ipv6: bool, tls: Option<&TlsFiles>) -> Result<ClientEndpoint> {
+    /// An endpoint on an ephemeral port of every local address of the
+    /// family of `replicas` (IPv6 when the first is); `tls: None` means
+    /// `--insecure`.
+    pub fn for_replicas(replicas: &[SocketAddr], tls: Option<&TlsFiles>) -> Result<ClientEndpoint> {
         let client_cfg = match tls {
             Some(t) => t.client_config(wire::ALPN),
             None => crate::tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
         }
         .map_err(|e| KvError::InvalidArgument(e.to_string()))?;
+        let ipv6 = replicas.first().is_some_and(SocketAddr::is_ipv6);
         let bind: SocketAddr = if ipv6 { "[::]:0" } else { "0.0.0.0:0" }
             .parse()
             .expect("literal address");
@@ -75,8 +77,7 @@ impl RaftKv {
     /// A client for the replicas at `addrs`, on an endpoint of its own;
     /// `tls: None` means `--insecure`.
     pub fn connect(addrs: Vec<SocketAddr>, tls: Option<&TlsFiles>) -> Result<RaftKv> {
-        let ipv6 = addrs.first().is_some_and(SocketAddr::is_ipv6);
-        RaftKv::connect_via(&ClientEndpoint::bind(ipv6, tls)?, addrs)
+        RaftKv::connect_via(&ClientEndpoint::for_replicas(&addrs, tls)?, addrs)
     }
 
     /// A client for the replicas at `addrs` whose connections go through

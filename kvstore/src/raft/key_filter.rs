@@ -30,8 +30,6 @@ pub const MIN_CAPACITY: usize = 1 << 16;
 
 struct Bloom {
     bits: Vec<u64>,
-    /// `bits.len() * 64`.
-    len: u64,
     capacity: usize,
     inserted: usize,
 }
@@ -41,18 +39,22 @@ impl Bloom {
         let words = (capacity * BITS_PER_KEY).div_ceil(64).max(1);
         Bloom {
             bits: vec![0; words],
-            len: words as u64 * 64,
             capacity,
             inserted: 0,
         }
     }
 
+    /// Bits in the filter.
+    fn len(&self) -> u64 {
+        self.bits.len() as u64 * 64
+    }
+
     fn may_contain(&self, h: (u64, u64)) -> bool {
-        positions(h, self.len).all(|p| self.bits[(p / 64) as usize] & (1 << (p % 64)) != 0)
+        positions(h, self.len()).all(|p| self.bits[(p / 64) as usize] & (1 << (p % 64)) != 0)
     }
 
     fn insert(&mut self, h: (u64, u64)) {
-        for p in positions(h, self.len) {
+        for p in positions(h, self.len()) {
             self.bits[(p / 64) as usize] |= 1 << (p % 64);
         }
         self.inserted += 1;
@@ -111,14 +113,17 @@ impl KeyFilter {
     /// False when `key` was never inserted; true when it was, and for a
     /// small fraction of other keys (invariants 1, 3).
     pub fn may_contain(&self, key: &[u8]) -> bool {
-        let h = hashes(key);
+        self.holds(hashes(key))
+    }
+
+    fn holds(&self, h: (u64, u64)) -> bool {
         self.chain.iter().any(|b| b.may_contain(h))
     }
 
     /// Adds `key` (invariant 2: not again if it may be present).
     pub fn insert(&mut self, key: &[u8]) {
         let h = hashes(key);
-        if self.chain.iter().any(|b| b.may_contain(h)) {
+        if self.holds(h) {
             return;
         }
         let last = self.chain.last().expect("the chain is never empty");
@@ -138,12 +143,14 @@ impl KeyFilter {
     }
 
     /// Memory held by the bits.
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
         self.chain.iter().map(|b| b.bits.len() * 8).sum()
     }
 
     /// Filters in the chain (invariant 3).
-    pub fn links(&self) -> usize {
+    #[cfg(test)]
+    fn links(&self) -> usize {
         self.chain.len()
     }
 }

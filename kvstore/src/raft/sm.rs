@@ -326,8 +326,9 @@ impl Flusher {
 }
 
 impl Drop for Flusher {
-    /// Ends the thread once its queue is done, so that nothing holds the
-    /// database open once the tables are gone.
+    /// Ends the thread once its queue is done: a flush in flight commits,
+    /// and nothing holds the database open once the tables are gone (a
+    /// replica reopened in the same process would find it locked).
     fn drop(&mut self) {
         drop(self.jobs.take());
         if let Some(t) = self.thread.take() {
@@ -425,8 +426,7 @@ impl SmTables {
         }
         self.adopt_flush(true)?;
         let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
-        let (overlay, mut commit) = self.freeze(state, applied, membership, durable);
-        commit.rebuild_filter = self.filter_stale()?;
+        let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
         let overlay = Arc::new(overlay);
         let done = self.flusher.flush(overlay.clone(), commit)?;
         self.flushing = Some(Flushing {
@@ -448,8 +448,7 @@ impl SmTables {
         durable: bool,
     ) -> Result<()> {
         self.adopt_flush(true)?;
-        let (overlay, mut commit) = self.freeze(state, applied, membership, durable);
-        commit.rebuild_filter = self.filter_stale()?;
+        let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
         let rebuilt = write_overlay(&self.db, &overlay, &commit)?;
         self.reopen_base(durable)?;
         self.adopt_filter(rebuilt);
@@ -475,15 +474,15 @@ impl SmTables {
         applied: Option<LogId<NodeId>>,
         membership: &StoredMembership<NodeId, Node>,
         durable: bool,
-    ) -> (Overlay, FlushCommit) {
+    ) -> Result<(Overlay, FlushCommit)> {
         let commit = FlushCommit {
             state: state.clone(),
             applied,
             membership: membership.clone(),
             durable,
-            rebuild_filter: false,
+            rebuild_filter: self.filter_stale()?,
         };
-        (self.take_live(), commit)
+        Ok((self.take_live(), commit))
     }
 
     /// Empties the live overlay and restarts its size and age.
@@ -547,17 +546,6 @@ impl SmTables {
             // Invariant 8: not in the filter, so not in the tables.
             None if !self.filter.may_contain(key) => Ok(None),
             None => get_in(&self.base, key),
-        }
-    }
-}
-
-impl Drop for SmTables {
-    /// Lets a flush in flight commit, so that nothing holds the database
-    /// open once the tables are gone (a replica reopened in the same
-    /// process would find it locked).
-    fn drop(&mut self) {
-        if let Some(f) = self.flushing.take() {
-            let _ = f.done.recv();
         }
     }
 }
