@@ -1501,7 +1501,10 @@ mod tests {
                 (comm.trim() == "state-flush").then_some(nice)
             })
             .collect();
-        assert!(nices.contains(&FLUSH_NICE), "flush threads' nice values: {nices:?}");
+        assert!(
+            nices.contains(&FLUSH_NICE),
+            "flush threads' nice values: {nices:?}"
+        );
     }
 
     #[tokio::test]
