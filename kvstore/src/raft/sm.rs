@@ -53,7 +53,7 @@
 //!    keys of the tables (plus [`key_filter::MIN_CAPACITY`]), the next
 //!    flush's thread builds a new one from the tables it committed, and
 //!    adopting the flush adds the live overlay's keys to it.
-//! 9. The flush thread runs at the lowest priority ([`FLUSH_NICE`]): no
+//! 9. The flush thread runs at the lowest priority (`FLUSH_NICE`): no
 //!    request waits on it until the live overlay is full (invariant 6),
 //!    and then the applies that wait leave it the core (README,
 //!    Performance: lower latency at every concurrency).
