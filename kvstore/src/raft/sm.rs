@@ -53,10 +53,6 @@
 //!    keys of the tables (plus [`key_filter::MIN_CAPACITY`]), the next
 //!    flush's thread builds a new one from the tables it committed, and
 //!    adopting the flush adds the live overlay's keys to it.
-//! 9. The flush thread runs at the lowest priority (`FLUSH_NICE`): no
-//!    request waits on it until the live overlay is full (invariant 6),
-//!    and then the applies that wait leave it the core (README,
-//!    Performance: lower latency at every concurrency).
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
@@ -107,10 +103,6 @@ const CACHE_BYTES: usize = 16 << 20;
 const FLUSH_BYTES: usize = 8 << 20;
 const FLUSH_ENTRIES: usize = 8 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
-/// The flush thread's nice value (invariant 9): the lowest priority, so
-/// that its bursts of B-tree writes yield the core to the request path
-/// (the runtime, the log's writer) whenever that has work.
-const FLUSH_NICE: i32 = 19;
 /// Time between fsyncs of `state.redb` (invariant 2); the log's fsyncs
 /// keep the data safe meanwhile. Each one writes back everything written
 /// since the last and runs on the flush thread (invariant 6), but the
@@ -299,23 +291,14 @@ struct Flusher {
 impl Flusher {
     fn start(db: Arc<Database>) -> Result<Flusher> {
         let (jobs, queue) = std::sync::mpsc::channel::<FlushJob>();
-        let (ready, started) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("state-flush".into())
             .spawn(move || {
-                // Linux's nice is per thread: `None` is this thread alone.
-                // Raising one's own nice needs no privilege.
-                if let Err(e) = rustix::process::setpriority_process(None, FLUSH_NICE) {
-                    tracing::warn!("the state flush thread keeps its priority: {e}");
-                }
-                let _ = ready.send(());
                 for job in queue {
                     let _ = job.done.send(write_overlay(&db, &job.overlay, &job.commit));
                 }
             })
             .map_err(storage)?;
-        // Invariant 9 holds before the first flush can be queued.
-        let _ = started.recv();
         Ok(Flusher {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -1479,32 +1462,6 @@ mod tests {
         }
         let reopened = StateMachineStore::open(b.path(), initial()).unwrap();
         assert_same(&reopened.local(), &mem);
-    }
-
-    /// Invariant 9: the flush thread runs at [`FLUSH_NICE`].
-    #[test]
-    fn the_flush_thread_runs_at_the_lowest_priority() {
-        let dir = tempfile::tempdir().unwrap();
-        let _sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
-        // Other tests' flush threads may be starting beside this one's:
-        // one at FLUSH_NICE is this one's (or proves the same code ran).
-        let nices: Vec<i32> = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(|t| {
-                let t = t.ok()?.path();
-                let comm = std::fs::read_to_string(t.join("comm")).ok()?;
-                let stat = std::fs::read_to_string(t.join("stat")).ok()?;
-                // Fields after the parenthesised name: state is field 3,
-                // nice field 19.
-                let after = stat.rsplit_once(')')?.1;
-                let nice = after.split_whitespace().nth(16)?.parse().ok()?;
-                (comm.trim() == "state-flush").then_some(nice)
-            })
-            .collect();
-        assert!(
-            nices.contains(&FLUSH_NICE),
-            "flush threads' nice values: {nices:?}"
-        );
     }
 
     #[tokio::test]
