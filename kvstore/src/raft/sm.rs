@@ -270,58 +270,44 @@ type FlushResult = Result<Option<KeyFilter>>;
 struct Flushing {
     overlay: Arc<Overlay>,
     durable: bool,
-    done: std::sync::mpsc::Receiver<FlushResult>,
-}
-
-/// One overlay for the flush thread to write, and where to report.
-struct FlushJob {
-    overlay: Arc<Overlay>,
-    commit: FlushCommit,
-    done: std::sync::mpsc::SyncSender<FlushResult>,
 }
 
 /// The thread that writes overlays, one per state machine for its life
 /// (invariant 6), rather than a new thread (a clone, a fresh stack, a
-/// fresh allocator heap) for each of up to ten flushes a second.
+/// fresh allocator heap) for each of up to ten flushes a second. With at
+/// most one flush in flight, one result channel serves them all: the
+/// result in it is the flush in flight's.
 struct Flusher {
-    jobs: Option<std::sync::mpsc::Sender<FlushJob>>,
+    jobs: Option<std::sync::mpsc::Sender<(Arc<Overlay>, FlushCommit)>>,
+    results: std::sync::mpsc::Receiver<FlushResult>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Flusher {
     fn start(db: Arc<Database>) -> Result<Flusher> {
-        let (jobs, queue) = std::sync::mpsc::channel::<FlushJob>();
+        let (jobs, queue) = std::sync::mpsc::channel::<(Arc<Overlay>, FlushCommit)>();
+        let (done, results) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("state-flush".into())
             .spawn(move || {
-                for job in queue {
-                    let _ = job.done.send(write_overlay(&db, &job.overlay, &job.commit));
+                for (overlay, commit) in queue {
+                    let _ = done.send(write_overlay(&db, &overlay, &commit));
                 }
             })
             .map_err(storage)?;
         Ok(Flusher {
             jobs: Some(jobs),
+            results,
             thread: Some(thread),
         })
     }
 
-    /// Queues `overlay`; the receiver gets the result.
-    fn flush(
-        &self,
-        overlay: Arc<Overlay>,
-        commit: FlushCommit,
-    ) -> Result<std::sync::mpsc::Receiver<FlushResult>> {
-        let (done, result) = std::sync::mpsc::sync_channel(1);
-        let job = FlushJob {
-            overlay,
-            commit,
-            done,
-        };
+    /// Queues `overlay`; its result comes through `results`.
+    fn flush(&self, overlay: Arc<Overlay>, commit: FlushCommit) -> Result<()> {
         self.jobs
             .as_ref()
-            .and_then(|j| j.send(job).ok())
-            .ok_or_else(|| storage("the state flush thread is gone"))?;
-        Ok(result)
+            .and_then(|j| j.send((overlay, commit)).ok())
+            .ok_or_else(|| storage("the state flush thread is gone"))
     }
 }
 
@@ -428,12 +414,8 @@ impl SmTables {
         let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
         let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
         let overlay = Arc::new(overlay);
-        let done = self.flusher.flush(overlay.clone(), commit)?;
-        self.flushing = Some(Flushing {
-            overlay,
-            durable,
-            done,
-        });
+        self.flusher.flush(overlay.clone(), commit)?;
+        self.flushing = Some(Flushing { overlay, durable });
         Ok(())
     }
 
@@ -496,10 +478,11 @@ impl SmTables {
     /// `wait`, after waiting for it): the tables then hold its overlay.
     fn adopt_flush(&mut self, wait: bool) -> Result<()> {
         use std::sync::mpsc::TryRecvError;
+        let results = &self.flusher.results;
         let result = match &self.flushing {
             None => return Ok(()),
-            Some(f) if wait => f.done.recv().ok(),
-            Some(f) => match f.done.try_recv() {
+            Some(_) if wait => results.recv().ok(),
+            Some(_) => match results.try_recv() {
                 Ok(r) => Some(r),
                 Err(TryRecvError::Empty) => return Ok(()),
                 Err(TryRecvError::Disconnected) => None,
