@@ -63,12 +63,10 @@ async fn expiry_task(local: Weak<LocalState<MemTables>>, epoch: Instant) {
         let Some(l) = local.upgrade() else { return };
         let next = l.read(|s, _| s.next_deadline_ms());
         drop(l);
-        // A millisecond past the deadline: requests are stamped with the
-        // time rounded down, so a keep-alive stamped `t` may have come at
-        // `t + 0.99`, and a tick at `t + ttl` would end its lease up to a
-        // millisecond short of its TTL.
+        // A tick stamped with the deadline expires what is due (state
+        // invariant 6 keeps a lease for its whole TTL).
         let wake = match next {
-            Some(ms) => epoch + Duration::from_millis(ms + 1),
+            Some(ms) => epoch + Duration::from_millis(ms),
             None => Instant::now() + Duration::from_secs(3600),
         };
         tokio::select! {

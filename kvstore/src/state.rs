@@ -18,6 +18,12 @@
 //!    every barrier ever held; an arrival after that starts a new barrier.
 //! 5. User errors are results, never panics: `apply` returns
 //!    `Err(KvError)` and leaves the state untouched.
+//! 6. A lease never ends before its TTL has passed since its grant or last
+//!    keep-alive. Stamps are wall-clock milliseconds rounded down, so a
+//!    keep-alive stamped `t` may have been sent as late as `t + 0.999`:
+//!    the lease lives through millisecond `t + ttl` (its `expires_at_ms`)
+//!    and ends with the first request stamped after it, which
+//!    [`KvState::next_deadline_ms`] reports as the time to tick.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -408,6 +414,7 @@ pub enum BarrierStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Lease {
     ttl_ms: u64,
+    /// The last millisecond the lease lives through (invariant 6).
     expires_at_ms: u64,
     keys: BTreeSet<Vec<u8>>,
 }
@@ -632,9 +639,14 @@ impl KvState {
         self.barriers.get(id).map(|b| &b.status)
     }
 
-    /// The earliest time at which something expires, if anything can.
+    /// The earliest time at which something expires, if anything can: a
+    /// request stamped with it (a `Tick`) expires it (invariant 6).
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        let lease = self.leases.values().map(|l| l.expires_at_ms).min();
+        let lease = self
+            .leases
+            .values()
+            .map(|l| l.expires_at_ms.saturating_add(1))
+            .min();
         let barrier = self
             .barriers
             .values()
@@ -682,13 +694,13 @@ impl KvState {
         self.revision
     }
 
-    /// Expires leases and barriers whose time has come (invariants 3, 4).
+    /// Expires leases and barriers whose time has come (invariants 3, 4, 6).
     fn expire(&mut self, t: &mut impl TablesMut, events: &mut Vec<Event>) -> Result<()> {
         let now = self.clock_ms;
         let expired: Vec<u64> = self
             .leases
             .iter()
-            .filter(|(_, l)| l.expires_at_ms <= now)
+            .filter(|(_, l)| l.expires_at_ms < now)
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
@@ -1144,9 +1156,10 @@ mod tests {
             );
         }
         must(&mut s, req(1200, Op::LeaseKeepAlive { id }));
-        let (_, ev) = s.apply(&req(1650, Op::Tick));
-        assert!(ev.is_empty(), "kept alive until 1700");
         let (_, ev) = s.apply(&req(1700, Op::Tick));
+        assert!(ev.is_empty(), "kept alive through 1700");
+        assert_eq!(s.state.next_deadline_ms(), Some(1701));
+        let (_, ev) = s.apply(&req(1701, Op::Tick));
         assert_eq!(ev.len(), 2);
         assert!(ev.iter().all(|e| e.revision() == 3));
         assert!(s.list(b"w/").is_empty());
@@ -1166,6 +1179,39 @@ mod tests {
             .0,
             Err(KvError::LeaseNotFound(id))
         );
+    }
+
+    /// Invariant 6: a keep-alive stamped `t` may have been sent at
+    /// `t + 0.999`, so the lease lives through `t + ttl`; the tick that
+    /// ends it is the one `next_deadline_ms` asks for.
+    #[test]
+    fn a_lease_lives_its_whole_ttl_after_a_keep_alive() {
+        let mut s = MemState::default();
+        let id = s
+            .apply(&req(0, Op::LeaseGrant { ttl_ms: 100 }))
+            .0
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        must(
+            &mut s,
+            req(
+                0,
+                Op::Put {
+                    key: "k".into(),
+                    value: vec![],
+                    lease: Some(id),
+                },
+            ),
+        );
+        must(&mut s, req(57, Op::LeaseKeepAlive { id }));
+        let due = s.state.next_deadline_ms().expect("a lease is pending");
+        assert_eq!(due, 158);
+        must(&mut s, req(due - 1, Op::Tick));
+        assert!(s.get(b"k").is_some(), "alive through 157");
+        must(&mut s, req(due, Op::Tick));
+        assert!(s.get(b"k").is_none(), "ended by the tick at its deadline");
+        assert_eq!(s.state.next_deadline_ms(), None);
     }
 
     #[test]
@@ -1221,9 +1267,9 @@ mod tests {
         // No leader for 3 s, then a new one renews first.
         must(&mut s, req(3000, Op::RenewLeases));
         assert!(s.get(b"k").is_some(), "renewed, not expired");
-        must(&mut s, req(3999, Op::Tick));
-        assert!(s.get(b"k").is_some());
         must(&mut s, req(4000, Op::Tick));
+        assert!(s.get(b"k").is_some());
+        must(&mut s, req(4001, Op::Tick));
         assert!(s.get(b"k").is_none(), "expires a TTL after the renewal");
     }
 
