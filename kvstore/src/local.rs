@@ -8,8 +8,12 @@
 //! 2. A watcher sees every event with revision >= its start exactly once, in
 //!    revision order: it subscribes to live events before reading history
 //!    and skips live events at or below the last historical revision.
+//! 3. Live events are published once per applied batch, shared: a watcher
+//!    wakes once per batch and copies only the events under its prefix,
+//!    so an event costs each other watcher a prefix comparison, not a
+//!    copy and a wake-up.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -25,17 +29,24 @@ struct Inner<S> {
     store: S,
 }
 
+/// One applied batch's events, shared by every watcher (invariant 3).
+type Published = Arc<[Event]>;
+
+/// Batches of events a watcher may fall behind before its watch ends
+/// (with an error saying to watch again from the last revision seen).
+const WATCH_BACKLOG_BATCHES: usize = 1024;
+
 /// Applied state plus notifications.
 pub struct LocalState<S> {
     inner: Mutex<Inner<S>>,
     revision: watch::Sender<u64>,
-    events: broadcast::Sender<Event>,
+    events: broadcast::Sender<Published>,
 }
 
 impl<S: TablesMut + Send> LocalState<S> {
     pub fn new(state: KvState, store: S) -> LocalState<S> {
         let (revision, _) = watch::channel(state.revision());
-        let (events, _) = broadcast::channel(16 * 1024);
+        let (events, _) = broadcast::channel(WATCH_BACKLOG_BATCHES);
         LocalState {
             inner: Mutex::new(Inner { state, store }),
             revision,
@@ -87,9 +98,9 @@ impl<S: TablesMut + Send> LocalState<S> {
     }
 
     fn publish(&self, events: Vec<Event>, revision: u64) {
-        for e in events {
-            // No receivers is fine: nobody watches.
-            let _ = self.events.send(e);
+        if !events.is_empty() && self.events.receiver_count() > 0 {
+            // A watcher gone since is fine.
+            let _ = self.events.send(events.into());
         }
         // Always notify: barrier and lease outcomes change without events.
         self.revision.send_modify(|r| *r = revision);
@@ -160,31 +171,60 @@ impl<S: TablesMut + Send> LocalState<S> {
                 s.state.revision(),
             )
         };
-        let prefix = prefix.to_vec();
-        let live = futures::stream::unfold(Some(rx), move |rx| {
-            let prefix = prefix.clone();
-            async move {
-                let mut rx = rx?;
-                loop {
-                    match rx.recv().await {
-                        Ok(e) if e.revision() > last && e.key().starts_with(&prefix) => {
-                            return Some((Ok(e), Some(rx)))
-                        }
-                        Ok(_) => continue,
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let err = KvError::Unavailable(format!(
-                                "watcher fell {n} events behind; watch again from the last revision seen + 1"
-                            ));
-                            return Some((Err(err), None));
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return None,
-                    }
+        let live = futures::stream::unfold(
+            Some(LiveEvents {
+                rx,
+                prefix: prefix.to_vec(),
+                after: last,
+                batch: Arc::from([]),
+                next: 0,
+            }),
+            |live| async move {
+                let mut live = live?;
+                match live.next().await {
+                    Ok(Some(e)) => Some((Ok(e), Some(live))),
+                    Ok(None) => None,
+                    Err(e) => Some((Err(e), None)),
                 }
-            }
-        });
+            },
+        );
         Ok(futures::stream::iter(history.into_iter().map(Ok))
             .chain(live)
             .boxed())
+    }
+}
+
+/// A watcher's live events: the batches published after it subscribed
+/// (invariant 3), from revision `after + 1` on (invariant 2).
+struct LiveEvents {
+    rx: broadcast::Receiver<Published>,
+    prefix: Vec<u8>,
+    after: u64,
+    batch: Published,
+    /// The first event of `batch` not yet looked at.
+    next: usize,
+}
+
+impl LiveEvents {
+    /// The next event under the prefix; `None` once the state is gone.
+    async fn next(&mut self) -> Result<Option<Event>> {
+        loop {
+            while let Some(e) = self.batch.get(self.next) {
+                self.next += 1;
+                if e.revision() > self.after && e.key().starts_with(&self.prefix) {
+                    return Ok(Some(e.clone()));
+                }
+            }
+            match self.rx.recv().await {
+                Ok(batch) => (self.batch, self.next) = (batch, 0),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    return Err(KvError::Unavailable(format!(
+                        "watcher fell {n} batches of events behind; watch again from the last revision seen + 1"
+                    )))
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(None),
+            }
+        }
     }
 }
 
@@ -194,5 +234,77 @@ impl LocalState<MemTables> {
         self.apply_batch([req], |_, _| Ok(()))?
             .pop()
             .unwrap_or_else(|| Err(KvError::Internal("no result".into())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Limits, Op};
+    use futures::FutureExt;
+
+    fn local() -> LocalState<MemTables> {
+        LocalState::new(
+            KvState::new(Limits::default(), 100_000),
+            MemTables::default(),
+        )
+    }
+
+    fn put(key: &str) -> Request {
+        Request {
+            now_ms: 0,
+            op: Op::Put {
+                key: key.into(),
+                value: b"v".to_vec(),
+                lease: None,
+            },
+        }
+    }
+
+    /// Invariants 2 and 3: from batches that mix prefixes, a watcher gets
+    /// exactly the events under its own, once each, in revision order.
+    #[tokio::test]
+    async fn a_watcher_gets_only_its_prefix_from_shared_batches() {
+        let l = local();
+        l.apply(&put("a/0")).unwrap();
+        let mut a = l.watch(b"a/", 1).unwrap();
+        let mut b = l.watch(b"b/", 1).unwrap();
+        let batch = [put("b/1"), put("a/2"), put("c/3"), put("a/4")];
+        l.apply_batch(&batch, |_, _| Ok(())).unwrap();
+        l.apply(&put("b/5")).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let e = a.next().await.unwrap().unwrap();
+            got.push((e.revision(), String::from_utf8(e.key().to_vec()).unwrap()));
+        }
+        assert_eq!(
+            got,
+            [(1, "a/0".into()), (3, "a/2".into()), (5, "a/4".into())]
+        );
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            got.push(b.next().await.unwrap().unwrap().revision());
+        }
+        assert_eq!(got, [2, 6]);
+        // Nothing else is under either prefix.
+        l.apply(&put("c/7")).unwrap();
+        assert!(a.next().now_or_never().is_none());
+        assert!(b.next().now_or_never().is_none());
+    }
+
+    /// A watcher that falls more than the backlog behind is told to watch
+    /// again, and the watch ends there.
+    #[tokio::test]
+    async fn a_watcher_that_falls_behind_is_told_to_watch_again() {
+        let l = local();
+        let mut w = l.watch(b"k/", 1).unwrap();
+        for i in 0..=WATCH_BACKLOG_BATCHES {
+            l.apply(&put(&format!("k/{i}"))).unwrap();
+        }
+        match w.next().await {
+            Some(Err(KvError::Unavailable(m))) => assert!(m.contains("watch again"), "{m}"),
+            other => panic!("expected the lag error, got {other:?}"),
+        }
+        assert!(w.next().await.is_none());
     }
 }
