@@ -56,7 +56,7 @@ impl ClientEndpoint {
             .parse()
             .expect("literal address");
         let mut endpoint =
-            quinn::Endpoint::client(bind).map_err(|e| KvError::Unavailable(e.to_string()))?;
+            net::endpoint(bind, None).map_err(|e| KvError::Unavailable(e.to_string()))?;
         endpoint.set_default_client_config(client_cfg);
         Ok(ClientEndpoint(endpoint))
     }

@@ -134,12 +134,11 @@ impl Replica {
             Some(t) => (t.server_config(wire::ALPN)?, t.client_config(wire::ALPN)?),
             None => crate::tls::insecure_configs(wire::ALPN)?,
         };
-        let mut endpoint = quinn::Endpoint::server(server_cfg, cfg.listen).map_err(|source| {
-            ReplicaError::Listen {
+        let mut endpoint =
+            net::endpoint(cfg.listen, Some(server_cfg)).map_err(|source| ReplicaError::Listen {
                 addr: cfg.listen,
                 source,
-            }
-        })?;
+            })?;
         endpoint.set_default_client_config(client_cfg);
         let bound = endpoint
             .local_addr()
