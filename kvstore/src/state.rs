@@ -1181,29 +1181,30 @@ mod tests {
         );
     }
 
+    /// Grants a lease of `ttl_ms` at `now` and puts `key` under it.
+    fn leased_key(s: &mut MemState, now: u64, ttl_ms: u64, key: &str) -> u64 {
+        let id = s
+            .apply(&req(now, Op::LeaseGrant { ttl_ms }))
+            .0
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        let put = Op::Put {
+            key: key.into(),
+            value: b"v".to_vec(),
+            lease: Some(id),
+        };
+        must(s, req(now, put));
+        id
+    }
+
     /// Invariant 6: a keep-alive stamped `t` may have been sent at
     /// `t + 0.999`, so the lease lives through `t + ttl`; the tick that
     /// ends it is the one `next_deadline_ms` asks for.
     #[test]
     fn a_lease_lives_its_whole_ttl_after_a_keep_alive() {
         let mut s = MemState::default();
-        let id = s
-            .apply(&req(0, Op::LeaseGrant { ttl_ms: 100 }))
-            .0
-            .unwrap()
-            .into_lease()
-            .unwrap();
-        must(
-            &mut s,
-            req(
-                0,
-                Op::Put {
-                    key: "k".into(),
-                    value: vec![],
-                    lease: Some(id),
-                },
-            ),
-        );
+        let id = leased_key(&mut s, 0, 100, "k");
         must(&mut s, req(57, Op::LeaseKeepAlive { id }));
         let due = s.state.next_deadline_ms().expect("a lease is pending");
         assert_eq!(due, 158);
@@ -1247,23 +1248,7 @@ mod tests {
     #[test]
     fn a_new_leader_renews_overdue_leases_before_expiring_them() {
         let mut s = MemState::new(Limits::default(), 100);
-        let lease = s
-            .apply(&req(0, Op::LeaseGrant { ttl_ms: 1000 }))
-            .0
-            .unwrap()
-            .into_lease()
-            .unwrap();
-        must(
-            &mut s,
-            req(
-                10,
-                Op::Put {
-                    key: b"k".to_vec(),
-                    value: b"v".to_vec(),
-                    lease: Some(lease),
-                },
-            ),
-        );
+        leased_key(&mut s, 0, 1000, "k");
         // No leader for 3 s, then a new one renews first.
         must(&mut s, req(3000, Op::RenewLeases));
         assert!(s.get(b"k").is_some(), "renewed, not expired");
