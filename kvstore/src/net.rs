@@ -125,17 +125,16 @@ pub async fn write_frame<T: Serialize>(send: &mut SendStream, msg: &T) -> Result
 /// Socket buffers asked for (the kernel caps them at `net.core.rmem_max`
 /// and `wmem_max`). With the default ~208 KiB a replica's socket dropped
 /// datagrams when 64 clients' requests arrived while its one thread was
-/// busy (`RcvbufErrors` in `/proc/net/snmp`, ~100 in a 30 s benchmark),
+/// busy (`RcvbufErrors` in `/proc/net/snmp`: 97–155 in a 25 s benchmark),
 /// and each drop cost a client QUIC's loss-recovery wait.
 pub const SOCKET_BUFFER: usize = 4 << 20;
 
-/// A QUIC endpoint on `addr` (a server when `server` is given) whose
-/// socket asks for [`SOCKET_BUFFER`]-byte buffers; an IPv6 wildcard takes
-/// IPv4 peers too where the system allows, as quinn's own constructors do.
-pub fn endpoint(
-    addr: SocketAddr,
-    server: Option<quinn::ServerConfig>,
-) -> std::io::Result<Endpoint> {
+/// A UDP socket bound to `addr` that asks for `buffer`-byte send and
+/// receive buffers (best effort: the kernel caps both, and a smaller
+/// buffer only drops more under load); an IPv6 wildcard takes IPv4 peers
+/// too where the system allows, as quinn's own constructors do. Shared
+/// with the transfer layer's endpoints.
+pub fn udp_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {
@@ -143,14 +142,22 @@ pub fn endpoint(
             tracing::debug!(%e, "unable to make the socket dual-stack");
         }
     }
-    // Best effort: a smaller buffer only drops more under load.
-    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
-    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
     socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// A QUIC endpoint on `addr` (a server when `server` is given) on a
+/// [`udp_socket`] with [`SOCKET_BUFFER`]-byte buffers.
+pub fn endpoint(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<Endpoint> {
     Endpoint::new(
         quinn::EndpointConfig::default(),
         server,
-        socket.into(),
+        udp_socket(addr, SOCKET_BUFFER)?,
         Arc::new(quinn::TokioRuntime),
     )
 }

@@ -458,7 +458,8 @@ impl TransferEndpoint {
         endpoint_cfg
             .max_udp_payload_size(cfg.max_udp_payload.max(1200))
             .map_err(|e| bind_err(e.to_string()))?;
-        let socket = udp_socket(addr, cfg.socket_buffer).map_err(|e| bind_err(e.to_string()))?;
+        let socket = tessel_kvstore::net::udp_socket(addr, cfg.socket_buffer)
+            .map_err(|e| bind_err(e.to_string()))?;
         let endpoint = Endpoint::new(
             endpoint_cfg,
             Some(server),
@@ -848,16 +849,6 @@ impl TransferEndpoint {
             .expect("not poisoned")
             .retain(|(_, tag), _| !matches(*tag));
     }
-}
-
-fn udp_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    // Best effort: the kernel caps both at its maximum.
-    let _ = socket.set_recv_buffer_size(buffer);
-    let _ = socket.set_send_buffer_size(buffer);
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
 }
 
 async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferConfig) {
