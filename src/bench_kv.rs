@@ -2,9 +2,12 @@
 //!
 //! Starts three `tessel coordinator` processes on loopback (mutual TLS,
 //! the Raft log synced on every append), drives them from this process over
-//! QUIC, and prints one JSON line per figure. With `--etcd` it then runs
-//! the same load against a 3-member etcd cluster (Debian's `etcd-server`,
-//! fsync on) in the same run; every line names its `system`.
+//! QUIC, and prints one JSON line per figure. With `--etcd` it also starts
+//! a 3-member etcd cluster (Debian's `etcd-server`, fsync on) and measures
+//! each figure on tessel and then at once on etcd, so that the two figures
+//! of a pair are seconds apart rather than minutes: this machine's speed
+//! drifts within minutes, and a ratio of figures taken apart measured the
+//! drift as much as the systems. Every line names its `system`.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -193,43 +196,82 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
         procs.0.push(spawn(&replica(id, Some(first)))?);
     }
     let addrs: Vec<SocketAddr> = procs.0.iter().map(|(_, a)| *a).collect();
-    let pids: Vec<u32> = procs.0.iter().map(|(c, _)| c.id()).collect();
     let endpoint = ClientEndpoint::for_replicas(&addrs, Some(&tls))?;
-    measure(&args, &Target::Tessel { addrs, endpoint }, &pids).await?;
-    drop(procs);
-    if args.etcd {
-        run_etcd(&args).await?;
+    let mut systems = vec![System {
+        pids: procs.0.iter().map(|(c, _)| c.id()).collect(),
+        target: Target::Tessel { addrs, endpoint },
+    }];
+    // Kept running until the end; dropping it stops the members.
+    let _etcd = if args.etcd {
+        let (etcd, system) = start_etcd().await?;
+        systems.push(system);
+        Some(etcd)
+    } else {
+        None
+    };
+    let value = vec![0xabu8; 64];
+    let mut kvs = Vec::new();
+    for s in &systems {
+        let kv = s.target.client(None).await?;
+        kv.put(b"bench/warmup", b"x").await?;
+        kvs.push(kv);
     }
+    // Each figure on every system before the next figure (module docs).
+    for (s, kv) in systems.iter().zip(&kvs) {
+        sequential_puts(&args, s.target.name(), kv.as_ref(), &value).await?;
+    }
+    for (s, kv) in systems.iter().zip(&kvs) {
+        sequential_reads(&args, s.target.name(), kv.as_ref()).await?;
+    }
+    for clients in [1usize, 16, 64] {
+        for s in &systems {
+            concurrent_puts(&args, s, clients, &value).await?;
+        }
+    }
+    for s in &systems {
+        blocking_get_wakeup(s, &value).await?;
+    }
+    for s in &systems {
+        memory(&args, s, &value).await?;
+    }
+    drop(procs);
     Ok(())
 }
 
+/// A system under load and its node processes.
+struct System {
+    target: Target,
+    pids: Vec<u32>,
+}
+
 #[cfg(feature = "etcd")]
-async fn run_etcd(args: &BenchKvArgs) -> Result<()> {
+async fn start_etcd() -> Result<(tessel_kvstore::etcd::local::LocalEtcd, System)> {
     let etcd = tessel_kvstore::etcd::local::LocalEtcd::start(3).await?;
-    let pids: Vec<u32> = (0..3).filter_map(|i| etcd.pid(i)).collect();
-    let target = Target::Etcd {
-        endpoints: etcd.endpoints(),
+    let system = System {
+        pids: (0..3).filter_map(|i| etcd.pid(i)).collect(),
+        target: Target::Etcd {
+            endpoints: etcd.endpoints(),
+        },
     };
-    measure(args, &target, &pids).await
+    Ok((etcd, system))
 }
 
 #[cfg(not(feature = "etcd"))]
-async fn run_etcd(_: &BenchKvArgs) -> Result<()> {
+async fn start_etcd() -> Result<((), System)> {
     bail!("--etcd needs a tessel built with `--features etcd`")
 }
 
-/// Runs every figure against `target`, whose node processes are `pids`.
-async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()> {
-    let system = target.name();
-    let kv = target.client(None).await?;
-    kv.put(b"bench/warmup", b"x").await?;
-    let value = vec![0xabu8; 64];
-
-    // Sequential puts.
+/// Sequential puts: latency of one write at a time.
+async fn sequential_puts(
+    args: &BenchKvArgs,
+    system: &str,
+    kv: &dyn KvStore,
+    value: &[u8],
+) -> Result<()> {
     let mut lat = Vec::with_capacity(args.sequential);
     for i in 0..args.sequential {
         let t = Instant::now();
-        kv.put(format!("seq/{i}").as_bytes(), &value).await?;
+        kv.put(format!("seq/{i}").as_bytes(), value).await?;
         lat.push(t.elapsed());
     }
     lat.sort();
@@ -240,10 +282,13 @@ async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()
         percentile(&lat, 0.99),
         percentile(&lat, 1.0)
     );
+    Ok(())
+}
 
-    // Sequential linearizable reads: the leader confirms its leadership
-    // with a round of heartbeats, the same network path as a write without
-    // the two disk commits, so the difference is what the disks cost.
+/// Sequential linearizable reads: the leader confirms its leadership with
+/// a round of heartbeats, the same network path as a write without the two
+/// disk commits, so the difference is what the disks cost.
+async fn sequential_reads(args: &BenchKvArgs, system: &str, kv: &dyn KvStore) -> Result<()> {
     let mut lat = Vec::with_capacity(args.sequential);
     for _ in 0..args.sequential {
         let t = Instant::now();
@@ -257,79 +302,89 @@ async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()
         percentile(&lat, 0.5),
         percentile(&lat, 0.99)
     );
+    Ok(())
+}
 
-    // Concurrent clients, each with its own connection (tessel's through
-    // one endpoint, see `Target::Tessel`). Each one connects
-    // (and, for tessel, finds the leader) with one unmeasured put before
-    // the timed window: the figures are steady-state puts, not 64
-    // handshakes at once.
-    for clients in [1usize, 16, 64] {
-        let mut ready = Vec::with_capacity(clients);
-        for c in 0..clients {
-            let client = target.client(None).await?;
-            client
-                .put(format!("warm/{clients}/{c}").as_bytes(), &value)
-                .await?;
-            ready.push(client);
-        }
-        let deadline = Instant::now() + Duration::from_secs(args.seconds);
-        let mut tasks = Vec::new();
-        for (c, client) in ready.into_iter().enumerate() {
-            let value = value.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut i = 0u64;
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    if client
-                        .put(format!("conc/{clients}/{c}/{i}").as_bytes(), &value)
-                        .await
-                        .is_ok()
-                    {
-                        lat.push(t.elapsed());
-                    }
-                    i += 1;
-                }
-                lat
-            }));
-        }
-        let started = Instant::now();
-        let cpu_before = cpu_all(pids);
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await?);
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        // Where the CPU went: microseconds per acknowledged put, for the
-        // load generator first, then each node in `pids` order.
-        let cpu_us: Vec<String> = cpu_all(pids)
-            .iter()
-            .zip(&cpu_before)
-            .map(|(after, before)| match (after, before) {
-                (Some(a), Some(b)) => format!("{:.1}", (a - b) * 1e6 / all.len().max(1) as f64),
-                // A process gone (or unreadable) mid-phase, as `rss_kib`.
-                _ => "null".into(),
-            })
-            .collect();
-        all.sort();
-        println!(
-            "{{\"system\":\"{system}\",\"figure\":\"concurrent_put\",\"clients\":{clients},\"ops\":{},\"puts_per_s\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\"cpu_us_per_put\":{{\"load\":{},\"nodes\":[{}]}}}}",
-            all.len(),
-            all.len() as f64 / elapsed,
-            percentile(&all, 0.5),
-            percentile(&all, 0.99),
-            percentile(&all, 0.999),
-            percentile(&all, 1.0),
-            cpu_us[0],
-            cpu_us[1..].join(",")
-        );
+/// `clients` concurrent clients, each with its own connection (tessel's
+/// through one endpoint, see `Target::Tessel`). Each one connects (and,
+/// for tessel, finds the leader) with one unmeasured put before the timed
+/// window: the figures are steady-state puts, not 64 handshakes at once.
+async fn concurrent_puts(
+    args: &BenchKvArgs,
+    s: &System,
+    clients: usize,
+    value: &[u8],
+) -> Result<()> {
+    let (system, target, pids) = (s.target.name(), &s.target, &s.pids);
+    let mut ready = Vec::with_capacity(clients);
+    for c in 0..clients {
+        let client = target.client(None).await?;
+        client
+            .put(format!("warm/{clients}/{c}").as_bytes(), value)
+            .await?;
+        ready.push(client);
     }
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let mut tasks = Vec::new();
+    for (c, client) in ready.into_iter().enumerate() {
+        let value = value.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                if client
+                    .put(format!("conc/{clients}/{c}/{i}").as_bytes(), &value)
+                    .await
+                    .is_ok()
+                {
+                    lat.push(t.elapsed());
+                }
+                i += 1;
+            }
+            lat
+        }));
+    }
+    let started = Instant::now();
+    let cpu_before = cpu_all(pids);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await?);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // Where the CPU went: microseconds per acknowledged put, for the
+    // load generator first, then each node in `pids` order.
+    let cpu_us: Vec<String> = cpu_all(pids)
+        .iter()
+        .zip(&cpu_before)
+        .map(|(after, before)| match (after, before) {
+            (Some(a), Some(b)) => format!("{:.1}", (a - b) * 1e6 / all.len().max(1) as f64),
+            // A process gone (or unreadable) mid-phase, as `rss_kib`.
+            _ => "null".into(),
+        })
+        .collect();
+    all.sort();
+    println!(
+        "{{\"system\":\"{system}\",\"figure\":\"concurrent_put\",\"clients\":{clients},\"ops\":{},\"puts_per_s\":{:.0},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\"cpu_us_per_put\":{{\"load\":{},\"nodes\":[{}]}}}}",
+        all.len(),
+        all.len() as f64 / elapsed,
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+        percentile(&all, 0.999),
+        percentile(&all, 1.0),
+        cpu_us[0],
+        cpu_us[1..].join(",")
+    );
+    Ok(())
+}
 
-    // Blocking-get wake-up: a get waits on replica 2; the put goes through
-    // replica 3. Latency from sending the put to the get returning, and
-    // the insert's own acknowledgement beside it: the get cannot wake
-    // before the write is applied, so a slow wake-up with an equally slow
-    // insert is the write's latency, not the wake-up's.
+/// Blocking-get wake-up: a get waits on replica 2; the put goes through
+/// replica 3. Latency from sending the put to the get returning, and the
+/// insert's own acknowledgement beside it: the get cannot wake before the
+/// write is applied, so a slow wake-up with an equally slow insert is the
+/// write's latency, not the wake-up's.
+async fn blocking_get_wakeup(s: &System, value: &[u8]) -> Result<()> {
+    let (system, target) = (s.target.name(), &s.target);
     let waiter = target.client(Some(1)).await?;
     let writer = target.client(Some(2)).await?;
     let mut wake = Vec::new();
@@ -344,7 +399,7 @@ async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         let sent = Instant::now();
-        writer.insert(key.as_bytes(), &value).await?;
+        writer.insert(key.as_bytes(), value).await?;
         acks.push(sent.elapsed());
         let woke = get.await??;
         wake.push(woke.saturating_duration_since(sent));
@@ -359,15 +414,19 @@ async fn measure(args: &BenchKvArgs, target: &Target, pids: &[u32]) -> Result<()
         percentile(&acks, 0.5),
         percentile(&acks, 0.99)
     );
+    Ok(())
+}
 
-    // Memory after loading `keys` keys of 64 bytes, 64 writers.
+/// Memory after loading `keys` keys of 64 bytes, 64 writers.
+async fn memory(args: &BenchKvArgs, s: &System, value: &[u8]) -> Result<()> {
+    let (system, target, pids) = (s.target.name(), &s.target, &s.pids);
     let loaded = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     let writers = 64;
     for w in 0..writers {
         let client = target.client(None).await?;
-        let value = value.clone();
+        let value = value.to_vec();
         let loaded = loaded.clone();
         let n = args.keys;
         tasks.push(tokio::spawn(async move {
