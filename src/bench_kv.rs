@@ -197,10 +197,8 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     }
     let addrs: Vec<SocketAddr> = procs.0.iter().map(|(_, a)| *a).collect();
     let endpoint = ClientEndpoint::for_replicas(&addrs, Some(&tls))?;
-    let mut systems = vec![System {
-        pids: procs.0.iter().map(|(c, _)| c.id()).collect(),
-        target: Target::Tessel { addrs, endpoint },
-    }];
+    let pids = procs.0.iter().map(|(c, _)| c.id()).collect();
+    let mut systems = vec![System::new(Target::Tessel { addrs, endpoint }, pids).await?];
     // Kept running until the end; dropping it stops the members.
     let _etcd = if args.etcd {
         let (etcd, system) = start_etcd().await?;
@@ -210,18 +208,12 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
         None
     };
     let value = vec![0xabu8; 64];
-    let mut kvs = Vec::new();
-    for s in &systems {
-        let kv = s.target.client(None).await?;
-        kv.put(b"bench/warmup", b"x").await?;
-        kvs.push(kv);
-    }
     // Each figure on every system before the next figure (module docs).
-    for (s, kv) in systems.iter().zip(&kvs) {
-        sequential_puts(&args, s.target.name(), kv.as_ref(), &value).await?;
+    for s in &systems {
+        sequential_puts(&args, s, &value).await?;
     }
-    for (s, kv) in systems.iter().zip(&kvs) {
-        sequential_reads(&args, s.target.name(), kv.as_ref()).await?;
+    for s in &systems {
+        sequential_reads(&args, s).await?;
     }
     for clients in [1usize, 16, 64] {
         for s in &systems {
@@ -238,21 +230,31 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     Ok(())
 }
 
-/// A system under load and its node processes.
+/// A system under load, its node processes, and a client of it for the
+/// sequential figures.
 struct System {
     target: Target,
     pids: Vec<u32>,
+    kv: Arc<dyn KvStore>,
+}
+
+impl System {
+    /// Connects the sequential figures' client (and, for tessel, finds
+    /// the leader) with one unmeasured put.
+    async fn new(target: Target, pids: Vec<u32>) -> Result<System> {
+        let kv = target.client(None).await?;
+        kv.put(b"bench/warmup", b"x").await?;
+        Ok(System { target, pids, kv })
+    }
 }
 
 #[cfg(feature = "etcd")]
 async fn start_etcd() -> Result<(tessel_kvstore::etcd::local::LocalEtcd, System)> {
     let etcd = tessel_kvstore::etcd::local::LocalEtcd::start(3).await?;
-    let system = System {
-        pids: (0..3).filter_map(|i| etcd.pid(i)).collect(),
-        target: Target::Etcd {
-            endpoints: etcd.endpoints(),
-        },
+    let target = Target::Etcd {
+        endpoints: etcd.endpoints(),
     };
+    let system = System::new(target, (0..3).filter_map(|i| etcd.pid(i)).collect()).await?;
     Ok((etcd, system))
 }
 
@@ -262,12 +264,8 @@ async fn start_etcd() -> Result<((), System)> {
 }
 
 /// Sequential puts: latency of one write at a time.
-async fn sequential_puts(
-    args: &BenchKvArgs,
-    system: &str,
-    kv: &dyn KvStore,
-    value: &[u8],
-) -> Result<()> {
+async fn sequential_puts(args: &BenchKvArgs, s: &System, value: &[u8]) -> Result<()> {
+    let (system, kv) = (s.target.name(), &s.kv);
     let mut lat = Vec::with_capacity(args.sequential);
     for i in 0..args.sequential {
         let t = Instant::now();
@@ -288,7 +286,8 @@ async fn sequential_puts(
 /// Sequential linearizable reads: the leader confirms its leadership with
 /// a round of heartbeats, the same network path as a write without the two
 /// disk commits, so the difference is what the disks cost.
-async fn sequential_reads(args: &BenchKvArgs, system: &str, kv: &dyn KvStore) -> Result<()> {
+async fn sequential_reads(args: &BenchKvArgs, s: &System) -> Result<()> {
+    let (system, kv) = (s.target.name(), &s.kv);
     let mut lat = Vec::with_capacity(args.sequential);
     for _ in 0..args.sequential {
         let t = Instant::now();
