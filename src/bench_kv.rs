@@ -42,6 +42,9 @@ pub struct BenchKvArgs {
     pub etcd: bool,
 }
 
+/// The value every put writes.
+const VALUE: [u8; 64] = [0xab; 64];
+
 /// The system under load.
 enum Target {
     Tessel {
@@ -207,24 +210,23 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
     } else {
         None
     };
-    let value = vec![0xabu8; 64];
     // Each figure on every system before the next figure (module docs).
     for s in &systems {
-        sequential_puts(&args, s, &value).await?;
+        sequential_puts(&args, s).await?;
     }
     for s in &systems {
         sequential_reads(&args, s).await?;
     }
     for clients in [1usize, 16, 64] {
         for s in &systems {
-            concurrent_puts(&args, s, clients, &value).await?;
+            concurrent_puts(&args, s, clients).await?;
         }
     }
     for s in &systems {
-        blocking_get_wakeup(s, &value).await?;
+        blocking_get_wakeup(s).await?;
     }
     for s in &systems {
-        memory(&args, s, &value).await?;
+        memory(&args, s).await?;
     }
     drop(procs);
     Ok(())
@@ -264,12 +266,12 @@ async fn start_etcd() -> Result<((), System)> {
 }
 
 /// Sequential puts: latency of one write at a time.
-async fn sequential_puts(args: &BenchKvArgs, s: &System, value: &[u8]) -> Result<()> {
+async fn sequential_puts(args: &BenchKvArgs, s: &System) -> Result<()> {
     let (system, kv) = (s.target.name(), &s.kv);
     let mut lat = Vec::with_capacity(args.sequential);
     for i in 0..args.sequential {
         let t = Instant::now();
-        kv.put(format!("seq/{i}").as_bytes(), value).await?;
+        kv.put(format!("seq/{i}").as_bytes(), &VALUE).await?;
         lat.push(t.elapsed());
     }
     lat.sort();
@@ -308,32 +310,26 @@ async fn sequential_reads(args: &BenchKvArgs, s: &System) -> Result<()> {
 /// through one endpoint, see `Target::Tessel`). Each one connects (and,
 /// for tessel, finds the leader) with one unmeasured put before the timed
 /// window: the figures are steady-state puts, not 64 handshakes at once.
-async fn concurrent_puts(
-    args: &BenchKvArgs,
-    s: &System,
-    clients: usize,
-    value: &[u8],
-) -> Result<()> {
+async fn concurrent_puts(args: &BenchKvArgs, s: &System, clients: usize) -> Result<()> {
     let (system, target, pids) = (s.target.name(), &s.target, &s.pids);
     let mut ready = Vec::with_capacity(clients);
     for c in 0..clients {
         let client = target.client(None).await?;
         client
-            .put(format!("warm/{clients}/{c}").as_bytes(), value)
+            .put(format!("warm/{clients}/{c}").as_bytes(), &VALUE)
             .await?;
         ready.push(client);
     }
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let mut tasks = Vec::new();
     for (c, client) in ready.into_iter().enumerate() {
-        let value = value.to_vec();
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = 0u64;
             while Instant::now() < deadline {
                 let t = Instant::now();
                 if client
-                    .put(format!("conc/{clients}/{c}/{i}").as_bytes(), &value)
+                    .put(format!("conc/{clients}/{c}/{i}").as_bytes(), &VALUE)
                     .await
                     .is_ok()
                 {
@@ -382,7 +378,7 @@ async fn concurrent_puts(
 /// insert's own acknowledgement beside it: the get cannot wake before the
 /// write is applied, so a slow wake-up with an equally slow insert is the
 /// write's latency, not the wake-up's.
-async fn blocking_get_wakeup(s: &System, value: &[u8]) -> Result<()> {
+async fn blocking_get_wakeup(s: &System) -> Result<()> {
     let (system, target) = (s.target.name(), &s.target);
     let waiter = target.client(Some(1)).await?;
     let writer = target.client(Some(2)).await?;
@@ -398,7 +394,7 @@ async fn blocking_get_wakeup(s: &System, value: &[u8]) -> Result<()> {
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         let sent = Instant::now();
-        writer.insert(key.as_bytes(), value).await?;
+        writer.insert(key.as_bytes(), &VALUE).await?;
         acks.push(sent.elapsed());
         let woke = get.await??;
         wake.push(woke.saturating_duration_since(sent));
@@ -416,8 +412,8 @@ async fn blocking_get_wakeup(s: &System, value: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Memory after loading `keys` keys of 64 bytes, 64 writers.
-async fn memory(args: &BenchKvArgs, s: &System, value: &[u8]) -> Result<()> {
+/// Memory after loading `keys` keys of [`VALUE`]'s size, 64 writers.
+async fn memory(args: &BenchKvArgs, s: &System) -> Result<()> {
     let (system, target, pids) = (s.target.name(), &s.target, &s.pids);
     let loaded = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
@@ -425,14 +421,13 @@ async fn memory(args: &BenchKvArgs, s: &System, value: &[u8]) -> Result<()> {
     let writers = 64;
     for w in 0..writers {
         let client = target.client(None).await?;
-        let value = value.to_vec();
         let loaded = loaded.clone();
         let n = args.keys;
         tasks.push(tokio::spawn(async move {
             let mut i = w;
             while i < n {
                 if client
-                    .put(format!("mem/{i:08}").as_bytes(), &value)
+                    .put(format!("mem/{i:08}").as_bytes(), &VALUE)
                     .await
                     .is_ok()
                 {
@@ -456,7 +451,8 @@ async fn memory(args: &BenchKvArgs, s: &System, value: &[u8]) -> Result<()> {
         bail!("only {n} of {} keys were written", args.keys);
     }
     println!(
-        "{{\"system\":\"{system}\",\"figure\":\"memory\",\"keys\":{n},\"value_bytes\":64,\"load_s\":{secs:.1},\"rss_mib_per_replica\":[{}]}}",
+        "{{\"system\":\"{system}\",\"figure\":\"memory\",\"keys\":{n},\"value_bytes\":{},\"load_s\":{secs:.1},\"rss_mib_per_replica\":[{}]}}",
+        VALUE.len(),
         rss.join(",")
     );
     Ok(())
