@@ -82,6 +82,12 @@
 //!     lent files whose senders wait until the mapping is dropped, so they
 //!     must be folded or copied out at once, and folding or copying them
 //!     straight into the caller's buffer is the one copy they need.
+//! 11. A rank may leave a call before its peers have opened its arena by
+//!     name, and grows its arena for the next call before that call's
+//!     descriptor exchange. So a replaced arena is kept (retired) until
+//!     the next replacement: by then this rank has passed a descriptor
+//!     exchange, which no peer completes before leaving the call that
+//!     used the retired arena.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -390,6 +396,9 @@ pub struct Communicator {
 #[derive(Default)]
 struct Arenas {
     mine: Option<ShmArena>,
+    /// The arena `mine` replaced, kept (invariant 11): a peer of the call
+    /// that used it may still be opening it by name.
+    retired: Option<ShmArena>,
     peers: Vec<Vec<Arc<PeerArena>>>,
 }
 
@@ -695,7 +704,9 @@ impl Communicator {
         if arenas.mine.as_ref().is_some_and(|a| a.len() >= len) {
             return true;
         }
-        arenas.mine = None;
+        // Invariant 11: this rank may have left the last call before its
+        // peers opened that arena; the one retired before it is past use.
+        arenas.retired = arenas.mine.take();
         match ShmArena::create(self.endpoint.shm_dir(), len) {
             Ok(a) => {
                 arenas.mine = Some(a);
