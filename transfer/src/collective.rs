@@ -235,12 +235,13 @@ pub struct Descriptor {
 }
 
 /// The collectives a descriptor can name.
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 6] = [
     "all_reduce",
     "reduce_scatter",
     "all_gather",
     "broadcast",
     "barrier",
+    "exchange",
 ];
 
 /// Largest encoded descriptor.
@@ -333,6 +334,8 @@ impl Descriptor {
             "local"
         } else if self.kind == "barrier" {
             "descriptors"
+        } else if self.kind == "exchange" {
+            "point_to_point"
         } else if self.carries_data() {
             "small"
         } else if shared {
@@ -664,6 +667,51 @@ impl Communicator {
         let d = self.offer_arenas(descriptor("broadcast", None, dtype, data.len(), Some(root)));
         self.run(d, |call| call.broadcast(root as usize, dtype, data))
             .await
+    }
+
+    /// Point-to-point messages as one call that every rank makes together
+    /// (invariant 1): this rank sends each `(rank, bytes)` of `sends` and
+    /// receives one message from each rank of `from`, of any size, all
+    /// under the call's deadline. Returns what arrived, in `from`'s order.
+    /// At most one message per pair of ranks.
+    pub async fn exchange(
+        &mut self,
+        sends: Vec<(usize, Vec<u8>)>,
+        from: &[usize],
+    ) -> Result<Vec<Vec<u8>>> {
+        let n = self.size();
+        let bad = |what: &str, ranks: Vec<usize>| {
+            let mut sorted = ranks.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            (ranks.iter().any(|&r| r >= n || r == self.rank) || sorted.len() != ranks.len()).then(
+                || {
+                    TransferError::InvalidArgument(format!(
+                        "exchange {what} ranks {ranks:?}: each once, not this rank ({}), below {n}",
+                        self.rank
+                    ))
+                },
+            )
+        };
+        if let Some(e) = bad("to", sends.iter().map(|(r, _)| *r).collect())
+            .or_else(|| bad("from", from.to_vec()))
+        {
+            return Err(e);
+        }
+        let from = from.to_vec();
+        let d = descriptor("exchange", None, ElementType::U8, 0, None);
+        self.run(d, |call| async move {
+            let tag = call.tag(PHASE_REDUCE, 0, 0);
+            let sent = try_join_all(
+                sends
+                    .iter()
+                    .map(|(to, data)| call.send(*to, tag, ElementType::U8, data)),
+            );
+            let received = try_join_all(from.iter().map(|&f| call.recv(f, tag)));
+            let (_, got) = futures::try_join!(sent, received)?;
+            Ok(got)
+        })
+        .await
     }
 
     /// Returns once every rank has entered it.

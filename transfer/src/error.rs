@@ -30,4 +30,22 @@ pub enum TransferError {
     Bind { addr: SocketAddr, reason: String },
 }
 
+impl TransferError {
+    /// Whether this is the loss of a peer (or of the way to it) rather than
+    /// a disagreement or a bad argument: a broken connection or stream, a
+    /// deadline, a peer that aborted (which it does only for such
+    /// reasons: a mismatch reaches every rank by itself), or a
+    /// communicator an earlier such failure broke.
+    pub fn is_peer_loss(&self) -> bool {
+        matches!(
+            self,
+            TransferError::Connect { .. }
+                | TransferError::Stream { .. }
+                | TransferError::DeadlineExceeded { .. }
+                | TransferError::Aborted { .. }
+                | TransferError::Broken(_)
+        )
+    }
+}
+
 pub type Result<T, E = TransferError> = std::result::Result<T, E>;
