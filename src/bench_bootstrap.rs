@@ -130,7 +130,7 @@ async fn processes(
     let mut workers = Vec::new();
     for i in 0..n {
         let id = format!("b{n}-{i}");
-        let args = cluster.worker_args(&id, plugin, 1);
+        let args = cluster.worker_args(&id, &plugin.display().to_string(), 1);
         workers.push(ChildProc::spawn(&format!("worker {id}"), &args, &[])?);
     }
     let spawned_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -213,20 +213,22 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32) -> Result<()> {
                     hostname: format!("sim-host-{i}"),
                     boot_id: format!("sim-boot-{i}"),
                     pid: i,
-                    plugin_name: "simulated".into(),
+                    plugin: "simulated".into(),
+                    platform: "simulated".into(),
                     plugin_version: "-".into(),
                     devices: vec![WorkerDevice {
                         kind: "sim".into(),
                         count: 1,
                         memory_bytes: None,
                     }],
-                    transfer_addr: None,
+                    ttl_ms: liveness.ttl.as_millis() as u64,
                 };
                 let reg = registry::register(&*kv, info, liveness).await?;
                 jobs::join_job(&*kv, &job, &reg).await?;
                 let local = LocalTopology {
                     process_index: i,
                     num_processes: n,
+                    worker: format!("sim-{i}"),
                     hostname: format!("sim-host-{i}"),
                     boot_id: format!("sim-boot-{i}"),
                     slice_index: None,

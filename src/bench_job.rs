@@ -41,7 +41,11 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
         let mut cluster = LocalCluster::new()?;
         cluster.start_coordinators(3)?;
         let kv = cluster.client()?;
-        cluster.start_workers(s.processes, &plugin, s.devices_per_process as usize)?;
+        cluster.start_workers(
+            s.processes,
+            &plugin.display().to_string(),
+            s.devices_per_process as usize,
+        )?;
         let client = tessel::client::Client::from_store(std::sync::Arc::new(kv));
         let (_, results) = crate::job_cli::run_scheduled(&client, &job, false).await?;
         drop(cluster);

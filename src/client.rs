@@ -47,6 +47,8 @@ pub enum ClientError {
     /// The spec did not validate (every problem, each naming its field).
     #[error(transparent)]
     Spec(#[from] crate::job::JobSpecError),
+    #[error("job `{job}` is {state}: arrays can be fetched once it has succeeded")]
+    NotFinished { job: String, state: &'static str },
     #[error("job `{job}` has no array `{array}` to fetch (only arrays the plan writes, up to 4 MiB, are kept)")]
     NoSuchArray { job: String, array: String },
     #[error("the job with its files is {bytes} bytes; at most {MAX_BUNDLE} travel with a job")]
@@ -107,19 +109,18 @@ impl Client {
             });
         }
         let s = &job.spec;
-        Ok(scheduler::submit(
-            &*self.kv,
-            &s.name,
-            s.processes,
-            s.devices_per_process,
-            s.max_restarts,
-            &bundle,
-        )
-        .await?)
+        let submission = scheduler::Submission {
+            name: s.name.clone(),
+            processes: s.processes,
+            devices_per_process: s.devices_per_process,
+            plugin: s.plugin.clone(),
+            max_restarts: s.max_restarts,
+        };
+        Ok(scheduler::submit(&*self.kv, &submission, &bundle).await?)
     }
 
-    /// Validates a spec built in Rust (files read from `folder`, which
-    /// also resolves a relative checkpoint folder) and queues it.
+    /// Validates a spec built in Rust (files read from `folder`) and
+    /// queues it.
     pub async fn submit_spec(
         &self,
         spec: &crate::job::JobSpec,
@@ -218,6 +219,13 @@ impl Client {
     /// The final value of an array the job's plan wrote, gathered.
     pub async fn fetch(&self, id: &str, array: &str) -> Result<HostBuffer, ClientError> {
         match self.kv.try_get(keys::job_array(id, array).as_bytes()).await {
+            // Which of the job or the array is missing, or too early.
+            Err(KvError::NotFound(_)) if !self.job(id).await?.state.is_terminal() => {
+                Err(ClientError::NotFinished {
+                    job: id.to_owned(),
+                    state: self.job(id).await?.state.name(),
+                })
+            }
             Ok(bytes) => {
                 crate::array::read_npy(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
             }

@@ -40,7 +40,7 @@
 //! every = 10
 //!
 //! [checkpoint]
-//! dir = "ckpt"
+//! dir = "/var/lib/tessel/checkpoints/mlp"   # absolute, under every worker's --checkpoint-root
 //! every = 50
 //! ```
 //!
@@ -59,6 +59,9 @@
 //!    layouts the step before it left (after two passes they repeat).
 //! 4. Errors name the field (`plan[1].inputs[2]`, `arrays.w.shape`) and
 //!    all of them are reported at once.
+//! 5. Every name that may become a path follows [`crate::names`]: arrays,
+//!    programs, the files the spec names (relative, no `..`), and the
+//!    checkpoint folder is absolute.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -236,6 +239,8 @@ pub struct ReportSpec {
     pub every: u64,
 }
 
+/// Checkpoints every `every` steps into `dir` (absolute; it must lie
+/// under a `--checkpoint-root` of every worker that runs the job).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
@@ -300,8 +305,8 @@ pub struct ValidatedJob {
     pub text: String,
     /// The contents of every file the spec names, by the path it names.
     pub files: BTreeMap<PathBuf, Vec<u8>>,
-    /// The spec's folder (relative paths such as `checkpoint.dir` resolve
-    /// against it); `.` when the spec did not come from a file.
+    /// The spec's folder (the files it names are relative to it); `.`
+    /// when the spec did not come from a file.
     pub base: PathBuf,
     pub mesh: Vec<(String, usize)>,
     /// Each program's `@main` signature.
@@ -329,8 +334,7 @@ impl JobSpec {
         spec.validate_in(path.parent().unwrap_or(Path::new(".")))
     }
 
-    /// Validates with the files of `folder`, which is also the job's base
-    /// (a relative `checkpoint.dir` resolves against it).
+    /// Validates with the files of `folder`, which is also the job's base.
     pub fn validate_in(&self, folder: &Path) -> Result<ValidatedJob, JobSpecError> {
         let mut job = self.validate(&FolderFiles(folder.to_owned()))?;
         job.base = folder.to_owned();
@@ -432,6 +436,9 @@ impl Validation {
             if c.every == 0 {
                 self.err("checkpoint.every", "at least 1");
             }
+            if let Err(e) = crate::names::check_absolute_dir("checkpoint.dir", &c.dir) {
+                self.err("checkpoint.dir", e);
+            }
         }
     }
 
@@ -457,6 +464,13 @@ impl Validation {
 
     fn check_program(&mut self, s: &JobSpec, name: &str, p: &ProgramSpec, base: &dyn SpecFiles) {
         let field = format!("programs.{name}");
+        if let Err(e) = crate::names::check("program name", name) {
+            self.err(&field, e);
+        }
+        if let Err(e) = crate::names::check_relative("file", &p.file) {
+            self.err(format!("{field}.file"), e);
+            return;
+        }
         if p.replicas == 0 {
             self.err(format!("{field}.replicas"), "at least 1");
         }
@@ -490,6 +504,8 @@ impl Validation {
         let field = format!("arrays.{name}");
         if BUILTINS.contains(&name) || name.starts_with('$') {
             self.err(&field, "names starting with `$` are reserved for built-ins");
+        } else if let Err(e) = crate::names::check("array name", name) {
+            self.err(&field, e);
         }
         let Some(dtype) = ElementType::parse(&a.dtype) else {
             self.err(
@@ -514,6 +530,10 @@ impl Validation {
             );
         }
         match &a.init {
+            Init::Npy { file } if crate::names::check_relative("file", file).is_err() => {
+                let e = crate::names::check_relative("file", file).unwrap_err();
+                self.err(format!("{field}.init.file"), e);
+            }
             Init::Npy { file } => match base.read(file) {
                 Err(e) => self.err(format!("{field}.init.file"), e),
                 Ok(bytes) => match crate::array::read_npy(&bytes) {
@@ -986,6 +1006,44 @@ every = 5
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Invariant 5: names that would become paths outside their folder,
+    /// and relative checkpoint folders, are refused at validation.
+    #[test]
+    fn names_that_become_paths_follow_one_rule() {
+        let e = errors(
+            "[arrays.grad]",
+            "[arrays.\"../../../../../../../../../tmp/x/PWNED\"]",
+        );
+        assert!(
+            has(
+                &e,
+                "arrays.../../../../../../../../../tmp/x/PWNED",
+                "letters, digits"
+            ),
+            "{e:?}"
+        );
+        assert!(has(
+            &errors("file = \"train.mlir\"", "file = \"../train.mlir\""),
+            "programs.train.file",
+            "no `..`"
+        ));
+        assert!(has(
+            &errors("file = \"x.npy\"", "file = \"/etc/x.npy\""),
+            "arrays.x.init.file",
+            "relative"
+        ));
+        let e = errors(
+            "[report]",
+            "[checkpoint]\ndir = \"ckpt\"\nevery = 5\n\n[report]",
+        );
+        assert!(has(&e, "checkpoint.dir", "is relative"), "{e:?}");
+        let e = errors(
+            "[report]",
+            "[checkpoint]\ndir = \"/var/ckpt/../../etc\"\nevery = 5\n\n[report]",
+        );
+        assert!(has(&e, "checkpoint.dir", "no `.` or `..`"), "{e:?}");
     }
 
     #[test]

@@ -23,11 +23,22 @@ pub async fn run_on_local(
     args: &LocalArgs,
     job: &ValidatedJob,
 ) -> Result<()> {
+    // `--plugin` stands in for the spec's plugin, so the workers started
+    // with it match the job.
+    let mut job = job.clone();
+    if let Some(p) = &args.plugin {
+        job.spec.plugin = p.clone();
+        job.text = toml::to_string(&job.spec).context("encoding the spec")?;
+    }
+    let job = &job;
     let s = &job.spec;
-    let plugin = locate::resolve(Some(args.plugin.as_deref().unwrap_or(&s.plugin)))?;
+    let plugin = locate::resolve(Some(&s.plugin))?;
     cluster.start_coordinators(args.coordinators)?;
     let kv = cluster.client()?;
-    cluster.start_workers(s.processes, &plugin, s.devices_per_process as usize)?;
+    if let Some(c) = &s.checkpoint {
+        cluster.checkpoint_roots = vec![c.dir.clone()];
+    }
+    cluster.start_workers(s.processes, &s.plugin, s.devices_per_process as usize)?;
     eprintln!(
         "{} processes × {} devices ({}), mesh {}, {} steps",
         s.processes,

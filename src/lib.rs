@@ -6,7 +6,9 @@
 //!   `tessel submit`, `jobs`, `job`, `cancel`, `fetch`), [`plan`] (running a
 //!   job's plan in one of its processes), [`layout`] and [`init`] (which
 //!   block of each array a process holds, and its initial values),
-//!   [`checkpoint`] (a job's arrays on disk);
+//!   [`checkpoint`] (a job's arrays on disk, complete once recorded in
+//!   the KV), [`report`] (step reports off the critical path), [`names`]
+//!   (the one rule for names that become paths);
 //! * one program on one host: [`mod@array`] (inline literals and `.npy`
 //!   files), [`mlir`] (the signature of `@main`), [`sharding`] (splitting
 //!   arrays over partitions) and [`run`] (compile, feed, execute, gather);
@@ -42,8 +44,10 @@ pub mod init;
 pub mod job;
 pub mod layout;
 pub mod mlir;
+pub mod names;
 pub mod plan;
 pub mod rank_group;
+pub mod report;
 pub mod run;
 pub mod scratch;
 pub mod sharding;

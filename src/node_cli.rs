@@ -50,6 +50,11 @@ pub struct WorkerArgs {
     /// `http://HOST:PORT/metrics` (port 0 picks one, printed on start).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,
+    /// A folder under which jobs may keep checkpoints on this host (an
+    /// absolute path; repeat for several). Without one, jobs that
+    /// checkpoint fail on this worker, saying so.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_root: Vec<PathBuf>,
 }
 
 /// The local address of the route to `target` (no packet is sent).
@@ -91,8 +96,25 @@ fn transfer_ip(args: &WorkerArgs) -> Result<std::net::IpAddr> {
 
 pub async fn worker(args: WorkerArgs) -> Result<()> {
     crate::metrics_http::serve_if(args.metrics_listen).await?;
+    for root in &args.checkpoint_root {
+        if !root.is_absolute() {
+            bail!(
+                "--checkpoint-root {}: give an absolute path",
+                root.display()
+            );
+        }
+    }
     let kv: Arc<dyn KvStore> = Arc::from(args.target.connect().await?);
-    let plugin = locate::resolve(args.plugin.as_deref())?;
+    let plugin_name = args
+        .plugin
+        .clone()
+        .or_else(|| {
+            std::env::var(locate::PLUGIN_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "cpu".into());
+    let plugin = locate::resolve(Some(&plugin_name))?;
     let transfer_ip = transfer_ip(&args)?;
     let worker_id = match args.worker_id {
         Some(id) => id,
@@ -100,6 +122,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
     };
     let cfg = WorkerConfig {
         worker_id,
+        plugin_name,
         plugin,
         devices: args.devices,
         liveness: LivenessConfig {
@@ -109,10 +132,9 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         slice_index: args.slice,
         transfer_ip,
         transfer_tls: args.target.tls.load()?,
+        checkpoint_roots: args.checkpoint_root.clone(),
     };
-    let w = Worker::start(kv, cfg)
-        .await?
-        .with_runner(Arc::new(tessel::plan::PlanRunner));
+    let w = Worker::start(kv, cfg, Arc::new(tessel::plan::PlanRunner)).await?;
     // Launchers, benchmarks and tests read this line.
     let (load, ready_at) = w.plugin_load();
     println!(
@@ -121,7 +143,13 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         w.registration().incarnation,
         load.as_millis()
     );
-    w.run(wait_for_signal()).await?;
+    w.run(wait_for_signal(), |reg| {
+        println!(
+            "worker {} registered as incarnation {} (again, after losing its registration)",
+            reg.worker_id, reg.incarnation
+        )
+    })
+    .await?;
     Ok(())
 }
 
@@ -265,6 +293,8 @@ pub struct LocalArgs {
 /// removes the folder.
 pub(crate) struct LocalCluster {
     pub workers: Vec<ChildProc>,
+    /// `--checkpoint-root` of every worker started from now on.
+    pub checkpoint_roots: Vec<PathBuf>,
     coordinators: Vec<ChildProc>,
     pub addrs: Vec<String>,
     dir: tempfile::TempDir,
@@ -277,6 +307,7 @@ impl LocalCluster {
         tessel_kvstore::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])?;
         Ok(LocalCluster {
             workers: Vec::new(),
+            checkpoint_roots: Vec::new(),
             coordinators: Vec::new(),
             addrs: Vec::new(),
             dir,
@@ -299,31 +330,31 @@ impl LocalCluster {
         )?)
     }
 
-    /// `tessel worker` arguments for worker `id` of this cluster.
-    pub fn worker_args(&self, id: &str, plugin: &std::path::Path, devices: usize) -> Vec<String> {
-        vec![
+    /// `tessel worker` arguments for worker `id` of this cluster, with
+    /// `plugin` a name or a path.
+    pub fn worker_args(&self, id: &str, plugin: &str, devices: usize) -> Vec<String> {
+        let mut args: Vec<String> = vec![
             "worker".into(),
             "--coordinator".into(),
             self.addrs.join(","),
             "--tls-dir".into(),
             self.tls_dir().display().to_string(),
             "--plugin".into(),
-            plugin.display().to_string(),
+            plugin.into(),
             "--devices".into(),
             devices.to_string(),
             "--worker-id".into(),
             id.into(),
-        ]
+        ];
+        for root in &self.checkpoint_roots {
+            args.extend(["--checkpoint-root".into(), root.display().to_string()]);
+        }
+        args
     }
 
     /// Starts `n` workers `w0..` with `devices` devices each and waits
     /// until every one has registered.
-    pub fn start_workers(
-        &mut self,
-        n: u32,
-        plugin: &std::path::Path,
-        devices: usize,
-    ) -> Result<()> {
+    pub fn start_workers(&mut self, n: u32, plugin: &str, devices: usize) -> Result<()> {
         for i in 0..n {
             let wargs = self.worker_args(&format!("w{i}"), plugin, devices);
             self.workers
@@ -422,7 +453,11 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
     cluster.start_coordinators(args.coordinators)?;
     let kv = cluster.client()?;
     let plugin = locate::resolve(args.plugin.as_deref())?;
-    cluster.start_workers(args.workers, &plugin, args.devices_per_worker)?;
+    cluster.start_workers(
+        args.workers,
+        &plugin.display().to_string(),
+        args.devices_per_worker,
+    )?;
     let job = format!("local-{}", std::process::id());
     for i in 0..args.workers {
         let a = JobAssignment {

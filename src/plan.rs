@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use tessel_coordinator::jobs::FailureKind;
 use tessel_pjrt::{Client, ElementType, HostBuffer};
 use tessel_transfer::{Communicator, ReduceOp};
 
@@ -36,29 +37,21 @@ pub const MAX_FETCHABLE: usize = (4 << 20) - 4096;
 /// Largest encoded bundle a worker decodes (it also has to fit one KV value).
 pub const MAX_BUNDLE: usize = 4 << 20;
 
-/// A job as it travels to the workers. Reports go to `jobs/{job}/reports/`
-/// and checkpoints to `{checkpoint_dir}/{job}/`, where `job` is the job the
-/// running instance belongs to (the same for every attempt).
+/// A job as it travels to the workers (`jobs/{job}/spec`). Reports go to
+/// `jobs/{job}/reports/` and checkpoint records to
+/// `jobs/{job}/checkpoints/`, where `job` is the job the running instance
+/// belongs to (the same for every attempt).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobBundle {
     /// The spec (TOML).
     pub spec: String,
     /// Every file the spec names, by the path it names.
     pub files: Vec<(String, Vec<u8>)>,
-    /// The spec's `checkpoint.dir`, made absolute by the submitter (a
-    /// folder every process can reach: one host, or a shared filesystem).
-    pub checkpoint_dir: Option<String>,
 }
 
 impl JobBundle {
-    /// A relative `checkpoint.dir` resolves against the spec's folder.
     pub fn new(job: &ValidatedJob) -> JobBundle {
         JobBundle {
-            checkpoint_dir: job
-                .spec
-                .checkpoint
-                .as_ref()
-                .map(|c| job.base.join(&c.dir).display().to_string()),
             spec: job.text.clone(),
             files: job
                 .files
@@ -114,8 +107,52 @@ pub enum PlanError {
         index: usize,
         reason: String,
     },
+    /// A collective between the processes failed: in a step, a
+    /// checkpoint or the final gather.
+    #[error("{what}: {source}")]
+    Collective {
+        what: String,
+        #[source]
+        source: tessel_transfer::TransferError,
+    },
+    /// The coordinators' key-value service failed.
+    #[error("{what}: {source}")]
+    Kv {
+        what: String,
+        #[source]
+        source: tessel_kvstore::KvError,
+    },
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     #[error("{0}")]
     Other(String),
+}
+
+impl PlanError {
+    /// Whether a restart may cure it (scheduler invariant 6): a lost peer
+    /// or coordinator may; everything else is the job's own error.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            PlanError::Collective { source, .. } if source.is_peer_loss() => FailureKind::PeerLost,
+            PlanError::Kv { .. } => FailureKind::PeerLost,
+            _ => FailureKind::Job,
+        }
+    }
+
+    /// The same error, said to have happened at `plan[index]` of `step`.
+    fn at(self, step: u64, index: usize) -> PlanError {
+        match self {
+            PlanError::Collective { what, source } => PlanError::Collective {
+                what: format!("step {step}, plan[{index}]: {what}"),
+                source,
+            },
+            e => PlanError::Step {
+                step,
+                index,
+                reason: e.to_string(),
+            },
+        }
+    }
 }
 
 /// A process's block of an array and how it is laid out now.
@@ -309,10 +346,14 @@ impl ProcessPlan {
                         let dims = local.value.dims().to_vec();
                         let bytes = std::mem::replace(&mut local.value, HostBuffer::scalar(0u8))
                             .into_bytes();
-                        let reduced = comm
-                            .all_reduce(op, ty, bytes)
-                            .await
-                            .map_err(|e| fail(format!("all-reduce of `{array}`: {e}")))?;
+                        let reduced = comm.all_reduce(op, ty, bytes).await.map_err(|source| {
+                            PlanError::Collective {
+                                what: format!(
+                                    "step {step}, plan[{index}]: all-reduce of `{array}`"
+                                ),
+                                source,
+                            }
+                        })?;
                         local.value = HostBuffer::from_bytes(ty, &dims, reduced)
                             .map_err(|e| fail(e.to_string()))?;
                     }
@@ -322,14 +363,14 @@ impl ProcessPlan {
                     let started = Instant::now();
                     self.reshard(array, ShardingSpec::Replicated, comm)
                         .await
-                        .map_err(fail)?;
+                        .map_err(|e| e.at(step, index))?;
                     self.timings.collective_s += started.elapsed().as_secs_f64();
                 }
                 PlanStep::Reshard { array, sharding } => {
                     let started = Instant::now();
                     self.reshard(array, sharding.clone(), comm)
                         .await
-                        .map_err(fail)?;
+                        .map_err(|e| e.at(step, index))?;
                     self.timings.collective_s += started.elapsed().as_secs_f64();
                 }
             }
@@ -363,13 +404,13 @@ impl ProcessPlan {
         array: &str,
         to: ShardingSpec,
         comm: &mut Communicator,
-    ) -> Result<(), String> {
+    ) -> Result<(), PlanError> {
         let current = self.arrays[array].sharding.clone();
         if current == to {
             return Ok(());
         }
         let global = self.gather(array, comm).await?;
-        let value = match self.block(array, &to)? {
+        let value = match self.block(array, &to).map_err(PlanError::Other)? {
             Some((d, lo, hi)) => slice_dim(&global, d, lo, hi),
             None => global,
         };
@@ -384,11 +425,15 @@ impl ProcessPlan {
     }
 
     /// The global value of `array` (every process calls it together).
-    pub async fn gather(&self, array: &str, comm: &mut Communicator) -> Result<HostBuffer, String> {
+    pub async fn gather(
+        &self,
+        array: &str,
+        comm: &mut Communicator,
+    ) -> Result<HostBuffer, PlanError> {
         let local = self
             .arrays
             .get(array)
-            .ok_or_else(|| format!("no array `{array}`"))?;
+            .ok_or_else(|| PlanError::Other(format!("no array `{array}`")))?;
         let ShardingSpec::Split { dim, .. } = local.sharding else {
             return Ok(local.value.clone());
         };
@@ -396,7 +441,10 @@ impl ProcessPlan {
         let all = if comm.size() > 1 {
             comm.all_gather(ty, local.value.bytes())
                 .await
-                .map_err(|e| format!("all-gather of `{array}`: {e}"))?
+                .map_err(|source| PlanError::Collective {
+                    what: format!("all-gather of `{array}`"),
+                    source,
+                })?
         } else {
             local.value.bytes().to_vec()
         };
@@ -405,13 +453,14 @@ impl ProcessPlan {
         let piece = local.value.bytes().len();
         let mut blocks: BTreeMap<usize, HostBuffer> = BTreeMap::new();
         for p in 0..comm.size() {
-            let (_, lo, _) =
-                ProcessPlan::block_of(&self.job, array, &local.sharding, p)?.expect("split");
+            let (_, lo, _) = ProcessPlan::block_of(&self.job, array, &local.sharding, p)
+                .map_err(PlanError::Other)?
+                .expect("split");
             if let std::collections::btree_map::Entry::Vacant(e) = blocks.entry(lo) {
                 let bytes = all[p * piece..(p + 1) * piece].to_vec();
                 e.insert(
                     HostBuffer::from_bytes(ty, local.value.dims(), bytes)
-                        .map_err(|e| e.to_string())?,
+                        .map_err(|e| PlanError::Other(e.to_string()))?,
                 );
             }
         }
@@ -515,15 +564,18 @@ pub struct ProcessResult {
     pub process: u32,
     pub timings: PlanTimings,
     pub last_report: Option<StepReport>,
+    /// Reports dropped because the coordinators fell behind.
+    #[serde(default)]
+    pub reports_dropped: u64,
 }
 
-/// Runs a whole job in one process: decode, prepare, every step, reports
-/// (process 0), the final arrays (process 0).
+/// Runs a whole job in one process: decode, prepare, restore, every step,
+/// reports and checkpoints, the final arrays (process 0).
 pub async fn run_job_process(
     process: tessel_worker::JobProcess<'_>,
 ) -> Result<ProcessResult, PlanError> {
-    let (bundle, job) = JobBundle::decode(&process.spec)?;
-    let job_id = tessel_coordinator::scheduler::job_of_instance(process.job);
+    let (_, job) = JobBundle::decode(&process.spec)?;
+    let job_id = tessel_coordinator::scheduler::job_of_instance(process.job).to_owned();
     if job.spec.processes != process.num_processes {
         return Err(PlanError::Other(format!(
             "the spec asks for {} processes, the job was started with {}",
@@ -534,6 +586,7 @@ pub async fn run_job_process(
     let client = process.client;
     let comm = process.communicator;
     let started = Instant::now();
+    let text = job.text.clone();
     let mut plan = tokio::task::block_in_place(|| ProcessPlan::prepare(job, index, client))?;
     tracing::info!(
         job = process.job,
@@ -544,27 +597,30 @@ pub async fn run_job_process(
     );
     let spec = plan.spec().clone();
     let written = written_arrays(&spec);
-    let checkpoints = match (&bundle.checkpoint_dir, &spec.checkpoint) {
-        (Some(dir), Some(c)) => Some((
-            crate::checkpoint::CheckpointDir::new(PathBuf::from(dir).join(job_id), &bundle.spec),
-            c.every,
-        )),
-        _ => None,
+    let checkpoints = match &spec.checkpoint {
+        Some(c) => Some(
+            crate::checkpoint::Checkpoints::open(
+                c,
+                &text,
+                process.checkpoint_roots,
+                process.job,
+                index,
+                process.topology,
+                comm,
+            )
+            .await?,
+        ),
+        None => None,
     };
     let mut first_step = 0;
-    if let Some((dir, _)) = &checkpoints {
-        if let Some(step) = dir.latest().map_err(PlanError::Other)? {
-            let restored = dir.read(step, index, &written).map_err(PlanError::Other)?;
-            plan.restore(restored).map_err(PlanError::Other)?;
+    if let Some(c) = &checkpoints {
+        if let Some((step, restored)) = c.restore(&*process.kv, comm, &written).await? {
+            plan.restore(restored).map_err(PlanError::Checkpoint)?;
             first_step = step + 1;
-            tracing::info!(
-                job = process.job,
-                process = index,
-                step,
-                "restored from checkpoint"
-            );
         }
     }
+    let reporter = (index == 0 && spec.report.is_some())
+        .then(|| crate::report::Reporter::start(process.kv.clone(), job_id.clone()));
     let mut last_report = None;
     let loop_started = Instant::now();
     for step in first_step..spec.steps {
@@ -572,64 +628,56 @@ pub async fn run_job_process(
         // worker can stop it (failure elsewhere, cancellation).
         tokio::task::yield_now().await;
         plan.run_step(client, step, comm).await?;
-        if let Some((dir, every)) = &checkpoints {
-            if (step + 1) % every == 0 && step + 1 < spec.steps {
+        if let Some(c) = &checkpoints {
+            if (step + 1) % c.every == 0 && step + 1 < spec.steps {
                 let t = Instant::now();
                 let blocks: Vec<(&str, &LocalArray)> = written
                     .iter()
                     .map(|n| (n.as_str(), plan.array(n).expect("declared")))
                     .collect();
-                tokio::task::block_in_place(|| dir.write_blocks(step, index, &blocks))
-                    .map_err(PlanError::Other)?;
-                // A checkpoint counts once every process's blocks are durable.
-                comm.barrier()
-                    .await
-                    .map_err(|e| PlanError::Other(format!("checkpoint barrier: {e}")))?;
-                if index == 0 {
-                    tokio::task::block_in_place(|| dir.commit(step, spec.processes, &blocks))
-                        .map_err(PlanError::Other)?;
-                }
+                c.save(&*process.kv, comm, step, &blocks).await?;
                 plan.timings.checkpoint_s += t.elapsed().as_secs_f64();
             }
         }
-        let Some(r) = &spec.report else { continue };
-        let last = step + 1 == spec.steps;
-        if index == 0 && ((step + 1) % r.every == 0 || last) {
+        let (Some(r), Some(reporter)) = (&spec.report, &reporter) else {
+            continue;
+        };
+        if (step + 1) % r.every == 0 || step + 1 == spec.steps {
             let t = Instant::now();
             let report = StepReport {
                 step,
                 values: plan.scalars(&r.arrays),
                 unix_ms: tessel_coordinator::keys::unix_ms(),
             };
-            process
-                .kv
-                .put(
-                    tessel_coordinator::keys::job_report(job_id, step).as_bytes(),
-                    &serde_json::to_vec(&report).expect("encodes"),
-                )
-                .await
-                .map_err(|e| PlanError::Other(format!("writing the report: {e}")))?;
+            reporter.send(&report);
             last_report = Some(report);
             plan.timings.coordination_s += t.elapsed().as_secs_f64();
         }
     }
     plan.timings.loop_s = loop_started.elapsed().as_secs_f64();
     plan.timings.first_step = first_step;
+    let reports_dropped = match reporter {
+        Some(r) => r.finish().await?,
+        None => 0,
+    };
     // The arrays the plan wrote, gathered, for `fetch` (process 0 stores
     // those that fit one KV value).
     for name in &written {
-        let global = plan.gather(name, comm).await.map_err(PlanError::Other)?;
+        let global = plan.gather(name, comm).await?;
         if index == 0 {
             let npy = crate::array::write_npy(&global);
             if npy.len() <= MAX_FETCHABLE {
                 process
                     .kv
                     .put(
-                        tessel_coordinator::keys::job_array(job_id, name).as_bytes(),
+                        tessel_coordinator::keys::job_array(&job_id, name).as_bytes(),
                         &npy,
                     )
                     .await
-                    .map_err(|e| PlanError::Other(format!("storing `{name}`: {e}")))?;
+                    .map_err(|source| PlanError::Kv {
+                        what: format!("storing `{name}`"),
+                        source,
+                    })?;
             } else {
                 tracing::warn!(array = %name, bytes = npy.len(), "too large to keep for fetch");
             }
@@ -640,6 +688,7 @@ pub async fn run_job_process(
         process: process.process_index,
         timings: plan.timings,
         last_report,
+        reports_dropped,
     })
 }
 
@@ -648,8 +697,16 @@ pub struct PlanRunner;
 
 #[async_trait::async_trait]
 impl tessel_worker::JobRunner for PlanRunner {
-    async fn run(&self, process: tessel_worker::JobProcess<'_>) -> Result<Vec<u8>, String> {
-        let r = run_job_process(process).await.map_err(|e| e.to_string())?;
+    async fn run(
+        &self,
+        process: tessel_worker::JobProcess<'_>,
+    ) -> Result<Vec<u8>, tessel_worker::JobError> {
+        let r = run_job_process(process)
+            .await
+            .map_err(|e| tessel_worker::JobError {
+                kind: e.kind(),
+                message: e.to_string(),
+            })?;
         Ok(serde_json::to_vec(&r).expect("encodes"))
     }
 }

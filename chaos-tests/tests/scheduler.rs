@@ -37,9 +37,20 @@ fn mlp(steps: u64, max_restarts: u32, ckpt: &Path) -> ValidatedJob {
     spec.validate_in(&example_dir()).unwrap()
 }
 
+/// Where the jobs of `cluster` keep checkpoints: every worker's
+/// `--checkpoint-root`.
+fn ckpt_root(cluster: &KvCluster) -> PathBuf {
+    cluster.dir.path().join("ckpt")
+}
+
 /// `n` workers with one CPU device each.
 fn workers(cluster: &KvCluster, n: usize) -> HashMap<String, WorkerProc> {
-    let flags: Vec<&str> = LIVENESS.iter().copied().chain(["--devices", "1"]).collect();
+    let root = ckpt_root(cluster).display().to_string();
+    let flags: Vec<&str> = LIVENESS
+        .iter()
+        .copied()
+        .chain(["--devices", "1", "--checkpoint-root", &root])
+        .collect();
     (0..n)
         .map(|i| {
             let id = format!("w{i}");
@@ -84,13 +95,13 @@ async fn a_lost_worker_restarts_the_job_from_its_checkpoint_to_the_same_result()
     let mut ws = workers(&cluster, 5);
     let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
     let client = Client::from_store(kv.clone());
-    let ckpt = tempfile::tempdir().unwrap();
+    let ckpt = ckpt_root(&cluster);
 
-    let calm = client.submit(&mlp(600, 0, ckpt.path())).await.unwrap();
+    let calm = client.submit(&mlp(600, 0, &ckpt)).await.unwrap();
     let done = client.wait(&calm).await.unwrap();
     assert_eq!(done.state, JobState::Succeeded, "{:?}", done.reason);
 
-    let id = client.submit(&mlp(600, 2, ckpt.path())).await.unwrap();
+    let id = client.submit(&mlp(600, 2, &ckpt)).await.unwrap();
     // Past the checkpoint of step 200 (reports come every 100 steps).
     kv.get(
         keys::job_report(&id, 299).as_bytes(),
@@ -149,8 +160,10 @@ async fn a_killed_coordinator_leader_loses_no_job() {
     let _ws = workers(&cluster, 4);
     let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
     let client = Client::from_store(kv.clone());
-    let ckpt = tempfile::tempdir().unwrap();
-    let id = client.submit(&mlp(800, 0, ckpt.path())).await.unwrap();
+    let id = client
+        .submit(&mlp(800, 0, &ckpt_root(&cluster)))
+        .await
+        .unwrap();
     kv.get(
         keys::job_report(&id, 99).as_bytes(),
         Duration::from_secs(120),

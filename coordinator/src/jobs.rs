@@ -17,12 +17,37 @@ use crate::error::{CoordinatorError, Result};
 use crate::keys;
 use crate::registry::{check_current, Registration};
 
+/// What kind of failure ended a job's attempt: a restart can cure the
+/// loss of a worker or of the connection to one, never the job's own
+/// error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// A worker's lease expired, or it registered again (the monitor).
+    WorkerLost,
+    /// A process lost a peer: a transfer broke, a collective's deadline
+    /// passed, a peer aborted for such a reason, or a process never
+    /// arrived. Usually the first sign of a worker's loss.
+    PeerLost,
+    /// The job's own error: a program that does not compile or fails, a
+    /// bad bundle, ranks that disagree, a checkpoint that cannot be
+    /// restored.
+    Job,
+}
+
+impl FailureKind {
+    /// Whether a new attempt may cure it.
+    pub fn is_restartable(self) -> bool {
+        !matches!(self, FailureKind::Job)
+    }
+}
+
 /// Why a job failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobFailure {
-    /// The worker whose loss failed the job, if a worker's.
+    /// The worker that reported it, or whose loss it is.
     pub worker: Option<String>,
     pub incarnation: Option<u64>,
+    pub kind: FailureKind,
     pub reason: String,
     pub unix_ms: u64,
 }
@@ -80,6 +105,22 @@ pub async fn assign(kv: &dyn KvStore, worker: &str, a: &JobAssignment) -> Result
     )
     .await
     .map_err(CoordinatorError::kv("writing an assignment"))?;
+    Ok(())
+}
+
+/// Withdraws `worker`'s assignment to `job` and its membership, after
+/// the job's attempt ended (scheduler invariant 7): a worker that was lost
+/// with them would otherwise find them again when it comes back.
+pub async fn unassign(kv: &dyn KvStore, worker: &str, job: &str) -> Result<()> {
+    for key in [
+        keys::assignment(worker, job),
+        keys::worker_job(worker, job),
+        keys::job_member(job, worker),
+    ] {
+        kv.delete(key.as_bytes())
+            .await
+            .map_err(CoordinatorError::kv("withdrawing an assignment"))?;
+    }
     Ok(())
 }
 
@@ -178,6 +219,27 @@ pub async fn wait_for_failure(
     }
 }
 
+/// The job's failure event and the revision that recorded it, if any.
+pub async fn failure_with_revision(
+    kv: &dyn KvStore,
+    job: &str,
+) -> Result<Option<(JobFailure, u64)>> {
+    let key = keys::job_failure(job);
+    let found = kv
+        .list(key.as_bytes())
+        .await
+        .map_err(CoordinatorError::kv("reading a job's failure"))?
+        .into_iter()
+        .find(|p| p.key == key.as_bytes());
+    match found {
+        None => Ok(None),
+        Some(p) => Ok(Some((
+            postcard::from_bytes(&p.value).map_err(CoordinatorError::decode("a job failure"))?,
+            p.mod_revision,
+        ))),
+    }
+}
+
 /// The job's failure event, if there is one now.
 pub async fn failure_of(kv: &dyn KvStore, job: &str) -> Result<Option<JobFailure>> {
     match kv.try_get(keys::job_failure(job).as_bytes()).await {
@@ -210,6 +272,7 @@ mod tests {
         let f1 = JobFailure {
             worker: Some("w".into()),
             incarnation: Some(2),
+            kind: FailureKind::WorkerLost,
             reason: "lease expired".into(),
             unix_ms: 1,
         };

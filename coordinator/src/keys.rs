@@ -113,6 +113,16 @@ pub fn job_array(job: &str, array: &str) -> String {
     format!("jobs/{job}/arrays/{array}")
 }
 
+/// A job's complete checkpoints, one record per step (written by the
+/// job's process 0; keyed by the job id, not the attempt).
+pub fn job_checkpoints(job: &str) -> String {
+    format!("jobs/{job}/checkpoints/")
+}
+
+pub fn job_checkpoint(job: &str, step: u64) -> String {
+    format!("jobs/{job}/checkpoints/{step:012}")
+}
+
 /// What a process's run of the plan ended with (JSON: steps, timings).
 pub fn process_result(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/result")

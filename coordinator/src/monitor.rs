@@ -49,6 +49,7 @@ pub async fn fail_jobs_of(
         let failure = JobFailure {
             worker: Some(worker.into()),
             incarnation: inc,
+            kind: crate::jobs::FailureKind::WorkerLost,
             reason: reason.into(),
             unix_ms: keys::unix_ms(),
         };

@@ -76,11 +76,17 @@ pub struct WorkerInfo {
     pub hostname: String,
     pub boot_id: String,
     pub pid: u32,
-    pub plugin_name: String,
+    /// The plugin as the worker was started with it: a name (`cpu`,
+    /// `cuda`) or a path. A job's `plugin` names it, or its platform.
+    pub plugin: String,
+    /// The plugin's platform (`cpu`, `cuda`, `tpu`).
+    pub platform: String,
+    /// The plugin's version and C API version, for people.
     pub plugin_version: String,
     pub devices: Vec<WorkerDevice>,
-    /// Where the worker's transfer endpoint listens.
-    pub transfer_addr: Option<String>,
+    /// The worker's lease TTL: how long it may be silent before it is
+    /// dead (and how long a new process waits before taking its id).
+    pub ttl_ms: u64,
 }
 
 /// The registry's record of a registration.
@@ -322,6 +328,9 @@ pub enum WorkerState {
 pub struct WorkerStatus {
     pub record: WorkerRecord,
     pub state: WorkerState,
+    /// The revision of the alive key's last write (its last heartbeat);
+    /// 0 when dead.
+    pub alive_revision: u64,
     /// Jobs the worker joined (and has not left).
     pub jobs: Vec<String>,
 }
@@ -333,7 +342,7 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
         .await
         .map_err(CoordinatorError::kv("listing workers"))?;
     let mut records: BTreeMap<String, WorkerRecord> = BTreeMap::new();
-    let mut alive: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut alive: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
     let mut jobs: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for pair in all {
         let Ok(key) = std::str::from_utf8(&pair.key) else {
@@ -350,8 +359,8 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
                 .map_err(CoordinatorError::decode("a worker record"))?;
             records.insert(worker.into(), r);
         } else if what == "alive" {
-            if let Some(v) = keys::parse_alive_value(&pair.value) {
-                alive.insert(worker.into(), v);
+            if let Some((inc, t)) = keys::parse_alive_value(&pair.value) {
+                alive.insert(worker.into(), (inc, t, pair.mod_revision));
             }
         } else if let Some(job) = what.strip_prefix("jobs/") {
             jobs.entry(worker.into()).or_default().push(job.into());
@@ -360,18 +369,20 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
     Ok(records
         .into_iter()
         .map(|(id, record)| {
-            let state = match alive.get(&id) {
-                Some(&(incarnation, t)) if incarnation == record.incarnation => {
+            let (state, alive_revision) = match alive.get(&id) {
+                Some(&(incarnation, t, rev)) if incarnation == record.incarnation => (
                     WorkerState::Alive {
                         incarnation,
                         last_heartbeat_unix_ms: t,
-                    }
-                }
-                _ => WorkerState::Dead,
+                    },
+                    rev,
+                ),
+                _ => (WorkerState::Dead, 0),
             };
             WorkerStatus {
                 record,
                 state,
+                alive_revision,
                 jobs: jobs.remove(&id).unwrap_or_default(),
             }
         })
@@ -390,14 +401,15 @@ pub(crate) mod tests {
             hostname: "h".into(),
             boot_id: "b".into(),
             pid: 1,
-            plugin_name: "cpu".into(),
+            plugin: "cpu".into(),
+            platform: "cpu".into(),
             plugin_version: "0.81".into(),
             devices: vec![WorkerDevice {
                 kind: "cpu".into(),
                 count: 4,
                 memory_bytes: None,
             }],
-            transfer_addr: None,
+            ttl_ms: 800,
         }
     }
 

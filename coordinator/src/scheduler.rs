@@ -30,6 +30,13 @@
 //!    dies after its commit is completed by the next one.
 //! 5. Every transition appends one event (`sched/jobs/{id}/events/{seq}`,
 //!    inserted, so it is written once), in the order of the transitions.
+//! 6. A failure a restart may cure (a lost worker or peer) restarts the job
+//!    while restarts remain; the job's own errors fail it. A Restarting job
+//!    is placed again only once each worker of the failed attempt is known
+//!    lost or alive ([`settle`]; at most [`MAX_SETTLE_MS`]), so the new
+//!    attempt never lands on a worker whose lease has yet to expire.
+//! 7. An attempt that ends leaves nothing for workers to run: its `done`
+//!    key is written and its assignments and memberships are removed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,7 +48,7 @@ use tessel_kvstore::{KvError, KvStore};
 use crate::error::{CoordinatorError, Result};
 use crate::jobs::{self, JobAssignment, JobFailure};
 use crate::keys;
-use crate::registry::{list_workers, WorkerState};
+use crate::registry::{list_workers, WorkerState, WorkerStatus};
 
 /// Finished jobs kept in the state for listing.
 pub const KEEP_FINISHED: usize = 256;
@@ -102,6 +109,8 @@ pub struct JobRecord {
     pub state: JobState,
     pub processes: u32,
     pub devices_per_process: u32,
+    /// The plugin the job asks for: a worker's plugin name or platform.
+    pub plugin: String,
     pub max_restarts: u32,
     pub restarts: u32,
     /// The current (or last) attempt; 0 before the first placement.
@@ -153,6 +162,8 @@ pub struct Observed {
     pub ready: u32,
     /// Processes that published their result.
     pub finished: u32,
+    /// For a Restarting job: how its last attempt's workers stand.
+    pub settled: Settled,
 }
 
 /// An alive worker and its devices.
@@ -160,13 +171,63 @@ pub struct Observed {
 pub struct WorkerCapacity {
     pub worker: String,
     pub devices: u32,
+    /// The names a job's `plugin` may give to run here: the plugin the
+    /// worker was started with (a name or a path) and its platform.
+    pub plugins: Vec<String>,
 }
 
-/// Whether a failure is the loss of a worker (which a restart can cure),
-/// rather than an error of the job itself.
-pub fn is_worker_loss(f: &JobFailure) -> bool {
-    f.worker.is_some()
-        && (f.reason == crate::monitor::LOST_LEASE || f.reason == crate::monitor::RESTARTED)
+/// What a job asks of the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    pub name: String,
+    pub processes: u32,
+    pub devices_per_process: u32,
+    pub plugin: String,
+    pub max_restarts: u32,
+}
+
+/// How long a restart waits at most for the lost attempt's workers to
+/// settle (invariant 6): past every worker's TTL, the lease of a worker
+/// that stopped beating has expired.
+pub const MAX_SETTLE_MS: u64 = 30_000;
+
+/// The workers of a failed attempt, as a restart sees them (invariant 6).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Every worker of the attempt is known alive (it beat after the
+    /// failure) or known lost.
+    pub done: bool,
+    /// The attempt's workers that were lost: dead, or registered again.
+    pub lost: Vec<String>,
+}
+
+/// A worker of a failed attempt as the registry shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptWorker {
+    pub worker: String,
+    /// The incarnation that joined the attempt, if it joined.
+    pub joined: Option<u64>,
+    /// `(incarnation, revision of its last heartbeat)` while alive.
+    pub alive: Option<(u64, u64)>,
+}
+
+/// Invariant 6, pure: a worker settles as lost (dead, or a newer
+/// incarnation than the one that joined) or as alive (a heartbeat at a
+/// revision after the failure's); until each has, the restart waits.
+pub fn settle(workers: &[AttemptWorker], failure_revision: u64) -> Settled {
+    let mut s = Settled {
+        done: true,
+        lost: Vec::new(),
+    };
+    for w in workers {
+        match w.alive {
+            None => s.lost.push(w.worker.clone()),
+            Some((inc, _)) if w.joined.is_some_and(|j| inc > j) => s.lost.push(w.worker.clone()),
+            Some((_, rev)) if rev > failure_revision => {}
+            Some(_) => s.done = false,
+        }
+    }
+    s
 }
 
 /// The persisted state: every job, in submission order.
@@ -191,23 +252,17 @@ impl SchedulerState {
     }
 
     /// Queues a job (Pending) and returns its id.
-    pub fn submit(
-        &mut self,
-        name: &str,
-        processes: u32,
-        devices_per_process: u32,
-        max_restarts: u32,
-        now: u64,
-    ) -> String {
+    pub fn submit(&mut self, job: &Submission, now: u64) -> String {
         self.next_id += 1;
-        let id = format!("{name}.{}", self.next_id);
+        let id = format!("{}.{}", job.name, self.next_id);
         self.jobs.push(JobRecord {
             id: id.clone(),
-            name: name.to_owned(),
+            name: job.name.clone(),
             state: JobState::Pending,
-            processes,
-            devices_per_process,
-            max_restarts,
+            processes: job.processes,
+            devices_per_process: job.devices_per_process,
+            plugin: job.plugin.clone(),
+            max_restarts: job.max_restarts,
             restarts: 0,
             attempt: 0,
             placement: Vec::new(),
@@ -275,7 +330,7 @@ impl SchedulerState {
                     }
                 },
                 JobState::Scheduled | JobState::Running => match &obs.failure {
-                    Some(f) if is_worker_loss(f) && job.restarts < job.max_restarts => {
+                    Some(f) if f.kind.is_restartable() && job.restarts < job.max_restarts => {
                         job.restarts += 1;
                         Some((JobState::Restarting, Some(f.to_string())))
                     }
@@ -286,7 +341,25 @@ impl SchedulerState {
                     }
                     None => None,
                 },
-                JobState::Restarting => Some((JobState::Pending, None)),
+                // Invariant 6: wait until the lost attempt's workers are
+                // known alive or lost, so the new one avoids the lost.
+                JobState::Restarting
+                    if obs.settled.done
+                        || now >= job.updated_unix_ms.saturating_add(MAX_SETTLE_MS) =>
+                {
+                    let why = match obs.settled.lost.as_slice() {
+                        [] if obs.settled.done => "no worker was lost".to_owned(),
+                        [] => "its workers did not settle in time".to_owned(),
+                        lost => format!(
+                            "lost: {}",
+                            lost.iter()
+                                .map(|w| format!("worker `{w}`"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    };
+                    Some((JobState::Pending, Some(why)))
+                }
                 _ => None,
             };
             if let Some((to, reason)) = next {
@@ -322,14 +395,20 @@ impl SchedulerState {
     }
 }
 
-/// Invariant 2: one process per worker, on workers with enough free
-/// devices, preferring the least used (then by id, for determinism).
+/// Invariant 2: one process per worker, on workers with the job's plugin
+/// and enough free devices. A restart keeps each process on the worker
+/// that ran it before when it can (its checkpoint blocks are there); the
+/// rest go to the least used (then by id, for determinism).
 pub fn place(
     job: &JobRecord,
     workers: &[WorkerCapacity],
     used: &BTreeMap<String, u32>,
 ) -> std::result::Result<Vec<String>, String> {
-    let mut fit: Vec<(u32, &str)> = workers
+    let with_plugin: Vec<&WorkerCapacity> = workers
+        .iter()
+        .filter(|w| w.plugins.contains(&job.plugin))
+        .collect();
+    let mut fit: Vec<(u32, &str)> = with_plugin
         .iter()
         .filter_map(|w| {
             let u = used.get(&w.worker).copied().unwrap_or(0);
@@ -338,40 +417,49 @@ pub fn place(
         })
         .collect();
     if fit.len() < job.processes as usize {
+        let mut plugins: Vec<&str> = workers
+            .iter()
+            .flat_map(|w| w.plugins.first().map(String::as_str))
+            .collect();
+        plugins.sort_unstable();
+        plugins.dedup();
         return Err(format!(
-            "waiting for {} workers with {} free devices each; {} of {} alive workers have them",
+            "waiting for {} workers with plugin `{}` and {} free devices each; {} of {} alive workers have them{}",
             job.processes,
+            job.plugin,
             job.devices_per_process,
             fit.len(),
-            workers.len()
+            workers.len(),
+            if with_plugin.len() < workers.len() {
+                format!(" (alive workers' plugins: {})", plugins.join(", "))
+            } else {
+                String::new()
+            }
         ));
     }
     fit.sort();
-    Ok(fit
+    let mut placement: Vec<Option<String>> = job
+        .placement
+        .iter()
+        .map(|w| fit.iter().any(|(_, f)| f == w).then(|| w.clone()))
+        .collect();
+    placement.resize(job.processes as usize, None);
+    let kept: Vec<String> = placement.iter().flatten().cloned().collect();
+    let mut rest = fit
+        .iter()
+        .map(|(_, w)| *w)
+        .filter(|w| !kept.iter().any(|p| p == w));
+    Ok(placement
         .into_iter()
-        .take(job.processes as usize)
-        .map(|(_, w)| w.to_owned())
+        .map(|p| p.unwrap_or_else(|| rest.next().expect("enough fit workers").to_owned()))
         .collect())
 }
 
 /// Queues a job: stores its bundle and adds it to the state (invariant 1).
-pub async fn submit(
-    kv: &dyn KvStore,
-    name: &str,
-    processes: u32,
-    devices_per_process: u32,
-    max_restarts: u32,
-    bundle: &[u8],
-) -> Result<String> {
+pub async fn submit(kv: &dyn KvStore, job: &Submission, bundle: &[u8]) -> Result<String> {
     loop {
         let (old, mut state) = read_state(kv).await?;
-        let id = state.submit(
-            name,
-            processes,
-            devices_per_process,
-            max_restarts,
-            keys::unix_ms(),
-        );
+        let id = state.submit(job, keys::unix_ms());
         // The bundle first: a job in the state always has one.
         kv.put(keys::sched_bundle(&id).as_bytes(), bundle)
             .await
@@ -383,15 +471,24 @@ pub async fn submit(
     }
 }
 
-/// Asks the scheduler to cancel a job.
+/// Asks the scheduler to cancel a job; refused for a job that ended.
 pub async fn cancel(kv: &dyn KvStore, id: &str) -> Result<()> {
     keys::check_id("job id", id)?;
     let (_, state) = read_state(kv).await?;
-    if state.job(id).is_none() {
-        return Err(CoordinatorError::Invalid {
-            what: "job id".into(),
-            reason: format!("no job `{id}`"),
-        });
+    match state.job(id) {
+        None => {
+            return Err(CoordinatorError::Invalid {
+                what: "job id".into(),
+                reason: format!("no job `{id}`"),
+            })
+        }
+        Some(j) if j.state.is_terminal() => {
+            return Err(CoordinatorError::Invalid {
+                what: "cancellation".into(),
+                reason: format!("job `{id}` already ended ({})", j.state),
+            })
+        }
+        Some(_) => {}
     }
     kv.put(keys::sched_cancel(id).as_bytes(), b"cancel")
         .await
@@ -430,7 +527,7 @@ async fn commit(kv: &dyn KvStore, old: Option<&[u8]>, new: &SchedulerState) -> R
 }
 
 /// What the workers published about `job`'s current attempt.
-async fn observe(kv: &dyn KvStore, job: &JobRecord) -> Result<Observed> {
+async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &[WorkerStatus]) -> Result<Observed> {
     let mut o = Observed {
         cancel_requested: kv
             .try_get(keys::sched_cancel(&job.id).as_bytes())
@@ -438,6 +535,9 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord) -> Result<Observed> {
             .is_ok(),
         ..Observed::default()
     };
+    if job.state == JobState::Restarting {
+        o.settled = observe_settled(kv, job, registry).await?;
+    }
     if matches!(job.state, JobState::Scheduled | JobState::Running) {
         let inst = job.instance();
         o.failure = jobs::failure_of(kv, &inst).await?;
@@ -456,16 +556,57 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord) -> Result<Observed> {
     Ok(o)
 }
 
-async fn capacity(kv: &dyn KvStore) -> Result<Vec<WorkerCapacity>> {
-    Ok(list_workers(kv)
-        .await?
-        .into_iter()
-        .filter(|w| matches!(w.state, WorkerState::Alive { .. }))
-        .map(|w| WorkerCapacity {
-            devices: w.record.info.devices.iter().map(|d| d.count).sum(),
-            worker: w.record.info.worker_id,
+/// Invariant 6's inputs for a Restarting job: the failure's revision and
+/// how each worker of the failed attempt stands now.
+async fn observe_settled(
+    kv: &dyn KvStore,
+    job: &JobRecord,
+    registry: &[WorkerStatus],
+) -> Result<Settled> {
+    let inst = job.instance();
+    let Some((_, failure_revision)) = jobs::failure_with_revision(kv, &inst).await? else {
+        // Cancelled or ended without a failure record: nothing to wait for.
+        return Ok(Settled {
+            done: true,
+            lost: Vec::new(),
+        });
+    };
+    let joined: BTreeMap<String, u64> = jobs::members(kv, &inst).await?.into_iter().collect();
+    let workers: Vec<AttemptWorker> = job
+        .placement
+        .iter()
+        .map(|w| AttemptWorker {
+            worker: w.clone(),
+            joined: joined.get(w).copied(),
+            alive: registry
+                .iter()
+                .find(|s| &s.record.info.worker_id == w)
+                .and_then(|s| match s.state {
+                    WorkerState::Alive { incarnation, .. } => Some((incarnation, s.alive_revision)),
+                    WorkerState::Dead => None,
+                }),
         })
-        .collect())
+        .collect();
+    Ok(settle(&workers, failure_revision))
+}
+
+fn capacity(registry: &[WorkerStatus]) -> Vec<WorkerCapacity> {
+    registry
+        .iter()
+        .filter(|w| matches!(w.state, WorkerState::Alive { .. }))
+        .map(|w| {
+            let info = &w.record.info;
+            let mut plugins = vec![info.plugin.clone()];
+            if info.platform != info.plugin {
+                plugins.push(info.platform.clone());
+            }
+            WorkerCapacity {
+                devices: info.devices.iter().map(|d| d.count).sum(),
+                worker: info.worker_id.clone(),
+                plugins,
+            }
+        })
+        .collect()
 }
 
 /// Invariant 4: what a committed state asks for, idempotently.
@@ -490,7 +631,15 @@ async fn carry_out(
             JobState::Restarting | JobState::Failed | JobState::Cancelled | JobState::Succeeded
         ) && e.attempt > 0
         {
-            jobs::finish_job(kv, &instance(id, e.attempt)).await?;
+            // Invariant 7. The placement is still the ended attempt's: a
+            // new one is chosen in a later pass.
+            let inst = instance(id, e.attempt);
+            jobs::finish_job(kv, &inst).await?;
+            if let Some(job) = state.job(id) {
+                for w in &job.placement {
+                    jobs::unassign(kv, w, &inst).await?;
+                }
+            }
         }
     }
     for job in &state.jobs {
@@ -538,11 +687,12 @@ async fn carry_out(
 pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
     let started = std::time::Instant::now();
     let (old, mut state) = read_state(kv).await?;
+    let registry = list_workers(kv).await?;
     let mut observed = BTreeMap::new();
     for job in state.jobs.iter().filter(|j| !j.state.is_terminal()) {
-        observed.insert(job.id.clone(), observe(kv, job).await?);
+        observed.insert(job.id.clone(), observe(kv, job, &registry).await?);
     }
-    let workers = capacity(kv).await?;
+    let workers = capacity(&registry);
     let before = state.clone();
     let events = state.advance(&observed, &workers, keys::unix_ms());
     if state != before && !commit(kv, old.as_deref(), &state).await? {
@@ -613,7 +763,7 @@ mod tests {
             retry_next_cas: true.into(),
             ..FaultyKv::new()
         };
-        let id = submit(&kv, "j", 1, 1, 0, b"bundle").await.unwrap();
+        let id = submit(&kv, &sub("j", 1, 0), b"bundle").await.unwrap();
         let (_, state) = read_state(&kv).await.unwrap();
         assert_eq!(state.jobs.len(), 1);
         assert!(state.job(&id).is_some());
@@ -630,8 +780,31 @@ mod tests {
             .map(|i| WorkerCapacity {
                 worker: format!("w{i}"),
                 devices,
+                plugins: vec!["cpu".into()],
             })
             .collect()
+    }
+
+    /// A job of `processes` one-device processes on the `cpu` plugin.
+    fn sub(name: &str, processes: u32, max_restarts: u32) -> Submission {
+        Submission {
+            name: name.into(),
+            processes,
+            devices_per_process: 1,
+            plugin: "cpu".into(),
+            max_restarts,
+        }
+    }
+
+    /// Every worker of the failed attempt known alive or lost.
+    fn settled(lost: &[&str]) -> Observed {
+        Observed {
+            settled: Settled {
+                done: true,
+                lost: lost.iter().map(|w| w.to_string()).collect(),
+            },
+            ..Default::default()
+        }
     }
 
     fn obs(id: &str, o: Observed) -> BTreeMap<String, Observed> {
@@ -642,6 +815,7 @@ mod tests {
         JobFailure {
             worker: Some(worker.into()),
             incarnation: Some(1),
+            kind: crate::jobs::FailureKind::WorkerLost,
             reason: crate::monitor::LOST_LEASE.into(),
             unix_ms: 0,
         }
@@ -656,7 +830,7 @@ mod tests {
     #[test]
     fn a_job_runs_through_to_success() {
         let mut s = SchedulerState::default();
-        let id = s.submit("mlp", 2, 1, 0, 0);
+        let id = s.submit(&sub("mlp", 2, 0), 0);
         assert_eq!(id, "mlp.1");
         let w = workers(2, 1);
         let e = s.advance(&BTreeMap::new(), &w, 1);
@@ -710,8 +884,8 @@ mod tests {
     #[test]
     fn gang_scheduling_is_all_or_nothing_and_waits_with_a_reason() {
         let mut s = SchedulerState::default();
-        let big = s.submit("big", 3, 1, 0, 0);
-        let small = s.submit("small", 2, 1, 0, 0);
+        let big = s.submit(&sub("big", 3, 0), 0);
+        let small = s.submit(&sub("small", 2, 0), 0);
         let e = s.advance(&BTreeMap::new(), &workers(2, 1), 1);
         // big cannot fit, small can: placed, big waits with its reason.
         assert_eq!(e.len(), 1);
@@ -727,7 +901,7 @@ mod tests {
             b.reason
         );
         // Devices in use are not given twice.
-        let third = s.submit("third", 1, 1, 0, 2);
+        let third = s.submit(&sub("third", 1, 0), 2);
         s.advance(&BTreeMap::new(), &workers(2, 1), 3);
         assert_eq!(s.job(&third).unwrap().state, JobState::Pending);
         // Two devices per worker: room for both.
@@ -738,7 +912,7 @@ mod tests {
     #[test]
     fn a_lost_worker_restarts_while_restarts_remain_then_fails() {
         let mut s = SchedulerState::default();
-        let id = s.submit("mlp", 2, 1, 1, 0);
+        let id = s.submit(&sub("mlp", 2, 1), 0);
         let w = workers(3, 1);
         s.advance(&BTreeMap::new(), &w, 1);
         let failed = Observed {
@@ -747,8 +921,9 @@ mod tests {
         };
         let e = s.advance(&obs(&id, failed.clone()), &w, 2);
         assert_eq!(e[0].1.to, JobState::Restarting);
-        let e = s.advance(&BTreeMap::new(), &w, 3);
+        let e = s.advance(&obs(&id, settled(&["w1"])), &w, 3);
         assert_eq!(e[0].1.to, JobState::Pending);
+        assert_eq!(e[0].1.reason.as_deref(), Some("lost: worker `w1`"));
         let e = s.advance(&BTreeMap::new(), &w, 4);
         assert_eq!(e[0].1.to, JobState::Scheduled);
         assert_eq!(s.jobs[0].attempt, 2);
@@ -758,9 +933,10 @@ mod tests {
         assert_eq!(e[0].1.to, JobState::Failed);
         // An error of the job itself never restarts.
         let mut s = SchedulerState::default();
-        let id = s.submit("bad", 1, 1, 5, 0);
+        let id = s.submit(&sub("bad", 1, 5), 0);
         s.advance(&BTreeMap::new(), &w, 1);
         let compile = JobFailure {
+            kind: crate::jobs::FailureKind::Job,
             reason: "program `p`: type mismatch".into(),
             ..lost("w0")
         };
@@ -781,8 +957,8 @@ mod tests {
     #[test]
     fn cancel_ends_any_live_state_and_frees_devices() {
         let mut s = SchedulerState::default();
-        let a = s.submit("a", 2, 1, 0, 0);
-        let b = s.submit("b", 2, 1, 0, 0);
+        let a = s.submit(&sub("a", 2, 0), 0);
+        let b = s.submit(&sub("b", 2, 0), 0);
         let w = workers(2, 1);
         s.advance(&BTreeMap::new(), &w, 1);
         assert_eq!(s.job(&b).unwrap().state, JobState::Pending);
@@ -815,5 +991,121 @@ mod tests {
         assert_eq!(count(&s, JobState::Pending), 0);
         assert_eq!(s.devices_in_use(), 2, "b holds what a held");
         assert!(SchedulerState::decode(&s.encode()).unwrap() == s);
+    }
+
+    /// Scheduler invariant 6: a transfer error that a surviving process
+    /// reports first (the peer's lease has not expired yet) restarts the
+    /// job rather than failing it, and the restart waits until the lost
+    /// worker is known lost, so it is not placed on it again.
+    #[test]
+    fn a_peer_lost_first_restarts_after_the_workers_settle() {
+        let mut s = SchedulerState::default();
+        let id = s.submit(&sub("mlp", 2, 3), 0);
+        let w = workers(2, 1);
+        s.advance(&BTreeMap::new(), &w, 1);
+        let transport = JobFailure {
+            worker: Some("w0".into()),
+            incarnation: Some(1),
+            kind: crate::jobs::FailureKind::PeerLost,
+            reason: "all-reduce of `g`: transfer with 10.77.0.5:41596: connection lost".into(),
+            unix_ms: 2,
+        };
+        let e = s.advance(
+            &obs(
+                &id,
+                Observed {
+                    failure: Some(transport),
+                    ..Default::default()
+                },
+            ),
+            &w,
+            2,
+        );
+        assert_eq!(e[0].1.to, JobState::Restarting);
+        // w1 still holds its lease: not settled, so the job waits.
+        let waiting = Observed::default();
+        assert!(s.advance(&obs(&id, waiting.clone()), &w, 3).is_empty());
+        assert_eq!(s.jobs[0].state, JobState::Restarting);
+        // w1 is declared lost; only w0 is alive now: Pending, waiting for
+        // a second worker rather than placed on the lost one.
+        let e = s.advance(&obs(&id, settled(&["w1"])), &w[..1], 4);
+        assert_eq!(e[0].1.to, JobState::Pending);
+        assert!(s.advance(&BTreeMap::new(), &w[..1], 5).is_empty());
+        assert_eq!(s.jobs[0].state, JobState::Pending);
+        // Past the settle bound, a job whose workers never settled moves on.
+        let mut s2 = SchedulerState::default();
+        let id2 = s2.submit(&sub("x", 1, 1), 0);
+        s2.advance(&BTreeMap::new(), &w, 1);
+        s2.advance(
+            &obs(
+                &id2,
+                Observed {
+                    failure: Some(lost("w0")),
+                    ..Default::default()
+                },
+            ),
+            &w,
+            2,
+        );
+        assert!(s2.advance(&obs(&id2, waiting.clone()), &w, 3).is_empty());
+        let e = s2.advance(&obs(&id2, waiting), &w, 2 + MAX_SETTLE_MS);
+        assert_eq!(e[0].1.to, JobState::Pending);
+    }
+
+    #[test]
+    fn settling_tells_lost_workers_from_live_ones() {
+        let w = |name: &str, joined, alive| AttemptWorker {
+            worker: name.into(),
+            joined,
+            alive,
+        };
+        // Dead, restarted (a newer incarnation), beat after the failure.
+        let s = settle(
+            &[
+                w("dead", Some(1), None),
+                w("restarted", Some(1), Some((2, 5))),
+                w("alive", Some(3), Some((3, 11))),
+            ],
+            10,
+        );
+        assert_eq!(
+            s,
+            Settled {
+                done: true,
+                lost: vec!["dead".into(), "restarted".into()]
+            }
+        );
+        // Alive but silent since the failure: not settled yet.
+        let s = settle(&[w("quiet", Some(1), Some((1, 9)))], 10);
+        assert!(!s.done);
+        // Never joined (lost before joining) and alive since: alive.
+        assert!(settle(&[w("late", None, Some((4, 12)))], 10).done);
+    }
+
+    /// A restart keeps each process on its previous worker where it can
+    /// (its checkpoint blocks are there), and a job only goes to workers
+    /// whose plugin it names, or waits saying which plugins exist.
+    #[test]
+    fn placement_keeps_processes_where_they_ran_and_respects_the_plugin() {
+        let mut job = SchedulerState::default();
+        job.submit(&sub("j", 3, 0), 0);
+        let mut j = job.jobs.remove(0);
+        let ws = workers(5, 1);
+        j.placement = vec!["w3".into(), "w9".into(), "w1".into()];
+        let p = place(&j, &ws, &BTreeMap::new()).unwrap();
+        assert_eq!(
+            p,
+            vec!["w3", "w0", "w1"],
+            "w9 is gone; w0 is the least used"
+        );
+        j.plugin = "cuda".into();
+        let why = place(&j, &ws, &BTreeMap::new()).unwrap_err();
+        assert!(why.contains("plugin `cuda`"), "{why}");
+        assert!(why.contains("alive workers' plugins: cpu"), "{why}");
+        let mut gpu = workers(3, 1);
+        for g in &mut gpu {
+            g.plugins = vec!["/opt/cuda_plugin.so".into(), "cuda".into()];
+        }
+        assert!(place(&j, &gpu, &BTreeMap::new()).is_ok(), "by platform");
     }
 }

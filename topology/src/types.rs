@@ -42,6 +42,8 @@ pub struct LocalTopology {
     pub process_index: u32,
     /// How many processes this process was told the job has.
     pub num_processes: u32,
+    /// The worker that runs the process (empty where there is none).
+    pub worker: String,
     pub hostname: String,
     /// `/proc/sys/kernel/random/boot_id`: equal on processes of one boot.
     pub boot_id: String,
@@ -67,6 +69,8 @@ pub struct GlobalDevice {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessEntry {
     pub process_index: u32,
+    /// The worker that runs it.
+    pub worker: String,
     pub hostname: String,
     pub boot_id: String,
     pub slice: u32,
@@ -110,6 +114,7 @@ impl LocalTopology {
                 num_processes: self.num_processes,
             });
         }
+        check_len("worker", &self.worker)?;
         check_len("hostname", &self.hostname)?;
         check_len("boot id", &self.boot_id)?;
         if let Some(e) = &self.transfer_endpoint {
@@ -244,6 +249,7 @@ impl GlobalTopology {
             }
             processes.push(ProcessEntry {
                 process_index: l.process_index,
+                worker: l.worker.clone(),
                 hostname: l.hostname.clone(),
                 boot_id: l.boot_id.clone(),
                 slice,
@@ -328,6 +334,7 @@ pub(crate) mod tests {
         LocalTopology {
             process_index: index,
             num_processes: n,
+            worker: format!("w{index}"),
             hostname: format!("host-{boot}"),
             boot_id: boot.into(),
             slice_index: None,

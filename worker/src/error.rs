@@ -1,6 +1,9 @@
+use tessel_coordinator::jobs::FailureKind;
 use tessel_coordinator::CoordinatorError;
 use tessel_kvstore::KvError;
 use tessel_topology::TopologyError;
+
+use crate::runner::JobError;
 
 /// What running a worker can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -20,10 +23,77 @@ pub enum WorkerError {
         source: KvError,
     },
     /// The job's plan failed in this process, or the job failed elsewhere.
+    #[error(transparent)]
+    Job(#[from] JobError),
+    /// This worker lost its registration while the process ran.
+    #[error("the worker lost its registration")]
+    Deregistered,
+    /// Another live process holds this worker id.
+    #[error("worker id `{worker}` is in use by a live worker: {holder}")]
+    IdInUse { worker: String, holder: String },
     #[error("{0}")]
-    Job(String),
+    Config(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
 
+impl WorkerError {
+    /// Whether a restart of the job may cure this failure (scheduler
+    /// invariant 6): the loss of a peer, of the coordinators or of this
+    /// worker's registration may; the job's own errors may not.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            WorkerError::Job(e) => e.kind,
+            WorkerError::Transfer(e) if e.is_peer_loss() => FailureKind::PeerLost,
+            WorkerError::Topology(
+                TopologyError::Missing { .. }
+                | TopologyError::BuilderFailed(_)
+                | TopologyError::Kv { .. },
+            ) => FailureKind::PeerLost,
+            WorkerError::Kv { .. } => FailureKind::PeerLost,
+            WorkerError::Coordinator(CoordinatorError::Kv { .. }) => FailureKind::PeerLost,
+            WorkerError::Coordinator(
+                CoordinatorError::StaleIncarnation { .. } | CoordinatorError::UnknownWorker(_),
+            )
+            | WorkerError::Deregistered => FailureKind::WorkerLost,
+            _ => FailureKind::Job,
+        }
+    }
+}
+
 pub type Result<T, E = WorkerError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessel_transfer::TransferError;
+
+    /// A transfer that broke because a peer vanished restarts the job; a
+    /// disagreement between ranks or a compile error fails it.
+    #[test]
+    fn peer_losses_are_told_from_the_jobs_own_errors() {
+        let lost = WorkerError::Transfer(TransferError::Stream {
+            peer: "10.77.0.5:41596".into(),
+            reason: "no acknowledgement: connection lost".into(),
+        });
+        assert_eq!(lost.kind(), FailureKind::PeerLost);
+        let aborted = WorkerError::Transfer(TransferError::Aborted {
+            rank: 1,
+            reason: "deadline".into(),
+        });
+        assert_eq!(aborted.kind(), FailureKind::PeerLost);
+        let mismatch = WorkerError::Transfer(TransferError::Mismatch("sizes".into()));
+        assert_eq!(mismatch.kind(), FailureKind::Job);
+        let missing = WorkerError::Topology(TopologyError::Missing {
+            job: "j".into(),
+            missing: vec![1],
+            after: std::time::Duration::from_secs(1),
+        });
+        assert_eq!(missing.kind(), FailureKind::PeerLost);
+        assert_eq!(
+            WorkerError::Job(JobError::job("program `p`: type mismatch")).kind(),
+            FailureKind::Job
+        );
+        assert_eq!(WorkerError::Deregistered.kind(), FailureKind::WorkerLost);
+    }
+}

@@ -7,15 +7,22 @@
 //! topology exchange over the coordinator's KV. A job that carries a plan
 //! (`jobs/{job}/spec`) is then run by the [`JobRunner`] the binary gives
 //! the worker.
+//!
+//! * [`agent`]: start (plugin, id, registration), the heartbeat and
+//!   registering again after a loss, following assignments.
+//! * [`claim`]: taking a worker id only when no live process holds it.
+//! * `process`: one job process, from client to result.
 
 pub mod agent;
+pub mod claim;
 mod error;
 pub mod host;
 pub mod job_kv;
+mod process;
 pub mod runner;
 
 pub use agent::{topology_digest, Worker, WorkerConfig};
 pub use error::{Result, WorkerError};
 pub use host::HostFacts;
 pub use job_kv::JobKv;
-pub use runner::{JobProcess, JobRunner};
+pub use runner::{JobError, JobProcess, JobRunner};

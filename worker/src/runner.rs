@@ -3,10 +3,15 @@
 //! The worker owns the resources of a job process — its PJRT client, its
 //! communicator over the transfer layer, the job's KV namespace — and knows
 //! nothing of job specs. The `tessel` crate, which does, implements
-//! [`JobRunner`] and hands it to the worker ([`crate::Worker::with_runner`]).
+//! [`JobRunner`] and hands it to the worker ([`crate::Worker::start`]).
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tessel_coordinator::jobs::FailureKind;
 use tessel_kvstore::KvStore;
 use tessel_pjrt::Client;
+use tessel_topology::GlobalTopology;
 use tessel_transfer::Communicator;
 
 /// One process of a job, ready to run: connected to every other process.
@@ -18,7 +23,30 @@ pub struct JobProcess<'a> {
     pub spec: Vec<u8>,
     pub client: &'a Client,
     pub communicator: &'a mut Communicator,
-    pub kv: &'a dyn KvStore,
+    pub kv: Arc<dyn KvStore>,
+    /// Every process of the job: its worker, host and boot id.
+    pub topology: &'a GlobalTopology,
+    /// Folders under which this worker lets jobs keep checkpoints
+    /// (`tessel worker --checkpoint-root`); none: checkpoints are refused.
+    pub checkpoint_roots: &'a [PathBuf],
+}
+
+/// Why a job process failed, and whether a restart may cure it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct JobError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl JobError {
+    /// The job's own error: restarting would fail the same way.
+    pub fn job(message: impl Into<String>) -> JobError {
+        JobError {
+            kind: FailureKind::Job,
+            message: message.into(),
+        }
+    }
 }
 
 /// Runs a job's plan in one process.
@@ -27,5 +55,5 @@ pub trait JobRunner: Send + Sync {
     /// Runs to the end of the plan and returns what the process reports
     /// (stored at `jobs/{job}/processes/{i}/result`), or why it failed
     /// (which fails the job for every process).
-    async fn run(&self, process: JobProcess<'_>) -> Result<Vec<u8>, String>;
+    async fn run(&self, process: JobProcess<'_>) -> Result<Vec<u8>, JobError>;
 }

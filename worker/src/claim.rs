@@ -1,0 +1,198 @@
+//! Taking a worker id: refused while another live process holds it.
+//!
+//! Invariants:
+//! 1. A worker id is taken only when no live process holds it: its alive
+//!    key is absent, or its holder ran on this boot of this host and its
+//!    process is gone (a crash and restart), or the holder wrote no
+//!    heartbeat for its whole TTL.
+//! 2. A holder that beats while we watch keeps the id; we refuse to start
+//!    and name it, so a mistaken second worker never evicts the first.
+
+use std::time::{Duration, Instant};
+
+use tessel_coordinator::{keys, WorkerRecord};
+use tessel_kvstore::{KvError, KvStore};
+
+use crate::error::{Result, WorkerError};
+use crate::host::HostFacts;
+
+/// Extra time past the holder's TTL before its silence counts as death.
+const MARGIN: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(200);
+
+/// What to do about the current holder of an id (invariant 1), pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// Nobody, or a crashed process of this host: take the id.
+    Free,
+    /// Someone may be alive: watch its heartbeats for this long.
+    Watch(Duration),
+}
+
+/// Decides from the alive key's presence, the holder's record, and
+/// whether the holder's pid runs here.
+pub fn judge(
+    alive: bool,
+    holder: Option<&WorkerRecord>,
+    me: &HostFacts,
+    pid_running: impl Fn(u32) -> bool,
+) -> Holder {
+    match holder {
+        _ if !alive => Holder::Free,
+        Some(r) if r.info.boot_id == me.boot_id && !pid_running(r.info.pid) => Holder::Free,
+        Some(r) => Holder::Watch(Duration::from_millis(r.info.ttl_ms) + MARGIN),
+        // An alive key without a record: a registration cut short. Its
+        // lease is at most the default TTL.
+        None => Holder::Watch(Duration::from_secs(5) + MARGIN),
+    }
+}
+
+fn pid_running(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Returns once `worker` may be registered by this process (invariant 1),
+/// or refuses (invariant 2).
+pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()> {
+    let alive_key = keys::alive(worker);
+    let first = match kv.try_get(alive_key.as_bytes()).await {
+        Ok(v) => Some(v),
+        Err(KvError::NotFound(_)) => None,
+        Err(e) => return Err(kv_err(e)),
+    };
+    let record: Option<WorkerRecord> = match kv.try_get(keys::info(worker).as_bytes()).await {
+        Ok(v) => postcard::from_bytes(&v).ok(),
+        Err(KvError::NotFound(_)) => None,
+        Err(e) => return Err(kv_err(e)),
+    };
+    let wait = match judge(first.is_some(), record.as_ref(), me, pid_running) {
+        Holder::Free => return Ok(()),
+        Holder::Watch(d) => d,
+    };
+    let holder = match &record {
+        Some(r) => format!(
+            "host {}, pid {}, incarnation {}",
+            r.info.hostname, r.info.pid, r.incarnation
+        ),
+        None => "a registration without a record".into(),
+    };
+    tracing::warn!(worker, %holder, ?wait, "worker id held; watching its heartbeats");
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        tokio::time::sleep(POLL).await;
+        match kv.try_get(alive_key.as_bytes()).await {
+            Err(KvError::NotFound(_)) => return Ok(()),
+            Ok(v) if Some(&v) != first.as_ref() => {
+                return Err(WorkerError::IdInUse {
+                    worker: worker.into(),
+                    holder,
+                })
+            }
+            Ok(_) => {}
+            Err(e) => return Err(kv_err(e)),
+        }
+    }
+    Ok(())
+}
+
+fn kv_err(source: KvError) -> WorkerError {
+    WorkerError::Kv {
+        context: "reading the worker id's holder".into(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessel_coordinator::{WorkerDevice, WorkerInfo};
+
+    fn info(id: &str) -> WorkerInfo {
+        WorkerInfo {
+            worker_id: id.into(),
+            hostname: "h".into(),
+            boot_id: "b".into(),
+            pid: 1,
+            plugin: "cpu".into(),
+            platform: "cpu".into(),
+            plugin_version: "-".into(),
+            devices: vec![WorkerDevice {
+                kind: "cpu".into(),
+                count: 1,
+                memory_bytes: None,
+            }],
+            ttl_ms: 5000,
+        }
+    }
+
+    fn record(boot: &str, pid: u32) -> WorkerRecord {
+        let mut i = info("h4");
+        i.boot_id = boot.into();
+        i.pid = pid;
+        i.ttl_ms = 5000;
+        WorkerRecord {
+            info: i,
+            incarnation: 3,
+            lease: 1,
+            registered_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_live_holder_elsewhere_is_watched_and_a_crashed_one_here_is_replaced() {
+        let me = HostFacts {
+            hostname: "a".into(),
+            boot_id: "boot-a".into(),
+        };
+        // No alive key: free, whatever the record says.
+        assert_eq!(
+            judge(false, Some(&record("boot-b", 7)), &me, |_| true),
+            Holder::Free
+        );
+        // The holder ran here and its process is gone: a restart.
+        assert_eq!(
+            judge(true, Some(&record("boot-a", 7)), &me, |_| false),
+            Holder::Free
+        );
+        // Here and running, or on another host: watch it for its TTL.
+        let watch = Holder::Watch(Duration::from_millis(5000) + MARGIN);
+        assert_eq!(
+            judge(true, Some(&record("boot-a", 7)), &me, |_| true),
+            watch
+        );
+        assert_eq!(
+            judge(true, Some(&record("boot-b", 7)), &me, |_| false),
+            watch
+        );
+    }
+
+    /// Invariant 2 against a holder that beats: refused, and its key left
+    /// as it was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_beating_holder_keeps_its_id() {
+        use std::sync::Arc;
+        use tessel_coordinator::registry::{register, Heartbeat};
+        let kv: Arc<dyn KvStore> = Arc::new(tessel_kvstore::MemoryKv::new());
+        let mut i = info("h4");
+        i.boot_id = "elsewhere".into();
+        let fast = tessel_coordinator::LivenessConfig {
+            heartbeat: Duration::from_millis(100),
+            ttl: Duration::from_millis(800),
+        };
+        i.ttl_ms = 800;
+        let reg = register(&*kv, i, fast).await.unwrap();
+        let _hb = Heartbeat::start(kv.clone(), reg.clone(), fast);
+        let me = HostFacts {
+            hostname: "here".into(),
+            boot_id: "here".into(),
+        };
+        let e = claim(&*kv, "h4", &me).await.unwrap_err();
+        assert!(matches!(e, WorkerError::IdInUse { .. }), "{e}");
+        tessel_coordinator::registry::check_current(&*kv, "h4", reg.incarnation)
+            .await
+            .unwrap();
+        // Once it stops beating, its lease expires and the id is free.
+        drop(_hb);
+        claim(&*kv, "h4", &me).await.unwrap();
+    }
+}

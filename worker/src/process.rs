@@ -1,0 +1,389 @@
+//! One job process on this worker: its client, transfer endpoint,
+//! topology, barrier, plan, and the wait for the job's end.
+//!
+//! Invariants (the agent's, continued):
+//! 2. Each job process gets its own PJRT client (the per-node client) whose
+//!    KV callbacks are bound to that job's namespace; the client lives until
+//!    the job is done or failed.
+//! 3. Every job process publishes a digest of the global topology it holds,
+//!    then whether its transfer layer is connected (invariant 5), and
+//!    records any failure event it observed, so the submitter (and tests)
+//!    can check what each process saw.
+//! 4. PJRT calls that may block — client creation and destruction, where a
+//!    plugin may call back into the KV and wait — run on blocking threads,
+//!    never on the async runtime's workers.
+//! 5. Each job process binds its own transfer endpoint (rank = process
+//!    index), publishes its address in its local topology, and passes a
+//!    barrier with every other process of the job over the transfer layer
+//!    (mutual TLS; shared memory on the same host) after the exchange.
+//! 6. A job with a plan (`jobs/{job}/spec`) runs it once the barrier has
+//!    passed; a process that finishes publishes its result, one that fails
+//!    fails the job with the failure's kind (a lost peer, or the job's own
+//!    error). A failure elsewhere or the job's end (cancellation) stops the
+//!    plan at its next await.
+//! 7. An assignment whose attempt already ended (`done`) is withdrawn, not
+//!    run: a worker that comes back never reruns an old attempt.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
+use tessel_coordinator::{keys, Registration};
+use tessel_kvstore::KvError;
+use tessel_pjrt::{Client, ClientOptions};
+use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
+use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint};
+
+use crate::agent::{client_options, Worker};
+use crate::error::{Result, WorkerError};
+use crate::job_kv::JobKv;
+use crate::runner::JobProcess;
+
+/// How long recording a failure may take: a worker cut off from the
+/// coordinators gives up, and the monitor records its loss instead.
+const RECORD_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The job's communicator: one member per process, at the transfer
+/// endpoint its topology entry names.
+fn communicator(
+    endpoint: Arc<TransferEndpoint>,
+    topology: &GlobalTopology,
+    job: &str,
+    timeout: Duration,
+) -> Result<Communicator> {
+    let members = topology
+        .processes
+        .iter()
+        .map(|p| {
+            let addr = p
+                .transfer_endpoint
+                .as_deref()
+                .and_then(|a| a.parse().ok())
+                .ok_or_else(|| {
+                    WorkerError::Internal(format!(
+                        "process {} published no usable transfer endpoint ({:?})",
+                        p.process_index, p.transfer_endpoint
+                    ))
+                })?;
+            Ok(Peer::new(addr, Some(p.boot_id.clone())))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let digest = tessel_topology::sha256_hex(job.as_bytes());
+    let group = u16::from_str_radix(&digest[..4], 16).unwrap_or(0);
+    Ok(Communicator::new(
+        endpoint,
+        members,
+        group,
+        CollectiveConfig {
+            timeout,
+            ..CollectiveConfig::default()
+        },
+    )?)
+}
+
+impl Worker {
+    /// One job process for registration `reg` (invariants 2-7). Stops
+    /// early, without recording a failure of its own, when `reg` stops
+    /// being this worker's registration. A failure is recorded while the
+    /// process's client and transfer endpoint still exist: peers finishing
+    /// a collective with it would otherwise see it vanish and record that
+    /// instead (`jobs`, invariant 2).
+    pub(crate) async fn run_job(&self, a: &JobAssignment, reg: &Registration) -> Result<()> {
+        if self.attempt_ended(a, reg).await? {
+            return Ok(());
+        }
+        let mut client = None;
+        let mut comm = None;
+        let running = metrics::gauge!("tessel_worker_job_processes_running");
+        running.increment(1.0);
+        let started = std::time::Instant::now();
+        let outcome = tokio::select! {
+            r = self.job_process(a, reg, &mut client, &mut comm) => r,
+            () = self.deregistered(reg.incarnation) => Err(WorkerError::Deregistered),
+        };
+        running.decrement(1.0);
+        let label = if outcome.is_ok() { "ended" } else { "failed" };
+        metrics::counter!("tessel_worker_job_processes_total", "outcome" => label).increment(1);
+        metrics::histogram!("tessel_worker_job_process_seconds", "outcome" => label)
+            .record(started.elapsed().as_secs_f64());
+        // A process stopped because this worker lost its registration or
+        // is shutting down records nothing: the monitor records the loss
+        // (the lease expired or was revoked) for every job it joined.
+        match &outcome {
+            Ok(()) | Err(WorkerError::Deregistered) => {}
+            Err(e) => self.record_failure(a, reg, e).await,
+        }
+        drop(comm);
+        // Drop the client off the runtime (invariant 4).
+        if let Some(client) = client {
+            let _ = tokio::task::spawn_blocking(move || drop(client)).await;
+        }
+        outcome
+    }
+
+    /// Invariant 7: true (and the assignment withdrawn) when the attempt
+    /// ended while this worker was away.
+    async fn attempt_ended(&self, a: &JobAssignment, reg: &Registration) -> Result<bool> {
+        match self.kv.try_get(keys::job_done(&a.job).as_bytes()).await {
+            Ok(_) => {
+                tracing::info!(job = %a.job, "withdrawing the assignment of an ended attempt");
+                jobs::unassign(&*self.kv, &reg.worker_id, &a.job).await?;
+                Ok(true)
+            }
+            Err(KvError::NotFound(_)) => Ok(false),
+            Err(e) => Err(kv_err("reading whether the job ended")(e)),
+        }
+    }
+
+    /// Fails the job with `e` unless it already failed, and records the
+    /// job's first failure as the one this process saw (invariant 3).
+    /// Bounded: a worker cut off from the coordinators gives up.
+    async fn record_failure(&self, a: &JobAssignment, reg: &Registration, e: &WorkerError) {
+        let failure = JobFailure {
+            worker: Some(reg.worker_id.clone()),
+            incarnation: Some(reg.incarnation),
+            kind: e.kind(),
+            reason: e.to_string(),
+            unix_ms: keys::unix_ms(),
+        };
+        let record = async {
+            if let Ok(first) = jobs::fail_job(&*self.kv, &a.job, &failure).await {
+                let _ = self
+                    .kv
+                    .put(
+                        keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
+                        first.to_string().as_bytes(),
+                    )
+                    .await;
+            }
+        };
+        if tokio::time::timeout(RECORD_DEADLINE, record).await.is_err() {
+            tracing::warn!(job = %a.job, failure = %failure, "could not record the failure");
+        }
+    }
+
+    /// Client, transfer endpoint, topology, a barrier of every process over
+    /// the transfer layer, the plan, then the wait for the end; `client`
+    /// and `comm` receive the resources so the caller outlives them.
+    async fn job_process(
+        &self,
+        a: &JobAssignment,
+        reg: &Registration,
+        client: &mut Option<Client>,
+        comm: &mut Option<Communicator>,
+    ) -> Result<()> {
+        jobs::join_job(&*self.kv, &a.job, reg).await?;
+        let client = &*client.insert(self.job_client(a).await?);
+        let endpoint = Arc::new(TransferEndpoint::bind(
+            SocketAddr::new(self.cfg.transfer_ip, 0),
+            a.process_index,
+            self.cfg.transfer_tls.as_ref(),
+            TransferConfig {
+                boot_id: Some(self.host.boot_id.clone()),
+                ..TransferConfig::default()
+            },
+        )?);
+        let mut local = self.describe(client, a).await?;
+        local.transfer_endpoint = Some(endpoint.local_addr()?.to_string());
+        let timeout = Duration::from_millis(a.topology_timeout_ms);
+        let started = std::time::Instant::now();
+        let topology = exchange(&*self.kv, &a.job, &local, timeout).await?;
+        metrics::histogram!("tessel_worker_topology_exchange_seconds")
+            .record(started.elapsed().as_secs_f64());
+        tracing::info!(
+            job = %a.job,
+            process = a.process_index,
+            devices = topology.num_devices(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "global topology known"
+        );
+        self.kv
+            .put(
+                keys::process_topology(&a.job, a.process_index).as_bytes(),
+                crate::agent::topology_digest(&topology).as_bytes(),
+            )
+            .await
+            .map_err(kv_err("publishing the topology digest"))?;
+        let comm = comm.insert(communicator(endpoint, &topology, &a.job, timeout)?);
+        let barrier = std::time::Instant::now();
+        comm.barrier().await?;
+        tracing::info!(
+            job = %a.job,
+            process = a.process_index,
+            barrier_ms = barrier.elapsed().as_secs_f64() * 1e3,
+            "transfer layer connected"
+        );
+        self.kv
+            .put(
+                keys::process_transfer_ready(&a.job, a.process_index).as_bytes(),
+                format!("{:.1}", barrier.elapsed().as_secs_f64() * 1e3).as_bytes(),
+            )
+            .await
+            .map_err(kv_err("publishing transfer readiness"))?;
+        self.run_plan(a, client, comm, &topology).await?;
+        self.wait_for_end(a, reg).await
+    }
+
+    /// Invariant 6: runs the job's plan, if it has one.
+    async fn run_plan(
+        &self,
+        a: &JobAssignment,
+        client: &Client,
+        comm: &mut Communicator,
+        topology: &GlobalTopology,
+    ) -> Result<()> {
+        let spec = match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
+            Ok(spec) => spec,
+            Err(KvError::NotFound(_)) => return Ok(()),
+            Err(e) => return Err(kv_err("reading the job's spec")(e)),
+        };
+        let run = self.runner.run(JobProcess {
+            job: &a.job,
+            process_index: a.process_index,
+            num_processes: a.num_processes,
+            spec,
+            client,
+            communicator: comm,
+            kv: self.kv.clone(),
+            topology,
+            checkpoint_roots: &self.cfg.checkpoint_roots,
+        });
+        // A failure elsewhere (a process's error, a lost worker) stops
+        // this process's plan at its next await instead of leaving it
+        // waiting in a collective until the deadline. Cancellation (the
+        // job's `done` key) stops it the same way.
+        let result = tokio::select! {
+            r = run => r?,
+            f = self.job_failed(&a.job) => {
+                let f = f?;
+                return Err(WorkerError::Job(crate::runner::JobError {
+                    kind: f.kind,
+                    message: format!("the job failed: {f}"),
+                }));
+            }
+            d = self.job_done(&a.job) => {
+                d?;
+                tracing::info!(job = %a.job, process = a.process_index, "job ended before its plan did");
+                return Ok(());
+            }
+        };
+        self.kv
+            .put(
+                keys::process_result(&a.job, a.process_index).as_bytes(),
+                &result,
+            )
+            .await
+            .map_err(kv_err("publishing the process's result"))?;
+        Ok(())
+    }
+
+    async fn job_client(&self, a: &JobAssignment) -> Result<Client> {
+        let plugin = self.plugin.clone();
+        let mut options = client_options(&self.facts.platform, self.cfg.devices);
+        if self.facts.platform != "cpu" {
+            // Plugins that exchange topology themselves (CUDA) do it through
+            // the job's namespace.
+            options = options
+                .option("num_nodes", a.num_processes as i64)
+                .option("node_id", a.process_index as i64);
+        }
+        let store = Arc::new(JobKv::new(
+            self.kv.clone(),
+            &a.job,
+            tokio::runtime::Handle::current(),
+        ));
+        let options: ClientOptions = options.kv_store(store);
+        tokio::task::spawn_blocking(move || Client::create(&plugin, options))
+            .await
+            .map_err(|e| WorkerError::Internal(e.to_string()))?
+            .map_err(WorkerError::from)
+    }
+
+    async fn describe(&self, client: &Client, a: &JobAssignment) -> Result<LocalTopology> {
+        // Device queries are cheap, non-blocking FFI reads.
+        let mut devices = Vec::new();
+        for d in client.addressable_devices()? {
+            let mut attributes: Vec<(String, String)> = d
+                .attributes()?
+                .into_iter()
+                .map(|nv| (nv.name, nv.value.to_string()))
+                .collect();
+            attributes.sort();
+            devices.push(DeviceDescription {
+                local_hardware_id: d.local_hardware_id()?,
+                kind: d.kind()?,
+                memory_bytes: d.memory_limit().ok().flatten(),
+                attributes,
+            });
+        }
+        Ok(LocalTopology {
+            process_index: a.process_index,
+            num_processes: a.num_processes,
+            worker: self.cfg.worker_id.clone(),
+            hostname: self.host.hostname.clone(),
+            boot_id: self.host.boot_id.clone(),
+            slice_index: self.cfg.slice_index,
+            devices,
+            transfer_endpoint: None,
+        })
+    }
+
+    /// Returns the job's failure event once there is one.
+    async fn job_failed(&self, job: &str) -> Result<JobFailure> {
+        loop {
+            if let Some(f) =
+                jobs::wait_for_failure(&*self.kv, job, Duration::from_secs(3600)).await?
+            {
+                return Ok(f);
+            }
+        }
+    }
+
+    /// Returns once the job's `done` key exists.
+    async fn job_done(&self, job: &str) -> Result<()> {
+        let done = keys::job_done(job);
+        loop {
+            match self
+                .kv
+                .get(done.as_bytes(), Duration::from_secs(3600))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(KvError::DeadlineExceeded { .. }) => continue,
+                Err(e) => return Err(kv_err("waiting for the job's end")(e)),
+            }
+        }
+    }
+
+    /// Waits for `done`, or for a failure event, which it records.
+    async fn wait_for_end(&self, a: &JobAssignment, reg: &Registration) -> Result<()> {
+        tokio::select! {
+            d = self.job_done(&a.job) => d?,
+            f = self.job_failed(&a.job) => {
+                let f = f?;
+                tracing::warn!(job = %a.job, failure = %f, "job failed");
+                self.kv
+                    .put(
+                        keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
+                        f.to_string().as_bytes(),
+                    )
+                    .await
+                    .map_err(kv_err("recording the failure"))?;
+            }
+        }
+        jobs::leave_job(&*self.kv, &a.job, &reg.worker_id).await?;
+        self.kv
+            .delete(keys::assignment(&reg.worker_id, &a.job).as_bytes())
+            .await
+            .map_err(kv_err("removing the assignment"))?;
+        Ok(())
+    }
+}
+
+pub(crate) fn kv_err(context: &'static str) -> impl FnOnce(KvError) -> WorkerError {
+    move |source| WorkerError::Kv {
+        context: context.into(),
+        source,
+    }
+}
