@@ -39,6 +39,9 @@ pub enum KvError {
     InvalidArgument(String),
     #[error("lease {0} not found (expired or revoked)")]
     LeaseNotFound(u64),
+    /// The request is beyond what the client's certificate allows.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     #[error("barrier `{}` failed: {reason}", show_key(.id))]
     BarrierFailed { id: Vec<u8>, reason: String },
     #[error("revision {requested} is compacted; the oldest retained is {oldest}")]

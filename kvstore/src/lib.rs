@@ -12,7 +12,10 @@
 //! * [`MemoryKv`]: an in-memory test double (never a default).
 //! * [`conformance`]: the behaviour every backend must show; each backend's
 //!   tests run it.
+//! * [`tls`] and [`authz`]: certificates with roles, and what each role may
+//!   ask of a replica.
 
+pub mod authz;
 pub mod conformance;
 mod error;
 #[cfg(feature = "etcd")]

@@ -30,7 +30,7 @@ use futures::FutureExt;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use serde::Serialize;
 
-use crate::tls::SERVER_NAME;
+use crate::tls::{peer_identity, server_name, Identity};
 use crate::wire::{
     self, FrameError, WireRequest, WireResponse, RESET_FRAME_TOO_LARGE, RESET_MALFORMED,
 };
@@ -189,13 +189,13 @@ impl PeerClient {
                 return Ok(c.clone());
             }
         }
-        let connecting =
-            self.endpoint
-                .connect(addr, SERVER_NAME)
-                .map_err(|e| NetError::Connect {
-                    addr,
-                    reason: e.to_string(),
-                })?;
+        let connecting = self
+            .endpoint
+            .connect(addr, &server_name(addr))
+            .map_err(|e| NetError::Connect {
+                addr,
+                reason: e.to_string(),
+            })?;
         let conn = connecting.await.map_err(|e| NetError::Connect {
             addr,
             reason: e.to_string(),
@@ -264,6 +264,14 @@ impl PeerClient {
     }
 }
 
+/// Who sent a request: the connection's address and the identity its
+/// certificate carries.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    pub addr: SocketAddr,
+    pub identity: Arc<Identity>,
+}
+
 /// What a server does with one decoded request: writes its answer frames
 /// to `send` (one, or several for a watch).
 pub trait Handler: Send + Sync + 'static {
@@ -271,7 +279,7 @@ pub trait Handler: Send + Sync + 'static {
         self: Arc<Self>,
         req: WireRequest,
         send: SendStream,
-        peer: SocketAddr,
+        peer: PeerInfo,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
@@ -287,9 +295,12 @@ pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
                     return;
                 }
             };
-            let peer = conn.remote_address();
+            let peer = PeerInfo {
+                addr: conn.remote_address(),
+                identity: Arc::new(peer_identity(&conn)),
+            };
             while let Ok((send, recv)) = conn.accept_bi().await {
-                tokio::spawn(serve_stream(handler.clone(), send, recv, peer));
+                tokio::spawn(serve_stream(handler.clone(), send, recv, peer.clone()));
             }
         });
     }
@@ -299,8 +310,9 @@ async fn serve_stream<H: Handler>(
     handler: Arc<H>,
     mut send: SendStream,
     mut recv: RecvStream,
-    peer: SocketAddr,
+    info: PeerInfo,
 ) {
+    let peer = info.addr;
     // Invariant 1: problems with this stream end this stream only.
     let body = match read_frame(&mut recv, wire::MAX_FRAME).await {
         Ok(Some(b)) => {
@@ -320,7 +332,7 @@ async fn serve_stream<H: Handler>(
         }
     };
     match wire::decode::<WireRequest>(&body) {
-        Ok(req) => handler.handle(req, send, peer).await,
+        Ok(req) => handler.handle(req, send, info).await,
         Err(e) => {
             tracing::warn!(%peer, "refusing stream: {e}");
             let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
@@ -341,7 +353,7 @@ mod tests {
             self: Arc<Self>,
             _req: WireRequest,
             mut send: SendStream,
-            _peer: SocketAddr,
+            _peer: PeerInfo,
         ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
             Box::pin(async move {
                 let _ = write_frame(&mut send, &WireResponse::Revision(Ok(7))).await;
@@ -358,7 +370,7 @@ mod tests {
             self: Arc<Self>,
             req: WireRequest,
             send: SendStream,
-            peer: SocketAddr,
+            peer: PeerInfo,
         ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
             Box::pin(async move {
                 match self.0 {

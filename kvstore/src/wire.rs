@@ -31,6 +31,9 @@ pub const MAX_FRAME: usize = 16 << 20;
 pub const RESET_FRAME_TOO_LARGE: u32 = 1;
 /// Stream reset code: the request could not be decoded.
 pub const RESET_MALFORMED: u32 = 2;
+/// Stream reset code: the peer's certificate does not allow the request
+/// (a Raft message from a non-coordinator).
+pub const RESET_FORBIDDEN: u32 = 3;
 
 /// Everything a stream can ask.
 #[derive(Debug, Serialize, Deserialize)]

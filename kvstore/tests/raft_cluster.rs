@@ -155,7 +155,13 @@ async fn a_bad_frame_resets_its_stream_and_the_server_keeps_serving() {
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
     let (replicas, addrs) = cluster(dir.path(), &tls).await;
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(tls.client_config(tessel_kvstore::wire::ALPN).unwrap());
+    endpoint.set_default_client_config(
+        tls.client_config(
+            tessel_kvstore::wire::ALPN,
+            tessel_kvstore::tls::Expect::Coordinator,
+        )
+        .unwrap(),
+    );
     let conn = endpoint
         .connect(addrs[0], tessel_kvstore::tls::SERVER_NAME)
         .unwrap()

@@ -47,7 +47,7 @@ impl ClientEndpoint {
     /// `--insecure`.
     pub fn for_replicas(replicas: &[SocketAddr], tls: Option<&TlsFiles>) -> Result<ClientEndpoint> {
         let client_cfg = match tls {
-            Some(t) => t.client_config(wire::ALPN),
+            Some(t) => t.client_config(wire::ALPN, crate::tls::Expect::Coordinator),
             None => crate::tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
         }
         .map_err(|e| KvError::InvalidArgument(e.to_string()))?;

@@ -28,6 +28,9 @@
 //!    proposed together as one log entry (group commit: one append, one
 //!    fsync per replica), applied in arrival order, each with its own
 //!    result and revision.
+//! 6. Every request is authorized by the identity in its connection's
+//!    certificate before anything else ([`crate::authz`]); a follower
+//!    checks the client's, the leader trusts only coordinators' relays.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -131,7 +134,10 @@ impl Replica {
         let log_synced = log.synced();
         let local = sm.local();
         let (server_cfg, client_cfg) = match &cfg.tls {
-            Some(t) => (t.server_config(wire::ALPN)?, t.client_config(wire::ALPN)?),
+            Some(t) => (
+                t.server_config(wire::ALPN, crate::tls::Accept::AnyRole)?,
+                t.client_config(wire::ALPN, crate::tls::Expect::Coordinator)?,
+            ),
             None => crate::tls::insecure_configs(wire::ALPN)?,
         };
         let mut endpoint =
@@ -555,9 +561,28 @@ impl Handler for ReplicaHandler {
         self: Arc<Self>,
         req: WireRequest,
         mut send: SendStream,
-        _peer: SocketAddr,
+        peer: net::PeerInfo,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         Box::pin(async move {
+            // Invariant 6: the certificate's role decides what it may ask.
+            if let Err(why) = crate::authz::authorize(&peer.identity, &req) {
+                tracing::warn!(peer = %peer.addr, %why, "request refused");
+                match &req {
+                    WireRequest::Client(c) | WireRequest::Forwarded(c) => {
+                        reply(
+                            &mut send,
+                            &error_response(c, KvError::PermissionDenied(why)),
+                        )
+                        .await
+                    }
+                    _ => {
+                        let _ = send.reset(quinn::VarInt::from_u32(wire::RESET_FORBIDDEN));
+                        return;
+                    }
+                }
+                let _ = send.finish();
+                return;
+            }
             match req {
                 WireRequest::AppendEntries(r) => {
                     reply(

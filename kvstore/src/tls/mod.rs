@@ -1,30 +1,40 @@
 //! Mutual TLS for every QUIC connection of the cluster.
 //!
-//! `tessel certs init DIR --hosts ...` ([`init_certs`]) creates a cluster CA
-//! and one certificate signed by it, valid for server and client
-//! authentication, with the given host names plus the fixed name
-//! [`SERVER_NAME`] that peers verify. Every replica and client loads the
-//! folder ([`TlsFiles::load`]): servers demand a client certificate from the
-//! same CA, clients verify the server against it, so a peer holding a
-//! certificate of another CA is refused at the handshake.
+//! `tessel certs init` ([`init_ca`]) creates a cluster CA; `tessel certs
+//! issue` ([`issue`]) signs one certificate per coordinator, worker and
+//! client with its role and name ([`Identity`]). Every process loads its
+//! folder ([`TlsFiles::load`]): servers demand a client certificate from
+//! the same CA, clients verify the server against it, so a peer holding a
+//! certificate of another CA is refused at the handshake. Beyond the chain,
+//! clients check that the server is who they meant to reach, and servers
+//! which roles they admit ([`Expect`], [`Accept`]); the replica authorizes each
+//! request by the identity (`crate::authz`). `tessel certs init --hosts`
+//! also makes one certificate every node shares ([`init_certs`]): for
+//! tests, it passes every check.
 //!
 //! Without a TLS folder a process must say `--insecure`
 //! ([`insecure_configs`]): an ephemeral self-signed server certificate and a
 //! client that accepts any server and presents none. For tests and local
 //! experiments only.
 
+mod identity;
+mod issue;
+mod verify;
+
+pub use identity::{identity_of, peer_identity, Identity, Role};
+pub use issue::{init_ca, init_certs, issue, NodeCert};
+pub use verify::{check_client, check_server, Accept, Expect};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::{CertificateParams, KeyPair};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-/// The name every server certificate carries and every client verifies.
+/// The DNS name every certificate of the cluster carries; chains are
+/// verified against it.
 pub const SERVER_NAME: &str = "tessel";
 
 /// What can go wrong setting up TLS.
@@ -57,81 +67,12 @@ pub const CA_KEY: &str = "ca.key";
 pub const CERT: &str = "node.pem";
 pub const KEY: &str = "node.key";
 
-/// Creates a cluster CA and a certificate for `hosts` in `dir`. Refuses to
-/// overwrite an existing CA.
-pub fn init_certs(dir: &Path, hosts: &[String]) -> Result<(), TlsError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let ca_path = dir.join(CA_CERT);
-    if ca_path.exists() {
-        return Err(TlsError::Config(format!(
-            "{} exists; refusing to replace the cluster CA",
-            ca_path.display()
-        )));
-    }
-    let (ca_params, ca_key) = ca_params()?;
-    let ca_cert = ca_params.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca_params, ca_key);
-    let (cert, key) = leaf(hosts, &issuer)?;
-    let write = |name: &str, contents: String| {
-        let p = dir.join(name);
-        std::fs::write(&p, contents).map_err(io_err(&p))
-    };
-    write(CA_CERT, ca_cert.pem())?;
-    write(CA_KEY, issuer.key().serialize_pem())?;
-    write(CERT, cert)?;
-    write(KEY, key)?;
-    restrict(&dir.join(CA_KEY))?;
-    restrict(&dir.join(KEY))
-}
-
-fn restrict(path: &Path) -> Result<(), TlsError> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(io_err(path))?;
-    }
-    Ok(())
-}
-
-fn ca_params() -> Result<(CertificateParams, KeyPair), TlsError> {
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "tessel cluster CA");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    Ok((params, KeyPair::generate()?))
-}
-
-/// A certificate for servers and clients, signed by `issuer`: (cert PEM, key PEM).
-fn leaf(hosts: &[String], issuer: &Issuer<'_, KeyPair>) -> Result<(String, String), TlsError> {
-    let mut names = vec![
-        SERVER_NAME.to_owned(),
-        "localhost".to_owned(),
-        "127.0.0.1".to_owned(),
-    ];
-    names.extend(hosts.iter().filter(|h| !h.is_empty()).cloned());
-    names.dedup();
-    let mut params = CertificateParams::new(names)?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "tessel node");
-    params.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    let key = KeyPair::generate()?;
-    let cert = params.signed_by(&key, issuer)?;
-    Ok((cert.pem(), key.serialize_pem()))
-}
-
 /// The certificates of one TLS folder.
 pub struct TlsFiles {
     ca: Vec<CertificateDer<'static>>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    identity: Identity,
 }
 
 impl std::fmt::Debug for TlsFiles {
@@ -140,6 +81,7 @@ impl std::fmt::Debug for TlsFiles {
         f.debug_struct("TlsFiles")
             .field("ca_certificates", &self.ca.len())
             .field("chain_certificates", &self.chain.len())
+            .field("identity", &self.identity)
             .finish_non_exhaustive()
     }
 }
@@ -150,43 +92,72 @@ impl Clone for TlsFiles {
             ca: self.ca.clone(),
             chain: self.chain.clone(),
             key: self.key.clone_key(),
+            identity: self.identity.clone(),
         }
     }
 }
 
 fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bad = || TlsError::Pem {
+        path: path.to_path_buf(),
+        what: "certificate",
+    };
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|_| TlsError::Pem {
-            path: path.to_path_buf(),
-            what: "certificate",
-        })?
+        .map_err(|_| bad())?
         .collect::<Result<_, _>>()
-        .map_err(|_| TlsError::Pem {
-            path: path.to_path_buf(),
-            what: "certificate",
-        })?;
+        .map_err(|_| bad())?;
     if certs.is_empty() {
-        return Err(TlsError::Pem {
-            path: path.to_path_buf(),
-            what: "certificate",
-        });
+        return Err(bad());
     }
     Ok(certs)
+}
+
+/// The folder exists and holds what a node needs, or says what is missing.
+fn check_folder(dir: &Path) -> Result<(), TlsError> {
+    if !dir.is_dir() {
+        return Err(TlsError::Config(format!(
+            "TLS folder {} does not exist (create one with `tessel certs init` and `tessel certs issue`)",
+            dir.display()
+        )));
+    }
+    for name in [CA_CERT, CERT, KEY] {
+        if !dir.join(name).is_file() {
+            return Err(TlsError::Config(format!(
+                "TLS folder {} has no {name} (a node's folder holds ca.pem, node.pem and node.key)",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl TlsFiles {
     /// Loads `ca.pem`, `node.pem` and `node.key` from `dir`.
     pub fn load(dir: &Path) -> Result<TlsFiles, TlsError> {
+        check_folder(dir)?;
         let key_path = dir.join(KEY);
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|_| TlsError::Pem {
             path: key_path,
             what: "private key",
         })?;
+        let chain = certs(&dir.join(CERT))?;
+        let identity = identity_of(&chain[0]).ok_or_else(|| {
+            TlsError::Config(format!(
+                "{}: a malformed tessel:// identity",
+                dir.join(CERT).display()
+            ))
+        })?;
         Ok(TlsFiles {
             ca: certs(&dir.join(CA_CERT))?,
-            chain: certs(&dir.join(CERT))?,
+            chain,
             key,
+            identity,
         })
+    }
+
+    /// Who this folder's certificate says we are.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
     }
 
     fn roots(&self) -> Result<rustls::RootCertStore, TlsError> {
@@ -199,37 +170,59 @@ impl TlsFiles {
         Ok(roots)
     }
 
-    /// A server that requires a client certificate from the cluster CA.
-    pub fn server_config(&self, alpn: &[u8]) -> Result<quinn::ServerConfig, TlsError> {
+    /// A server that requires a client certificate from the cluster CA, of
+    /// a role `accept` admits.
+    pub fn server_config(
+        &self,
+        alpn: &[u8],
+        accept: Accept,
+    ) -> Result<quinn::ServerConfig, TlsError> {
         let provider = provider();
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(self.roots()?),
-            provider.clone(),
-        )
-        .build()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+        let verifier =
+            verify::ClientVerifier::webpki(Arc::new(self.roots()?), provider.clone(), accept)
+                .map_err(TlsError::Config)?;
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(Arc::new(verifier))
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
         tls.alpn_protocols = vec![alpn.to_vec()];
         quic_server(tls)
     }
 
-    /// A client that verifies servers against the cluster CA and presents
-    /// its own certificate.
-    pub fn client_config(&self, alpn: &[u8]) -> Result<quinn::ClientConfig, TlsError> {
-        let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+    /// A client that verifies servers against the cluster CA, accepts only
+    /// the server it `expect`s, and presents its own certificate.
+    pub fn client_config(
+        &self,
+        alpn: &[u8],
+        expect: Expect,
+    ) -> Result<quinn::ClientConfig, TlsError> {
+        let provider = provider();
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(self.roots()?),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_root_certificates(self.roots()?)
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verify::ServerVerifier::new(
+                webpki, &provider, expect,
+            )))
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
         tls.alpn_protocols = vec![alpn.to_vec()];
         quic_client(tls)
     }
+}
+
+/// The server name to dial `addr` with: its IP, which a coordinator's
+/// certificate must name.
+pub fn server_name(addr: std::net::SocketAddr) -> String {
+    addr.ip().to_string()
 }
 
 /// ring's suites with AES-128-GCM first (ring lists AES-256 first): QUIC
@@ -289,6 +282,7 @@ pub fn insecure_configs(
 ) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TlsError> {
     let key = KeyPair::generate()?;
     let cert = CertificateParams::new(vec![SERVER_NAME.to_owned()])?.self_signed(&key)?;
+    // (`--insecure` clients accept this and any other server.)
     let key_der = PrivateKeyDer::try_from(key.serialize_der())
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let mut server = rustls::ServerConfig::builder_with_provider(provider())
@@ -302,60 +296,10 @@ pub fn insecure_configs(
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TlsError::Config(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider())))
+        .with_custom_certificate_verifier(Arc::new(verify::AcceptAnyServer::new(&provider())))
         .with_no_client_auth();
     client.alpn_protocols = vec![alpn.to_vec()];
     Ok((quic_server(server)?, quic_client(client)?))
-}
-
-/// Accepts every server certificate (checking only the handshake
-/// signatures). Used only with `--insecure`.
-#[derive(Debug)]
-struct AcceptAnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
