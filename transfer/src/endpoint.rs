@@ -50,6 +50,9 @@
 //!    ([`Payload::Pieces`]) instead of copying them into one buffer. The
 //!    ring reduces straight from the pieces and sends them on as they
 //!    are.
+//! 10. With certificates, an endpoint admits only workers (the cluster-wide
+//!     certificate passes), and a sender verifies that the peer's
+//!     certificate names the worker its [`Peer`] says it runs on.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -60,7 +63,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
-use tessel_kvstore::tls::TlsFiles;
+use tessel_kvstore::tls::{Accept, Expect, TlsFiles};
 use tessel_pjrt::ElementType;
 use tokio::sync::Notify;
 
@@ -147,17 +150,32 @@ impl Default for TransferConfig {
     }
 }
 
-/// Where a peer listens and which host it runs on.
+/// Where a peer listens, which host it runs on, and who it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub addr: SocketAddr,
     /// The peer's boot id, when known (same as ours → shared memory).
     pub boot_id: Option<String>,
+    /// The worker the peer runs on, when known: its certificate must name
+    /// it (invariant 10).
+    pub worker: Option<String>,
 }
 
 impl Peer {
     pub fn new(addr: SocketAddr, boot_id: Option<String>) -> Peer {
-        Peer { addr, boot_id }
+        Peer {
+            addr,
+            boot_id,
+            worker: None,
+        }
+    }
+
+    /// The same peer, whose certificate must name worker `worker`.
+    pub fn on_worker(self, worker: impl Into<String>) -> Peer {
+        Peer {
+            worker: Some(worker.into()),
+            ..self
+        }
     }
 }
 
@@ -400,6 +418,10 @@ impl Mailbox {
     }
 }
 
+fn tls_err(e: tessel_kvstore::tls::TlsError) -> TransferError {
+    TransferError::Tls(e.to_string())
+}
+
 /// A worker's transfer endpoint.
 pub struct TransferEndpoint {
     rank: u32,
@@ -410,10 +432,10 @@ pub struct TransferEndpoint {
     next_conn: AtomicUsize,
     /// Numbers this endpoint's striped payloads (stripe invariant 1).
     next_transfer: AtomicU64,
-    /// Client settings for peers on this host and for the others
-    /// (invariant 6).
-    client_same_host: quinn::ClientConfig,
-    client_remote: quinn::ClientConfig,
+    /// The cluster's certificates (`None`: `--insecure`, whose client
+    /// settings are made once).
+    tls: Option<TlsFiles>,
+    insecure_client: Option<quinn::ClientConfig>,
     mailbox: Arc<Mailbox>,
     accept: tokio::task::JoinHandle<()>,
     cfg: TransferConfig,
@@ -440,19 +462,19 @@ impl TransferEndpoint {
             connections_per_peer: cfg.connections_per_peer.max(1),
             ..cfg
         };
-        let tls_err = |e: tessel_kvstore::tls::TlsError| TransferError::Tls(e.to_string());
-        let (mut server, mut client_remote) = match tls {
+        let (mut server, insecure_client) = match tls {
             Some(t) => (
-                t.server_config(ALPN).map_err(tls_err)?,
-                t.client_config(ALPN).map_err(tls_err)?,
+                t.server_config(ALPN, Accept::Workers).map_err(tls_err)?,
+                None,
             ),
-            None => tessel_kvstore::tls::insecure_configs(ALPN).map_err(tls_err)?,
+            None => {
+                let (server, client) =
+                    tessel_kvstore::tls::insecure_configs(ALPN).map_err(tls_err)?;
+                (server, Some(client))
+            }
         };
         // The server side of a transfer only acknowledges.
         server.transport_config(cfg.transport(false));
-        let mut client_same_host = client_remote.clone();
-        client_same_host.transport_config(cfg.transport(true));
-        client_remote.transport_config(cfg.transport(false));
         let bind_err = |reason: String| TransferError::Bind { addr, reason };
         let mut endpoint_cfg = quinn::EndpointConfig::default();
         endpoint_cfg
@@ -475,8 +497,8 @@ impl TransferEndpoint {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicUsize::new(0),
             next_transfer: AtomicU64::new(0),
-            client_same_host,
-            client_remote,
+            tls: tls.cloned(),
+            insecure_client,
             mailbox,
             accept,
             shm: ShmPool::new(cfg.shm_dir.clone()),
@@ -497,6 +519,20 @@ impl TransferEndpoint {
         self.rank
     }
 
+    /// Client settings for `peer`: its transport profile (invariant 6),
+    /// and a certificate check for the worker it runs on (invariant 10).
+    fn client_config(&self, peer: &Peer) -> Result<quinn::ClientConfig> {
+        let mut c = match (&self.tls, &self.insecure_client) {
+            (Some(t), _) => t
+                .client_config(ALPN, Expect::Worker(peer.worker.clone()))
+                .map_err(tls_err)?,
+            (None, Some(c)) => c.clone(),
+            (None, None) => unreachable!("bind sets one or the other"),
+        };
+        c.transport_config(self.cfg.transport(self.on_this_host(peer)));
+        Ok(c)
+    }
+
     async fn connection(&self, peer: &Peer) -> Result<Connection> {
         let k = self.next_conn.fetch_add(1, Ordering::Relaxed) % self.cfg.connections_per_peer;
         self.connection_at(peer, k).await
@@ -510,14 +546,10 @@ impl TransferEndpoint {
             }
         }
         let connect_err = |reason: String| TransferError::Connect { addr, reason };
-        let client = if self.on_this_host(peer) {
-            &self.client_same_host
-        } else {
-            &self.client_remote
-        };
+        let client = self.client_config(peer)?;
         let conn = self
             .endpoint
-            .connect_with(client.clone(), addr, tessel_kvstore::tls::SERVER_NAME)
+            .connect_with(client, addr, tessel_kvstore::tls::SERVER_NAME)
             .map_err(|e| connect_err(e.to_string()))?
             .await
             .map_err(|e| connect_err(e.to_string()))?;

@@ -155,7 +155,10 @@ async fn over_the_limit_and_lying_headers_are_refused_and_the_endpoint_keeps_ser
 
     // A raw client announcing 1 TiB: refused from the header alone.
     let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    client.set_default_client_config(tls.client_config(ALPN).unwrap());
+    client.set_default_client_config(
+        tls.client_config(ALPN, tessel_kvstore::tls::Expect::Worker(None))
+            .unwrap(),
+    );
     let conn = client
         .connect(to, tessel_kvstore::tls::SERVER_NAME)
         .unwrap()

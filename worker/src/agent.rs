@@ -1,6 +1,6 @@
 //! The per-host agent: registration, heartbeat, and its job processes.
 //!
-//! Invariants (2-7 are [`crate::process`]'s):
+//! Invariants (2-7 are those of `process.rs`, one job process):
 //! 1. A worker registers once per start, and again, as a new incarnation,
 //!    whenever it loses its registration through no rival: its lease
 //!    expired while it was cut off, say. Then it first stops the job
@@ -129,6 +129,26 @@ async fn probe(path: PathBuf, devices: Option<usize>) -> Result<(Plugin, PluginF
     .map_err(|e| WorkerError::Internal(e.to_string()))?
 }
 
+/// A worker's certificate must be a worker's, for its own id (the
+/// coordinators enforce the same: kvstore's `authz`).
+fn check_identity(cfg: &WorkerConfig) -> Result<()> {
+    use tessel_kvstore::tls::{Identity, Role};
+    match cfg.transfer_tls.as_ref().map(|t| t.identity()) {
+        Some(Identity::Node {
+            role: Role::Worker,
+            name,
+        }) if *name != cfg.worker_id => Err(WorkerError::Config(format!(
+            "--worker-id {} does not match this worker's certificate, which is worker `{name}`'s",
+            cfg.worker_id
+        ))),
+        Some(id @ Identity::Node { role, .. }) if *role != Role::Worker => Err(WorkerError::Config(format!(
+            "this certificate is {id}'s; a worker needs a worker certificate (`tessel certs issue --role worker --name {}`)",
+            cfg.worker_id
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Retry pause of a worker registering again after a loss.
 const REREGISTER_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -142,6 +162,7 @@ impl Worker {
         runner: Arc<dyn JobRunner>,
     ) -> Result<Worker> {
         keys::check_id("worker id", &cfg.worker_id)?;
+        check_identity(&cfg)?;
         let load_started = std::time::Instant::now();
         let (plugin, facts) = probe(cfg.plugin.clone(), cfg.devices).await?;
         let plugin_load = load_started.elapsed();

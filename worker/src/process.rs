@@ -66,7 +66,13 @@ fn communicator(
                         p.process_index, p.transfer_endpoint
                     ))
                 })?;
-            Ok(Peer::new(addr, Some(p.boot_id.clone())))
+            let peer = Peer::new(addr, Some(p.boot_id.clone()));
+            // Its certificate must name the worker the topology says
+            // (transfer invariant 10).
+            Ok(match p.worker.as_str() {
+                "" => peer,
+                w => peer.on_worker(w),
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let digest = tessel_topology::sha256_hex(job.as_bytes());
