@@ -38,13 +38,46 @@ impl TlsArgs {
 
 #[derive(Subcommand)]
 pub enum CertsCommand {
-    /// Create a cluster CA and a certificate signed by it.
+    /// Create a cluster CA (ca.pem, ca.key) and, unless --ca-only, one
+    /// certificate every node shares (node.pem, node.key: for tests and
+    /// local experiments; a cluster issues one per node with `issue`).
     Init {
         dir: PathBuf,
-        /// Host names and IPs the certificate is valid for, comma separated.
+        /// Host names and IPs the shared certificate is valid for, comma
+        /// separated.
+        #[arg(long, value_delimiter = ',', conflicts_with = "ca_only")]
+        hosts: Vec<String>,
+        /// Only the CA.
+        #[arg(long)]
+        ca_only: bool,
+    },
+    /// Sign a certificate for one coordinator, worker or client with the
+    /// CA in CA_DIR, and write the node's TLS folder (ca.pem, node.pem,
+    /// node.key; never ca.key) to --out.
+    Issue {
+        /// The folder with ca.pem and ca.key.
+        ca_dir: PathBuf,
+        /// coordinator, worker or client.
+        #[arg(long, value_parser = parse_role)]
+        role: tessel_kvstore::tls::Role,
+        /// The node's name: a coordinator's replica id, a worker's id, a
+        /// client's user name.
+        #[arg(long)]
+        name: String,
+        /// Host names and IPs the node serves at, comma separated (a
+        /// coordinator: every address clients and peers dial; `*.` DNS
+        /// wildcards allowed).
         #[arg(long, value_delimiter = ',')]
         hosts: Vec<String>,
+        /// The folder to write.
+        #[arg(long)]
+        out: PathBuf,
     },
+}
+
+fn parse_role(s: &str) -> Result<tessel_kvstore::tls::Role, String> {
+    tessel_kvstore::tls::Role::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected coordinator, worker or client"))
 }
 
 #[derive(Args)]
@@ -146,6 +179,15 @@ pub struct KvTargetArgs {
 }
 
 impl KvTargetArgs {
+    /// The service, for messages.
+    pub fn describe(&self) -> String {
+        match (&self.coordinator, &self.kv) {
+            (_, Some(url)) => url.clone(),
+            (Some(list), None) => list.clone(),
+            (None, None) => "none given".into(),
+        }
+    }
+
     /// A client of the chosen service.
     pub async fn connect(&self) -> Result<Box<dyn KvStore>> {
         if let Some(url) = &self.kv {
@@ -242,11 +284,46 @@ pub enum ClusterCommand {
 
 pub fn certs(cmd: CertsCommand) -> Result<()> {
     match cmd {
-        CertsCommand::Init { dir, hosts } => {
+        CertsCommand::Init {
+            dir, ca_only: true, ..
+        } => {
+            tessel_kvstore::tls::init_ca(&dir)?;
+            println!(
+                "created the cluster CA in {} (ca.key signs every node's certificate: keep it on this host)",
+                dir.display()
+            );
+            Ok(())
+        }
+        CertsCommand::Init { dir, hosts, .. } => {
             init_certs(&dir, &hosts)?;
             println!(
-                "created the cluster CA and a node certificate in {}",
+                "created the cluster CA and one certificate every node shares in {}",
                 dir.display()
+            );
+            eprintln!(
+                "warning: node.pem serves every coordinator, worker and client alike; for a cluster, issue one per node with `tessel certs issue`"
+            );
+            Ok(())
+        }
+        CertsCommand::Issue {
+            ca_dir,
+            role,
+            name,
+            hosts,
+            out,
+        } => {
+            tessel_kvstore::tls::issue(
+                &ca_dir,
+                &tessel_kvstore::tls::NodeCert {
+                    role,
+                    name: &name,
+                    hosts: &hosts,
+                },
+                &out,
+            )?;
+            println!(
+                "issued {role} `{name}`'s certificate into {} (ca.pem, node.pem, node.key)",
+                out.display()
             );
             Ok(())
         }
@@ -279,6 +356,22 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         bail!("give --id, --listen and --data-dir, or --kv etcd://…");
     };
     let tls = args.tls.load()?;
+    if let Some(t) = &tls {
+        use tessel_kvstore::tls::{Identity, Role};
+        match t.identity() {
+            Identity::Node {
+                role: Role::Coordinator,
+                ..
+            }
+            | Identity::Anonymous => {}
+            Identity::Shared => tracing::warn!(
+                "this coordinator uses the cluster-wide certificate: any holder may act as any node; issue per-node certificates with `tessel certs issue`"
+            ),
+            other => bail!(
+                "this certificate is {other}'s; a coordinator needs a coordinator certificate (`tessel certs issue --role coordinator`)"
+            ),
+        }
+    }
     let mut raft = ReplicaConfig::default_raft();
     raft.snapshot_policy = openraft_snapshot_policy(args.snapshot_every);
     raft.max_in_snapshot_log_to_keep = args.keep_log_entries;

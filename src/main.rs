@@ -194,10 +194,24 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each once: many of our errors already say
+/// their source in their own message.
+fn report(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -105,6 +105,12 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         }
     }
     let kv: Arc<dyn KvStore> = Arc::from(args.target.connect().await?);
+    kv.revision().await.with_context(|| {
+        format!(
+            "cannot reach the coordinators ({}); are they up, and is this worker's certificate from the cluster's CA?",
+            args.target.describe()
+        )
+    })?;
     let plugin_name = args
         .plugin
         .clone()
@@ -116,9 +122,18 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         .unwrap_or_else(|| "cpu".into());
     let plugin = locate::resolve(Some(&plugin_name))?;
     let transfer_ip = transfer_ip(&args)?;
-    let worker_id = match args.worker_id {
-        Some(id) => id,
-        None => tessel_worker::HostFacts::read().hostname,
+    let tls = args.target.tls.load()?;
+    // Default id: the name in this worker's certificate, else the hostname.
+    let worker_id = match (args.worker_id, tls.as_ref().map(|t| t.identity())) {
+        (Some(id), _) => id,
+        (
+            None,
+            Some(tessel_kvstore::tls::Identity::Node {
+                role: tessel_kvstore::tls::Role::Worker,
+                name,
+            }),
+        ) => name.clone(),
+        (None, _) => tessel_worker::HostFacts::read().hostname,
     };
     let cfg = WorkerConfig {
         worker_id,
@@ -131,7 +146,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         },
         slice_index: args.slice,
         transfer_ip,
-        transfer_tls: args.target.tls.load()?,
+        transfer_tls: tls,
         checkpoint_roots: args.checkpoint_root.clone(),
     };
     let w = Worker::start(kv, cfg, Arc::new(tessel::plan::PlanRunner)).await?;
@@ -247,7 +262,14 @@ fn print_table(t: &GlobalTopology) {
 
 pub async fn topology(args: TopologyArgs) -> Result<()> {
     let kv = args.target.connect().await?;
-    let t = read_topology(&*kv, &args.job, Duration::ZERO).await?;
+    // A scheduled job's id names its current attempt (`ID@A`).
+    let (_, state) = tessel_coordinator::scheduler::read_state(&*kv).await?;
+    let job = match state.job(&args.job) {
+        Some(j) if j.attempt > 0 => j.instance(),
+        Some(j) => bail!("job `{}` is {} and has no topology yet", j.id, j.state),
+        None => args.job.clone(),
+    };
+    let t = read_topology(&*kv, &job, Duration::ZERO).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&t)?);
     } else {

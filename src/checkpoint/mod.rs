@@ -33,5 +33,5 @@ mod protocol;
 mod record;
 
 pub use disk::{digest, CheckpointDir};
-pub use protocol::Checkpoints;
+pub use protocol::{decode_blocks, encode_blocks, Checkpoints};
 pub use record::{retained, sources, Blocks, CheckpointRecord, Holder, KEEP, MAX_RECORD};

@@ -33,11 +33,12 @@ pub struct Checkpoints {
 }
 
 /// A process's blocks as they travel between processes (postcard).
-fn encode_blocks(blocks: &[(String, Vec<u8>)]) -> Vec<u8> {
+pub fn encode_blocks(blocks: &[(String, Vec<u8>)]) -> Vec<u8> {
     postcard::to_allocvec(blocks).expect("blocks always encode")
 }
 
-fn decode_blocks(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+/// Decodes blocks a peer sent, refusing names that break the rule.
+pub fn decode_blocks(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
     let blocks: Vec<(String, Vec<u8>)> =
         postcard::from_bytes(bytes).map_err(|e| format!("undecodable blocks: {e}"))?;
     for (name, _) in &blocks {
