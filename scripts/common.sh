@@ -43,8 +43,9 @@ install_plugins() {
 
 # install_debian PACKAGE:COMMAND...: makes sure each COMMAND exists (or,
 # where it is an absolute path, that file), installing its Debian PACKAGE
-# with apt-get when running as root. Only the
-# etcd backend's tests need these; the default build needs none.
+# with apt-get when running as root. Only the tests need these (the etcd
+# backend's, and the simulated hosts': network namespaces and iptables);
+# the default build needs none.
 install_debian() {
   local missing=()
   for pair in "$@"; do
@@ -61,7 +62,7 @@ install_debian() {
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    echo "error: the etcd tests need these Debian packages: ${missing[*]}" >&2
+    echo "error: the tests need these Debian packages: ${missing[*]}" >&2
     echo "       run as root, or: sudo apt-get install ${missing[*]}" >&2
     exit 1
   fi

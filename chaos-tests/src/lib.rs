@@ -2,7 +2,10 @@
 //! (port 0, the bound address read back from their output), kill them with
 //! real signals, and clean up children and folders however a test ends.
 
+pub mod cluster;
+pub mod hosts;
 pub mod linearizability;
+pub mod relay;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -89,12 +92,26 @@ pub struct WorkerProc {
     pub incarnation: u64,
     /// `HOST:PORT` of its metrics, when started with `--metrics-listen`.
     pub metrics: Option<String>,
+    /// Its stdout lines after the registration line.
+    pub lines: mpsc::Receiver<String>,
 }
 
 impl WorkerProc {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Waits up to `within` for a line that `pick` takes.
+    pub fn wait_line<T>(&self, within: Duration, pick: impl Fn(&str) -> Option<T>) -> Option<T> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self.lines.recv_timeout(left).ok()?;
+            if let Some(t) = pick(&line) {
+                return Some(t);
+            }
+        }
     }
 }
 
@@ -104,24 +121,44 @@ impl Drop for WorkerProc {
     }
 }
 
+/// The incarnation in a worker's "registered as incarnation N" line.
+pub fn registered_incarnation(line: &str) -> Option<u64> {
+    line.split(" registered as incarnation ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn log_level() -> String {
+    std::env::var("TESSEL_CHAOS_LOG").unwrap_or_else(|_| "error".into())
+}
+
 /// Starts `tessel worker` against `cluster` as `worker_id` with `extra`
 /// flags, and waits for its registration line.
 pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> WorkerProc {
     let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
-    let mut child = Command::new(tessel_bin())
-        .args(["worker", "--coordinator", &coordinators.join(",")])
+    let mut cmd = Command::new(tessel_bin());
+    cmd.args(["worker", "--coordinator", &coordinators.join(",")])
         .arg("--tls-dir")
         .arg(cluster.tls_dir())
         .args(["--plugin", "cpu", "--worker-id", worker_id])
-        .args(extra)
-        .env(
-            "RUST_LOG",
-            std::env::var("TESSEL_CHAOS_LOG").unwrap_or_else(|_| "error".into()),
-        )
+        .args(extra);
+    spawn_worker_cmd(cmd, worker_id).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Starts a prepared `tessel worker` command and waits for its
+/// registration line; the error carries what it printed when it exited or
+/// fell silent.
+pub fn spawn_worker_cmd(mut cmd: Command, name: &str) -> Result<WorkerProc, String> {
+    let mut child = cmd
+        .env("RUST_LOG", log_level())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn tessel worker");
+    let stderr = stderr_tail(&mut child);
     let rx = stdout_lines(&mut child);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut metrics = None;
@@ -129,32 +166,54 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let Ok(line) = rx.recv_timeout(left) else {
             let _ = child.kill();
-            panic!("worker {worker_id} did not register");
+            let _ = child.wait();
+            return Err(format!(
+                "worker {name} did not register: {}",
+                stderr.lock().unwrap().join("\n")
+            ));
         };
         metrics = metrics.or_else(|| metrics_address(&line));
-        if let Some(n) = line.split(" registered as incarnation ").nth(1) {
-            let incarnation = n
-                .split_whitespace()
-                .next()
-                .and_then(|i| i.parse().ok())
-                .expect("incarnation");
-            return WorkerProc {
+        if let Some(incarnation) = registered_incarnation(&line) {
+            return Ok(WorkerProc {
                 child,
                 incarnation,
                 metrics,
-            };
+                lines: rx,
+            });
         }
     }
 }
 
+/// The last lines a child wrote to stderr (also echoed to ours).
+fn stderr_tail(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    let tail = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stderr = child.stderr.take().expect("stderr");
+    let t = tail.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            let mut t = t.lock().unwrap();
+            t.push(line);
+            if t.len() > 20 {
+                t.remove(0);
+            }
+        }
+    });
+    tail
+}
+
 /// Starts `tessel ARGS...` and waits for its "listening on ADDR" line.
 pub fn spawn_replica(args: &[String]) -> Proc {
-    let mut child = Command::new(tessel_bin())
-        .args(args)
-        .env(
-            "RUST_LOG",
-            std::env::var("TESSEL_CHAOS_LOG").unwrap_or_else(|_| "error".into()),
-        )
+    let mut cmd = Command::new(tessel_bin());
+    cmd.args(args);
+    spawn_replica_cmd(cmd, args.iter().any(|a| a == "--join"))
+}
+
+/// Starts a prepared `tessel coordinator` command and waits for its
+/// "listening on ADDR" line (and "joined", when `joining`).
+pub fn spawn_replica_cmd(mut cmd: Command, joining: bool) -> Proc {
+    let mut child = cmd
+        .env("RUST_LOG", log_level())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -162,7 +221,6 @@ pub fn spawn_replica(args: &[String]) -> Proc {
     let rx = stdout_lines(&mut child);
     // A joining replica is only a member once it printed "joined": until
     // then the cluster may be in a joint configuration.
-    let joining = args.iter().any(|a| a == "--join");
     let (mut addr, mut metrics) = (None, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while addr.is_none() || joining {
@@ -170,7 +228,7 @@ pub fn spawn_replica(args: &[String]) -> Proc {
         let Ok(line) = rx.recv_timeout(left) else {
             let _ = child.kill();
             panic!(
-                "tessel {args:?} did not report its address{}",
+                "{cmd:?} did not report its address{}",
                 if joining { " and join" } else { "" }
             );
         };

@@ -329,4 +329,43 @@ async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
         ) >= 4.0,
         "{texts:?}"
     );
+    // A job for a plugin no worker has waits, saying so.
+    let mut cuda = tiny(dir.path(), "gpu", 1, 10);
+    cuda.spec.plugin = "cuda".into();
+    let gpu = client.submit(&cuda).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let g = client.job(&gpu).await.unwrap();
+    assert_eq!(g.state, JobState::Pending);
+    let why = g.reason.unwrap_or_default();
+    assert!(
+        why.contains("plugin `cuda`") && why.contains("alive workers' plugins: cpu"),
+        "{why}"
+    );
+    client.cancel(&gpu).await.unwrap();
+    // The CLI names what is wrong: an ended job cannot be cancelled, an
+    // unknown job has no arrays, and the job id names its topology.
+    let cli = |args: &[&str]| {
+        let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+        std::process::Command::new(tessel_chaos_tests::tessel_bin())
+            .args(args)
+            .args(["--coordinator", &coordinators.join(",")])
+            .arg("--tls-dir")
+            .arg(cluster.tls_dir())
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["cancel", &next]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already ended (Succeeded)"), "{err}");
+    let out = cli(&["fetch", "nosuchjob.99", "w1", "--out", "/dev/null"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no job `nosuchjob.99`"), "{err}");
+    let out = cli(&["topology", "--job", &next]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("DEVICE"));
 }
