@@ -1,10 +1,9 @@
 //! What a worker reads at `jobs/{job}/spec` and at the end of a run: job
 //! bundles (postcard, then the spec's TOML and its files validated), step
-//! reports, process results and checkpoint manifests (JSON). Decoding never
-//! panics; an accepted bundle re-encodes to one that decodes the same.
+//! reports and process results (JSON). Decoding never panics; an accepted
+//! bundle re-encodes to one that decodes the same.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tessel::checkpoint::Manifest;
 use tessel::plan::{JobBundle, ProcessResult, StepReport};
 
 fuzz_target!(|data: &[u8]| {
@@ -15,5 +14,4 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = serde_json::from_slice::<StepReport>(data);
     let _ = serde_json::from_slice::<ProcessResult>(data);
-    let _ = serde_json::from_slice::<Manifest>(data);
 });
