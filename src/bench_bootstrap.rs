@@ -22,7 +22,7 @@ use tessel::pjrt::locate;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::registry::{self, LivenessConfig};
 use tessel_coordinator::{keys, WorkerDevice, WorkerInfo};
-use tessel_kvstore::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
+use tessel_kv::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
 use tessel_topology::{exchange, DeviceDescription, LocalTopology};
 
 use crate::node_cli::LocalCluster;
@@ -281,31 +281,31 @@ impl CountingKv {
 
 #[async_trait::async_trait]
 impl KvStore for CountingKv {
-    async fn insert(&self, k: &[u8], v: &[u8]) -> tessel_kvstore::Result<u64> {
+    async fn insert(&self, k: &[u8], v: &[u8]) -> tessel_kv::Result<u64> {
         self.count().insert(k, v).await
     }
-    async fn put(&self, k: &[u8], v: &[u8]) -> tessel_kvstore::Result<u64> {
+    async fn put(&self, k: &[u8], v: &[u8]) -> tessel_kv::Result<u64> {
         self.count().put(k, v).await
     }
-    async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> tessel_kvstore::Result<u64> {
+    async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> tessel_kv::Result<u64> {
         self.count().put_with_lease(k, v, l).await
     }
-    async fn get(&self, k: &[u8], t: Duration) -> tessel_kvstore::Result<Vec<u8>> {
+    async fn get(&self, k: &[u8], t: Duration) -> tessel_kv::Result<Vec<u8>> {
         self.count().get(k, t).await
     }
-    async fn try_get(&self, k: &[u8]) -> tessel_kvstore::Result<Vec<u8>> {
+    async fn try_get(&self, k: &[u8]) -> tessel_kv::Result<Vec<u8>> {
         self.count().try_get(k).await
     }
-    async fn list(&self, p: &[u8]) -> tessel_kvstore::Result<Vec<KeyValue>> {
+    async fn list(&self, p: &[u8]) -> tessel_kv::Result<Vec<KeyValue>> {
         self.count().list(p).await
     }
-    async fn delete(&self, k: &[u8]) -> tessel_kvstore::Result<u64> {
+    async fn delete(&self, k: &[u8]) -> tessel_kv::Result<u64> {
         self.count().delete(k).await
     }
-    async fn delete_prefix(&self, p: &[u8]) -> tessel_kvstore::Result<u64> {
+    async fn delete_prefix(&self, p: &[u8]) -> tessel_kv::Result<u64> {
         self.count().delete_prefix(p).await
     }
-    async fn increment(&self, k: &[u8], d: i64) -> tessel_kvstore::Result<i64> {
+    async fn increment(&self, k: &[u8], d: i64) -> tessel_kv::Result<i64> {
         self.count().increment(k, d).await
     }
     async fn compare_and_swap(
@@ -313,34 +313,28 @@ impl KvStore for CountingKv {
         k: &[u8],
         e: Option<&[u8]>,
         v: &[u8],
-    ) -> tessel_kvstore::Result<CasOutcome> {
+    ) -> tessel_kv::Result<CasOutcome> {
         self.count().compare_and_swap(k, e, v).await
     }
-    async fn watch(&self, p: &[u8], from: u64) -> tessel_kvstore::Result<WatchStream> {
+    async fn watch(&self, p: &[u8], from: u64) -> tessel_kv::Result<WatchStream> {
         self.count().watch(p, from).await
     }
-    async fn grant(&self, ttl: Duration) -> tessel_kvstore::Result<u64> {
+    async fn grant(&self, ttl: Duration) -> tessel_kv::Result<u64> {
         self.count().grant(ttl).await
     }
-    async fn keep_alive(&self, l: u64) -> tessel_kvstore::Result<()> {
+    async fn keep_alive(&self, l: u64) -> tessel_kv::Result<()> {
         self.count().keep_alive(l).await
     }
-    async fn revoke(&self, l: u64) -> tessel_kvstore::Result<()> {
+    async fn revoke(&self, l: u64) -> tessel_kv::Result<()> {
         self.count().revoke(l).await
     }
-    async fn barrier(
-        &self,
-        id: &[u8],
-        p: &[u8],
-        n: u32,
-        t: Duration,
-    ) -> tessel_kvstore::Result<()> {
+    async fn barrier(&self, id: &[u8], p: &[u8], n: u32, t: Duration) -> tessel_kv::Result<()> {
         self.count().barrier(id, p, n, t).await
     }
-    async fn cancel_barrier(&self, id: &[u8], r: &str) -> tessel_kvstore::Result<()> {
+    async fn cancel_barrier(&self, id: &[u8], r: &str) -> tessel_kv::Result<()> {
         self.count().cancel_barrier(id, r).await
     }
-    async fn revision(&self) -> tessel_kvstore::Result<u64> {
+    async fn revision(&self) -> tessel_kv::Result<u64> {
         self.count().revision().await
     }
 }

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::{ClientEndpoint, RaftKv};
-use tessel_kvstore::tls::{init_certs, TlsFiles};
-use tessel_kvstore::KvStore;
+use tessel_net::tls::{init_certs, TlsFiles};
 
 #[derive(Args)]
 pub struct BenchKvArgs {

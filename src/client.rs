@@ -7,7 +7,7 @@
 //! use tessel::job::JobSpec;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let tls = tessel_kvstore::tls::TlsFiles::load("tls".as_ref())?;
+//! let tls = tessel_net::tls::TlsFiles::load("tls".as_ref())?;
 //! let client = Client::connect(&["127.0.0.1:7000".parse()?], Some(&tls))?;
 //! let job = JobSpec::load("examples/mlp-data-parallel/job.toml".as_ref())?;
 //! let id = client.submit(&job).await?;
@@ -33,7 +33,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::{self, JobEvent, JobRecord};
-use tessel_kvstore::{Event, KvError, KvStore};
+use tessel_kv::{Event, KvError, KvStore};
 use tessel_pjrt::HostBuffer;
 
 use crate::job::ValidatedJob;
@@ -88,7 +88,7 @@ impl Client {
     /// started with `--insecure`).
     pub fn connect(
         addrs: &[SocketAddr],
-        tls: Option<&tessel_kvstore::tls::TlsFiles>,
+        tls: Option<&tessel_net::tls::TlsFiles>,
     ) -> Result<Client, ClientError> {
         let kv = tessel_kvstore::raft::client::RaftKv::connect(addrs.to_vec(), tls)
             .map_err(kv_err("connecting to the coordinators"))?;

@@ -8,11 +8,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use futures::StreamExt;
+use tessel_kv::{show_key, Event, KvStore};
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
 use tessel_kvstore::raft::wal::LogIo;
-use tessel_kvstore::tls::{init_certs, TlsFiles};
-use tessel_kvstore::{show_key, Event, KvStore};
+use tessel_net::tls::{init_certs, TlsFiles};
 
 /// Where to find the TLS folder, or `--insecure`.
 #[derive(Args, Clone)]
@@ -59,7 +59,7 @@ pub enum CertsCommand {
         ca_dir: PathBuf,
         /// coordinator, worker or client.
         #[arg(long, value_parser = parse_role)]
-        role: tessel_kvstore::tls::Role,
+        role: tessel_net::tls::Role,
         /// The node's name: a coordinator's replica id, a worker's id, a
         /// client's user name.
         #[arg(long)]
@@ -75,8 +75,8 @@ pub enum CertsCommand {
     },
 }
 
-fn parse_role(s: &str) -> Result<tessel_kvstore::tls::Role, String> {
-    tessel_kvstore::tls::Role::parse(s)
+fn parse_role(s: &str) -> Result<tessel_net::tls::Role, String> {
+    tessel_net::tls::Role::parse(s)
         .ok_or_else(|| format!("`{s}`: expected coordinator, worker or client"))
 }
 
@@ -287,7 +287,7 @@ pub fn certs(cmd: CertsCommand) -> Result<()> {
         CertsCommand::Init {
             dir, ca_only: true, ..
         } => {
-            tessel_kvstore::tls::init_ca(&dir)?;
+            tessel_net::tls::init_ca(&dir)?;
             println!(
                 "created the cluster CA in {} (ca.key signs every node's certificate: keep it on this host)",
                 dir.display()
@@ -312,9 +312,9 @@ pub fn certs(cmd: CertsCommand) -> Result<()> {
             hosts,
             out,
         } => {
-            tessel_kvstore::tls::issue(
+            tessel_net::tls::issue(
                 &ca_dir,
-                &tessel_kvstore::tls::NodeCert {
+                &tessel_net::tls::NodeCert {
                     role,
                     name: &name,
                     hosts: &hosts,
@@ -357,7 +357,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     };
     let tls = args.tls.load()?;
     if let Some(t) = &tls {
-        use tessel_kvstore::tls::{Identity, Role};
+        use tessel_net::tls::{Identity, Role};
         match t.identity() {
             Identity::Node {
                 role: Role::Coordinator,

@@ -12,7 +12,7 @@ use tessel::pjrt::locate;
 use tessel::plan::{ProcessResult, StepReport};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 
 use crate::node_cli::{LocalArgs, LocalCluster};
 

@@ -183,7 +183,7 @@ fn main() -> ExitCode {
     // again, for the commands that move tensors; a coordinator keeps no
     // tensors, and retaining its peak heap would only inflate its memory.
     if !matches!(cli.command, Command::Coordinator(_)) {
-        tessel::pjrt::host_memory::retain_large_allocations();
+        tessel_transfer::memory::retain_large_allocations();
     }
     tracing_subscriber::fmt()
         .with_env_filter(

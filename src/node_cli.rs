@@ -11,7 +11,7 @@ use tessel::pjrt::locate;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_coordinator::{keys, LivenessConfig};
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 use tessel_topology::exchange::Published;
 use tessel_topology::GlobalTopology;
 use tessel_worker::{topology_digest, Worker, WorkerConfig};
@@ -128,8 +128,8 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         (Some(id), _) => id,
         (
             None,
-            Some(tessel_kvstore::tls::Identity::Node {
-                role: tessel_kvstore::tls::Role::Worker,
+            Some(tessel_net::tls::Identity::Node {
+                role: tessel_net::tls::Role::Worker,
                 name,
             }),
         ) => name.clone(),
@@ -326,7 +326,7 @@ impl LocalCluster {
     /// A folder with the cluster's certificates; nothing started yet.
     pub fn new() -> Result<LocalCluster> {
         let dir = tessel::scratch::scratch_dir("local")?;
-        tessel_kvstore::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])?;
+        tessel_net::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])?;
         Ok(LocalCluster {
             workers: Vec::new(),
             checkpoint_roots: Vec::new(),
@@ -342,7 +342,7 @@ impl LocalCluster {
 
     /// A client of the coordinators started so far.
     pub fn client(&self) -> Result<tessel_kvstore::raft::client::RaftKv> {
-        let tls = tessel_kvstore::tls::TlsFiles::load(&self.tls_dir())?;
+        let tls = tessel_net::tls::TlsFiles::load(&self.tls_dir())?;
         Ok(tessel_kvstore::raft::client::RaftKv::connect(
             self.addrs
                 .iter()

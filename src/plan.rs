@@ -120,7 +120,7 @@ pub enum PlanError {
     Kv {
         what: String,
         #[source]
-        source: tessel_kvstore::KvError,
+        source: tessel_kv::KvError,
     },
     #[error("checkpoint: {0}")]
     Checkpoint(String),

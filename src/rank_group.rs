@@ -61,7 +61,7 @@ impl RankGroup {
         let tls_err = |e: String| RankGroupError::Tls(e);
         let dir = crate::scratch::scratch_dir("ranks").map_err(|e| tls_err(e.to_string()))?;
         let tls = dir.path().join("tls");
-        tessel_kvstore::tls::init_certs(&tls, &["127.0.0.1".into()])
+        tessel_net::tls::init_certs(&tls, &["127.0.0.1".into()])
             .map_err(|e| tls_err(e.to_string()))?;
         let mut g = RankGroup {
             ranks: Vec::new(),

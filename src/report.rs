@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessel_coordinator::keys;
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 use tokio::sync::mpsc;
 
 use crate::plan::{PlanError, StepReport};
@@ -103,7 +103,7 @@ mod tests {
     /// waits, a full queue drops, and finishing writes what was queued.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reports_never_wait_and_the_queued_ones_land() {
-        let kv: Arc<dyn KvStore> = Arc::new(tessel_kvstore::MemoryKv::new());
+        let kv: Arc<dyn KvStore> = Arc::new(tessel_kv::MemoryKv::new());
         let r = Reporter::start(kv.clone(), "j.1".into());
         let t = std::time::Instant::now();
         for step in 0..(QUEUE as u64 * 4) {

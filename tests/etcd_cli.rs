@@ -89,8 +89,8 @@ async fn workers_and_the_coordinator_run_on_etcd() {
     use std::time::{Duration, Instant};
     use tessel_coordinator::jobs::{self, JobAssignment};
     use tessel_coordinator::keys;
+    use tessel_kv::KvStore;
     use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
-    use tessel_kvstore::KvStore;
 
     let etcd = LocalEtcd::start(3).await.unwrap();
     let url = etcd.url();

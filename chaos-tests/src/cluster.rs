@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tessel_kvstore::raft::client::RaftKv;
-use tessel_kvstore::tls::{init_ca, issue, NodeCert, Role, TlsFiles};
+use tessel_net::tls::{init_ca, issue, NodeCert, Role, TlsFiles};
 
 use crate::hosts::{Host, Hosts};
 use crate::relay::DelayRelay;

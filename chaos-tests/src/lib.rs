@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tessel_kvstore::raft::client::RaftKv;
-use tessel_kvstore::tls::{init_certs, TlsFiles};
+use tessel_net::tls::{init_certs, TlsFiles};
 
 /// The `tessel` binary built alongside these tests.
 pub fn tessel_bin() -> PathBuf {

@@ -20,7 +20,7 @@ use tessel_chaos_tests::{registered_incarnation, spawn_worker_cmd};
 use tessel_coordinator::keys;
 use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_coordinator::scheduler::{JobEvent, JobRecord, JobState};
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 
 fn example_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp-data-parallel")

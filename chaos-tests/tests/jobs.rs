@@ -13,7 +13,7 @@ use tessel::plan::JobBundle;
 use tessel_chaos_tests::{sample, scrape, spawn_worker, tessel_bin, KvCluster};
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::keys;
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::linearizability::{check, Kind, Op};
 use tessel_chaos_tests::KvCluster;
-use tessel_kvstore::{KvError, KvStore};
+use tessel_kv::{KvError, KvStore};
 
 const KEYS: [&str; 4] = ["lin/a", "lin/b", "lin/c", "lin/d"];
 

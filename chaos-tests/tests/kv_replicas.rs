@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessel_chaos_tests::KvCluster as Cluster;
+use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::RaftKv;
-use tessel_kvstore::KvStore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_and_reads_through_different_replicas_are_linearizable() {
@@ -107,7 +107,7 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
     let follower = *c.procs.keys().find(|id| **id != leader).unwrap();
     let status_of = |statuses: &[(
         SocketAddr,
-        Result<tessel_kvstore::wire::ReplicaStatus, tessel_kvstore::KvError>,
+        Result<tessel_kvstore::wire::ReplicaStatus, tessel_kv::KvError>,
     )],
                      id: u64| {
         statuses

@@ -14,7 +14,7 @@ use tessel::job::{JobSpec, ValidatedJob};
 use tessel_chaos_tests::{sample, scrape, spawn_worker, KvCluster, WorkerProc};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::{JobRecord, JobState};
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 
 const LIVENESS: [&str; 4] = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::{keys, registry, CoordinatorError};
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 use tessel_topology::exchange::Published;
 use tessel_topology::GlobalTopology;
 

@@ -1,4 +1,4 @@
-use tessel_kvstore::KvError;
+use tessel_kv::KvError;
 
 /// What a coordinator operation can fail with.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

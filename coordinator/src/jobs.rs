@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kvstore::{KvError, KvStore};
+use tessel_kv::{KvError, KvStore};
 
 use crate::error::{CoordinatorError, Result};
 use crate::keys;
@@ -259,7 +259,7 @@ mod tests {
     use super::*;
     use crate::registry::register;
     use crate::registry::tests::{fast, info};
-    use tessel_kvstore::MemoryKv;
+    use tessel_kv::MemoryKv;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_the_current_incarnation_joins_and_the_first_failure_stands() {

@@ -27,9 +27,9 @@
 use crate::error::{CoordinatorError, Result};
 
 /// Worker ids and job ids are path components
-/// ([`tessel_kvstore::check_path_component`]).
+/// ([`tessel_kv::check_path_component`]).
 pub fn check_id(what: &str, s: &str) -> Result<()> {
-    tessel_kvstore::check_path_component(what, s).map_err(|reason| CoordinatorError::Invalid {
+    tessel_kv::check_path_component(what, s).map_err(|reason| CoordinatorError::Invalid {
         what: what.into(),
         reason,
     })

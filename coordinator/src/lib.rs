@@ -14,7 +14,7 @@
 //!
 //! The keys are listed in [`keys`] and in ARCHITECTURE.md.
 //!
-//! [`KvStore`]: tessel_kvstore::KvStore
+//! [`KvStore`]: tessel_kv::KvStore
 
 mod error;
 pub mod jobs;

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use tessel_kvstore::{Event, KvStore};
+use tessel_kv::{Event, KvStore};
 
 use crate::error::{CoordinatorError, Result};
 use crate::jobs::{fail_job, JobFailure};
@@ -142,7 +142,7 @@ mod tests {
     use crate::registry::tests::{fast, info};
     use crate::registry::{register, Heartbeat};
     use std::time::{Duration, Instant};
-    use tessel_kvstore::MemoryKv;
+    use tessel_kv::MemoryKv;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_silent_worker_fails_its_jobs_within_ttl() {

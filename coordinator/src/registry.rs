@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kvstore::{CasOutcome, KvError, KvStore};
+use tessel_kv::{CasOutcome, KvError, KvStore};
 use tokio::sync::watch;
 
 use crate::error::{CoordinatorError, Result};
@@ -393,7 +393,7 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
 pub(crate) mod tests {
     use super::*;
     use crate::testing::FaultyKv;
-    use tessel_kvstore::MemoryKv;
+    use tessel_kv::MemoryKv;
 
     pub fn info(id: &str) -> WorkerInfo {
         WorkerInfo {

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kvstore::{KvError, KvStore};
+use tessel_kv::{KvError, KvStore};
 
 use crate::error::{CoordinatorError, Result};
 use crate::jobs::{self, JobAssignment, JobFailure};
@@ -519,10 +519,8 @@ async fn commit(kv: &dyn KvStore, old: Option<&[u8]>, new: &SchedulerState) -> R
         .await
         .map_err(CoordinatorError::kv("writing the scheduler state"))?
     {
-        tessel_kvstore::CasOutcome::Swapped { .. } => Ok(true),
-        tessel_kvstore::CasOutcome::Mismatch { current } => {
-            Ok(current.as_deref() == Some(&new[..]))
-        }
+        tessel_kv::CasOutcome::Swapped { .. } => Ok(true),
+        tessel_kv::CasOutcome::Mismatch { current } => Ok(current.as_deref() == Some(&new[..])),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tessel_kvstore::{CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
+use tessel_kv::{CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
 
 /// [`MemoryKv`] behind a faulty network: compare-and-swaps never answer
 /// when `cas_hangs` (a replica that died mid-call). While

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 use redb::{Database, TableDefinition};
+use tessel_kv::state::{Op, Request};
 use tessel_kvstore::raft::wal::{LogIo, Wal};
 use tessel_kvstore::raft::{Proposal, TypeConfig};
-use tessel_kvstore::state::{Op, Request};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const APPENDS: u64 = 2000;

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use openraft::storage::RaftStateMachine;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+use tessel_kv::state::{KvState, Op, Request};
 use tessel_kvstore::raft::sm::StateMachineStore;
 use tessel_kvstore::raft::{Proposal, TypeConfig};
-use tessel_kvstore::state::{KvState, Op, Request};
 
 fn entry(index: u64, keys: std::ops::Range<u64>) -> Entry<TypeConfig> {
     let reqs = keys

@@ -1,5 +1,5 @@
 //! What each role may ask of a replica, decided from the identity in the
-//! client's certificate ([`crate::tls::Identity`]) and the request.
+//! client's certificate ([`tessel_net::tls::Identity`]) and the request.
 //!
 //! Invariants:
 //! 1. Raft traffic, forwarded requests and membership changes come from
@@ -15,9 +15,9 @@
 //! A write to a prefix (`DeletePrefix`) is allowed only where every key
 //! under the prefix would be.
 
-use crate::state::Op;
-use crate::tls::{Identity, Role};
 use crate::wire::{ClientRequest, WireRequest};
+use tessel_kv::state::Op;
+use tessel_net::tls::{Identity, Role};
 
 /// Key spaces that not every role may write.
 const ZONES: [&str; 4] = ["workers/", "assignments/", "jobs/", "sched/"];
@@ -94,7 +94,7 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Result<(), String> {
                 if !may_write(role, name, key, prefix) {
                     return refuse(format!(
                         "write `{}`{}",
-                        crate::show_key(key),
+                        tessel_kv::show_key(key),
                         if prefix { " (a prefix)" } else { "" }
                     ));
                 }

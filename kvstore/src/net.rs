@@ -30,10 +30,10 @@ use futures::FutureExt;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use serde::Serialize;
 
-use crate::tls::{peer_identity, server_name, Identity};
 use crate::wire::{
     self, FrameError, WireRequest, WireResponse, RESET_FRAME_TOO_LARGE, RESET_MALFORMED,
 };
+use tessel_net::tls::{peer_identity, server_name, Identity};
 
 /// Transport failures.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -129,27 +129,8 @@ pub async fn write_frame<T: Serialize>(send: &mut SendStream, msg: &T) -> Result
 /// and each drop cost a client QUIC's loss-recovery wait.
 pub const SOCKET_BUFFER: usize = 4 << 20;
 
-/// A UDP socket bound to `addr` that asks for `buffer`-byte send and
-/// receive buffers (best effort: the kernel caps both, and a smaller
-/// buffer only drops more under load); an IPv6 wildcard takes IPv4 peers
-/// too where the system allows, as quinn's own constructors do. Shared
-/// with the transfer layer's endpoints.
-pub fn udp_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    if addr.is_ipv6() {
-        if let Err(e) = socket.set_only_v6(false) {
-            tracing::debug!(%e, "unable to make the socket dual-stack");
-        }
-    }
-    let _ = socket.set_recv_buffer_size(buffer);
-    let _ = socket.set_send_buffer_size(buffer);
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
-}
-
 /// A QUIC endpoint on `addr` (a server when `server` is given) on a
-/// [`udp_socket`] with [`SOCKET_BUFFER`]-byte buffers.
+/// [`tessel_net::udp_socket`] with [`SOCKET_BUFFER`]-byte buffers.
 pub fn endpoint(
     addr: SocketAddr,
     server: Option<quinn::ServerConfig>,
@@ -157,7 +138,7 @@ pub fn endpoint(
     Endpoint::new(
         quinn::EndpointConfig::default(),
         server,
-        udp_socket(addr, SOCKET_BUFFER)?,
+        tessel_net::udp_socket(addr, SOCKET_BUFFER)?,
         Arc::new(quinn::TokioRuntime),
     )
 }
@@ -387,7 +368,7 @@ mod tests {
     fn server_on_own_runtime(
         handler: impl Handler,
     ) -> (tokio::runtime::Runtime, SocketAddr, quinn::ClientConfig) {
-        let (server_cfg, client_cfg) = crate::tls::insecure_configs(wire::ALPN).unwrap();
+        let (server_cfg, client_cfg) = tessel_net::tls::insecure_configs(wire::ALPN).unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -430,7 +411,7 @@ mod tests {
             other => panic!("expected a silent peer, got {other:?}"),
         }
         assert!(
-            took < crate::tls::IDLE_TIMEOUT,
+            took < tessel_net::tls::IDLE_TIMEOUT,
             "gave up after {took:?}, no sooner than the idle timeout"
         );
     }
@@ -439,7 +420,7 @@ mod tests {
     /// `SILENCE` (and than the idle timeout) to answer is waited for.
     #[tokio::test]
     async fn a_call_waits_for_a_slow_live_peer() {
-        let slow = crate::tls::IDLE_TIMEOUT + Duration::from_millis(500);
+        let slow = tessel_net::tls::IDLE_TIMEOUT + Duration::from_millis(500);
         let (rt, addr, cfg) = server_on_own_runtime(Slow(Some(slow)));
         let client = client_with(cfg);
         let req = WireRequest::Client(ClientRequest::Revision);

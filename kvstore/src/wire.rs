@@ -19,9 +19,9 @@ use openraft::raft::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::error::KvError;
 use crate::raft::TypeConfig;
-use crate::state::{Event, KeyValue, Op, Output};
+use tessel_kv::state::{Event, KeyValue, Op, Output};
+use tessel_kv::KvError;
 
 /// ALPN protocol of the key-value service.
 pub const ALPN: &[u8] = b"tessel-kv";

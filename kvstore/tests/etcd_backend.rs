@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tessel_kv::{conformance, KvError, KvStore};
 use tessel_kvstore::etcd::local::LocalEtcd;
 use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
-use tessel_kvstore::{conformance, KvError, KvStore};
 
 async fn client(endpoints: &[String]) -> EtcdKv {
     EtcdKv::connect(endpoints, EtcdOptions::default())

@@ -9,13 +9,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use tessel_kv::{KvError, KvStore};
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{wait_for_leader, Replica, ReplicaConfig};
 use tessel_kvstore::raft::wal::LogIo;
-use tessel_kvstore::tls::{
-    init_ca, issue, server_name, Expect, Identity, NodeCert, Role, TlsFiles,
-};
-use tessel_kvstore::{KvError, KvStore};
+use tessel_net::tls::{init_ca, issue, server_name, Expect, Identity, NodeCert, Role, TlsFiles};
 
 fn node(ca: &Path, out: &Path, role: Role, name: &str, hosts: &[&str]) -> TlsFiles {
     let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();

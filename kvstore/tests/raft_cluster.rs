@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{wait_for_leader, Replica, ReplicaConfig};
 use tessel_kvstore::raft::wal::LogIo;
-use tessel_kvstore::tls::{init_certs, TlsFiles};
-use tessel_kvstore::KvStore;
+use tessel_net::tls::{init_certs, TlsFiles};
 
 /// Three replicas, each bound to port 0 (a reserved-then-released port
 /// can be taken by a parallel test before the replica binds it): the
@@ -99,10 +99,10 @@ async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
         assert_eq!(kv.replica(), leader, "starting at {start}");
     }
     let kv = RaftKv::connect(addrs.clone(), Some(&tls)).unwrap();
-    tessel_kvstore::conformance::run_all(&kv).await;
+    tessel_kv::conformance::run_all(&kv).await;
     // Every replica applied the same state.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    use tessel_kvstore::state::Tables;
+    use tessel_kv::state::Tables;
     let states: Vec<_> = replicas
         .iter()
         .map(|r| {
@@ -130,7 +130,7 @@ async fn a_client_with_a_certificate_from_another_ca_is_refused() {
         .await
         .unwrap();
     assert!(
-        matches!(r, Err(tessel_kvstore::KvError::Unavailable(_))),
+        matches!(r, Err(tessel_kv::KvError::Unavailable(_))),
         "{r:?}"
     );
     let insecure = RaftKv::connect(addrs.clone(), None).unwrap();
@@ -138,7 +138,7 @@ async fn a_client_with_a_certificate_from_another_ca_is_refused() {
         .await
         .unwrap();
     assert!(
-        matches!(r, Err(tessel_kvstore::KvError::Unavailable(_))),
+        matches!(r, Err(tessel_kv::KvError::Unavailable(_))),
         "no client certificate: {r:?}"
     );
     let member = RaftKv::connect(addrs, Some(&tls)).unwrap();
@@ -158,12 +158,12 @@ async fn a_bad_frame_resets_its_stream_and_the_server_keeps_serving() {
     endpoint.set_default_client_config(
         tls.client_config(
             tessel_kvstore::wire::ALPN,
-            tessel_kvstore::tls::Expect::Coordinator,
+            tessel_net::tls::Expect::Coordinator,
         )
         .unwrap(),
     );
     let conn = endpoint
-        .connect(addrs[0], tessel_kvstore::tls::SERVER_NAME)
+        .connect(addrs[0], tessel_net::tls::SERVER_NAME)
         .unwrap()
         .await
         .unwrap();

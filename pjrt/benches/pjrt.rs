@@ -103,9 +103,17 @@ fn execute_overhead(c: &mut Criterion) {
 
 fn transfers(c: &mut Criterion) {
     const BYTES: usize = 64 << 20;
-    // As the tessel binary does at start-up (see host_memory).
-    let tuned = std::env::var_os("TESSEL_DEFAULT_MALLOC").is_none()
-        && tessel_pjrt::host_memory::retain_large_allocations();
+    // As the tessel binary does at start-up (tessel_transfer::memory):
+    // glibc keeps large blocks in the heap instead of unmapping them.
+    let tuned = std::env::var_os("TESSEL_DEFAULT_MALLOC").is_none() && {
+        const LIMIT: libc::c_int = 1 << 30;
+        // SAFETY: mallopt only adjusts allocator parameters; it is safe to
+        // call at any time from any thread.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, LIMIT) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, LIMIT) == 1
+        }
+    };
     eprintln!("host allocator retains large allocations: {tuned}");
     let client = client();
     let dev = client.addressable_devices().unwrap().remove(0);

@@ -62,7 +62,6 @@ mod event;
 mod executable;
 pub mod ffi;
 pub mod hlo;
-pub mod host_memory;
 pub mod kv;
 pub mod locate;
 mod plugin;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use tessel_coordinator::keys;
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 use tessel_pjrt::ElementType;
 use tessel_topology::GlobalTopology;
 use tessel_transfer::Communicator;
@@ -54,7 +54,7 @@ fn collective(what: &str) -> impl FnOnce(tessel_transfer::TransferError) -> Plan
     }
 }
 
-fn kv_err(what: &str) -> impl FnOnce(tessel_kvstore::KvError) -> PlanError + '_ {
+fn kv_err(what: &str) -> impl FnOnce(tessel_kv::KvError) -> PlanError + '_ {
     move |source| PlanError::Kv {
         what: what.to_owned(),
         source,

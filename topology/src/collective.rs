@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kvstore::{KvError, KvStore};
+use tessel_kv::{KvError, KvStore};
 
 use crate::error::{Result, TopologyError};
 use crate::keys;
@@ -146,7 +146,7 @@ pub async fn collective_id(
 mod tests {
     use super::*;
     use crate::types::tests::local;
-    use tessel_kvstore::MemoryKv;
+    use tessel_kv::MemoryKv;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn members_agree_and_repeated_calls_reuse_the_id() {

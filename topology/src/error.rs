@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use tessel_kvstore::KvError;
+use tessel_kv::KvError;
 
 /// What building or exchanging a topology can fail with.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]

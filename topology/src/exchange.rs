@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use tessel_kvstore::{Event, KvError, KvStore};
+use tessel_kv::{Event, KvError, KvStore};
 use tokio::time::Instant;
 
 use crate::error::{Result, TopologyError};
@@ -263,7 +263,7 @@ async fn wait_for_global(
 mod tests {
     use super::*;
     use crate::types::tests::local;
-    use tessel_kvstore::MemoryKv;
+    use tessel_kv::MemoryKv;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_process_gets_the_same_topology() {

@@ -11,9 +11,9 @@
 //! [`Published`]: crate::exchange::Published
 
 /// Job ids and stream keys are path components
-/// ([`tessel_kvstore::check_path_component`]).
+/// ([`tessel_kv::check_path_component`]).
 pub fn check_component(what: &str, s: &str) -> crate::Result<()> {
-    tessel_kvstore::check_path_component(what, s).map_err(crate::TopologyError::Invalid)
+    tessel_kv::check_path_component(what, s).map_err(crate::TopologyError::Invalid)
 }
 
 pub fn local_prefix(job: &str) -> String {

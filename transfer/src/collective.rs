@@ -116,7 +116,7 @@ const PEER_MAPPINGS: usize = 2;
 const STREAMING_COPY_MIN: usize = 1 << 20;
 
 /// Copies `src` into `dst` (equal lengths); large copies with streaming
-/// stores ([`tessel_pjrt::host_memory::copy_streaming`]). The arenas'
+/// stores ([`crate::memory::copy_streaming`]). The arenas'
 /// copies (an input into the arena, peers' folded segments out of theirs)
 /// write megabytes that this rank does not read again during the call, so
 /// reading each destination line into the cache first is wasted memory
@@ -125,7 +125,7 @@ const STREAMING_COPY_MIN: usize = 1 << 20;
 /// → 41–43 ms (README, performance).
 fn copy_large(dst: &mut [u8], src: &[u8]) {
     match src.len() >= STREAMING_COPY_MIN {
-        true => tessel_pjrt::host_memory::copy_streaming(dst, src),
+        true => crate::memory::copy_streaming(dst, src),
         false => dst.copy_from_slice(src),
     }
 }

@@ -63,7 +63,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
-use tessel_kvstore::tls::{Accept, Expect, TlsFiles};
+use tessel_net::tls::{Accept, Expect, TlsFiles};
 use tessel_pjrt::ElementType;
 use tokio::sync::Notify;
 
@@ -389,7 +389,7 @@ impl Mailbox {
             }
         }
         let mut data = Vec::with_capacity(len);
-        tessel_pjrt::host_memory::advise_huge_pages(data.spare_capacity_mut());
+        crate::memory::advise_huge_pages(data.spare_capacity_mut());
         data
     }
 
@@ -418,7 +418,7 @@ impl Mailbox {
     }
 }
 
-fn tls_err(e: tessel_kvstore::tls::TlsError) -> TransferError {
+fn tls_err(e: tessel_net::tls::TlsError) -> TransferError {
     TransferError::Tls(e.to_string())
 }
 
@@ -468,8 +468,7 @@ impl TransferEndpoint {
                 None,
             ),
             None => {
-                let (server, client) =
-                    tessel_kvstore::tls::insecure_configs(ALPN).map_err(tls_err)?;
+                let (server, client) = tessel_net::tls::insecure_configs(ALPN).map_err(tls_err)?;
                 (server, Some(client))
             }
         };
@@ -480,8 +479,8 @@ impl TransferEndpoint {
         endpoint_cfg
             .max_udp_payload_size(cfg.max_udp_payload.max(1200))
             .map_err(|e| bind_err(e.to_string()))?;
-        let socket = tessel_kvstore::net::udp_socket(addr, cfg.socket_buffer)
-            .map_err(|e| bind_err(e.to_string()))?;
+        let socket =
+            tessel_net::udp_socket(addr, cfg.socket_buffer).map_err(|e| bind_err(e.to_string()))?;
         let endpoint = Endpoint::new(
             endpoint_cfg,
             Some(server),
@@ -549,7 +548,7 @@ impl TransferEndpoint {
         let client = self.client_config(peer)?;
         let conn = self
             .endpoint
-            .connect_with(client, addr, tessel_kvstore::tls::SERVER_NAME)
+            .connect_with(client, addr, tessel_net::tls::SERVER_NAME)
             .map_err(|e| connect_err(e.to_string()))?
             .await
             .map_err(|e| connect_err(e.to_string()))?;

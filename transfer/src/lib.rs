@@ -12,13 +12,15 @@
 //!   caller wrote it; reductions in [`reduce`]
 //!   (sans-IO, with the single-process reference, which both paths equal
 //!   bit for bit).
+//! - Host memory for large payloads ([`memory`]): allocator settings, huge
+//!   pages, streaming copies.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use tessel_transfer::{CollectiveConfig, Communicator, Peer, ReduceOp, TransferConfig, TransferEndpoint};
 //! use tessel_pjrt::ElementType;
 //! # async fn example(peers: Vec<std::net::SocketAddr>, rank: u32) -> tessel_transfer::Result<()> {
-//! let tls = tessel_kvstore::tls::TlsFiles::load("tls".as_ref()).unwrap();
+//! let tls = tessel_net::tls::TlsFiles::load("tls".as_ref()).unwrap();
 //! let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok();
 //! let cfg = TransferConfig { boot_id: boot_id.clone(), ..TransferConfig::default() };
 //! // Each process binds its endpoint and learns the others' addresses
@@ -38,6 +40,7 @@ mod collective;
 mod endpoint;
 mod error;
 pub mod header;
+pub mod memory;
 pub mod reduce;
 pub mod shm;
 pub mod stripe;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use tessel_kvstore::tls::{init_ca, issue, NodeCert, Role, TlsFiles};
+use tessel_net::tls::{init_ca, issue, NodeCert, Role, TlsFiles};
 use tessel_pjrt::ElementType;
 use tessel_transfer::{Peer, TransferConfig, TransferEndpoint, TransferError};
 

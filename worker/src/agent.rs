@@ -18,7 +18,7 @@ use futures::StreamExt;
 use tessel_coordinator::jobs::JobAssignment;
 use tessel_coordinator::registry::{self, Heartbeat, Registration};
 use tessel_coordinator::{keys, CoordinatorError, LivenessConfig, WorkerDevice, WorkerInfo};
-use tessel_kvstore::{Event, KvStore};
+use tessel_kv::{Event, KvStore};
 use tessel_pjrt::{Client, ClientOptions, Plugin};
 use tessel_topology::GlobalTopology;
 use tokio::sync::watch;
@@ -48,7 +48,7 @@ pub struct WorkerConfig {
     /// other workers can reach; the port is chosen per job), and the
     /// cluster's TLS files for it (`None`: `--insecure`).
     pub transfer_ip: std::net::IpAddr,
-    pub transfer_tls: Option<tessel_kvstore::tls::TlsFiles>,
+    pub transfer_tls: Option<tessel_net::tls::TlsFiles>,
     /// Folders under which jobs may keep checkpoints on this host.
     pub checkpoint_roots: Vec<PathBuf>,
 }
@@ -132,7 +132,7 @@ async fn probe(path: PathBuf, devices: Option<usize>) -> Result<(Plugin, PluginF
 /// A worker's certificate must be a worker's, for its own id (the
 /// coordinators enforce the same: kvstore's `authz`).
 fn check_identity(cfg: &WorkerConfig) -> Result<()> {
-    use tessel_kvstore::tls::{Identity, Role};
+    use tessel_net::tls::{Identity, Role};
     match cfg.transfer_tls.as_ref().map(|t| t.identity()) {
         Some(Identity::Node {
             role: Role::Worker,

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use tessel_coordinator::{keys, WorkerRecord};
-use tessel_kvstore::{KvError, KvStore};
+use tessel_kv::{KvError, KvStore};
 
 use crate::error::{Result, WorkerError};
 use crate::host::HostFacts;
@@ -172,7 +172,7 @@ mod tests {
     async fn a_beating_holder_keeps_its_id() {
         use std::sync::Arc;
         use tessel_coordinator::registry::{register, Heartbeat};
-        let kv: Arc<dyn KvStore> = Arc::new(tessel_kvstore::MemoryKv::new());
+        let kv: Arc<dyn KvStore> = Arc::new(tessel_kv::MemoryKv::new());
         let mut i = info("h4");
         i.boot_id = "elsewhere".into();
         let fast = tessel_coordinator::LivenessConfig {

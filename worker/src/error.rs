@@ -1,6 +1,6 @@
 use tessel_coordinator::jobs::FailureKind;
 use tessel_coordinator::CoordinatorError;
-use tessel_kvstore::KvError;
+use tessel_kv::KvError;
 use tessel_topology::TopologyError;
 
 use crate::runner::JobError;

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessel_kvstore::{KvError, KvStore};
+use tessel_kv::{KvError, KvStore};
 use tessel_pjrt::kv::{KeyValueStore, KvError as PjrtKvError};
 use tokio::runtime::Handle;
 
@@ -58,7 +58,7 @@ fn to_pjrt(e: KvError, timeout: Duration) -> PjrtKvError {
 impl KeyValueStore for JobKv {
     fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>, PjrtKvError> {
         let k = self.key(key);
-        tracing::debug!(key = %tessel_kvstore::show_key(&k), ?timeout, "pjrt kv_get");
+        tracing::debug!(key = %tessel_kv::show_key(&k), ?timeout, "pjrt kv_get");
         self.runtime
             .block_on(self.kv.get(&k, timeout))
             .map_err(|e| to_pjrt(e, timeout))
@@ -73,7 +73,7 @@ impl KeyValueStore for JobKv {
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), PjrtKvError> {
         let k = self.key(key);
-        tracing::debug!(key = %tessel_kvstore::show_key(&k), "pjrt kv_put");
+        tracing::debug!(key = %tessel_kv::show_key(&k), "pjrt kv_put");
         self.runtime
             .block_on(self.kv.insert(&k, value))
             .map(drop)
@@ -84,7 +84,7 @@ impl KeyValueStore for JobKv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessel_kvstore::MemoryKv;
+    use tessel_kv::MemoryKv;
 
     #[test]
     fn keys_live_in_the_job_namespace_and_put_does_not_overwrite() {

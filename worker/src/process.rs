@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
 use tessel_coordinator::{keys, Registration};
-use tessel_kvstore::KvError;
+use tessel_kv::KvError;
 use tessel_pjrt::{Client, ClientOptions};
 use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
 use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint};

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tessel_coordinator::jobs::FailureKind;
-use tessel_kvstore::KvStore;
+use tessel_kv::KvStore;
 use tessel_pjrt::Client;
 use tessel_topology::GlobalTopology;
 use tessel_transfer::Communicator;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use etcd_client::Client;
 
-use crate::error::{KvError, Result};
+use tessel_kv::{KvError, Result};
 
 /// The request size etcd accepts: above tessel's 4 MiB value limit.
 pub const MAX_REQUEST_BYTES: u64 = 10 << 20;

@@ -46,9 +46,9 @@ use etcd_client::{
 use futures::StreamExt;
 use tokio::time::Instant;
 
-use crate::error::{show_key, KvError, Result};
-use crate::state::{increment_value, Event, KeyValue, Limits, BARRIER_RETENTION_MS};
-use crate::store::{CasOutcome, KvStore, WatchStream};
+use tessel_kv::state::{increment_value, Event, KeyValue, Limits, BARRIER_RETENTION_MS};
+use tessel_kv::{show_key, KvError, Result};
+use tessel_kv::{CasOutcome, KvStore, WatchStream};
 
 /// Largest gRPC message read from etcd: the value limit plus headroom.
 const MAX_MESSAGE: usize = 64 << 20;

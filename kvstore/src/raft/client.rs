@@ -25,12 +25,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::time::Instant;
 
-use crate::error::{KvError, Result};
 use crate::net::{self, PeerClient};
-use crate::state::{KeyValue, Limits, Op, Output};
-use crate::store::{CasOutcome, KvStore, WatchStream};
-use crate::tls::TlsFiles;
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
+use tessel_kv::state::{KeyValue, Limits, Op, Output};
+use tessel_kv::{CasOutcome, KvStore, WatchStream};
+use tessel_kv::{KvError, Result};
+use tessel_net::tls::TlsFiles;
 
 /// How long a request keeps trying replicas, beyond its own timeout.
 const RETRY_BUDGET: Duration = Duration::from_secs(15);
@@ -47,8 +47,8 @@ impl ClientEndpoint {
     /// `--insecure`.
     pub fn for_replicas(replicas: &[SocketAddr], tls: Option<&TlsFiles>) -> Result<ClientEndpoint> {
         let client_cfg = match tls {
-            Some(t) => t.client_config(wire::ALPN, crate::tls::Expect::Coordinator),
-            None => crate::tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
+            Some(t) => t.client_config(wire::ALPN, tessel_net::tls::Expect::Coordinator),
+            None => tessel_net::tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
         }
         .map_err(|e| KvError::InvalidArgument(e.to_string()))?;
         let ipv6 = replicas.first().is_some_and(SocketAddr::is_ipv6);
@@ -115,7 +115,7 @@ impl RaftKv {
             .call(
                 asked,
                 &WireRequest::Client(ClientRequest::Status),
-                crate::tls::IDLE_TIMEOUT,
+                tessel_net::tls::IDLE_TIMEOUT,
             )
             .await;
         let s = match status {
@@ -152,7 +152,7 @@ impl RaftKv {
                 // A dead replica is noticed once it has been silent for
                 // `net::SILENCE` (net invariant 4), by the idle timeout at
                 // the latest (a killed process sends no close).
-                let per_call = wait + crate::tls::IDLE_TIMEOUT;
+                let per_call = wait + tessel_net::tls::IDLE_TIMEOUT;
                 // Point past this replica while the call runs: a caller that
                 // gives up (drops this future) on a dead replica moves the
                 // next request on to another one.
@@ -446,7 +446,7 @@ impl KvStore for RaftKv {
         match self.request(req, wait).await? {
             WireResponse::Output(Ok(Output::Barrier(s))) => {
                 s.outcome(id).unwrap_or(Err(KvError::DeadlineExceeded {
-                    what: format!("barrier `{}`", crate::show_key(id)),
+                    what: format!("barrier `{}`", tessel_kv::show_key(id)),
                     after: timeout,
                 }))
             }

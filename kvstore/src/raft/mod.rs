@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::KvError;
-use crate::state::{Output, Request};
+use tessel_kv::state::{Output, Request};
+use tessel_kv::KvError;
 
 pub mod client;
 pub mod key_filter;
@@ -78,7 +78,7 @@ openraft::declare_raft_types!(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Op;
+    use tessel_kv::state::Op;
 
     /// Sharing a proposal's requests changed nothing on the wire or in the
     /// log: it encodes as the plain sequence of its requests.

@@ -53,15 +53,15 @@ use openraft::raft::{
 use openraft::{BasicNode, Raft, ServerState};
 use quinn::SendStream;
 
-use crate::error::KvError;
-use crate::local::LocalState;
 use crate::net::{self, Handler, NetError, PeerClient};
 use crate::raft::sm::SmTables;
 use crate::raft::wal::LogIo;
 use crate::raft::{storage, Proposal, TypeConfig};
-use crate::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
-use crate::tls::TlsFiles;
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
+use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
+use tessel_kv::KvError;
+use tessel_kv::LocalState;
+use tessel_net::tls::TlsFiles;
 
 /// How a replica is set up.
 #[derive(Clone)]
@@ -104,7 +104,7 @@ pub enum ReplicaError {
     #[error("storage: {0}")]
     Storage(String),
     #[error("TLS: {0}")]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] tessel_net::tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -135,10 +135,10 @@ impl Replica {
         let local = sm.local();
         let (server_cfg, client_cfg) = match &cfg.tls {
             Some(t) => (
-                t.server_config(wire::ALPN, crate::tls::Accept::AnyRole)?,
-                t.client_config(wire::ALPN, crate::tls::Expect::Coordinator)?,
+                t.server_config(wire::ALPN, tessel_net::tls::Accept::AnyRole)?,
+                t.client_config(wire::ALPN, tessel_net::tls::Expect::Coordinator)?,
             ),
-            None => crate::tls::insecure_configs(wire::ALPN)?,
+            None => tessel_net::tls::insecure_configs(wire::ALPN)?,
         };
         let mut endpoint =
             net::endpoint(cfg.listen, Some(server_cfg)).map_err(|source| ReplicaError::Listen {
@@ -805,7 +805,7 @@ impl ReplicaHandler {
         let floor_reached = move |m: &openraft::RaftMetrics<u64, BasicNode>| {
             m.current_term != term || m.last_applied.is_some_and(|l| l.index >= floor)
         };
-        raft.wait(Some(crate::tls::IDLE_TIMEOUT))
+        raft.wait(Some(tessel_net::tls::IDLE_TIMEOUT))
             .metrics(floor_reached, "the read floor")
             .await
             .map_err(|e| failed(e.to_string()))?;

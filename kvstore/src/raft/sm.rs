@@ -73,12 +73,12 @@ use redb::{Database, Durability, ReadTransaction, ReadableTable, ReadableTableMe
 use redb::{TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{KvError, Result};
-use crate::local::LocalState;
 use crate::raft::key_filter::{self, KeyFilter};
 use crate::raft::storage::LogSynced;
 use crate::raft::{Response, TypeConfig};
-use crate::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
+use tessel_kv::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
+use tessel_kv::LocalState;
+use tessel_kv::{KvError, Result};
 
 type NodeId = u64;
 type Node = openraft::BasicNode;
@@ -1300,7 +1300,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{MemState, Op, Request};
+    use tessel_kv::state::{MemState, Op, Request};
 
     /// Every kind of write, with leases expiring, prefixes deleted inside a
     /// batch, counters and barriers.

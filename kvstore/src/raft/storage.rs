@@ -65,7 +65,7 @@ use tokio::sync::watch;
 use crate::raft::sm::StateMachineStore;
 use crate::raft::wal::{LogIo, LogMeta, Wal};
 use crate::raft::TypeConfig;
-use crate::state::KvState;
+use tessel_kv::state::KvState;
 
 type NodeId = u64;
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
@@ -483,9 +483,9 @@ mod tests {
         use openraft::{CommittedLeaderId, EntryPayload};
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(term, leader), index),
-            payload: EntryPayload::Normal(crate::raft::Proposal::one(crate::state::Request {
+            payload: EntryPayload::Normal(crate::raft::Proposal::one(tessel_kv::state::Request {
                 now_ms: 5,
-                op: crate::state::Op::Put {
+                op: tessel_kv::state::Op::Put {
                     key: key.to_vec(),
                     value: b"v".to_vec(),
                     lease: None,
@@ -588,9 +588,9 @@ mod tests {
                 .await
                 .unwrap();
             log.save_vote(&vote).await.unwrap();
-            let req = crate::state::Request {
+            let req = tessel_kv::state::Request {
                 now_ms: 5,
-                op: crate::state::Op::Put {
+                op: tessel_kv::state::Op::Put {
                     key: b"k".to_vec(),
                     value: b"v".to_vec(),
                     lease: None,

@@ -1056,7 +1056,7 @@ mod tests {
 
     use super::*;
     use crate::raft::Proposal;
-    use crate::state::{Op, Request};
+    use tessel_kv::state::{Op, Request};
 
     fn id(term: u64, index: u64) -> LogId<NodeId> {
         LogId::new(CommittedLeaderId::new(term, 1), index)

@@ -10,6 +10,10 @@
 //! as the pooled host allocators of GPU runtimes do. It changes the whole
 //! process, so it is opt-in: the `tessel` binary calls it at start-up.
 
+// One of the two modules of this crate with `unsafe`: allocator settings
+// (`mallopt`), `madvise`, and SSE2 non-temporal stores.
+#![allow(unsafe_code)]
+
 /// Makes glibc serve large allocations from the heap and keep freed memory
 /// for reuse. Returns whether both settings were accepted; a no-op that
 /// returns false on other C libraries.

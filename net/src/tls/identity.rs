@@ -110,7 +110,7 @@ pub fn identity_of(cert: &CertificateDer<'_>) -> Option<Identity> {
                 }
                 let (role, name) = rest.split_once('/')?;
                 let role = Role::parse(role)?;
-                crate::check_path_component("certificate name", name).ok()?;
+                crate::check_name(name).ok()?;
                 found = Some(Identity::Node {
                     role,
                     name: name.to_owned(),

@@ -131,13 +131,7 @@ pub struct NodeCert<'a> {
 /// folder for it to `out`: `ca.pem`, `node.pem`, `node.key` (never the CA's
 /// key). Refuses to replace an existing `node.pem`.
 pub fn issue(ca_dir: &Path, node: &NodeCert<'_>, out: &Path) -> Result<(), TlsError> {
-    crate::check_path_component("name", node.name).map_err(TlsError::Config)?;
-    if !node.name.is_ascii() {
-        return Err(TlsError::Config(format!(
-            "name `{}`: ASCII only",
-            node.name
-        )));
-    }
+    crate::check_name(node.name).map_err(TlsError::Config)?;
     let issuer = load_issuer(ca_dir)?;
     std::fs::create_dir_all(out).map_err(io_err(out))?;
     refuse_existing(&out.join(CERT), "a node certificate")?;

@@ -8,7 +8,7 @@
 //! certificate of another CA is refused at the handshake. Beyond the chain,
 //! clients check that the server is who they meant to reach, and servers
 //! which roles they admit ([`Expect`], [`Accept`]); the replica authorizes each
-//! request by the identity (`crate::authz`). `tessel certs init --hosts`
+//! request by the identity (`tessel_kvstore::authz`). `tessel certs init --hosts`
 //! also makes one certificate every node shares ([`init_certs`]): for
 //! tests, it passes every check.
 //!
