@@ -37,7 +37,7 @@ use tessel_kv::{Event, KvError, KvStore};
 use tessel_pjrt::HostBuffer;
 
 use crate::job::ValidatedJob;
-use crate::plan::{JobBundle, StepReport, MAX_BUNDLE};
+use crate::plan::{JobBundle, ProcessResult, StepReport, MAX_BUNDLE};
 
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -214,6 +214,25 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// What every process of the job's current attempt published when its
+    /// plan finished (timings, last report), by process index.
+    pub async fn results(&self, id: &str) -> Result<Vec<ProcessResult>, ClientError> {
+        let job = self.job(id).await?;
+        let mut results: Vec<ProcessResult> = self
+            .kv
+            .list(keys::process_topologies(&job.instance()).as_bytes())
+            .await
+            .map_err(kv_err("reading the processes' results"))?
+            .iter()
+            .filter(|p| p.key.ends_with(b"/result"))
+            .map(|p| {
+                serde_json::from_slice(&p.value).map_err(|e| ClientError::Decode(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
+        results.sort_by_key(|r| r.process);
+        Ok(results)
     }
 
     /// The final value of an array the job's plan wrote, gathered.

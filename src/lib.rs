@@ -1,6 +1,7 @@
 //! tessel runs multi-host ML jobs on PJRT, the plugin runtime of OpenXLA.
 //!
-//! This crate is tessel's public Rust API and the `tessel` command:
+//! This crate is tessel's public Rust API (the `tessel` command lives in
+//! `src/bin/tessel/`, the benchmarks in the `tessel-bench` crate):
 //! * jobs: [`job::JobSpec`] (what a user submits, validated at submit
 //!   time), [`client`] (submitting and following jobs: the API behind
 //!   `tessel submit`, `jobs`, `job`, `cancel`, `fetch`), [`plan`] (running a
@@ -10,27 +11,26 @@
 //!   the KV), [`report`] (step reports off the critical path), [`names`]
 //!   (the one rule for names that become paths);
 //! * one program on one host: [`mod@array`] (inline literals and `.npy`
-//!   files), [`mlir`] (the signature of `@main`), [`sharding`] (splitting
-//!   arrays over partitions) and [`run`] (compile, feed, execute, gather);
-//! * for tests and benchmarks: [`rank_group`] (processes of `tessel
-//!   transfer-rank` on loopback) and [`scratch`] (scratch folders).
+//!   files) and [`program`] (its signature, sharding, compile and run);
+//! * processes on this machine: [`local`] (the harness of `tessel local`,
+//!   the benchmarks and the tests) and [`scratch`] (scratch folders).
 //!
 //! The safe PJRT binding is re-exported as [`pjrt`]; the key-value service,
 //! scheduler, workers, topology and transfers are the workspace's other
 //! crates (`ARCHITECTURE.md`).
 //!
 //! ```no_run
-//! use tessel::{array, run};
+//! use tessel::{array, program};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let plugin = tessel::pjrt::Plugin::load(tessel::pjrt::locate::resolve(Some("cpu"))?)?;
 //! let program = std::fs::read("examples/programs/matmul.mlir")?;
-//! let request = run::RunRequest {
+//! let request = program::RunRequest {
 //!     program,
 //!     devices: None,
 //!     partitions: None,
 //!     args: vec![array::parse_literal("f32[2,2]=1,2,3,4")?, array::parse_literal("f32[2,2]=1,0,0,1")?],
 //! };
-//! let outputs = run::run_program(&plugin, &request)?;
+//! let outputs = program::run_program(&plugin, &request)?;
 //! println!("{}", array::format_array(&outputs[0]));
 //! # Ok(()) }
 //! ```
@@ -43,11 +43,9 @@ pub mod client;
 pub mod init;
 pub mod job;
 pub mod layout;
-pub mod mlir;
+pub mod local;
 pub mod names;
 pub mod plan;
-pub mod rank_group;
+pub mod program;
 pub mod report;
-pub mod run;
 pub mod scratch;
-pub mod sharding;

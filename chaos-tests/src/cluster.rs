@@ -110,7 +110,7 @@ impl HostCluster {
             Some(j) => cmd.args(["--join", &j.to_string()]),
             None => cmd.args(["--peers", &format!("{id}={listen}")]),
         };
-        spawn_replica_cmd(cmd, join.is_some())
+        spawn_replica_cmd(cmd)
     }
 
     pub fn coordinator_addrs(&self) -> Vec<SocketAddr> {

@@ -1,6 +1,8 @@
-//! Helpers for multi-process tests: start `tessel` processes on loopback
-//! (port 0, the bound address read back from their output), kill them with
-//! real signals, and clean up children and folders however a test ends.
+//! Helpers for multi-process tests: start `tessel` processes (on loopback,
+//! or on simulated hosts: [`hosts`], [`cluster`]) with the library's one
+//! harness (`tessel::local::Child`, their readiness line read back), kill
+//! them with real signals, and clean up children and folders however a
+//! test ends.
 
 pub mod cluster;
 pub mod hosts;
@@ -8,12 +10,13 @@ pub mod linearizability;
 pub mod relay;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
+
+pub use nix::sys::signal::Signal;
+use tessel::local::{Child, Ready};
 
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_net::tls::{init_certs, TlsFiles};
@@ -34,7 +37,7 @@ pub fn tessel_bin() -> PathBuf {
     bin
 }
 
-/// A child process that is killed (SIGKILL) when dropped.
+/// A coordinator process, killed (SIGKILL) when dropped.
 pub struct Proc {
     pub child: Child,
     pub addr: SocketAddr,
@@ -44,46 +47,18 @@ pub struct Proc {
 
 impl Proc {
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     /// SIGKILL, and wait for it to be gone.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
-    /// Sends a signal by name (STOP, CONT, TERM) with kill(1).
-    pub fn signal(&self, name: &str) {
-        let ok = Command::new("kill")
-            .args([format!("-{name}"), self.pid().to_string()])
-            .status()
-            .expect("kill(1)")
-            .success();
-        assert!(ok, "kill -{name} {}", self.pid());
+    /// Sends a signal (SIGSTOP, SIGCONT, SIGTERM…).
+    pub fn signal(&self, signal: Signal) {
+        self.child.signal(signal);
     }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // Resume a stopped child so SIGKILL is not delayed, then kill it.
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.pid().to_string()])
-            .status();
-        self.kill();
-    }
-}
-
-/// A channel of the child's stdout lines, read by a thread.
-fn stdout_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
 }
 
 /// A `tessel worker` process, killed (SIGKILL) when dropped.
@@ -92,43 +67,27 @@ pub struct WorkerProc {
     pub incarnation: u64,
     /// `HOST:PORT` of its metrics, when started with `--metrics-listen`.
     pub metrics: Option<String>,
-    /// Its stdout lines after the registration line.
-    pub lines: mpsc::Receiver<String>,
 }
 
 impl WorkerProc {
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
-    /// Waits up to `within` for a line that `pick` takes.
-    pub fn wait_line<T>(&self, within: Duration, pick: impl Fn(&str) -> Option<T>) -> Option<T> {
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let line = self.lines.recv_timeout(left).ok()?;
-            if let Some(t) = pick(&line) {
-                return Some(t);
-            }
-        }
+    /// Waits up to `within` for its next registration (as a new
+    /// incarnation, after a lost one); its incarnation.
+    pub fn registered_again(&mut self, within: Duration) -> Option<u64> {
+        self.child
+            .wait_for(within, |line| match Ready::parse(line)? {
+                Ready::Worker {
+                    incarnation,
+                    again: true,
+                    ..
+                } => Some(incarnation),
+                _ => None,
+            })
+            .ok()
     }
-}
-
-impl Drop for WorkerProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The incarnation in a worker's "registered as incarnation N" line.
-pub fn registered_incarnation(line: &str) -> Option<u64> {
-    line.split(" registered as incarnation ")
-        .nth(1)?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 fn log_level() -> String {
@@ -136,7 +95,7 @@ fn log_level() -> String {
 }
 
 /// Starts `tessel worker` against `cluster` as `worker_id` with `extra`
-/// flags, and waits for its registration line.
+/// flags, and waits for its registration.
 pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> WorkerProc {
     let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
     let mut cmd = Command::new(tessel_bin());
@@ -149,109 +108,55 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
 }
 
 /// Starts a prepared `tessel worker` command and waits for its
-/// registration line; the error carries what it printed when it exited or
-/// fell silent.
+/// registration; the error carries what it said when it exited or fell
+/// silent.
 pub fn spawn_worker_cmd(mut cmd: Command, name: &str) -> Result<WorkerProc, String> {
-    let mut child = cmd
-        .env("RUST_LOG", log_level())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tessel worker");
-    let stderr = stderr_tail(&mut child);
-    let rx = stdout_lines(&mut child);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut metrics = None;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let Ok(line) = rx.recv_timeout(left) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "worker {name} did not register: {}",
-                stderr.lock().unwrap().join("\n")
-            ));
-        };
-        metrics = metrics.or_else(|| metrics_address(&line));
-        if let Some(incarnation) = registered_incarnation(&line) {
-            return Ok(WorkerProc {
-                child,
-                incarnation,
-                metrics,
-                lines: rx,
-            });
+    let stderr = tempfile::NamedTempFile::new().expect("a temp file");
+    cmd.env("RUST_LOG", log_level())
+        .stderr(stderr.reopen().expect("reopen"));
+    let mut child = Child::spawn(name, cmd, false).map_err(|e| e.to_string())?;
+    match child.wait_ready(Duration::from_secs(60)) {
+        Ok(Ready::Worker {
+            incarnation,
+            metrics,
+            ..
+        }) => Ok(WorkerProc {
+            child,
+            incarnation,
+            metrics: metrics.map(|m| m.to_string()),
+        }),
+        other => {
+            child.kill();
+            Err(format!(
+                "worker {name} did not register ({other:?}): {}",
+                std::fs::read_to_string(stderr.path()).unwrap_or_default()
+            ))
         }
     }
 }
 
-/// The last lines a child wrote to stderr (also echoed to ours).
-fn stderr_tail(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
-    let tail = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let stderr = child.stderr.take().expect("stderr");
-    let t = tail.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-            let mut t = t.lock().unwrap();
-            t.push(line);
-            if t.len() > 20 {
-                t.remove(0);
-            }
-        }
-    });
-    tail
-}
-
-/// Starts `tessel ARGS...` and waits for its "listening on ADDR" line.
+/// Starts `tessel ARGS...` (a coordinator) and waits until it is ready.
 pub fn spawn_replica(args: &[String]) -> Proc {
     let mut cmd = Command::new(tessel_bin());
     cmd.args(args);
-    spawn_replica_cmd(cmd, args.iter().any(|a| a == "--join"))
+    spawn_replica_cmd(cmd)
 }
 
-/// Starts a prepared `tessel coordinator` command and waits for its
-/// "listening on ADDR" line (and "joined", when `joining`).
-pub fn spawn_replica_cmd(mut cmd: Command, joining: bool) -> Proc {
-    let mut child = cmd
-        .env("RUST_LOG", log_level())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn tessel");
-    let rx = stdout_lines(&mut child);
-    // A joining replica is only a member once it printed "joined": until
-    // then the cluster may be in a joint configuration.
-    let (mut addr, mut metrics) = (None, None);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while addr.is_none() || joining {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let Ok(line) = rx.recv_timeout(left) else {
-            let _ = child.kill();
-            panic!(
-                "{cmd:?} did not report its address{}",
-                if joining { " and join" } else { "" }
-            );
-        };
-        if let Some(a) = line.split("listening on ").nth(1) {
-            addr = Some(a.trim().parse().expect("address"));
-        }
-        metrics = metrics.or_else(|| metrics_address(&line));
-        if line.ends_with(" joined") {
-            break;
-        }
+/// Starts a prepared `tessel coordinator` command and waits until it is
+/// ready (with `--join`: a member).
+pub fn spawn_replica_cmd(mut cmd: Command) -> Proc {
+    cmd.env("RUST_LOG", log_level());
+    let mut child = Child::spawn("coordinator", cmd, false).expect("spawn tessel");
+    match child.wait_ready(Duration::from_secs(60)) {
+        Ok(Ready::Coordinator {
+            listen, metrics, ..
+        }) => Proc {
+            child,
+            addr: listen,
+            metrics: metrics.map(|m| m.to_string()),
+        },
+        other => panic!("a coordinator did not start: {other:?}"),
     }
-    let addr = addr.expect("address reported");
-    Proc {
-        child,
-        addr,
-        metrics,
-    }
-}
-
-/// The address in a "metrics on http://HOST:PORT/metrics" line.
-fn metrics_address(line: &str) -> Option<String> {
-    let addr = line.strip_prefix("metrics on http://")?;
-    Some(addr.trim_end_matches("/metrics").to_owned())
 }
 
 /// `GET /metrics` from `addr`; the body.

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tessel::rank_group::{RankGroup, RankOptions};
+use tessel_bench::rank_group::{RankGroup, RankOptions};
 use tessel_chaos_tests::tessel_bin;
 use tessel_pjrt::ElementType;
 use tessel_topology::sha256_hex;

@@ -16,7 +16,7 @@ use tessel::client::Client;
 use tessel::job::{CheckpointSpec, JobSpec, ValidatedJob};
 use tessel::plan::{JobBundle, ProcessResult};
 use tessel_chaos_tests::cluster::HostCluster;
-use tessel_chaos_tests::{registered_incarnation, spawn_worker_cmd};
+use tessel_chaos_tests::spawn_worker_cmd;
 use tessel_coordinator::keys;
 use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_coordinator::scheduler::{JobEvent, JobRecord, JobState};
@@ -198,9 +198,9 @@ async fn lost_worker_scenario(fault: Fault, storage: Storage) {
     if fault == Fault::Partition {
         // Healed, the worker registers again by itself.
         c.hosts.heal(&host);
-        let w = &c.workers[&victim];
+        let w = c.workers.get_mut(&victim).unwrap();
         let inc = w
-            .wait_line(Duration::from_secs(60), registered_incarnation)
+            .registered_again(Duration::from_secs(60))
             .expect("the partitioned worker registered again");
         assert!(inc > w.incarnation, "incarnation {inc}");
         let status = list_workers(&*kv).await.unwrap();

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessel_chaos_tests::KvCluster as Cluster;
+use tessel_chaos_tests::{KvCluster as Cluster, Signal};
 use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::RaftKv;
 
@@ -120,7 +120,7 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
         .unwrap()
         .applied
         .unwrap_or(0);
-    c.procs[&follower].signal("STOP");
+    c.procs[&follower].signal(Signal::SIGSTOP);
     let others: Vec<SocketAddr> = c
         .procs
         .iter()
@@ -141,7 +141,7 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
         purged > applied_before,
         "the leader compacted past the follower (purged {purged}, follower applied {applied_before})"
     );
-    c.procs[&follower].signal("CONT");
+    c.procs[&follower].signal(Signal::SIGCONT);
     // The follower's log position was compacted away on the leader: it
     // can only catch up by installing a snapshot.
     let target = kv.revision().await.unwrap();

@@ -4,8 +4,8 @@
 
 use tessel_pjrt::{Buffer, Client, ClientOptions, CompileOptions, HostBuffer, Plugin, Program};
 
-use crate::mlir::{parse_signature, MlirError, Signature};
-use crate::sharding::{ShardingError, Tiling};
+use crate::program::mlir::{parse_signature, MlirError, Signature};
+use crate::program::sharding::{ShardingError, Tiling};
 
 /// What to run.
 #[derive(Debug, Clone)]

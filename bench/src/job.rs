@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 use tessel::pjrt::locate;
 
-use crate::node_cli::LocalCluster;
+use tessel::local::LocalCluster;
 
 #[derive(Args)]
 pub struct BenchJobArgs {
@@ -28,7 +28,7 @@ pub struct BenchJobArgs {
     pub jax: Option<PathBuf>,
 }
 
-const JAX_MLP: &str = include_str!("../scripts/jax_mlp.py");
+const JAX_MLP: &str = include_str!("../jax/mlp.py");
 
 pub async fn run(args: BenchJobArgs) -> Result<()> {
     let mut job = tessel::job::JobSpec::load(&args.spec)?;
@@ -38,7 +38,7 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
     let plugin = locate::resolve(Some(&s.plugin))?;
     let mut tessel_ms = Vec::new();
     for _ in 0..args.repeat {
-        let mut cluster = LocalCluster::new()?;
+        let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
         cluster.start_coordinators(3)?;
         let kv = cluster.client()?;
         cluster.start_workers(
@@ -47,7 +47,15 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
             s.devices_per_process as usize,
         )?;
         let client = tessel::client::Client::from_store(std::sync::Arc::new(kv));
-        let (_, results) = crate::job_cli::run_scheduled(&client, &job, false).await?;
+        let id = client.submit(&job).await?;
+        let end = client.wait(&id).await?;
+        anyhow::ensure!(
+            end.state == tessel_coordinator::scheduler::JobState::Succeeded,
+            "job `{id}` ended {}: {:?}",
+            end.state,
+            end.reason
+        );
+        let results = client.results(&id).await?;
         drop(cluster);
         // The slowest process sets the pace; shares are its own.
         let slowest = results
@@ -81,7 +89,7 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
     let data = std::path::absolute(args.spec.parent().unwrap_or(std::path::Path::new(".")))?;
     let mut jax_ms = Vec::new();
     for _ in 0..args.repeat {
-        let out = crate::bench_jax::run_group(
+        let out = crate::jax::run_group(
             python,
             JAX_MLP,
             s.processes,

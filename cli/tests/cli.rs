@@ -8,13 +8,13 @@ use std::process::{Command, Output};
 fn tessel(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tessel"))
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
         .expect("run tessel")
 }
 
 fn program(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .join("pjrt/tests/programs")
         .join(name)
         .display()
@@ -300,7 +300,8 @@ fn validate_accepts_the_example_job_and_names_every_bad_field() {
     assert!(out.contains("x: f32[256, 8] per process"), "{out}");
 
     let dir = tempfile::tempdir().unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/linear-regression");
+    let example =
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("examples/linear-regression");
     let spec = std::fs::read_to_string(example.join("job.toml"))
         .unwrap()
         .replace(
@@ -379,17 +380,17 @@ fn a_coordinator_serves_its_metrics() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut replica, mut metrics) = (None, None);
-    while replica.is_none() || metrics.is_none() {
-        let line = lines.next().expect("a line").unwrap();
-        if let Some(a) = line.split(" listening on ").nth(1) {
-            replica = Some(a.to_owned());
-        }
-        if let Some(a) = line.strip_prefix("metrics on http://") {
-            metrics = Some(a.trim_end_matches("/metrics").to_owned());
-        }
-    }
-    let (replica, metrics) = (replica.unwrap(), metrics.unwrap());
+    // The readiness line names both addresses.
+    let line = lines.next().expect("a line").unwrap();
+    let Some(tessel::local::Ready::Coordinator {
+        listen,
+        metrics: Some(metrics),
+        ..
+    }) = tessel::local::Ready::parse(&line)
+    else {
+        panic!("not a coordinator's readiness line: {line}");
+    };
+    let (replica, metrics) = (listen.to_string(), metrics.to_string());
     let get = |request: &[u8]| {
         let mut s = std::net::TcpStream::connect(&metrics).unwrap();
         s.set_read_timeout(Some(std::time::Duration::from_secs(10)))

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use tessel_pjrt::HostBuffer;
 
-use crate::mlir::ShardingAnnotation;
+use crate::program::mlir::ShardingAnnotation;
 
 /// Why a sharding cannot be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -9,14 +9,14 @@
 //! drifts within minutes, and a ratio of figures taken apart measured the
 //! drift as much as the systems. Every line names its `system`.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
+use tessel::local::{Child, Ready};
 use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::{ClientEndpoint, RaftKv};
 use tessel_net::tls::{init_certs, TlsFiles};
@@ -85,53 +85,16 @@ impl Target {
     }
 }
 
-/// Kills the replica processes however the bench ends.
-struct Replicas(Vec<(Child, SocketAddr)>);
-
-impl Drop for Replicas {
-    fn drop(&mut self) {
-        for (c, _) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
+/// A replica process (killed when dropped) and its address.
 fn spawn(args: &[String]) -> Result<(Child, SocketAddr)> {
-    // The replica exits when its stdin (kept open in `Child`) closes: a
-    // bench killed without dropping its `Replicas` leaves no orphan
-    // (`procs` invariant 2).
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(args)
-        .arg("--exit-with-parent")
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        // Replicas complain about each other while the bench tears them down.
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting a coordinator")?;
-    let stdout = child.stdout.take().context("coordinator stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let joining = args.iter().any(|a| a == "--join");
-    let mut addr = None;
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .context("coordinator did not start")?;
-        if let Some(a) = line.split("listening on ").nth(1) {
-            addr = Some(a.trim().parse()?);
-        }
-        if addr.is_some() && (!joining || line.ends_with(" joined")) {
-            break;
-        }
+    let mut cmd = Command::new(std::env::current_exe()?);
+    // Replicas complain about each other while the bench tears them down.
+    cmd.args(args).stderr(Stdio::null());
+    let mut child = Child::spawn("coordinator", cmd, true)?;
+    match child.wait_ready(Duration::from_secs(60))? {
+        Ready::Coordinator { listen, .. } => Ok((child, listen)),
+        other => anyhow::bail!("a coordinator announced {other:?}"),
     }
-    Ok((child, addr.expect("set above")))
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {
@@ -193,14 +156,15 @@ pub async fn run(args: BenchKvArgs) -> Result<()> {
         a.extend(args.replica_args.iter().cloned());
         a
     };
-    let mut procs = Replicas(vec![spawn(&replica(1, None))?]);
-    let first = procs.0[0].1;
+    // Kept running until the end; dropping them stops the replicas.
+    let mut procs = vec![spawn(&replica(1, None))?];
+    let first = procs[0].1;
     for id in 2..=3 {
-        procs.0.push(spawn(&replica(id, Some(first)))?);
+        procs.push(spawn(&replica(id, Some(first)))?);
     }
-    let addrs: Vec<SocketAddr> = procs.0.iter().map(|(_, a)| *a).collect();
+    let addrs: Vec<SocketAddr> = procs.iter().map(|(_, a)| *a).collect();
     let endpoint = ClientEndpoint::for_replicas(&addrs, Some(&tls))?;
-    let pids = procs.0.iter().map(|(c, _)| c.id()).collect();
+    let pids = procs.iter().map(|(c, _)| c.pid()).collect();
     let mut systems = vec![System::new(Target::Tessel { addrs, endpoint }, pids).await?];
     // Kept running until the end; dropping it stops the members.
     let _etcd = if args.etcd {

@@ -22,15 +22,13 @@ const SECONDS: [f64; 12] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 5.0,
 ];
 
-/// `--metrics-listen`: when given, installs the recorder, serves it and
-/// prints `metrics on http://ADDR/metrics` (tests and scripts read the
-/// line to learn a port 0 pick).
-pub async fn serve_if(listen: Option<SocketAddr>) -> Result<()> {
-    if let Some(listen) = listen {
-        let addr = serve(listen).await?;
-        println!("metrics on http://{addr}/metrics");
+/// Serves this process's metrics at `http://LISTEN/metrics` when asked;
+/// returns the bound address (for the readiness line).
+pub async fn serve_if(listen: Option<SocketAddr>) -> Result<Option<SocketAddr>> {
+    match listen {
+        Some(listen) => Ok(Some(serve(listen).await?)),
+        None => Ok(None),
     }
-    Ok(())
 }
 
 /// Installs the recorder and serves it on `listen` (port 0 picks one);

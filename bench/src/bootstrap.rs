@@ -25,8 +25,7 @@ use tessel_coordinator::{keys, WorkerDevice, WorkerInfo};
 use tessel_kv::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
 use tessel_topology::{exchange, DeviceDescription, LocalTopology};
 
-use crate::node_cli::LocalCluster;
-use crate::procs::ChildProc;
+use tessel::local::{Child, LocalCluster, Ready};
 
 #[derive(Args)]
 pub struct BenchBootstrapArgs {
@@ -45,8 +44,8 @@ pub struct BenchBootstrapArgs {
     pub jax: Option<std::path::PathBuf>,
 }
 
-/// One JAX process (scripts/jax_bootstrap.py, embedded).
-const JAX_SCRIPT: &str = include_str!("../scripts/jax_bootstrap.py");
+/// One JAX process (bench/jax/bootstrap.py, embedded).
+const JAX_SCRIPT: &str = include_str!("../jax/bootstrap.py");
 
 #[derive(Debug, Clone)]
 pub struct Counts(Vec<u32>);
@@ -65,7 +64,7 @@ fn parse_counts(s: &str) -> Result<Counts, String> {
 }
 
 pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
-    let mut cluster = LocalCluster::new()?;
+    let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
     cluster.start_coordinators(3)?;
     let kv = cluster.client()?;
     let plugin = locate::resolve(args.plugin.as_deref())?;
@@ -130,8 +129,8 @@ async fn processes(
     let mut workers = Vec::new();
     for i in 0..n {
         let id = format!("b{n}-{i}");
-        let args = cluster.worker_args(&id, &plugin.display().to_string(), 1);
-        workers.push(ChildProc::spawn(&format!("worker {id}"), &args, &[])?);
+        let cmd = cluster.worker_command(&id, &plugin.display().to_string(), 1);
+        workers.push(Child::spawn(&format!("worker {id}"), cmd, true)?);
     }
     let spawned_ms = started.elapsed().as_secs_f64() * 1e3;
     let arrivals = tokio::time::timeout(Duration::from_secs(600), arrivals)
@@ -141,16 +140,16 @@ async fn processes(
     let mut loads = Vec::new();
     let mut ready_at = Vec::new();
     for w in &mut workers {
-        let (load, at) = w.wait_for(Duration::from_secs(10), |l| {
-            let rest = l.split("(plugin ready in ").nth(1)?;
-            let (ms, at) = rest.split_once(" ms, at ")?;
-            Some((
-                ms.parse::<u64>().ok()?,
-                at.trim_end_matches(')').parse::<u64>().ok()?,
-            ))
-        })?;
-        loads.push(load);
-        ready_at.push(at);
+        let Ready::Worker {
+            plugin_ms,
+            plugin_ready_unix_ms,
+            ..
+        } = w.wait_ready(Duration::from_secs(10))?
+        else {
+            anyhow::bail!("{} announced something else", w.name());
+        };
+        loads.push(plugin_ms);
+        ready_at.push(plugin_ready_unix_ms);
     }
     loads.sort_unstable();
     let last_ready = *ready_at.iter().max().context("no worker")?;
@@ -162,7 +161,7 @@ async fn processes(
         last.saturating_sub(last_ready)
     );
     jobs::finish_job(kv, &job).await?;
-    ChildProc::terminate_all(&mut workers, Duration::from_secs(5));
+    Child::terminate_all(&mut workers, Duration::from_secs(5));
     Ok(())
 }
 
@@ -180,7 +179,7 @@ fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
     let started_unix = keys::unix_ms() as f64;
     let mut imported = Vec::new();
     let mut known = Vec::new();
-    for v in crate::bench_jax::run_group(python, JAX_SCRIPT, n, &[])? {
+    for v in crate::jax::run_group(python, JAX_SCRIPT, n, &[])? {
         imported.push(v["imported_unix_ms"].as_f64().context("imported_unix_ms")?);
         known.push(v["known_unix_ms"].as_f64().context("known_unix_ms")?);
     }

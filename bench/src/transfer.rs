@@ -106,7 +106,7 @@ pub async fn run(args: BenchTransferArgs) -> Result<()> {
 
 /// Times one path; returns the digest of its result.
 fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<String> {
-    use tessel::rank_group::{RankGroup, RankOptions};
+    use crate::rank_group::{RankGroup, RankOptions};
     anyhow::ensure!(n >= 1, "--ranks: at least 1");
     let count = (args.all_reduce_bytes / 4) as usize;
     let opts = RankOptions {
@@ -198,17 +198,16 @@ fn aead_throughput(repeat: u32) -> Result<()> {
     Ok(())
 }
 
-/// One JAX process (scripts/jax_allreduce.py, embedded).
-const JAX_SCRIPT: &str = include_str!("../scripts/jax_allreduce.py");
+/// One JAX process (bench/jax/allreduce.py, embedded).
+const JAX_SCRIPT: &str = include_str!("../jax/allreduce.py");
 
 fn jax_all_reduce(args: &BenchTransferArgs, python: &std::path::Path, n: usize) -> Result<()> {
     let count = args.all_reduce_bytes / 4;
     let extra = [count.to_string(), args.repeat.to_string()];
-    let per_rank: Vec<Vec<f64>> =
-        crate::bench_jax::run_group(python, JAX_SCRIPT, n as u32, &extra)?
-            .into_iter()
-            .map(|v| Ok(serde_json::from_value(v["ms"].clone())?))
-            .collect::<Result<_>>()?;
+    let per_rank: Vec<Vec<f64>> = crate::jax::run_group(python, JAX_SCRIPT, n as u32, &extra)?
+        .into_iter()
+        .map(|v| Ok(serde_json::from_value(v["ms"].clone())?))
+        .collect::<Result<_>>()?;
     report_all_reduce(n, "jax_gloo", count as usize * 4, &per_rank, None);
     Ok(())
 }

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use tessel::array::read_npy;
 use tessel::pjrt::{locate, HostBuffer, Plugin};
-use tessel::run::{run_program, RunRequest};
+use tessel::program::{run_program, RunRequest};
 
 fn npy(name: &str) -> HostBuffer {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .join("examples/linear-regression")
         .join(name);
     read_npy(&std::fs::read(path).unwrap()).unwrap()
@@ -19,7 +19,8 @@ fn npy(name: &str) -> HostBuffer {
 fn linear_regression_over_four_devices_converges() {
     let plugin = Plugin::load(locate::resolve(None).unwrap()).unwrap();
     let program = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/linear-regression/train.mlir"),
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .join("examples/linear-regression/train.mlir"),
     )
     .unwrap();
     let out = run_program(

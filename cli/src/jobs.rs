@@ -8,13 +8,14 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
+use tessel::local::LocalCluster;
 use tessel::pjrt::locate;
 use tessel::plan::{ProcessResult, StepReport};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
 use tessel_kv::KvStore;
 
-use crate::node_cli::{LocalArgs, LocalCluster};
+use crate::local::LocalArgs;
 
 /// `tessel local JOB.toml`: a fresh cluster with one worker per process;
 /// the job goes through the scheduler like any other.
@@ -26,7 +27,7 @@ pub async fn run_on_local(
     // `--plugin` stands in for the spec's plugin, so the workers started
     // with it match the job.
     let mut job = job.clone();
-    if let Some(p) = &args.plugin {
+    if let Some(p) = &args.plugin.plugin {
         job.spec.plugin = p.clone();
         job.text = toml::to_string(&job.spec).context("encoding the spec")?;
     }
@@ -182,7 +183,7 @@ pub struct SubmitArgs {
     /// The job spec (TOML).
     pub spec: std::path::PathBuf,
     #[command(flatten)]
-    pub target: crate::cluster_cli::KvTargetArgs,
+    pub target: crate::args::KvTargetArgs,
     /// Follow the job with a progress bar until it ends; the exit code is
     /// 0 only if it succeeded.
     #[arg(long)]
@@ -194,7 +195,7 @@ pub struct SubmitArgs {
 pub struct JobIdArgs {
     pub id: Option<String>,
     #[command(flatten)]
-    pub target: crate::cluster_cli::KvTargetArgs,
+    pub target: crate::args::KvTargetArgs,
 }
 
 /// `tessel fetch ID ARRAY --out FILE.npy`.
@@ -205,10 +206,10 @@ pub struct FetchArgs {
     #[arg(long, value_name = "FILE.npy")]
     pub out: std::path::PathBuf,
     #[command(flatten)]
-    pub target: crate::cluster_cli::KvTargetArgs,
+    pub target: crate::args::KvTargetArgs,
 }
 
-async fn client(target: &crate::cluster_cli::KvTargetArgs) -> Result<Client> {
+async fn client(target: &crate::args::KvTargetArgs) -> Result<Client> {
     let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(target.connect().await?);
     Ok(Client::from_store(kv))
 }

@@ -1,0 +1,99 @@
+//! `tessel certs init|issue`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Subcommand;
+use tessel_net::tls::init_certs;
+
+#[derive(Subcommand)]
+pub enum CertsCommand {
+    /// Create a cluster CA (ca.pem, ca.key) and, unless --ca-only, one
+    /// certificate every node shares (node.pem, node.key: for tests and
+    /// local experiments; a cluster issues one per node with `issue`).
+    Init {
+        dir: PathBuf,
+        /// Host names and IPs the shared certificate is valid for, comma
+        /// separated.
+        #[arg(long, value_delimiter = ',', conflicts_with = "ca_only")]
+        hosts: Vec<String>,
+        /// Only the CA.
+        #[arg(long)]
+        ca_only: bool,
+    },
+    /// Sign a certificate for one coordinator, worker or client with the
+    /// CA in CA_DIR, and write the node's TLS folder (ca.pem, node.pem,
+    /// node.key; never ca.key) to --out.
+    Issue {
+        /// The folder with ca.pem and ca.key.
+        ca_dir: PathBuf,
+        /// coordinator, worker or client.
+        #[arg(long, value_parser = parse_role)]
+        role: tessel_net::tls::Role,
+        /// The node's name: a coordinator's replica id, a worker's id, a
+        /// client's user name.
+        #[arg(long)]
+        name: String,
+        /// Host names and IPs the node serves at, comma separated (a
+        /// coordinator: every address clients and peers dial; `*.` DNS
+        /// wildcards allowed).
+        #[arg(long, value_delimiter = ',')]
+        hosts: Vec<String>,
+        /// The folder to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn parse_role(s: &str) -> Result<tessel_net::tls::Role, String> {
+    tessel_net::tls::Role::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected coordinator, worker or client"))
+}
+
+pub fn certs(cmd: CertsCommand) -> Result<()> {
+    match cmd {
+        CertsCommand::Init {
+            dir, ca_only: true, ..
+        } => {
+            tessel_net::tls::init_ca(&dir)?;
+            println!(
+                "created the cluster CA in {} (ca.key signs every node's certificate: keep it on this host)",
+                dir.display()
+            );
+            Ok(())
+        }
+        CertsCommand::Init { dir, hosts, .. } => {
+            init_certs(&dir, &hosts)?;
+            println!(
+                "created the cluster CA and one certificate every node shares in {}",
+                dir.display()
+            );
+            eprintln!(
+                "warning: node.pem serves every coordinator, worker and client alike; for a cluster, issue one per node with `tessel certs issue`"
+            );
+            Ok(())
+        }
+        CertsCommand::Issue {
+            ca_dir,
+            role,
+            name,
+            hosts,
+            out,
+        } => {
+            tessel_net::tls::issue(
+                &ca_dir,
+                &tessel_net::tls::NodeCert {
+                    role,
+                    name: &name,
+                    hosts: &hosts,
+                },
+                &out,
+            )?;
+            println!(
+                "issued {role} `{name}`'s certificate into {} (ca.pem, node.pem, node.key)",
+                out.display()
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `tessel coordinator`: one replica of the key-value service, with the
+//! failure monitor and the scheduler beside it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessel::local::Ready;
+use tessel_kv::KvStore;
+use tessel_kvstore::raft::client::RaftKv;
+use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
+use tessel_kvstore::raft::wal::LogIo;
+
+use crate::args::{coordinators, resolve, TlsArgs};
+
+#[derive(Args)]
+pub struct CoordinatorArgs {
+    /// This replica's id (never reuse the id of a removed replica).
+    #[arg(long, required_unless_present = "kv")]
+    pub id: Option<u64>,
+    /// Address to listen on; port 0 picks a free port (printed on start).
+    #[arg(long, value_name = "HOST:PORT", required_unless_present = "kv")]
+    pub listen: Option<SocketAddr>,
+    /// Attach to an etcd cluster (`etcd://HOST:PORT[,..]`) instead of
+    /// running a replica: only the coordinator's failure monitor runs here.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["id", "listen", "peers", "join", "data_dir"])]
+    pub kv: Option<String>,
+    /// Initial voters, `1=HOST:PORT,2=HOST:PORT,...`, used to form a new
+    /// cluster on first start (this replica included).
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
+    pub peers: Vec<(u64, SocketAddr)>,
+    /// Join the cluster that the replica at ADDR belongs to.
+    #[arg(long, value_name = "ADDR", conflicts_with = "peers")]
+    pub join: Option<String>,
+    #[arg(long, value_name = "DIR", required_unless_present = "kv")]
+    pub data_dir: Option<PathBuf>,
+    /// Take a snapshot (and compact the log) every N entries.
+    #[arg(long, default_value_t = 20_000)]
+    pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot for lagging followers; beyond
+    /// that they catch up by snapshot.
+    #[arg(long, default_value_t = 1000)]
+    pub keep_log_entries: u64,
+    /// Serve this process's metrics in Prometheus's text format at
+    /// `http://HOST:PORT/metrics` (port 0 picks one, printed on start).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Threads of the replica's async runtime. Its hot path is serial (the
+    /// Raft core, the state machine, the log's writer thread), so more
+    /// threads mostly add wake-ups between them; one measured best with
+    /// replicas sharing a machine's cores (README, Performance). Blocking
+    /// disk work still hands the other tasks to a fresh thread.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: u16,
+    /// How the Raft log reaches the disk: `direct` writes whole blocks
+    /// with O_DIRECT and O_DSYNC, one call per write (falls back to
+    /// `buffered` where the file system refuses O_DIRECT); `buffered`
+    /// writes through the page cache, then fdatasync.
+    #[arg(long, default_value = "direct", value_parser = parse_log_io)]
+    pub log_io: LogIo,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+fn parse_log_io(s: &str) -> Result<LogIo, String> {
+    match s {
+        "direct" => Ok(LogIo::Direct),
+        "buffered" => Ok(LogIo::Buffered),
+        _ => Err(format!("`{s}`: expected direct or buffered")),
+    }
+}
+
+fn parse_peer(s: &str) -> Result<(u64, SocketAddr), String> {
+    let (id, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected ID=HOST:PORT"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: bad replica id"))?;
+    let addr = resolve(addr).map_err(|e| format!("`{s}`: {e}"))?;
+    Ok((id, addr))
+}
+
+async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
+    tessel_coordinator::scheduler::run(
+        kv,
+        std::time::Duration::from_millis(500),
+        std::time::Duration::from_secs(120),
+    )
+    .await
+}
+
+pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    let metrics = crate::metrics_http::serve_if(args.metrics_listen).await?;
+    if let Some(url) = &args.kv {
+        let kv: std::sync::Arc<dyn KvStore> =
+            std::sync::Arc::from(crate::args::connect_etcd(url).await?);
+        Ready::Attached {
+            kv: url.clone(),
+            metrics,
+        }
+        .announce();
+        let monitor = tokio::spawn(tessel_coordinator::monitor::run(kv.clone()));
+        let scheduler = tokio::spawn(scheduler(kv));
+        wait_for_signal().await;
+        monitor.abort();
+        scheduler.abort();
+        return Ok(());
+    }
+    let (Some(id), Some(listen), Some(data_dir)) = (args.id, args.listen, args.data_dir.clone())
+    else {
+        bail!("give --id, --listen and --data-dir, or --kv etcd://…");
+    };
+    let tls = args.tls.load()?;
+    if let Some(t) = &tls {
+        use tessel_net::tls::{Identity, Role};
+        match t.identity() {
+            Identity::Node {
+                role: Role::Coordinator,
+                ..
+            }
+            | Identity::Anonymous => {}
+            Identity::Shared => tracing::warn!(
+                "this coordinator uses the cluster-wide certificate: any holder may act as any node; issue per-node certificates with `tessel certs issue`"
+            ),
+            other => bail!(
+                "this certificate is {other}'s; a coordinator needs a coordinator certificate (`tessel certs issue --role coordinator`)"
+            ),
+        }
+    }
+    let mut raft = ReplicaConfig::default_raft();
+    raft.snapshot_policy = openraft_snapshot_policy(args.snapshot_every);
+    raft.max_in_snapshot_log_to_keep = args.keep_log_entries;
+    let peers: BTreeMap<u64, SocketAddr> = args.peers.iter().copied().collect();
+    if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&id) {
+        bail!("--peers must include this replica (id {id})");
+    }
+    let cfg = ReplicaConfig {
+        id,
+        listen,
+        peers,
+        data_dir,
+        tls: tls.clone(),
+        raft,
+        log_io: args.log_io,
+    };
+    let replica = Replica::start(cfg).await?;
+    let addr = replica.local_addr()?;
+    if let Some(join) = &args.join {
+        let kv = RaftKv::connect(coordinators(join)?, tls.as_ref())?;
+        kv.add_replica(id, addr)
+            .await
+            .with_context(|| format!("joining the cluster of {join}"))?;
+    }
+    // Launchers read this line (the port, when `--listen` said 0).
+    Ready::Coordinator {
+        id,
+        listen: addr,
+        metrics,
+    }
+    .announce();
+    // The coordinator's failure monitor, through this replica (every
+    // replica runs one; their writes are idempotent inserts).
+    let monitor_kv: std::sync::Arc<dyn KvStore> =
+        std::sync::Arc::new(RaftKv::connect(vec![addr], tls.as_ref())?);
+    let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv.clone()));
+    // The scheduler too: passes commit by compare-and-swap of one value,
+    // so replicas' passes never interleave.
+    let scheduler = tokio::spawn(scheduler(monitor_kv));
+    wait_for_signal().await;
+    monitor.abort();
+    scheduler.abort();
+    tracing::info!(id, "replica shutting down");
+    replica.shutdown().await;
+    Ok(())
+}
+
+fn openraft_snapshot_policy(every: u64) -> tessel_kvstore::raft::SnapshotPolicy {
+    tessel_kvstore::raft::SnapshotPolicy::LogsSinceLast(every.max(1))
+}
+
+pub async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

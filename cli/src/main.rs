@@ -1,0 +1,264 @@
+//! The `tessel` command: one file per command group, the library
+//! (`tessel`) and the benchmarks (`tessel-bench`) doing the work.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+mod args;
+mod certs;
+mod cluster;
+mod coordinator;
+mod jobs;
+mod kv;
+mod local;
+mod metrics_http;
+mod nodes;
+mod program;
+mod worker;
+
+/// mimalloc, not glibc's malloc, for Rust's allocations in every `tessel`
+/// process (the plugin's own C allocations keep glibc's): replicas and
+/// clients allocate per request, and glibc's malloc was a tenth of the
+/// CPU under load (docs/performance.md). Built without transparent huge
+/// pages, which made every touched segment hold 2 MiB. Values handed to
+/// the plugin are freed through our own deleter, never by its `free`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "tessel", version, about = "Multi-host ML jobs on PJRT")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Exit when stdin closes (set by `tessel local` on its children).
+    #[arg(long, global = true, hide = true)]
+    exit_with_parent: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create certificates for the cluster's mutual TLS.
+    Certs {
+        #[command(subcommand)]
+        command: certs::CertsCommand,
+    },
+    /// Run one replica of the replicated key-value service.
+    Coordinator(coordinator::CoordinatorArgs),
+    /// Read and write the key-value service.
+    Kv(kv::KvArgs),
+    /// Run the per-host agent: register, keep a lease, run job processes.
+    Worker(worker::WorkerArgs),
+    /// Registered workers: state, incarnation, last heartbeat.
+    Workers(nodes::WorkersArgs),
+    /// A job's global device topology.
+    Topology(nodes::TopologyArgs),
+    /// Start coordinators and workers as processes on this machine.
+    Local(local::LocalArgs),
+    /// Submit a job spec to the cluster's scheduler (prints the job id).
+    Submit(jobs::SubmitArgs),
+    /// Jobs the scheduler knows: state, attempt, workers, reason.
+    Jobs(jobs::JobIdArgs),
+    /// One job: state, placement, restarts, last reports.
+    Job(jobs::JobIdArgs),
+    /// Cancel a job (its devices are freed).
+    Cancel(jobs::JobIdArgs),
+    /// Write an array a finished job's plan wrote to a `.npy` file.
+    Fetch(jobs::FetchArgs),
+    /// Benchmarks (JSON lines on stdout).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Inspect and change the replica set.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
+    /// Inspect PJRT plugins.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+    /// Check a job spec (TOML) without a cluster: names, files, program
+    /// signatures against array shapes, mesh against devices.
+    Validate {
+        /// The job spec.
+        spec: PathBuf,
+    },
+    /// Compare two `.npy` arrays: same type and shape, and the largest
+    /// element-wise difference within `--atol` (exit code 1 if not).
+    Compare {
+        a: PathBuf,
+        b: PathBuf,
+        /// Largest allowed absolute difference.
+        #[arg(long, default_value_t = 0.0)]
+        atol: f64,
+    },
+    /// (internal) One rank of a transfer group, driven over stdin/stdout.
+    #[command(hide = true)]
+    TransferRank(tessel_bench::transfer_rank::TransferRankArgs),
+    /// Compile and run a StableHLO program (MLIR text or bytecode) on this host.
+    Run {
+        /// The program: a `.mlir` file (text or bytecode) whose entry is `@main`.
+        program: PathBuf,
+        #[command(flatten)]
+        plugin: args::PluginArg,
+        /// CPU devices to create (default: one per partition).
+        #[arg(long)]
+        devices: Option<usize>,
+        /// SPMD partitions (default: the module's mhlo.num_partitions, else 1).
+        #[arg(long)]
+        partitions: Option<usize>,
+        /// An argument, in parameter order: a `.npy` file or a literal such as
+        /// `f32[2,2]=1,2,3,4` (one value fills the shape: `f32[1000]=0`).
+        #[arg(long = "arg", value_name = "SPEC")]
+        args: Vec<String>,
+        /// Write each output to DIR/output<N>.npy.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The replicated key-value service: 3 replica processes on loopback.
+    Kv(tessel_bench::kv::BenchKvArgs),
+    /// Worker start to global topology known by all, processes and simulated.
+    Bootstrap(tessel_bench::bootstrap::BenchBootstrapArgs),
+    /// Point-to-point throughput between two processes: QUIC against TCP.
+    Transfer(tessel_bench::transfer::BenchTransferArgs),
+    /// A job's step time on a local cluster (default: the MLP demo), and
+    /// the same training in JAX over gloo.
+    Job(tessel_bench::job::BenchJobArgs),
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// API version, platform, attributes and devices of a plugin.
+    Info {
+        #[command(flatten)]
+        plugin: args::PluginArg,
+    },
+}
+
+fn main() -> ExitCode {
+    // XLA's own logging goes to stderr at INFO; keep errors only unless the
+    // user asks for more. Set before any plugin is loaded, while no other
+    // thread exists.
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
+    }
+    let cli = Cli::parse();
+    // Large host buffers are reused rather than unmapped and faulted in
+    // again, for the commands that move tensors; a coordinator keeps no
+    // tensors, and retaining its peak heap would only inflate its memory.
+    if !matches!(cli.command, Command::Coordinator(_)) {
+        tessel_transfer::memory::retain_large_allocations();
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", report(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes, each once: many of our errors already say
+/// their source in their own message.
+fn report(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if cli.exit_with_parent {
+        tessel::local::exit_with_parent();
+    }
+    // `threads`: the runtime's worker threads; `None`, one per core.
+    let runtime_with = |threads: Option<usize>| {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = threads {
+            builder.worker_threads(n);
+        }
+        builder
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+    };
+    let runtime = || runtime_with(None);
+    match cli.command {
+        Command::Certs { command } => certs::certs(command),
+        Command::Coordinator(args) => {
+            runtime_with(Some(args.worker_threads.into()))?.block_on(coordinator::coordinator(args))
+        }
+        Command::Kv(args) => runtime()?.block_on(kv::kv(args)),
+        Command::Worker(args) => runtime()?.block_on(worker::worker(args)),
+        Command::Workers(args) => runtime()?.block_on(nodes::workers(args)),
+        Command::Topology(args) => runtime()?.block_on(nodes::topology(args)),
+        Command::Local(args) => runtime()?.block_on(local::local(args)),
+        Command::Submit(args) => runtime()?.block_on(jobs::submit(args)),
+        Command::Jobs(args) => runtime()?.block_on(jobs::jobs(args)),
+        Command::Job(args) => runtime()?.block_on(jobs::job(args)),
+        Command::Cancel(args) => runtime()?.block_on(jobs::cancel(args)),
+        Command::Fetch(args) => runtime()?.block_on(jobs::fetch(args)),
+        Command::Cluster { command } => runtime()?.block_on(cluster::cluster(command)),
+        Command::Bench {
+            command: BenchCommand::Kv(args),
+        } => runtime()?.block_on(async {
+            // On a runtime worker, as the tasks of a client program run:
+            // the thread blocking on the runtime is not one, so each of
+            // its awaits would add a wake-up from a worker to every timed
+            // call of the sequential figures.
+            tokio::spawn(tessel_bench::kv::run(args))
+                .await
+                .context("the bench task failed")?
+        }),
+        Command::Bench {
+            command: BenchCommand::Bootstrap(args),
+        } => runtime()?.block_on(tessel_bench::bootstrap::run(args)),
+        Command::Bench {
+            command: BenchCommand::Transfer(args),
+        } => runtime()?.block_on(tessel_bench::transfer::run(args)),
+        Command::Bench {
+            command: BenchCommand::Job(args),
+        } => runtime()?.block_on(tessel_bench::job::run(args)),
+        Command::Validate { spec } => program::validate_spec(&spec),
+        Command::Compare { a, b, atol } => program::compare_arrays(&a, &b, atol),
+        Command::TransferRank(args) => runtime()?.block_on(tessel_bench::transfer_rank::run(args)),
+        Command::Plugin {
+            command: PluginCommand::Info { plugin },
+        } => program::plugin_info(&plugin.load()?),
+        Command::Run {
+            program,
+            plugin,
+            devices,
+            partitions,
+            args,
+            out,
+        } => program::run(
+            &program,
+            &plugin,
+            devices,
+            partitions,
+            &args,
+            out.as_deref(),
+        ),
+    }
+}

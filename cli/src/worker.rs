@@ -1,0 +1,156 @@
+//! `tessel worker`: the per-host agent.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessel::local::Ready;
+use tessel_coordinator::LivenessConfig;
+use tessel_kv::KvStore;
+use tessel_worker::{Worker, WorkerConfig};
+
+use crate::args::{KvTargetArgs, PluginArg};
+use crate::coordinator::wait_for_signal;
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub target: KvTargetArgs,
+    #[command(flatten)]
+    pub plugin: PluginArg,
+    /// CPU devices per client (the CPU plugin's `cpu_device_count`).
+    #[arg(long)]
+    pub devices: Option<usize>,
+    /// This worker's id, stable across restarts (default: the hostname).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// Heartbeat interval.
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_ms: u64,
+    /// Lease TTL: a worker silent this long is dead.
+    #[arg(long, default_value_t = 5000)]
+    pub ttl_ms: u64,
+    /// An explicit slice index for the topology (default: by boot id).
+    #[arg(long)]
+    pub slice: Option<u32>,
+    /// The address job processes bind their transfer endpoints to (default:
+    /// the address this host uses to reach the first coordinator).
+    #[arg(long, value_name = "IP")]
+    pub transfer_ip: Option<std::net::IpAddr>,
+    /// Serve this process's metrics (its job processes' transfers and
+    /// collectives included) in Prometheus's text format at
+    /// `http://HOST:PORT/metrics` (port 0 picks one, printed on start).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// A folder under which jobs may keep checkpoints on this host (an
+    /// absolute path; repeat for several). Without one, jobs that
+    /// checkpoint fail on this worker, saying so.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_root: Vec<PathBuf>,
+}
+
+/// The local address of the route to `target` (no packet is sent).
+fn outbound_ip(target: SocketAddr) -> Result<std::net::IpAddr> {
+    let any: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse()?
+    } else {
+        "[::]:0".parse()?
+    };
+    let socket = std::net::UdpSocket::bind(any)?;
+    socket
+        .connect(target)
+        .with_context(|| format!("no route to {target}"))?;
+    Ok(socket.local_addr()?.ip())
+}
+
+/// Where this worker's job processes listen for transfers.
+fn transfer_ip(args: &WorkerArgs) -> Result<std::net::IpAddr> {
+    if let Some(ip) = args.transfer_ip {
+        return Ok(ip);
+    }
+    let first = match (&args.target.coordinator, &args.target.kv) {
+        (Some(list), _) => list.split(',').next().unwrap_or_default().trim().to_owned(),
+        (None, Some(url)) => url
+            .trim_start_matches("etcd://")
+            .split(',')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        (None, None) => String::new(),
+    };
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&first)
+        .with_context(|| format!("cannot resolve {first:?} to choose --transfer-ip"))?
+        .next()
+        .with_context(|| format!("{first:?} resolves to nothing; pass --transfer-ip"))?;
+    outbound_ip(target)
+}
+
+pub async fn worker(args: WorkerArgs) -> Result<()> {
+    let metrics = crate::metrics_http::serve_if(args.metrics_listen).await?;
+    for root in &args.checkpoint_root {
+        if !root.is_absolute() {
+            bail!(
+                "--checkpoint-root {}: give an absolute path",
+                root.display()
+            );
+        }
+    }
+    let kv: Arc<dyn KvStore> = Arc::from(args.target.connect().await?);
+    kv.revision().await.with_context(|| {
+        format!(
+            "cannot reach the coordinators ({}); are they up, and is this worker's certificate from the cluster's CA?",
+            args.target.describe()
+        )
+    })?;
+    let plugin_name = args.plugin.name();
+    let plugin = args.plugin.path()?;
+    let transfer_ip = transfer_ip(&args)?;
+    let tls = args.target.tls.load()?;
+    // Default id: the name in this worker's certificate, else the hostname.
+    let worker_id = match (args.worker_id, tls.as_ref().map(|t| t.identity())) {
+        (Some(id), _) => id,
+        (
+            None,
+            Some(tessel_net::tls::Identity::Node {
+                role: tessel_net::tls::Role::Worker,
+                name,
+            }),
+        ) => name.clone(),
+        (None, _) => tessel_worker::HostFacts::read().hostname,
+    };
+    let cfg = WorkerConfig {
+        worker_id,
+        plugin_name,
+        plugin,
+        devices: args.devices,
+        liveness: LivenessConfig {
+            heartbeat: Duration::from_millis(args.heartbeat_ms),
+            ttl: Duration::from_millis(args.ttl_ms),
+        },
+        slice_index: args.slice,
+        transfer_ip,
+        transfer_tls: tls,
+        checkpoint_roots: args.checkpoint_root.clone(),
+    };
+    let w = Worker::start(kv, cfg, Arc::new(tessel::plan::PlanRunner)).await?;
+    // Launchers, benchmarks and tests read this line.
+    let (load, ready_at) = w.plugin_load();
+    let announce = |reg: &tessel_coordinator::Registration, again: bool| {
+        Ready::Worker {
+            worker: reg.worker_id.clone(),
+            incarnation: reg.incarnation,
+            again,
+            plugin_ms: load.as_millis() as u64,
+            plugin_ready_unix_ms: ready_at,
+            metrics,
+        }
+        .announce()
+    };
+    announce(&w.registration(), false);
+    w.run(wait_for_signal(), |reg| announce(reg, true)).await?;
+    Ok(())
+}

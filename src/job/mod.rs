@@ -1,0 +1,70 @@
+//! `JobSpec`: what a user submits (a TOML file for the CLI, this struct for
+//! the API), and its validation at submit time.
+//!
+//! ```toml
+//! name = "mlp"
+//! processes = 4
+//! devices_per_process = 1
+//! plugin = "cpu"
+//! mesh = "data=4"
+//! steps = 100
+//! max_restarts = 2
+//!
+//! [programs.train_step]
+//! file = "train_step.mlir"        # relative to the spec's folder
+//!
+//! [arrays.w]
+//! dtype = "f32"
+//! shape = [8, 4]
+//! init = { kind = "normal", mean = 0.0, std = 0.1, seed = 1 }
+//!
+//! [arrays.x]
+//! dtype = "f32"
+//! shape = [256, 8]
+//! sharding = { split = "data", dim = 0 }
+//! init = { kind = "npy", file = "x.npy" }
+//!
+//! [[plan]]
+//! op = "execute"
+//! program = "train_step"
+//! inputs = ["w", "x", "$step"]
+//! outputs = ["grad", "loss"]
+//!
+//! [[plan]]
+//! op = "all_reduce"
+//! array = "grad"
+//! reduce = "mean"
+//!
+//! [report]
+//! arrays = ["loss"]
+//! every = 10
+//!
+//! [checkpoint]
+//! dir = "/var/lib/tessel/checkpoints/mlp"   # absolute, under every worker's --checkpoint-root
+//! every = 50
+//! ```
+//!
+//! Invariants of a [`ValidatedJob`]:
+//! 1. Every name it uses (program, array, mesh axis, built-in) resolves,
+//!    and every file it names exists (and programs parse).
+//! 2. The mesh covers exactly `processes × devices_per_process` devices and
+//!    every split dimension divides evenly over its axis.
+//! 3. Every `execute` step passes, per parameter, an array whose dtype and
+//!    process-local shape equal the program's parameter type, and its
+//!    outputs are declared arrays whose process-local types equal the
+//!    program's results. The local shape an input has is the one it has
+//!    at that point of the plan, as the runner lays it out: `reshard` and
+//!    `all_gather` change it, an `execute` output has its declared
+//!    sharding; the plan is followed twice, since a step starts with the
+//!    layouts the step before it left (after two passes they repeat).
+//! 4. Errors name the field (`plan[1].inputs[2]`, `arrays.w.shape`) and
+//!    all of them are reported at once.
+//! 5. Every name a worker may turn into a path follows [`crate::names`]:
+//!    arrays and programs; the checkpoint folder is absolute. (The files a
+//!    spec names are read where it is validated, relative to its folder
+//!    or absolute, and travel in the bundle; no worker writes them.)
+
+mod spec;
+mod validate;
+
+pub use spec::*;

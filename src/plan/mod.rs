@@ -1,0 +1,100 @@
+//! Running a job's plan in one of its processes.
+//!
+//! A [`JobBundle`] is what travels to the workers (`jobs/{job}/spec`): the
+//! spec's text and the files it names. Each process validates it again,
+//! compiles the programs for its local devices, initialises its block of
+//! every array ([`crate::init`]) and runs the plan `steps` times. Arrays
+//! live on the host between steps as process-local blocks; `execute` splits
+//! them over the process's devices by the program's own sharding
+//! annotations, the collectives run over the job's [`Communicator`].
+//!
+//! Invariants:
+//! 1. Every process holds, for each array, the block its devices cover
+//!    ([`crate::layout`]); after `all_reduce` every process holds the same
+//!    bytes (the communicator's fixed reduction order).
+//! 2. Process 0 writes the reports; every value it reports is its own
+//!    block, so a reported scalar should be one the plan all-reduced.
+//! 3. A process never hands out a partial step: an error in any step ends
+//!    the run with that error, naming the step (`plan[i]`) and the array.
+
+mod bundle;
+mod process;
+mod run;
+
+pub use bundle::{JobBundle, MAX_BUNDLE, MAX_FETCHABLE};
+pub use process::{scalar_f64, written_arrays, LocalArray, PlanTimings, ProcessPlan};
+pub use run::{run_job_process, PlanRunner, ProcessResult, StepReport};
+
+use tessel_coordinator::jobs::FailureKind;
+
+use crate::job::JobSpecError;
+use crate::program::RunError;
+
+/// Why a process's run of the plan failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("bad job bundle: {0}")]
+    Bundle(String),
+    #[error(transparent)]
+    Spec(#[from] JobSpecError),
+    #[error("program `{program}`: {source}")]
+    Compile {
+        program: String,
+        #[source]
+        source: RunError,
+    },
+    #[error("arrays.{array}: {reason}")]
+    Array { array: String, reason: String },
+    #[error("step {step}, plan[{index}]: {reason}")]
+    Step {
+        step: u64,
+        index: usize,
+        reason: String,
+    },
+    /// A collective between the processes failed: in a step, a
+    /// checkpoint or the final gather.
+    #[error("{what}: {source}")]
+    Collective {
+        what: String,
+        #[source]
+        source: tessel_transfer::TransferError,
+    },
+    /// The coordinators' key-value service failed.
+    #[error("{what}: {source}")]
+    Kv {
+        what: String,
+        #[source]
+        source: tessel_kv::KvError,
+    },
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl PlanError {
+    /// Whether a restart may cure it (scheduler invariant 6): a lost peer
+    /// or coordinator may; everything else is the job's own error.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            PlanError::Collective { source, .. } if source.is_peer_loss() => FailureKind::PeerLost,
+            PlanError::Kv { .. } => FailureKind::PeerLost,
+            _ => FailureKind::Job,
+        }
+    }
+
+    /// The same error, said to have happened at `plan[index]` of `step`.
+    fn at(self, step: u64, index: usize) -> PlanError {
+        match self {
+            PlanError::Collective { what, source } => PlanError::Collective {
+                what: format!("step {step}, plan[{index}]: {what}"),
+                source,
+            },
+            e => PlanError::Step {
+                step,
+                index,
+                reason: e.to_string(),
+            },
+        }
+    }
+}

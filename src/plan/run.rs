@@ -1,0 +1,172 @@
+//! A whole job in one process: restore, steps, reports, checkpoints,
+//! results; and the worker's hook that runs it.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    written_arrays, JobBundle, LocalArray, PlanError, PlanTimings, ProcessPlan, MAX_FETCHABLE,
+};
+
+/// One report: the step it followed and the scalars.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepReport {
+    pub step: u64,
+    pub values: BTreeMap<String, f64>,
+    pub unix_ms: u64,
+}
+
+/// What a process publishes when its plan is done.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcessResult {
+    pub process: u32,
+    pub timings: PlanTimings,
+    pub last_report: Option<StepReport>,
+    /// Reports dropped because the coordinators fell behind.
+    #[serde(default)]
+    pub reports_dropped: u64,
+}
+
+/// Runs a whole job in one process: decode, prepare, restore, every step,
+/// reports and checkpoints, the final arrays (process 0).
+pub async fn run_job_process(
+    process: tessel_worker::JobProcess<'_>,
+) -> Result<ProcessResult, PlanError> {
+    let (_, job) = JobBundle::decode(&process.spec)?;
+    let job_id = tessel_coordinator::scheduler::job_of_instance(process.job).to_owned();
+    if job.spec.processes != process.num_processes {
+        return Err(PlanError::Other(format!(
+            "the spec asks for {} processes, the job was started with {}",
+            job.spec.processes, process.num_processes
+        )));
+    }
+    let index = process.process_index as usize;
+    let client = process.client;
+    let comm = process.communicator;
+    let started = Instant::now();
+    let text = job.text.clone();
+    let mut plan = tokio::task::block_in_place(|| ProcessPlan::prepare(job, index, client))?;
+    tracing::info!(
+        job = process.job,
+        process = index,
+        compile_s = plan.timings.compile_s,
+        init_s = plan.timings.init_s,
+        "plan ready"
+    );
+    let spec = plan.spec().clone();
+    let written = written_arrays(&spec);
+    let checkpoints = match &spec.checkpoint {
+        Some(c) => Some(
+            crate::checkpoint::Checkpoints::open(
+                c,
+                &text,
+                process.checkpoint_roots,
+                process.job,
+                index,
+                process.topology,
+                comm,
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let mut first_step = 0;
+    if let Some(c) = &checkpoints {
+        if let Some((step, restored)) = c.restore(&*process.kv, comm, &written).await? {
+            plan.restore(restored).map_err(PlanError::Checkpoint)?;
+            first_step = step + 1;
+        }
+    }
+    let reporter = (index == 0 && spec.report.is_some())
+        .then(|| crate::report::Reporter::start(process.kv.clone(), job_id.clone()));
+    let mut last_report = None;
+    let loop_started = Instant::now();
+    for step in first_step..spec.steps {
+        // A plan without collectives never waits: yield once a step so the
+        // worker can stop it (failure elsewhere, cancellation).
+        tokio::task::yield_now().await;
+        plan.run_step(client, step, comm).await?;
+        if let Some(c) = &checkpoints {
+            if (step + 1) % c.every == 0 && step + 1 < spec.steps {
+                let t = Instant::now();
+                let blocks: Vec<(&str, &LocalArray)> = written
+                    .iter()
+                    .map(|n| (n.as_str(), plan.array(n).expect("declared")))
+                    .collect();
+                c.save(&*process.kv, comm, step, &blocks).await?;
+                plan.timings.checkpoint_s += t.elapsed().as_secs_f64();
+            }
+        }
+        let (Some(r), Some(reporter)) = (&spec.report, &reporter) else {
+            continue;
+        };
+        if (step + 1) % r.every == 0 || step + 1 == spec.steps {
+            let t = Instant::now();
+            let report = StepReport {
+                step,
+                values: plan.scalars(&r.arrays),
+                unix_ms: tessel_coordinator::keys::unix_ms(),
+            };
+            reporter.send(&report);
+            last_report = Some(report);
+            plan.timings.coordination_s += t.elapsed().as_secs_f64();
+        }
+    }
+    plan.timings.loop_s = loop_started.elapsed().as_secs_f64();
+    plan.timings.first_step = first_step;
+    let reports_dropped = match reporter {
+        Some(r) => r.finish().await?,
+        None => 0,
+    };
+    // The arrays the plan wrote, gathered, for `fetch` (process 0 stores
+    // those that fit one KV value).
+    for name in &written {
+        let global = plan.gather(name, comm).await?;
+        if index == 0 {
+            let npy = crate::array::write_npy(&global);
+            if npy.len() <= MAX_FETCHABLE {
+                process
+                    .kv
+                    .put(
+                        tessel_coordinator::keys::job_array(&job_id, name).as_bytes(),
+                        &npy,
+                    )
+                    .await
+                    .map_err(|source| PlanError::Kv {
+                        what: format!("storing `{name}`"),
+                        source,
+                    })?;
+            } else {
+                tracing::warn!(array = %name, bytes = npy.len(), "too large to keep for fetch");
+            }
+        }
+    }
+    plan.timings.run_s = started.elapsed().as_secs_f64();
+    Ok(ProcessResult {
+        process: process.process_index,
+        timings: plan.timings,
+        last_report,
+        reports_dropped,
+    })
+}
+
+/// The [`tessel_worker::JobRunner`] the `tessel worker` command uses.
+pub struct PlanRunner;
+
+#[async_trait::async_trait]
+impl tessel_worker::JobRunner for PlanRunner {
+    async fn run(
+        &self,
+        process: tessel_worker::JobProcess<'_>,
+    ) -> Result<Vec<u8>, tessel_worker::JobError> {
+        let r = run_job_process(process)
+            .await
+            .map_err(|e| tessel_worker::JobError {
+                kind: e.kind(),
+                message: e.to_string(),
+            })?;
+        Ok(serde_json::to_vec(&r).expect("encodes"))
+    }
+}
