@@ -1,0 +1,565 @@
+//! One QUIC endpoint per worker: sends to and receives from peers.
+//!
+//! Protocol: one bidirectional stream per transfer. The sender writes the
+//! header frame and exactly `byte_len` payload bytes, then finishes its
+//! side; the receiver answers one byte (`0` = stored, `1` = refused) once
+//! the payload is in its mailbox, so a completed `send` means delivered.
+//!
+//! Invariants:
+//! 1. Nothing is allocated for a payload before its header is validated
+//!    against the receiver's limit (header invariant 1); a refused stream is
+//!    reset and the endpoint keeps serving every other stream.
+//! 2. QUIC flow control is the backpressure: the receiver reads the payload
+//!    into its final buffer as it arrives, so a slow receiver slows the
+//!    sender, and neither side buffers more than the windows.
+//! 3. Received arrays wait in a mailbox keyed by (sender rank, tag) until
+//!    a `recv` takes them; each is delivered once, in arrival order.
+//! 4. Every call has a deadline; connections to a peer are reused.
+//! 5. Same-host path: to a peer with our boot id (unless `force_network`),
+//!    the sender writes the payload to a file of the shared-memory folder
+//!    (tmpfs, see [`crate::shm`]) and sends only the header naming it; the
+//!    receiver checks the name and the file's length against the validated
+//!    header and reads it before acknowledging. A collective's ring lends
+//!    its files instead ([`TransferEndpoint::send_with`], shm invariant 3):
+//!    the receiver maps the file, its consumer reduces or copies straight
+//!    from the mapping, and the acknowledgement waits until it is done.
+//! 6. Datagram sizes: a connection to a peer on this host (loopback address
+//!    or our boot id) may grow its datagrams to `max_udp_payload` (64 KiB
+//!    on loopback) and sends them one per system call; a connection to
+//!    another host batches datagrams with segmentation offload and never
+//!    exceeds [`GSO_MAX_UDP_PAYLOAD`], so no batch can pass the kernel's
+//!    64 KiB limit for one GSO send.
+//! 7. Spare buffers: a payload of at least [`MIN_SPARE`] bytes is read into
+//!    a buffer handed back with [`TransferEndpoint::recycle`] when one fits
+//!    (capacity from the length to twice it), else into fresh memory;
+//!    spares never hold more than `spare_bytes` in all. Fresh memory costs
+//!    a page fault and the zeroing of every page (a fifth of a 1 GiB
+//!    transfer's CPU here); a loop that receives the same sizes every step
+//!    pays that once. [`TransferEndpoint::recv_buffer`] recycles by itself.
+//! 8. Several connections: up to `connections_per_peer` connections to each
+//!    peer, opened as needed; transfers take them in turn, and a network
+//!    payload of at least `stripe_bytes` travels as one part per connection
+//!    (header field `part`, [`crate::stripe`]), so that different threads
+//!    seal and open its packets at once (quinn drives each connection from
+//!    one task).
+//! 9. No copies of our own on the network path of a lent payload (a
+//!    collective's ring chunk): the sender may hand over shared pieces
+//!    ([`Outgoing::Shared`]), which quinn keeps until they are
+//!    acknowledged instead of copying them into its send buffer, and the
+//!    receiver delivers the pieces `read_chunk` hands out
+//!    ([`Payload::Pieces`]) instead of copying them into one buffer. The
+//!    ring reduces straight from the pieces and sends them on as they
+//!    are.
+//! 10. With certificates, an endpoint admits only workers (the cluster-wide
+//!     certificate passes), and a sender verifies that the peer's
+//!     certificate names the worker its [`Peer`] says it runs on.
+mod config;
+mod mailbox;
+mod payload;
+mod receive;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::{Connection, Endpoint, VarInt};
+use tessel_net::tls::{Accept, Expect, TlsFiles};
+use tessel_pjrt::ElementType;
+
+use crate::error::{Result, TransferError};
+use crate::header::TransferHeader;
+use crate::shm::ShmPool;
+use crate::stripe::{part_range, Part};
+
+pub use config::{Peer, TransferConfig};
+use mailbox::Mailbox;
+use payload::Arrived;
+pub use payload::Received;
+pub(crate) use payload::{Outgoing, Payload};
+use receive::accept_loop;
+
+/// ALPN of the transfer protocol.
+pub const ALPN: &[u8] = b"tessel-transfer";
+
+/// The largest UDP payload a connection with segmentation offload may use.
+/// quinn hands the socket up to 10 datagrams per GSO send and Linux refuses
+/// a send above 64 KiB in all (`EMSGSIZE`, which quinn drops silently as if
+/// it were a lost MTU probe): with a larger MTU every batch of a transfer
+/// was lost, black-hole detection fell back to 1,200 bytes, and 1 GiB moved
+/// at 0.43 GB/s on loopback.
+pub const GSO_MAX_UDP_PAYLOAD: u16 = 6_500;
+
+/// Smallest buffer worth keeping as a spare (invariant 7).
+pub const MIN_SPARE: usize = 1 << 20;
+
+/// Stream reset codes.
+const REFUSED: u32 = 1;
+
+fn tls_err(e: tessel_net::tls::TlsError) -> TransferError {
+    TransferError::Tls(e.to_string())
+}
+
+/// A worker's transfer endpoint.
+pub struct TransferEndpoint {
+    rank: u32,
+    endpoint: Endpoint,
+    /// Connection `k` (below `connections_per_peer`) to each peer address.
+    conns: Mutex<HashMap<(SocketAddr, usize), Connection>>,
+    /// Round robin over a peer's connections.
+    next_conn: AtomicUsize,
+    /// Numbers this endpoint's striped payloads (stripe invariant 1).
+    next_transfer: AtomicU64,
+    /// The cluster's certificates (`None`: `--insecure`, whose client
+    /// settings are made once).
+    tls: Option<TlsFiles>,
+    insecure_client: Option<quinn::ClientConfig>,
+    mailbox: Arc<Mailbox>,
+    accept: tokio::task::JoinHandle<()>,
+    cfg: TransferConfig,
+    shm: ShmPool,
+}
+
+impl Drop for TransferEndpoint {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.endpoint.close(VarInt::from_u32(0), b"closed");
+    }
+}
+
+impl TransferEndpoint {
+    /// Binds `addr` (port 0 picks one) for `rank`; `tls: None` is
+    /// `--insecure`.
+    pub fn bind(
+        addr: SocketAddr,
+        rank: u32,
+        tls: Option<&TlsFiles>,
+        cfg: TransferConfig,
+    ) -> Result<TransferEndpoint> {
+        let cfg = TransferConfig {
+            connections_per_peer: cfg.connections_per_peer.max(1),
+            ..cfg
+        };
+        let (mut server, insecure_client) = match tls {
+            Some(t) => (
+                t.server_config(ALPN, Accept::Workers).map_err(tls_err)?,
+                None,
+            ),
+            None => {
+                let (server, client) = tessel_net::tls::insecure_configs(ALPN).map_err(tls_err)?;
+                (server, Some(client))
+            }
+        };
+        // The server side of a transfer only acknowledges.
+        server.transport_config(cfg.transport(false));
+        let bind_err = |reason: String| TransferError::Bind { addr, reason };
+        let mut endpoint_cfg = quinn::EndpointConfig::default();
+        endpoint_cfg
+            .max_udp_payload_size(cfg.max_udp_payload.max(1200))
+            .map_err(|e| bind_err(e.to_string()))?;
+        let socket =
+            tessel_net::udp_socket(addr, cfg.socket_buffer).map_err(|e| bind_err(e.to_string()))?;
+        let endpoint = Endpoint::new(
+            endpoint_cfg,
+            Some(server),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(|e| bind_err(e.to_string()))?;
+        let mailbox = Arc::new(Mailbox::default());
+        let accept = tokio::spawn(accept_loop(endpoint.clone(), mailbox.clone(), cfg.clone()));
+        Ok(TransferEndpoint {
+            rank,
+            endpoint,
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicUsize::new(0),
+            next_transfer: AtomicU64::new(0),
+            tls: tls.cloned(),
+            insecure_client,
+            mailbox,
+            accept,
+            shm: ShmPool::new(cfg.shm_dir.clone()),
+            cfg,
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.endpoint
+            .local_addr()
+            .map_err(|e| TransferError::Stream {
+                peer: "local".into(),
+                reason: e.to_string(),
+            })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Client settings for `peer`: its transport profile (invariant 6),
+    /// and a certificate check for the worker it runs on (invariant 10).
+    fn client_config(&self, peer: &Peer) -> Result<quinn::ClientConfig> {
+        let mut c = match (&self.tls, &self.insecure_client) {
+            (Some(t), _) => t
+                .client_config(ALPN, Expect::Worker(peer.worker.clone()))
+                .map_err(tls_err)?,
+            (None, Some(c)) => c.clone(),
+            (None, None) => unreachable!("bind sets one or the other"),
+        };
+        c.transport_config(self.cfg.transport(self.on_this_host(peer)));
+        Ok(c)
+    }
+
+    async fn connection(&self, peer: &Peer) -> Result<Connection> {
+        let k = self.next_conn.fetch_add(1, Ordering::Relaxed) % self.cfg.connections_per_peer;
+        self.connection_at(peer, k).await
+    }
+
+    async fn connection_at(&self, peer: &Peer, k: usize) -> Result<Connection> {
+        let addr = peer.addr;
+        if let Some(c) = self.conns.lock().expect("not poisoned").get(&(addr, k)) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let connect_err = |reason: String| TransferError::Connect { addr, reason };
+        let client = self.client_config(peer)?;
+        let conn = self
+            .endpoint
+            .connect_with(client, addr, tessel_net::tls::SERVER_NAME)
+            .map_err(|e| connect_err(e.to_string()))?
+            .await
+            .map_err(|e| connect_err(e.to_string()))?;
+        self.conns
+            .lock()
+            .expect("not poisoned")
+            .insert((addr, k), conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends an array over the network to `peer` under `tag`; returns once
+    /// the peer stored it (invariant 4: within `timeout`).
+    pub async fn send(
+        &self,
+        peer: SocketAddr,
+        tag: u64,
+        dtype: ElementType,
+        dims: &[u64],
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.send_to(&Peer::new(peer, None), tag, dtype, dims, data, timeout)
+            .await
+    }
+
+    /// Sends a PJRT buffer (copied to host memory first) to `peer` under
+    /// `tag`.
+    pub async fn send_buffer(
+        &self,
+        peer: &Peer,
+        tag: u64,
+        buffer: &tessel_pjrt::Buffer,
+        timeout: Duration,
+    ) -> Result<()> {
+        let pjrt = |e: tessel_pjrt::Error| TransferError::Pjrt(e.to_string());
+        let host = buffer.to_host().map_err(pjrt)?.await.map_err(pjrt)?;
+        let dims: Vec<u64> = host.dims().iter().map(|&d| d as u64).collect();
+        self.send_to(peer, tag, host.element_type(), &dims, host.bytes(), timeout)
+            .await
+    }
+
+    /// Receives the next array `from` sent under `tag` onto `device` (the
+    /// receiver chooses the device).
+    pub async fn recv_buffer(
+        &self,
+        from: u32,
+        tag: u64,
+        device: &tessel_pjrt::Device,
+        timeout: Duration,
+    ) -> Result<tessel_pjrt::Buffer> {
+        let got = self.recv(from, tag, timeout).await?;
+        let dims = got
+            .dims
+            .iter()
+            .map(|&d| i64::try_from(d))
+            .collect::<std::result::Result<Vec<i64>, _>>()
+            .map_err(|_| TransferError::InvalidHeader(format!("dimensions {:?}", got.dims)))?;
+        let buffer = device
+            .client()
+            .buffer_from_bytes(got.dtype, &dims, &got.data, device)
+            .map_err(|e| TransferError::Pjrt(e.to_string()));
+        self.recycle(got.data);
+        buffer
+    }
+
+    /// Hands a buffer that held a received array back for later payloads
+    /// (invariant 7); kept only if at least [`MIN_SPARE`] bytes and within
+    /// `spare_bytes`, else freed.
+    pub fn recycle(&self, buf: Vec<u8>) {
+        self.mailbox
+            .spares
+            .lock()
+            .expect("not poisoned")
+            .put(buf, self.cfg.spare_bytes);
+    }
+
+    /// QUIC statistics of the connection to `peer` (for benchmarks).
+    pub fn connection_stats(&self, peer: SocketAddr) -> Option<quinn::ConnectionStats> {
+        self.conns
+            .lock()
+            .expect("not poisoned")
+            .get(&(peer, 0))
+            .map(|c| c.stats())
+    }
+
+    /// Where this endpoint's shared-memory files live.
+    pub(crate) fn shm_dir(&self) -> &std::path::Path {
+        &self.cfg.shm_dir
+    }
+
+    /// Whether transfers to `peer` take the shared-memory path.
+    pub fn same_host(&self, peer: &Peer) -> bool {
+        !self.cfg.force_network && self.same_boot_id(peer)
+    }
+
+    fn same_boot_id(&self, peer: &Peer) -> bool {
+        self.cfg.boot_id.is_some() && self.cfg.boot_id == peer.boot_id
+    }
+
+    /// Whether the network path to `peer` stays inside this host
+    /// (invariant 6).
+    fn on_this_host(&self, peer: &Peer) -> bool {
+        peer.addr.ip().is_loopback() || self.same_boot_id(peer)
+    }
+
+    /// Sends an array to `peer` under `tag`, through shared memory when the
+    /// peer is on this host (invariant 5), else over QUIC; returns once the
+    /// peer stored it.
+    pub async fn send_to(
+        &self,
+        peer: &Peer,
+        tag: u64,
+        dtype: ElementType,
+        dims: &[u64],
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.send_with(
+            peer,
+            tag,
+            dtype,
+            dims,
+            Outgoing::Borrowed(data),
+            timeout,
+            false,
+        )
+        .await
+    }
+
+    /// [`Self::send_to`] of borrowed or shared bytes, or with `lend` for a
+    /// taker that consumes the array at once, as a collective's ring does
+    /// (never for a mailbox that may hold it): a same-host peer reads the
+    /// file in place and the call returns only once the peer's consumer is
+    /// done with it (invariant 5), a network peer keeps the pieces the
+    /// bytes arrived in (invariant 9).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn send_with(
+        &self,
+        peer: &Peer,
+        tag: u64,
+        dtype: ElementType,
+        dims: &[u64],
+        data: Outgoing<'_>,
+        timeout: Duration,
+        lend: bool,
+    ) -> Result<()> {
+        let mut header = TransferHeader::new(self.rank, tag, dtype, dims)?;
+        let len = data.len();
+        if header.byte_len != len as u64 {
+            return Err(TransferError::InvalidHeader(format!(
+                "{}{dims:?} is {} bytes, the data has {len}",
+                dtype.name(),
+                header.byte_len,
+            )));
+        }
+        header.lent = lend;
+        let shm = if self.same_host(peer) {
+            let f = self
+                .shm
+                .write(data.pieces())
+                .map_err(|e| TransferError::Stream {
+                    peer: peer.addr.to_string(),
+                    reason: format!("shared memory in {}: {e}", self.cfg.shm_dir.display()),
+                })?;
+            header.shm = Some(f.name.clone());
+            Some(f)
+        } else {
+            None
+        };
+        let payload = match shm {
+            Some(_) => Outgoing::Borrowed(&[]),
+            None => data,
+        };
+        let addr = peer.addr;
+        let k = self.cfg.connections_per_peer;
+        let attempt = async {
+            if shm.is_some() || k < 2 || self.cfg.stripe_bytes == 0 || len < self.cfg.stripe_bytes {
+                return self.send_stream(peer, None, &header, payload).await;
+            }
+            // Stripe invariant 1: one part per connection.
+            let count = (k as u32).min(crate::stripe::MAX_PARTS);
+            let transfer = self.next_transfer.fetch_add(1, Ordering::Relaxed);
+            let parts = (0..count).map(|index| {
+                let mut h = header.clone();
+                h.part = Some(Part {
+                    transfer,
+                    index,
+                    count,
+                });
+                let r = part_range(len as u64, index, count);
+                let part = payload.range(r.start as usize..r.end as usize);
+                async move { self.send_stream(peer, Some(index as usize), &h, part).await }
+            });
+            futures::future::try_join_all(parts).await.map(|_| ())
+        };
+        let result = tokio::time::timeout(timeout, attempt).await.map_err(|_| {
+            TransferError::DeadlineExceeded {
+                what: format!("send of tag {tag} to {addr}"),
+                after: timeout,
+            }
+        })?;
+        let path = if shm.is_some() { "shm" } else { "quic" };
+        if let Some(f) = shm {
+            self.shm.release(f, result.is_ok());
+        }
+        match &result {
+            Ok(()) => metrics::counter!("tessel_transfer_sent_bytes_total", "path" => path)
+                .increment(len as u64),
+            Err(_) => metrics::counter!("tessel_transfer_send_failures_total", "path" => path)
+                .increment(1),
+        }
+        result
+    }
+
+    /// One stream: `header`, then `payload`, then the receiver's answer;
+    /// on connection `conn` to the peer, or the next in turn.
+    async fn send_stream(
+        &self,
+        peer: &Peer,
+        conn: Option<usize>,
+        header: &TransferHeader,
+        payload: Outgoing<'_>,
+    ) -> Result<()> {
+        let stream_err = |reason: String| TransferError::Stream {
+            peer: peer.addr.to_string(),
+            reason,
+        };
+        let conn = match conn {
+            Some(k) => self.connection_at(peer, k).await?,
+            None => self.connection(peer).await?,
+        };
+        let (mut send, mut recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        send.write_all(&header.encode())
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        match payload {
+            Outgoing::Borrowed(bytes) => send.write_all(bytes).await,
+            Outgoing::Shared(mut pieces) => send.write_all_chunks(&mut pieces).await,
+        }
+        .map_err(|e| stream_err(e.to_string()))?;
+        send.finish().map_err(|e| stream_err(e.to_string()))?;
+        let mut ack = [0u8; 1];
+        recv.read_exact(&mut ack)
+            .await
+            .map_err(|e| stream_err(format!("no acknowledgement: {e}")))?;
+        match ack[0] {
+            0 => Ok(()),
+            _ => Err(stream_err("the receiver refused the transfer".into())),
+        }
+    }
+
+    /// Takes the next array `from` sent under `tag`, waiting up to
+    /// `timeout` (invariant 3).
+    pub async fn recv(&self, from: u32, tag: u64, timeout: Duration) -> Result<Received> {
+        self.recv_first(&[(from, tag)], timeout)
+            .await
+            .map(|(_, r)| r)
+            .map_err(|e| match e {
+                TransferError::DeadlineExceeded { after, .. } => TransferError::DeadlineExceeded {
+                    what: format!("receive of tag {tag} from rank {from}"),
+                    after,
+                },
+                e => e,
+            })
+    }
+
+    /// Takes the next array under the first of `keys` (sender rank, tag)
+    /// that has one, waiting up to `timeout`; returns the key's index.
+    pub async fn recv_first(
+        &self,
+        keys: &[(u32, u64)],
+        timeout: Duration,
+    ) -> Result<(usize, Received)> {
+        let (i, a) = self.take_first(keys, timeout).await?;
+        Ok((i, a.into()))
+    }
+
+    /// As [`Self::recv_first`], with a lent payload still in place.
+    pub(crate) async fn take_first(
+        &self,
+        keys: &[(u32, u64)],
+        timeout: Duration,
+    ) -> Result<(usize, Arrived)> {
+        let wait = async {
+            loop {
+                let arrived = self.mailbox.arrived.notified();
+                tokio::pin!(arrived);
+                arrived.as_mut().enable();
+                if let Some(r) = self.take(keys) {
+                    return r;
+                }
+                arrived.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| TransferError::DeadlineExceeded {
+                what: format!("receive of {keys:?}"),
+                after: timeout,
+            })
+    }
+
+    fn take(&self, keys: &[(u32, u64)]) -> Option<(usize, Arrived)> {
+        let mut slots = self.mailbox.slots.lock().expect("not poisoned");
+        for (i, key) in keys.iter().enumerate() {
+            let Some(queue) = slots.get_mut(key) else {
+                continue;
+            };
+            let r = queue.pop_front();
+            if queue.is_empty() {
+                slots.remove(key);
+            }
+            if let Some(r) = r {
+                return Some((i, r));
+            }
+        }
+        None
+    }
+
+    /// Drops every waiting array whose tag `matches` (what a broken
+    /// collective left behind).
+    pub fn discard(&self, matches: impl Fn(u64) -> bool) {
+        self.mailbox
+            .slots
+            .lock()
+            .expect("not poisoned")
+            .retain(|(_, tag), _| !matches(*tag));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,134 @@
+//! What a transfer carries, out and in.
+
+use bytes::Bytes;
+use tessel_pjrt::ElementType;
+
+/// An array received from a peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub dtype: ElementType,
+    pub dims: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+/// A received payload: bytes read off the stream or out of a file, a lent
+/// file mapped in place (shm invariant 3; dropping it lets the sender
+/// have the file back), or a lent payload in the pieces it arrived in
+/// (invariant 9).
+pub(crate) enum Payload {
+    Owned(Vec<u8>),
+    Mapped(crate::shm::ShmMapping),
+    Pieces(Vec<Bytes>),
+}
+
+/// One slice, or shared pieces, as the slices they are in order.
+pub(super) fn slices<'a>(
+    one: Option<&'a [u8]>,
+    many: &'a [Bytes],
+) -> impl Iterator<Item = &'a [u8]> + Clone {
+    one.into_iter().chain(many.iter().map(|b| &b[..]))
+}
+
+impl Payload {
+    pub(crate) fn len(&self) -> usize {
+        self.pieces().map(<[u8]>::len).sum()
+    }
+
+    /// The bytes in order, as one or more slices.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> + Clone {
+        match self {
+            Payload::Owned(v) => slices(Some(v), &[]),
+            Payload::Mapped(m) => slices(Some(m), &[]),
+            Payload::Pieces(p) => slices(None, p),
+        }
+    }
+
+    /// The bytes in one slice (pieces are joined).
+    pub(crate) fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            Payload::Owned(v) => v.as_slice().into(),
+            Payload::Mapped(m) => (&m[..]).into(),
+            Payload::Pieces(p) if p.len() == 1 => (&p[0][..]).into(),
+            Payload::Pieces(p) => p.concat().into(),
+        }
+    }
+
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Payload::Owned(v) => v,
+            Payload::Mapped(m) => m.to_vec(),
+            Payload::Pieces(p) => p.concat(),
+        }
+    }
+
+    /// The bytes as shared pieces to keep or send on: received bytes
+    /// without a copy, a mapping copied (its sender waits until it is
+    /// dropped).
+    pub(crate) fn into_shared(self) -> Vec<Bytes> {
+        match self {
+            Payload::Owned(v) => vec![Bytes::from(v)],
+            Payload::Mapped(m) => vec![Bytes::copy_from_slice(&m)],
+            Payload::Pieces(p) => p,
+        }
+    }
+}
+
+/// What a send carries: borrowed bytes, which the stream copies on their
+/// way out, or shared pieces, which it keeps until the peer acknowledges
+/// them and never copies (invariant 9).
+#[derive(Clone, Debug)]
+pub(crate) enum Outgoing<'a> {
+    Borrowed(&'a [u8]),
+    Shared(Vec<Bytes>),
+}
+
+impl<'a> Outgoing<'a> {
+    pub(crate) fn len(&self) -> usize {
+        self.pieces().map(<[u8]>::len).sum()
+    }
+
+    /// The bytes in order, as one or more slices.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> + Clone {
+        match self {
+            Outgoing::Borrowed(b) => slices(Some(b), &[]),
+            Outgoing::Shared(p) => slices(None, p),
+        }
+    }
+
+    /// Bytes `range` of these.
+    pub(super) fn range(&self, range: std::ops::Range<usize>) -> Outgoing<'a> {
+        match self {
+            Outgoing::Borrowed(b) => Outgoing::Borrowed(&b[range]),
+            Outgoing::Shared(pieces) => {
+                let mut out = Vec::new();
+                let mut at = 0;
+                for p in pieces {
+                    let (start, end) = (at, at + p.len());
+                    at = end;
+                    let (lo, hi) = (range.start.max(start), range.end.min(end));
+                    if lo < hi {
+                        out.push(p.slice(lo - start..hi - start));
+                    }
+                }
+                Outgoing::Shared(out)
+            }
+        }
+    }
+}
+
+/// An array waiting in the mailbox.
+pub(crate) struct Arrived {
+    pub dtype: ElementType,
+    pub dims: Vec<u64>,
+    pub payload: Payload,
+}
+
+impl From<Arrived> for Received {
+    fn from(a: Arrived) -> Received {
+        Received {
+            dtype: a.dtype,
+            dims: a.dims,
+            data: a.payload.into_vec(),
+        }
+    }
+}
