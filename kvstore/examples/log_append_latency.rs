@@ -1,6 +1,6 @@
 //! How long one durable append of a small log entry takes on this machine,
 //! for the two stores measured for the Raft log, in one run: a redb commit
-//! with fsync (the log's store before 2026-11-23) and an append to
+//! with fsync (the store the log first used) and an append to
 //! [`tessel_kvstore::raft::wal::Wal`] on its writer thread, the caller woken
 //! by the flush callback, both ways it can write: direct (one `pwrite` of
 //! whole blocks with `O_DIRECT | O_DSYNC`, the default) and buffered

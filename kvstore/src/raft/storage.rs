@@ -19,10 +19,6 @@
 //!    leader; it never applies an entry that was not committed.
 //! 5. `append` returns once its entries are queued and readable; the log's
 //!    writer thread syncs them and then reports the flush, except as in 7.
-//! 6. A data directory written by an older tessel (the log in
-//!    `raft.redb`) is migrated once: its log, vote, committed index and
-//!    purge point are written to `log.migrating/`, synced, renamed to
-//!    `log/`, and only then is `raft.redb` removed.
 //! 7. The leader's own entries are reported flushed as soon as they are
 //!    queued, so that openraft (0.9 awaits the report before anything
 //!    else, replication included) sends them to the followers while the
@@ -63,7 +59,7 @@ use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageError, StorageIOErr
 use tokio::sync::watch;
 
 use crate::raft::sm::StateMachineStore;
-use crate::raft::wal::{LogIo, LogMeta, Wal};
+use crate::raft::wal::{LogIo, Wal};
 use crate::raft::TypeConfig;
 use tessel_kv::state::KvState;
 
@@ -95,7 +91,6 @@ pub async fn open(
     initial: KvState,
     io: LogIo,
 ) -> StorageResult<(LogStore, StateMachineStore)> {
-    migrate_redb_log(dir).map_err(write_logs_err)?;
     let wal = Wal::open_with_io(&dir.join(LOG_DIR), io).map_err(write_logs_err)?;
     // Invariant 7d.
     if let Some(vote) = wal.meta().vote {
@@ -158,66 +153,6 @@ impl LogSynced {
             Synced::Failed => None,
         }
     }
-}
-
-/// Invariant 6.
-fn migrate_redb_log(dir: &Path) -> std::io::Result<()> {
-    use redb::{ReadableTable, TableDefinition};
-    const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-    let old = dir.join("raft.redb");
-    if !old.exists() {
-        return Ok(());
-    }
-    if dir.join(LOG_DIR).exists() {
-        // Migrated; the crash came before the old file was removed.
-        return std::fs::remove_file(&old);
-    }
-    let err = |e: &dyn std::fmt::Display| {
-        std::io::Error::other(format!("migrating {}: {e}", old.display()))
-    };
-    let db = redb::Database::open(&old).map_err(|e| err(&e))?;
-    let txn = db.begin_read().map_err(|e| err(&e))?;
-    let meta_table = txn.open_table(META).map_err(|e| err(&e))?;
-    let get = |key: &str| -> std::io::Result<Option<Vec<u8>>> {
-        Ok(meta_table
-            .get(key)
-            .map_err(|e| err(&e))?
-            .map(|v| v.value().to_vec()))
-    };
-    if get("snapshot")?.is_some() {
-        return Err(err(
-            &"written by a tessel before 2026-11-23 (state machine inside the log file); start this replica from an empty data directory",
-        ));
-    }
-    fn decode<T: serde::de::DeserializeOwned>(b: Option<Vec<u8>>) -> std::io::Result<Option<T>> {
-        b.map(|b| postcard::from_bytes(&b).map_err(std::io::Error::other))
-            .transpose()
-    }
-    let meta = LogMeta {
-        vote: decode(get("vote")?)?,
-        committed: decode::<Option<LogId<NodeId>>>(get("committed")?)?.flatten(),
-        last_purged: decode(get("last_purged")?)?,
-    };
-    let mut entries = Vec::new();
-    for item in txn
-        .open_table(LOG)
-        .map_err(|e| err(&e))?
-        .iter()
-        .map_err(|e| err(&e))?
-    {
-        let (_, v) = item.map_err(|e| err(&e))?;
-        entries.push(postcard::from_bytes::<Entry<TypeConfig>>(v.value()).map_err(|e| err(&e))?);
-    }
-    let staging = dir.join("log.migrating");
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging)?;
-    }
-    Wal::create_from(&staging, &meta, entries)?;
-    std::fs::rename(&staging, dir.join(LOG_DIR))?;
-    std::fs::File::open(dir)?.sync_all()?;
-    drop((meta_table, txn, db));
-    std::fs::remove_file(&old)
 }
 
 /// The Raft log, vote and committed index.
@@ -419,64 +354,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(log.read_committed().await.unwrap(), Some(id(2)));
-    }
-
-    /// Invariant 6: a data directory whose log is in `raft.redb` (the
-    /// format before 2026-11-23 13:00) opens with its log, vote, committed
-    /// index and purge point, and the old file is gone afterwards.
-    #[tokio::test]
-    async fn a_log_in_redb_is_migrated_once_with_nothing_lost() {
-        use openraft::{CommittedLeaderId, EntryPayload};
-        const LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
-        const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("meta");
-        let dir = tempfile::tempdir().unwrap();
-        let id = |i| LogId::new(CommittedLeaderId::new(2, 1), i);
-        let entries: Vec<Entry<TypeConfig>> = (4..=9)
-            .map(|i| Entry {
-                log_id: id(i),
-                payload: EntryPayload::Blank,
-            })
-            .collect();
-        let vote = Vote::new(2, 1);
-        {
-            let db = redb::Database::create(dir.path().join("raft.redb")).unwrap();
-            let txn = db.begin_write().unwrap();
-            {
-                let mut meta = txn.open_table(META).unwrap();
-                let put = |m: &mut redb::Table<&str, &[u8]>, k, v: Vec<u8>| {
-                    m.insert(k, v.as_slice()).unwrap();
-                };
-                put(&mut meta, "vote", postcard::to_allocvec(&vote).unwrap());
-                put(
-                    &mut meta,
-                    "committed",
-                    postcard::to_allocvec(&Some(id(7))).unwrap(),
-                );
-                put(
-                    &mut meta,
-                    "last_purged",
-                    postcard::to_allocvec(&id(3)).unwrap(),
-                );
-                let mut log = txn.open_table(LOG).unwrap();
-                for e in &entries {
-                    let bytes = postcard::to_allocvec(e).unwrap();
-                    log.insert(e.log_id.index, bytes.as_slice()).unwrap();
-                }
-            }
-            txn.commit().unwrap();
-        }
-        for _ in 0..2 {
-            let (mut log, _sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct)
-                .await
-                .unwrap();
-            assert!(!dir.path().join("raft.redb").exists());
-            assert_eq!(log.read_vote().await.unwrap(), Some(vote));
-            assert_eq!(log.read_committed().await.unwrap(), Some(id(7)));
-            let state = log.get_log_state().await.unwrap();
-            assert_eq!(state.last_purged_log_id, Some(id(3)));
-            assert_eq!(state.last_log_id, Some(id(9)));
-            assert_eq!(log.try_get_log_entries(4..=9).await.unwrap(), entries);
-        }
     }
 
     fn put(term: u64, leader: u64, index: u64, key: &[u8]) -> Entry<TypeConfig> {

@@ -1,0 +1,462 @@
+//! The job scheduler: a queue of submitted jobs, gang-scheduled onto
+//! registered workers, driven through a persisted state machine.
+//!
+//! ```text
+//! Pending ──placed──▶ Scheduled ──every process ready──▶ Running ──all results──▶ Succeeded
+//!    ▲                    │                                  │
+//!    │                    └──────────── failure ─────────────┤──▶ Failed
+//!    └──── Restarting ◀── a worker was lost, restarts left ──┘
+//! any non-terminal state ──cancel──▶ Cancelled
+//! ```
+//!
+//! The decision logic ([`SchedulerState::advance`]) is pure; [`run`] is the
+//! I/O around it: it reads what the workers published, advances the state,
+//! commits it and then carries out what the new state asks for.
+//!
+//! Invariants:
+//! 1. The whole scheduler state is one KV value (`sched/state`), replaced
+//!    only by compare-and-swap from the bytes a pass read: passes of
+//!    several coordinators (or of a deposed one) never interleave, so a
+//!    device is never given to two jobs and no transition is lost. A job
+//!    survives any coordinator's death with the KV.
+//! 2. Gang scheduling: a job is placed all at once — one process per
+//!    worker, on alive workers with `devices_per_process` free devices —
+//!    or stays Pending with the reason visible.
+//! 3. Attempt `a` of job `id` runs as instance `id@a` (its own KV
+//!    namespace: topology, transfer ids, results); a restart is a new
+//!    attempt, so nothing of the lost one is reused.
+//! 4. Side effects (the instance's bundle, assignments, the `done` key,
+//!    events) follow a committed state and are idempotent: a pass that
+//!    dies after its commit is completed by the next one.
+//! 5. Every transition appends one event (`sched/jobs/{id}/events/{seq}`,
+//!    inserted, so it is written once), in the order of the transitions.
+//! 6. A failure a restart may cure (a lost worker or peer) restarts the job
+//!    while restarts remain; the job's own errors fail it. A Restarting job
+//!    is placed again only once each worker of the failed attempt is known
+//!    lost or alive ([`settle`]; at most [`MAX_SETTLE_MS`]), so the new
+//!    attempt never lands on a worker whose lease has yet to expire.
+//! 7. An attempt that ends leaves nothing for workers to run: its `done`
+//!    key is written and its assignments and memberships are removed.
+mod pass;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tessel_kv::{KvError, KvStore};
+
+use crate::error::{CoordinatorError, Result};
+use crate::jobs::{self, JobAssignment, JobFailure};
+use crate::keys;
+use crate::registry::{list_workers, WorkerState, WorkerStatus};
+
+pub use pass::{cancel, pass, read_state, run, submit};
+
+/// Finished jobs kept in the state for listing.
+pub const KEEP_FINISHED: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    Pending,
+    Scheduled,
+    Running,
+    Restarting,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Pending,
+        JobState::Scheduled,
+        JobState::Running,
+        JobState::Restarting,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Pending => "Pending",
+            JobState::Scheduled => "Scheduled",
+            JobState::Running => "Running",
+            JobState::Restarting => "Restarting",
+            JobState::Succeeded => "Succeeded",
+            JobState::Failed => "Failed",
+            JobState::Cancelled => "Cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One job as the scheduler tracks it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: String,
+    pub name: String,
+    pub state: JobState,
+    pub processes: u32,
+    pub devices_per_process: u32,
+    /// The plugin the job asks for: a worker's plugin name or platform.
+    pub plugin: String,
+    pub max_restarts: u32,
+    pub restarts: u32,
+    /// The current (or last) attempt; 0 before the first placement.
+    pub attempt: u32,
+    /// The worker of each process of the current attempt.
+    pub placement: Vec<String>,
+    /// Why it waits, or why it failed.
+    pub reason: Option<String>,
+    pub submitted_unix_ms: u64,
+    pub updated_unix_ms: u64,
+    /// Events appended so far (the next event's sequence number).
+    pub events: u64,
+}
+
+impl JobRecord {
+    /// The KV namespace of the current attempt (invariant 3).
+    pub fn instance(&self) -> String {
+        instance(&self.id, self.attempt)
+    }
+}
+
+pub fn instance(id: &str, attempt: u32) -> String {
+    format!("{id}@{attempt}")
+}
+
+/// The job an instance belongs to (`mlp.3@2` → `mlp.3`); a job run without
+/// the scheduler is its own instance. Job names cannot hold `@`.
+pub fn job_of_instance(instance: &str) -> &str {
+    instance.split_once('@').map_or(instance, |(id, _)| id)
+}
+
+/// A state change, as appended to the job's events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobEvent {
+    pub seq: u64,
+    pub unix_ms: u64,
+    pub from: JobState,
+    pub to: JobState,
+    pub attempt: u32,
+    pub reason: Option<String>,
+}
+
+/// What the workers published about a job's current attempt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observed {
+    pub cancel_requested: bool,
+    pub failure: Option<JobFailure>,
+    /// Processes past the transfer barrier.
+    pub ready: u32,
+    /// Processes that published their result.
+    pub finished: u32,
+    /// For a Restarting job: how its last attempt's workers stand.
+    pub settled: Settled,
+}
+
+/// An alive worker and its devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerCapacity {
+    pub worker: String,
+    pub devices: u32,
+    /// The names a job's `plugin` may give to run here: the plugin the
+    /// worker was started with (a name or a path) and its platform.
+    pub plugins: Vec<String>,
+}
+
+/// What a job asks of the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    pub name: String,
+    pub processes: u32,
+    pub devices_per_process: u32,
+    pub plugin: String,
+    pub max_restarts: u32,
+}
+
+/// How long a restart waits at most for the lost attempt's workers to
+/// settle (invariant 6): past every worker's TTL, the lease of a worker
+/// that stopped beating has expired.
+pub const MAX_SETTLE_MS: u64 = 30_000;
+
+/// The workers of a failed attempt, as a restart sees them (invariant 6).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Every worker of the attempt is known alive (it beat after the
+    /// failure) or known lost.
+    pub done: bool,
+    /// The attempt's workers that were lost: dead, or registered again.
+    pub lost: Vec<String>,
+}
+
+/// A worker of a failed attempt as the registry shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptWorker {
+    pub worker: String,
+    /// The incarnation that joined the attempt, if it joined.
+    pub joined: Option<u64>,
+    /// `(incarnation, revision of its last heartbeat)` while alive.
+    pub alive: Option<(u64, u64)>,
+}
+
+/// Invariant 6, pure: a worker settles as lost (dead, or a newer
+/// incarnation than the one that joined) or as alive (a heartbeat at a
+/// revision after the failure's); until each has, the restart waits.
+pub fn settle(workers: &[AttemptWorker], failure_revision: u64) -> Settled {
+    let mut s = Settled {
+        done: true,
+        lost: Vec::new(),
+    };
+    for w in workers {
+        match w.alive {
+            None => s.lost.push(w.worker.clone()),
+            Some((inc, _)) if w.joined.is_some_and(|j| inc > j) => s.lost.push(w.worker.clone()),
+            Some((_, rev)) if rev > failure_revision => {}
+            Some(_) => s.done = false,
+        }
+    }
+    s
+}
+
+/// The persisted state: every job, in submission order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerState {
+    pub jobs: Vec<JobRecord>,
+    /// Ids handed out so far (`NAME.N`).
+    pub next_id: u64,
+}
+
+impl SchedulerState {
+    pub fn decode(bytes: &[u8]) -> Result<SchedulerState> {
+        postcard::from_bytes(bytes).map_err(CoordinatorError::decode("the scheduler state"))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("always encodes")
+    }
+
+    pub fn job(&self, id: &str) -> Option<&JobRecord> {
+        self.jobs.iter().find(|j| j.id == id)
+    }
+
+    /// Queues a job (Pending) and returns its id.
+    pub fn submit(&mut self, job: &Submission, now: u64) -> String {
+        self.next_id += 1;
+        let id = format!("{}.{}", job.name, self.next_id);
+        self.jobs.push(JobRecord {
+            id: id.clone(),
+            name: job.name.clone(),
+            state: JobState::Pending,
+            processes: job.processes,
+            devices_per_process: job.devices_per_process,
+            plugin: job.plugin.clone(),
+            max_restarts: job.max_restarts,
+            restarts: 0,
+            attempt: 0,
+            placement: Vec::new(),
+            reason: None,
+            submitted_unix_ms: now,
+            updated_unix_ms: now,
+            events: 0,
+        });
+        id
+    }
+
+    /// How many jobs are in each state, in [`JobState::ALL`]'s order.
+    pub fn jobs_by_state(&self) -> [(JobState, usize); 7] {
+        JobState::ALL.map(|st| (st, self.jobs.iter().filter(|j| j.state == st).count()))
+    }
+
+    /// Devices held by Scheduled and Running jobs.
+    pub fn devices_in_use(&self) -> u32 {
+        self.used().values().sum()
+    }
+
+    /// Devices in use per worker (Scheduled and Running jobs).
+    fn used(&self) -> BTreeMap<String, u32> {
+        let mut used = BTreeMap::new();
+        for j in &self.jobs {
+            if matches!(j.state, JobState::Scheduled | JobState::Running) {
+                for w in &j.placement {
+                    *used.entry(w.clone()).or_insert(0) += j.devices_per_process;
+                }
+            }
+        }
+        used
+    }
+
+    /// One pass of the state machine over every job, in submission order
+    /// (earlier jobs are placed first). Returns the events to append.
+    pub fn advance(
+        &mut self,
+        observed: &BTreeMap<String, Observed>,
+        workers: &[WorkerCapacity],
+        now: u64,
+    ) -> Vec<(String, JobEvent)> {
+        let mut events = Vec::new();
+        for i in 0..self.jobs.len() {
+            let none = Observed::default();
+            let obs = observed.get(&self.jobs[i].id).unwrap_or(&none);
+            let used = self.used();
+            let job = &mut self.jobs[i];
+            let from = job.state;
+            let next: Option<(JobState, Option<String>)> = match job.state {
+                _ if job.state.is_terminal() => None,
+                _ if obs.cancel_requested => Some((JobState::Cancelled, Some("cancelled".into()))),
+                JobState::Pending => match place(job, workers, &used) {
+                    Ok(placement) => {
+                        job.placement = placement;
+                        job.attempt += 1;
+                        Some((JobState::Scheduled, None))
+                    }
+                    Err(why) => {
+                        if job.reason.as_deref() != Some(why.as_str()) {
+                            job.reason = Some(why);
+                            job.updated_unix_ms = now;
+                        }
+                        None
+                    }
+                },
+                JobState::Scheduled | JobState::Running => match &obs.failure {
+                    Some(f) if f.kind.is_restartable() && job.restarts < job.max_restarts => {
+                        job.restarts += 1;
+                        Some((JobState::Restarting, Some(f.to_string())))
+                    }
+                    Some(f) => Some((JobState::Failed, Some(f.to_string()))),
+                    None if obs.finished == job.processes => Some((JobState::Succeeded, None)),
+                    None if job.state == JobState::Scheduled && obs.ready == job.processes => {
+                        Some((JobState::Running, None))
+                    }
+                    None => None,
+                },
+                // Invariant 6: wait until the lost attempt's workers are
+                // known alive or lost, so the new one avoids the lost.
+                JobState::Restarting
+                    if obs.settled.done
+                        || now >= job.updated_unix_ms.saturating_add(MAX_SETTLE_MS) =>
+                {
+                    let why = match obs.settled.lost.as_slice() {
+                        [] if obs.settled.done => "no worker was lost".to_owned(),
+                        [] => "its workers did not settle in time".to_owned(),
+                        lost => format!(
+                            "lost: {}",
+                            lost.iter()
+                                .map(|w| format!("worker `{w}`"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    };
+                    Some((JobState::Pending, Some(why)))
+                }
+                _ => None,
+            };
+            if let Some((to, reason)) = next {
+                job.state = to;
+                job.reason = reason.clone();
+                job.updated_unix_ms = now;
+                let e = JobEvent {
+                    seq: job.events,
+                    unix_ms: now,
+                    from,
+                    to,
+                    attempt: job.attempt,
+                    reason,
+                };
+                job.events += 1;
+                events.push((job.id.clone(), e));
+            }
+        }
+        // Keep the newest finished jobs only.
+        let finished = self.jobs.iter().filter(|j| j.state.is_terminal()).count();
+        if finished > KEEP_FINISHED {
+            let mut drop = finished - KEEP_FINISHED;
+            self.jobs.retain(|j| {
+                if drop > 0 && j.state.is_terminal() {
+                    drop -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        events
+    }
+}
+
+/// Invariant 2: one process per worker, on workers with the job's plugin
+/// and enough free devices. A restart keeps each process on the worker
+/// that ran it before when it can (its checkpoint blocks are there); the
+/// rest go to the least used (then by id, for determinism).
+pub fn place(
+    job: &JobRecord,
+    workers: &[WorkerCapacity],
+    used: &BTreeMap<String, u32>,
+) -> std::result::Result<Vec<String>, String> {
+    let with_plugin: Vec<&WorkerCapacity> = workers
+        .iter()
+        .filter(|w| w.plugins.contains(&job.plugin))
+        .collect();
+    let mut fit: Vec<(u32, &str)> = with_plugin
+        .iter()
+        .filter_map(|w| {
+            let u = used.get(&w.worker).copied().unwrap_or(0);
+            (w.devices.saturating_sub(u) >= job.devices_per_process)
+                .then_some((u, w.worker.as_str()))
+        })
+        .collect();
+    if fit.len() < job.processes as usize {
+        let mut plugins: Vec<&str> = workers
+            .iter()
+            .flat_map(|w| w.plugins.first().map(String::as_str))
+            .collect();
+        plugins.sort_unstable();
+        plugins.dedup();
+        return Err(format!(
+            "waiting for {} workers with plugin `{}` and {} free devices each; {} of {} alive workers have them{}",
+            job.processes,
+            job.plugin,
+            job.devices_per_process,
+            fit.len(),
+            workers.len(),
+            if with_plugin.len() < workers.len() {
+                format!(" (alive workers' plugins: {})", plugins.join(", "))
+            } else {
+                String::new()
+            }
+        ));
+    }
+    fit.sort();
+    let mut placement: Vec<Option<String>> = job
+        .placement
+        .iter()
+        .map(|w| fit.iter().any(|(_, f)| f == w).then(|| w.clone()))
+        .collect();
+    placement.resize(job.processes as usize, None);
+    let kept: Vec<String> = placement.iter().flatten().cloned().collect();
+    let mut rest = fit
+        .iter()
+        .map(|(_, w)| *w)
+        .filter(|w| !kept.iter().any(|p| p == w));
+    Ok(placement
+        .into_iter()
+        .map(|p| p.unwrap_or_else(|| rest.next().expect("enough fit workers").to_owned()))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,297 @@
+//! The I/O around the state machine: read what the workers published,
+//! advance, commit by compare-and-swap, carry out (invariants 1, 4-7).
+
+use super::*;
+
+/// Queues a job: stores its bundle and adds it to the state (invariant 1).
+pub async fn submit(kv: &dyn KvStore, job: &Submission, bundle: &[u8]) -> Result<String> {
+    loop {
+        let (old, mut state) = read_state(kv).await?;
+        let id = state.submit(job, keys::unix_ms());
+        // The bundle first: a job in the state always has one.
+        kv.put(keys::sched_bundle(&id).as_bytes(), bundle)
+            .await
+            .map_err(CoordinatorError::kv("storing the job's bundle"))?;
+        if commit(kv, old.as_deref(), &state).await? {
+            return Ok(id);
+        }
+        let _ = kv.delete(keys::sched_bundle(&id).as_bytes()).await;
+    }
+}
+
+/// Asks the scheduler to cancel a job; refused for a job that ended.
+pub async fn cancel(kv: &dyn KvStore, id: &str) -> Result<()> {
+    keys::check_id("job id", id)?;
+    let (_, state) = read_state(kv).await?;
+    match state.job(id) {
+        None => {
+            return Err(CoordinatorError::Invalid {
+                what: "job id".into(),
+                reason: format!("no job `{id}`"),
+            })
+        }
+        Some(j) if j.state.is_terminal() => {
+            return Err(CoordinatorError::Invalid {
+                what: "cancellation".into(),
+                reason: format!("job `{id}` already ended ({})", j.state),
+            })
+        }
+        Some(_) => {}
+    }
+    kv.put(keys::sched_cancel(id).as_bytes(), b"cancel")
+        .await
+        .map_err(CoordinatorError::kv("requesting cancellation"))?;
+    Ok(())
+}
+
+/// The state and the bytes it was read from (`None`: no state yet).
+pub async fn read_state(kv: &dyn KvStore) -> Result<(Option<Vec<u8>>, SchedulerState)> {
+    match kv.try_get(keys::SCHED_STATE.as_bytes()).await {
+        Ok(bytes) => {
+            let s = SchedulerState::decode(&bytes)?;
+            Ok((Some(bytes), s))
+        }
+        Err(KvError::NotFound(_)) => Ok((None, SchedulerState::default())),
+        Err(e) => Err(CoordinatorError::kv("reading the scheduler state")(e)),
+    }
+}
+
+/// Compare-and-swap of the state; false when another pass won. A mismatch
+/// that finds exactly `new` is this call's own write: the client retried it
+/// after its first try was applied but not answered (a replica died;
+/// kvstore's client invariant 2).
+async fn commit(kv: &dyn KvStore, old: Option<&[u8]>, new: &SchedulerState) -> Result<bool> {
+    let new = new.encode();
+    match kv
+        .compare_and_swap(keys::SCHED_STATE.as_bytes(), old, &new)
+        .await
+        .map_err(CoordinatorError::kv("writing the scheduler state"))?
+    {
+        tessel_kv::CasOutcome::Swapped { .. } => Ok(true),
+        tessel_kv::CasOutcome::Mismatch { current } => Ok(current.as_deref() == Some(&new[..])),
+    }
+}
+
+/// What the workers published about `job`'s current attempt.
+async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &[WorkerStatus]) -> Result<Observed> {
+    let mut o = Observed {
+        cancel_requested: kv
+            .try_get(keys::sched_cancel(&job.id).as_bytes())
+            .await
+            .is_ok(),
+        ..Observed::default()
+    };
+    if job.state == JobState::Restarting {
+        o.settled = observe_settled(kv, job, registry).await?;
+    }
+    if matches!(job.state, JobState::Scheduled | JobState::Running) {
+        let inst = job.instance();
+        o.failure = jobs::failure_of(kv, &inst).await?;
+        for kv_pair in kv
+            .list(keys::process_topologies(&inst).as_bytes())
+            .await
+            .map_err(CoordinatorError::kv("listing the job's processes"))?
+        {
+            if kv_pair.key.ends_with(b"/transfer_ready") {
+                o.ready += 1;
+            } else if kv_pair.key.ends_with(b"/result") {
+                o.finished += 1;
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// Invariant 6's inputs for a Restarting job: the failure's revision and
+/// how each worker of the failed attempt stands now.
+async fn observe_settled(
+    kv: &dyn KvStore,
+    job: &JobRecord,
+    registry: &[WorkerStatus],
+) -> Result<Settled> {
+    let inst = job.instance();
+    let Some((_, failure_revision)) = jobs::failure_with_revision(kv, &inst).await? else {
+        // Cancelled or ended without a failure record: nothing to wait for.
+        return Ok(Settled {
+            done: true,
+            lost: Vec::new(),
+        });
+    };
+    let joined: BTreeMap<String, u64> = jobs::members(kv, &inst).await?.into_iter().collect();
+    let workers: Vec<AttemptWorker> = job
+        .placement
+        .iter()
+        .map(|w| AttemptWorker {
+            worker: w.clone(),
+            joined: joined.get(w).copied(),
+            alive: registry
+                .iter()
+                .find(|s| &s.record.info.worker_id == w)
+                .and_then(|s| match s.state {
+                    WorkerState::Alive { incarnation, .. } => Some((incarnation, s.alive_revision)),
+                    WorkerState::Dead => None,
+                }),
+        })
+        .collect();
+    Ok(settle(&workers, failure_revision))
+}
+
+fn capacity(registry: &[WorkerStatus]) -> Vec<WorkerCapacity> {
+    registry
+        .iter()
+        .filter(|w| matches!(w.state, WorkerState::Alive { .. }))
+        .map(|w| {
+            let info = &w.record.info;
+            let mut plugins = vec![info.plugin.clone()];
+            if info.platform != info.plugin {
+                plugins.push(info.platform.clone());
+            }
+            WorkerCapacity {
+                devices: info.devices.iter().map(|d| d.count).sum(),
+                worker: info.worker_id.clone(),
+                plugins,
+            }
+        })
+        .collect()
+}
+
+/// Invariant 4: what a committed state asks for, idempotently.
+async fn carry_out(
+    kv: &dyn KvStore,
+    state: &SchedulerState,
+    events: &[(String, JobEvent)],
+    topology_timeout: Duration,
+) -> Result<()> {
+    for (id, e) in events {
+        let bytes = postcard::to_allocvec(e).expect("always encodes");
+        match kv
+            .insert(keys::sched_event(id, e.seq).as_bytes(), &bytes)
+            .await
+        {
+            Ok(_) | Err(KvError::AlreadyExists(_)) => {}
+            Err(e) => return Err(CoordinatorError::kv("appending a job event")(e)),
+        }
+        tracing::info!(job = %id, from = %e.from, to = %e.to, attempt = e.attempt, reason = ?e.reason, "job state");
+        if matches!(
+            e.to,
+            JobState::Restarting | JobState::Failed | JobState::Cancelled | JobState::Succeeded
+        ) && e.attempt > 0
+        {
+            // Invariant 7. The placement is still the ended attempt's: a
+            // new one is chosen in a later pass.
+            let inst = instance(id, e.attempt);
+            jobs::finish_job(kv, &inst).await?;
+            if let Some(job) = state.job(id) {
+                for w in &job.placement {
+                    jobs::unassign(kv, w, &inst).await?;
+                }
+            }
+        }
+    }
+    for job in &state.jobs {
+        if job.state != JobState::Scheduled {
+            continue;
+        }
+        // A Scheduled job had no failure when this pass observed it (else
+        // `advance` moved it on), so its attempt still needs its processes.
+        let inst = job.instance();
+        let spec_key = keys::job_spec(&inst);
+        if let Err(KvError::NotFound(_)) = kv.try_get(spec_key.as_bytes()).await {
+            let bundle = kv
+                .try_get(keys::sched_bundle(&job.id).as_bytes())
+                .await
+                .map_err(CoordinatorError::kv("reading the job's bundle"))?;
+            kv.put(spec_key.as_bytes(), &bundle)
+                .await
+                .map_err(CoordinatorError::kv("placing the job's bundle"))?;
+        }
+        for (i, w) in job.placement.iter().enumerate() {
+            if kv
+                .try_get(keys::assignment(w, &inst).as_bytes())
+                .await
+                .is_ok()
+            {
+                continue;
+            }
+            jobs::assign(
+                kv,
+                w,
+                &JobAssignment {
+                    job: inst.clone(),
+                    process_index: i as u32,
+                    num_processes: job.processes,
+                    topology_timeout_ms: topology_timeout.as_millis() as u64,
+                },
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// One pass: observe, advance, commit, carry out.
+pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
+    let started = std::time::Instant::now();
+    let (old, mut state) = read_state(kv).await?;
+    let registry = list_workers(kv).await?;
+    let mut observed = BTreeMap::new();
+    for job in state.jobs.iter().filter(|j| !j.state.is_terminal()) {
+        observed.insert(job.id.clone(), observe(kv, job, &registry).await?);
+    }
+    let workers = capacity(&registry);
+    let before = state.clone();
+    let events = state.advance(&observed, &workers, keys::unix_ms());
+    if state != before && !commit(kv, old.as_deref(), &state).await? {
+        // Another pass won; the next one starts over.
+        metrics::counter!("tessel_scheduler_passes_total", "outcome" => "superseded").increment(1);
+        return Ok(());
+    }
+    record(&state, &workers, &events, state != before, started);
+    carry_out(kv, &state, &events, topology_timeout).await
+}
+
+/// The metrics of a pass whose state is the committed one: the gauges
+/// of what it saw, and (`committed`: this pass made the change) each
+/// transition once, as it was committed once.
+fn record(
+    state: &SchedulerState,
+    workers: &[WorkerCapacity],
+    events: &[(String, JobEvent)],
+    committed: bool,
+    started: std::time::Instant,
+) {
+    for (st, n) in state.jobs_by_state() {
+        metrics::gauge!("tessel_scheduler_jobs", "state" => st.name()).set(n as f64);
+    }
+    let alive: u32 = workers.iter().map(|w| w.devices).sum();
+    metrics::gauge!("tessel_scheduler_workers_alive").set(workers.len() as f64);
+    metrics::gauge!("tessel_scheduler_devices", "kind" => "alive").set(f64::from(alive));
+    metrics::gauge!("tessel_scheduler_devices", "kind" => "in_use")
+        .set(f64::from(state.devices_in_use()));
+    for (id, e) in events {
+        metrics::counter!("tessel_scheduler_transitions_total", "to" => e.to.name()).increment(1);
+        // From submission to the first placement: the queueing time.
+        if e.to == JobState::Scheduled && e.attempt == 1 {
+            if let Some(job) = state.job(id) {
+                let waited = e.unix_ms.saturating_sub(job.submitted_unix_ms);
+                metrics::histogram!("tessel_scheduler_queue_seconds")
+                    .record(waited as f64 / 1000.0);
+            }
+        }
+    }
+    let outcome = if committed { "committed" } else { "unchanged" };
+    metrics::counter!("tessel_scheduler_passes_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("tessel_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
+}
+
+/// Runs passes every `interval` until the task is dropped; errors are
+/// logged and retried (the state is in the KV, nothing is lost).
+pub async fn run(kv: Arc<dyn KvStore>, interval: Duration, topology_timeout: Duration) {
+    loop {
+        if let Err(e) = pass(&*kv, topology_timeout).await {
+            metrics::counter!("tessel_scheduler_passes_total", "outcome" => "failed").increment(1);
+            tracing::warn!(error = %e, "scheduler pass failed");
+        }
+        tokio::time::sleep(interval).await;
+    }
+}

@@ -1,0 +1,358 @@
+//! The state machine, pure, and a submit retried after it landed.
+
+use super::*;
+use crate::testing::FaultyKv;
+
+/// A submit whose state write the client retried after it was applied
+/// keeps its one job and that job's bundle.
+#[tokio::test]
+async fn a_submit_retried_after_it_landed_keeps_its_job_and_bundle() {
+    let kv = FaultyKv {
+        retry_next_cas: true.into(),
+        ..FaultyKv::new()
+    };
+    let id = submit(&kv, &sub("j", 1, 0), b"bundle").await.unwrap();
+    let (_, state) = read_state(&kv).await.unwrap();
+    assert_eq!(state.jobs.len(), 1);
+    assert!(state.job(&id).is_some());
+    assert_eq!(
+        kv.try_get(keys::sched_bundle(&id).as_bytes())
+            .await
+            .unwrap(),
+        b"bundle"
+    );
+}
+
+fn workers(n: u32, devices: u32) -> Vec<WorkerCapacity> {
+    (0..n)
+        .map(|i| WorkerCapacity {
+            worker: format!("w{i}"),
+            devices,
+            plugins: vec!["cpu".into()],
+        })
+        .collect()
+}
+
+/// A job of `processes` one-device processes on the `cpu` plugin.
+fn sub(name: &str, processes: u32, max_restarts: u32) -> Submission {
+    Submission {
+        name: name.into(),
+        processes,
+        devices_per_process: 1,
+        plugin: "cpu".into(),
+        max_restarts,
+    }
+}
+
+/// Every worker of the failed attempt known alive or lost.
+fn settled(lost: &[&str]) -> Observed {
+    Observed {
+        settled: Settled {
+            done: true,
+            lost: lost.iter().map(|w| w.to_string()).collect(),
+        },
+        ..Default::default()
+    }
+}
+
+fn obs(id: &str, o: Observed) -> BTreeMap<String, Observed> {
+    [(id.to_owned(), o)].into_iter().collect()
+}
+
+fn lost(worker: &str) -> JobFailure {
+    JobFailure {
+        worker: Some(worker.into()),
+        incarnation: Some(1),
+        kind: crate::jobs::FailureKind::WorkerLost,
+        reason: crate::monitor::LOST_LEASE.into(),
+        unix_ms: 0,
+    }
+}
+
+#[test]
+fn instances_name_their_job() {
+    assert_eq!(job_of_instance(&instance("mlp.3", 2)), "mlp.3");
+    assert_eq!(job_of_instance("direct"), "direct");
+}
+
+#[test]
+fn a_job_runs_through_to_success() {
+    let mut s = SchedulerState::default();
+    let id = s.submit(&sub("mlp", 2, 0), 0);
+    assert_eq!(id, "mlp.1");
+    let w = workers(2, 1);
+    let e = s.advance(&BTreeMap::new(), &w, 1);
+    assert_eq!(e[0].1.to, JobState::Scheduled);
+    assert_eq!(s.jobs[0].placement, vec!["w0", "w1"]);
+    assert_eq!(s.jobs[0].instance(), "mlp.1@1");
+    let e = s.advance(
+        &obs(
+            &id,
+            Observed {
+                ready: 2,
+                ..Default::default()
+            },
+        ),
+        &w,
+        2,
+    );
+    assert_eq!(e[0].1.to, JobState::Running);
+    assert!(s
+        .advance(
+            &obs(
+                &id,
+                Observed {
+                    ready: 2,
+                    finished: 1,
+                    ..Default::default()
+                }
+            ),
+            &w,
+            3
+        )
+        .is_empty());
+    let e = s.advance(
+        &obs(
+            &id,
+            Observed {
+                ready: 2,
+                finished: 2,
+                ..Default::default()
+            },
+        ),
+        &w,
+        4,
+    );
+    assert_eq!(
+        (e[0].1.from, e[0].1.to, e[0].1.seq),
+        (JobState::Running, JobState::Succeeded, 2)
+    );
+}
+
+#[test]
+fn gang_scheduling_is_all_or_nothing_and_waits_with_a_reason() {
+    let mut s = SchedulerState::default();
+    let big = s.submit(&sub("big", 3, 0), 0);
+    let small = s.submit(&sub("small", 2, 0), 0);
+    let e = s.advance(&BTreeMap::new(), &workers(2, 1), 1);
+    // big cannot fit, small can: placed, big waits with its reason.
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].0, small);
+    let b = s.job(&big).unwrap();
+    assert_eq!(b.state, JobState::Pending);
+    assert!(
+        b.reason
+            .as_deref()
+            .unwrap()
+            .contains("waiting for 3 workers"),
+        "{:?}",
+        b.reason
+    );
+    // Devices in use are not given twice.
+    let third = s.submit(&sub("third", 1, 0), 2);
+    s.advance(&BTreeMap::new(), &workers(2, 1), 3);
+    assert_eq!(s.job(&third).unwrap().state, JobState::Pending);
+    // Two devices per worker: room for both.
+    s.advance(&BTreeMap::new(), &workers(2, 2), 4);
+    assert_eq!(s.job(&third).unwrap().state, JobState::Scheduled);
+}
+
+#[test]
+fn a_lost_worker_restarts_while_restarts_remain_then_fails() {
+    let mut s = SchedulerState::default();
+    let id = s.submit(&sub("mlp", 2, 1), 0);
+    let w = workers(3, 1);
+    s.advance(&BTreeMap::new(), &w, 1);
+    let failed = Observed {
+        failure: Some(lost("w1")),
+        ..Default::default()
+    };
+    let e = s.advance(&obs(&id, failed.clone()), &w, 2);
+    assert_eq!(e[0].1.to, JobState::Restarting);
+    let e = s.advance(&obs(&id, settled(&["w1"])), &w, 3);
+    assert_eq!(e[0].1.to, JobState::Pending);
+    assert_eq!(e[0].1.reason.as_deref(), Some("lost: worker `w1`"));
+    let e = s.advance(&BTreeMap::new(), &w, 4);
+    assert_eq!(e[0].1.to, JobState::Scheduled);
+    assert_eq!(s.jobs[0].attempt, 2);
+    assert_eq!(s.jobs[0].instance(), "mlp.1@2");
+    // No restarts left: the next loss fails it.
+    let e = s.advance(&obs(&id, failed), &w, 5);
+    assert_eq!(e[0].1.to, JobState::Failed);
+    // An error of the job itself never restarts.
+    let mut s = SchedulerState::default();
+    let id = s.submit(&sub("bad", 1, 5), 0);
+    s.advance(&BTreeMap::new(), &w, 1);
+    let compile = JobFailure {
+        kind: crate::jobs::FailureKind::Job,
+        reason: "program `p`: type mismatch".into(),
+        ..lost("w0")
+    };
+    let e = s.advance(
+        &obs(
+            &id,
+            Observed {
+                failure: Some(compile),
+                ..Default::default()
+            },
+        ),
+        &w,
+        2,
+    );
+    assert_eq!(e[0].1.to, JobState::Failed);
+}
+
+#[test]
+fn cancel_ends_any_live_state_and_frees_devices() {
+    let mut s = SchedulerState::default();
+    let a = s.submit(&sub("a", 2, 0), 0);
+    let b = s.submit(&sub("b", 2, 0), 0);
+    let w = workers(2, 1);
+    s.advance(&BTreeMap::new(), &w, 1);
+    assert_eq!(s.job(&b).unwrap().state, JobState::Pending);
+    let count = |s: &SchedulerState, st: JobState| {
+        s.jobs_by_state()
+            .into_iter()
+            .find(|(x, _)| *x == st)
+            .unwrap()
+            .1
+    };
+    assert_eq!(count(&s, JobState::Scheduled), 1);
+    assert_eq!(count(&s, JobState::Pending), 1);
+    assert_eq!(s.devices_in_use(), 2);
+    let e = s.advance(
+        &obs(
+            &a,
+            Observed {
+                cancel_requested: true,
+                ..Default::default()
+            },
+        ),
+        &w,
+        2,
+    );
+    assert_eq!(e[0].1.to, JobState::Cancelled);
+    // b is placed on the devices a held, in the same or the next pass.
+    s.advance(&BTreeMap::new(), &w, 3);
+    assert_eq!(s.job(&b).unwrap().state, JobState::Scheduled);
+    assert_eq!(count(&s, JobState::Cancelled), 1);
+    assert_eq!(count(&s, JobState::Pending), 0);
+    assert_eq!(s.devices_in_use(), 2, "b holds what a held");
+    assert!(SchedulerState::decode(&s.encode()).unwrap() == s);
+}
+
+/// Scheduler invariant 6: a transfer error that a surviving process
+/// reports first (the peer's lease has not expired yet) restarts the
+/// job rather than failing it, and the restart waits until the lost
+/// worker is known lost, so it is not placed on it again.
+#[test]
+fn a_peer_lost_first_restarts_after_the_workers_settle() {
+    let mut s = SchedulerState::default();
+    let id = s.submit(&sub("mlp", 2, 3), 0);
+    let w = workers(2, 1);
+    s.advance(&BTreeMap::new(), &w, 1);
+    let transport = JobFailure {
+        worker: Some("w0".into()),
+        incarnation: Some(1),
+        kind: crate::jobs::FailureKind::PeerLost,
+        reason: "all-reduce of `g`: transfer with 10.77.0.5:41596: connection lost".into(),
+        unix_ms: 2,
+    };
+    let e = s.advance(
+        &obs(
+            &id,
+            Observed {
+                failure: Some(transport),
+                ..Default::default()
+            },
+        ),
+        &w,
+        2,
+    );
+    assert_eq!(e[0].1.to, JobState::Restarting);
+    // w1 still holds its lease: not settled, so the job waits.
+    let waiting = Observed::default();
+    assert!(s.advance(&obs(&id, waiting.clone()), &w, 3).is_empty());
+    assert_eq!(s.jobs[0].state, JobState::Restarting);
+    // w1 is declared lost; only w0 is alive now: Pending, waiting for
+    // a second worker rather than placed on the lost one.
+    let e = s.advance(&obs(&id, settled(&["w1"])), &w[..1], 4);
+    assert_eq!(e[0].1.to, JobState::Pending);
+    assert!(s.advance(&BTreeMap::new(), &w[..1], 5).is_empty());
+    assert_eq!(s.jobs[0].state, JobState::Pending);
+    // Past the settle bound, a job whose workers never settled moves on.
+    let mut s2 = SchedulerState::default();
+    let id2 = s2.submit(&sub("x", 1, 1), 0);
+    s2.advance(&BTreeMap::new(), &w, 1);
+    s2.advance(
+        &obs(
+            &id2,
+            Observed {
+                failure: Some(lost("w0")),
+                ..Default::default()
+            },
+        ),
+        &w,
+        2,
+    );
+    assert!(s2.advance(&obs(&id2, waiting.clone()), &w, 3).is_empty());
+    let e = s2.advance(&obs(&id2, waiting), &w, 2 + MAX_SETTLE_MS);
+    assert_eq!(e[0].1.to, JobState::Pending);
+}
+
+#[test]
+fn settling_tells_lost_workers_from_live_ones() {
+    let w = |name: &str, joined, alive| AttemptWorker {
+        worker: name.into(),
+        joined,
+        alive,
+    };
+    // Dead, restarted (a newer incarnation), beat after the failure.
+    let s = settle(
+        &[
+            w("dead", Some(1), None),
+            w("restarted", Some(1), Some((2, 5))),
+            w("alive", Some(3), Some((3, 11))),
+        ],
+        10,
+    );
+    assert_eq!(
+        s,
+        Settled {
+            done: true,
+            lost: vec!["dead".into(), "restarted".into()]
+        }
+    );
+    // Alive but silent since the failure: not settled yet.
+    let s = settle(&[w("quiet", Some(1), Some((1, 9)))], 10);
+    assert!(!s.done);
+    // Never joined (lost before joining) and alive since: alive.
+    assert!(settle(&[w("late", None, Some((4, 12)))], 10).done);
+}
+
+/// A restart keeps each process on its previous worker where it can
+/// (its checkpoint blocks are there), and a job only goes to workers
+/// whose plugin it names, or waits saying which plugins exist.
+#[test]
+fn placement_keeps_processes_where_they_ran_and_respects_the_plugin() {
+    let mut job = SchedulerState::default();
+    job.submit(&sub("j", 3, 0), 0);
+    let mut j = job.jobs.remove(0);
+    let ws = workers(5, 1);
+    j.placement = vec!["w3".into(), "w9".into(), "w1".into()];
+    let p = place(&j, &ws, &BTreeMap::new()).unwrap();
+    assert_eq!(
+        p,
+        vec!["w3", "w0", "w1"],
+        "w9 is gone; w0 is the least used"
+    );
+    j.plugin = "cuda".into();
+    let why = place(&j, &ws, &BTreeMap::new()).unwrap_err();
+    assert!(why.contains("plugin `cuda`"), "{why}");
+    assert!(why.contains("alive workers' plugins: cpu"), "{why}");
+    let mut gpu = workers(3, 1);
+    for g in &mut gpu {
+        g.plugins = vec!["/opt/cuda_plugin.so".into(), "cuda".into()];
+    }
+    assert!(place(&j, &gpu, &BTreeMap::new()).is_ok(), "by platform");
+}

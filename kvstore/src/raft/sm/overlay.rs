@@ -1,0 +1,139 @@
+//! Applied batches waiting to be flushed, and the flush thread (invariants of the module).
+
+use super::*;
+
+/// Writes applied since a flush began (`None` in `data`: removed).
+#[derive(Default)]
+pub(super) struct Overlay {
+    pub(super) data: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    pub(super) history: BTreeMap<u64, Vec<Event>>,
+    pub(super) forget_below: Option<u64>,
+}
+
+impl Overlay {
+    pub(super) fn entries(&self) -> usize {
+        self.data.len() + self.history.len()
+    }
+}
+
+/// What a flush commits with the overlay (invariant 1).
+pub(super) struct FlushCommit {
+    pub(super) state: KvState,
+    pub(super) applied: Option<LogId<NodeId>>,
+    pub(super) membership: StoredMembership<NodeId, Node>,
+    pub(super) durable: bool,
+    /// Build a new key filter from the committed tables (invariant 8).
+    pub(super) rebuild_filter: bool,
+}
+
+/// What a flush reports: the key filter it built when asked (invariant 8).
+pub(super) type FlushResult = Result<Option<KeyFilter>>;
+
+/// An overlay being written by the flush thread (invariant 6).
+pub(super) struct Flushing {
+    pub(super) overlay: Arc<Overlay>,
+    pub(super) durable: bool,
+}
+
+/// The thread that writes overlays, one per state machine for its life
+/// (invariant 6), rather than a new thread (a clone, a fresh stack, a
+/// fresh allocator heap) for each of up to ten flushes a second. With at
+/// most one flush in flight, one result channel serves them all: the
+/// result in it is the flush in flight's.
+pub(super) struct Flusher {
+    pub(super) jobs: Option<std::sync::mpsc::Sender<(Arc<Overlay>, FlushCommit)>>,
+    pub(super) results: std::sync::mpsc::Receiver<FlushResult>,
+    pub(super) thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flusher {
+    pub(super) fn start(db: Arc<Database>) -> Result<Flusher> {
+        let (jobs, queue) = std::sync::mpsc::channel::<(Arc<Overlay>, FlushCommit)>();
+        let (done, results) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("state-flush".into())
+            .spawn(move || {
+                for (overlay, commit) in queue {
+                    let _ = done.send(write_overlay(&db, &overlay, &commit));
+                }
+            })
+            .map_err(storage)?;
+        Ok(Flusher {
+            jobs: Some(jobs),
+            results,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `overlay`; its result comes through `results`.
+    pub(super) fn flush(&self, overlay: Arc<Overlay>, commit: FlushCommit) -> Result<()> {
+        self.jobs
+            .as_ref()
+            .and_then(|j| j.send((overlay, commit)).ok())
+            .ok_or_else(|| storage("the state flush thread is gone"))
+    }
+}
+
+impl Drop for Flusher {
+    /// Ends the thread once its queue is done: a flush in flight commits,
+    /// and nothing holds the database open once the tables are gone (a
+    /// replica reopened in the same process would find it locked).
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Writes `o` and `c` to `db` in one transaction (invariants 1, 5); then,
+/// when asked, builds a key filter of the committed tables (invariant 8).
+pub(super) fn write_overlay(
+    db: &Database,
+    o: &Overlay,
+    c: &FlushCommit,
+) -> Result<Option<KeyFilter>> {
+    let started = std::time::Instant::now();
+    let result = write_overlay_once(db, o, c);
+    let kind = if c.durable { "durable" } else { "buffered" };
+    metrics::histogram!("tessel_kv_state_flush_seconds", "kind" => kind)
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("tessel_kv_state_flushed_keys_total").increment(o.data.len() as u64);
+    result?;
+    if !c.rebuild_filter {
+        return Ok(None);
+    }
+    filter_of(&open_read(db, DATA)?).map(Some)
+}
+
+pub(super) fn write_overlay_once(db: &Database, o: &Overlay, c: &FlushCommit) -> Result<()> {
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut data = txn.open_table(DATA).map_err(storage)?;
+        for (k, v) in &o.data {
+            match v {
+                Some(kv) => {
+                    let bytes = encode_value(kv)?;
+                    data.insert(k.as_slice(), bytes.as_slice())
+                        .map_err(storage)?;
+                }
+                None => {
+                    data.remove(k.as_slice()).map_err(storage)?;
+                }
+            }
+        }
+        // Invariant 5: the overlay's events go in as one record, keyed by
+        // the last revision among them.
+        let mut history = txn.open_table(HISTORY).map_err(storage)?;
+        let kept = o.forget_below.unwrap_or(0);
+        if let Some((&last, _)) = o.history.range(kept..).next_back() {
+            let events: Vec<&Event> = o.history.range(kept..).flat_map(|(_, e)| e).collect();
+            let bytes = postcard::to_allocvec(&events).map_err(storage)?;
+            history.insert(last, bytes.as_slice()).map_err(storage)?;
+        }
+        if let Some(below) = o.forget_below {
+            history.retain_in(..below, |_, _| false).map_err(storage)?;
+        }
+    }
+    commit_with_state(txn, &c.state, c.applied, &c.membership, c.durable)
+}

@@ -1,0 +1,451 @@
+//! The state machine's redb tables: values, history, state; reads through the overlays (`SmTables`).
+
+use super::*;
+
+/// A value as stored under its key (the key is not repeated).
+#[derive(Serialize, Deserialize)]
+pub(super) struct StoredValue<'a> {
+    #[serde(borrow, with = "serde_bytes")]
+    pub(super) value: &'a [u8],
+    pub(super) create_revision: u64,
+    pub(super) mod_revision: u64,
+    pub(super) lease: Option<u64>,
+}
+
+pub(super) fn encode_value(kv: &KeyValue) -> Result<Vec<u8>> {
+    postcard::to_allocvec(&StoredValue {
+        value: &kv.value,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        lease: kv.lease,
+    })
+    .map_err(storage)
+}
+
+pub(super) fn decode_value(key: &[u8], bytes: &[u8]) -> Result<KeyValue> {
+    let v: StoredValue = postcard::from_bytes(bytes).map_err(storage)?;
+    Ok(KeyValue {
+        key: key.to_vec(),
+        value: v.value.to_vec(),
+        create_revision: v.create_revision,
+        mod_revision: v.mod_revision,
+        lease: v.lease,
+    })
+}
+
+/// The smallest key greater than every key starting with `prefix`
+/// (`None`: no bound).
+pub(super) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// `def` as of the last commit.
+pub(super) fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
+    db: &Database,
+    def: TableDefinition<K, V>,
+) -> Result<redb::ReadOnlyTable<K, V>> {
+    let txn = db.begin_read().map_err(storage)?;
+    txn.open_table(def).map_err(storage)
+}
+
+pub(super) fn get_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+) -> Result<Option<KeyValue>> {
+    let got = table.get(key).map_err(storage)?;
+    got.map(|v| decode_value(key, v.value())).transpose()
+}
+
+pub(super) fn list_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    prefix: &[u8],
+) -> Result<Vec<KeyValue>> {
+    let end = prefix_end(prefix);
+    let range = match &end {
+        Some(end) => table.range::<&[u8]>(prefix..end.as_slice()),
+        None => table.range::<&[u8]>(prefix..),
+    }
+    .map_err(storage)?;
+    let mut out = Vec::new();
+    for item in range {
+        let (k, v) = item.map_err(storage)?;
+        out.push(decode_value(k.value(), v.value())?);
+    }
+    Ok(out)
+}
+
+pub(super) fn events_in(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    from: u64,
+    prefix: &[u8],
+) -> Result<Vec<Event>> {
+    let mut out = Vec::new();
+    for item in table.range(from..).map_err(storage)? {
+        let (_, v) = item.map_err(storage)?;
+        let events: Vec<Event> = postcard::from_bytes(v.value()).map_err(storage)?;
+        // A record may begin below `from` (invariant 5).
+        out.extend(
+            events
+                .into_iter()
+                .filter(|e| e.revision() >= from && e.key().starts_with(prefix)),
+        );
+    }
+    Ok(out)
+}
+
+/// The tables of `state.redb` under overlays of the batches applied since
+/// the last flush (invariant 1): reads see the live overlay first, then
+/// the one being flushed, then the tables as of the last flush.
+pub struct SmTables {
+    pub(super) db: Arc<Database>,
+    pub(super) live: Overlay,
+    /// Key and value bytes in the live overlay.
+    pub(super) bytes: usize,
+    pub(super) flushing: Option<Flushing>,
+    pub(super) flusher: Flusher,
+    pub(super) last_flush: std::time::Instant,
+    pub(super) last_durable: std::time::Instant,
+    /// The tables as of the last flush this replica adopted, opened once
+    /// per flush rather than once per read, and never newer than the
+    /// overlay being flushed (a read would see its writes twice).
+    pub(super) base: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    pub(super) base_history: redb::ReadOnlyTable<u64, &'static [u8]>,
+    /// Every key in the tables and overlays (invariant 8).
+    pub(super) filter: KeyFilter,
+}
+
+/// A key filter of every key in `table` (invariant 8).
+pub(super) fn filter_of(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+) -> Result<KeyFilter> {
+    let started = std::time::Instant::now();
+    let count = table.len().map_err(storage)? as usize;
+    let keys = table
+        .iter()
+        .map_err(storage)?
+        .map(|item| item.map(|(k, _)| k.value().to_vec()).map_err(storage));
+    let filter = KeyFilter::from_keys(count, keys)?;
+    metrics::histogram!("tessel_kv_state_filter_build_seconds")
+        .record(started.elapsed().as_secs_f64());
+    Ok(filter)
+}
+
+impl SmTables {
+    pub(super) fn new(db: Arc<Database>) -> Result<SmTables> {
+        let base = open_read(&db, DATA)?;
+        Ok(SmTables {
+            filter: filter_of(&base)?,
+            base,
+            base_history: open_read(&db, HISTORY)?,
+            flusher: Flusher::start(db.clone())?,
+            db,
+            live: Overlay::default(),
+            bytes: 0,
+            flushing: None,
+            last_flush: std::time::Instant::now(),
+            last_durable: std::time::Instant::now(),
+        })
+    }
+
+    /// Whether the live overlay is due for a flush (large or old).
+    pub(super) fn flush_due(&self) -> bool {
+        self.overlay_full() || self.last_flush.elapsed() >= FLUSH_INTERVAL
+    }
+
+    pub(super) fn overlay_full(&self) -> bool {
+        self.bytes >= FLUSH_BYTES || self.live.entries() >= FLUSH_ENTRIES
+    }
+
+    /// Whether the key filter holds far more keys than the tables, most of
+    /// them removed since (invariant 8).
+    pub(super) fn filter_stale(&self) -> Result<bool> {
+        let keys = self.base.len().map_err(storage)? as usize;
+        Ok(self.filter.inserted() > 2 * keys + key_filter::MIN_CAPACITY)
+    }
+
+    /// Whether ending a batch now could wait for a flush to finish.
+    pub(super) fn may_wait(&self) -> bool {
+        self.flushing.is_some() && self.overlay_full()
+    }
+
+    /// Ends an applied batch: adopts a finished flush, and starts one when
+    /// the live overlay is due (invariant 2), with fsync when the last one
+    /// is [`DURABLE_INTERVAL`] ago. Waits for the flush in flight only when
+    /// the live overlay is full (invariant 6).
+    pub(super) fn end_batch(
+        &mut self,
+        state: &KvState,
+        applied: Option<LogId<NodeId>>,
+        membership: &StoredMembership<NodeId, Node>,
+    ) -> Result<()> {
+        self.adopt_flush(false)?;
+        if !self.flush_due() || (self.flushing.is_some() && !self.overlay_full()) {
+            return Ok(());
+        }
+        self.adopt_flush(true)?;
+        let durable = self.last_durable.elapsed() >= DURABLE_INTERVAL;
+        let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
+        let overlay = Arc::new(overlay);
+        self.flusher.flush(overlay.clone(), commit)?;
+        self.flushing = Some(Flushing { overlay, durable });
+        Ok(())
+    }
+
+    /// Writes the live overlay, the state and Raft's bookkeeping in one
+    /// transaction (invariant 1) before returning, with fsync when
+    /// `durable` (invariant 2); a flush in flight finishes first.
+    pub(super) fn flush(
+        &mut self,
+        state: &KvState,
+        applied: Option<LogId<NodeId>>,
+        membership: &StoredMembership<NodeId, Node>,
+        durable: bool,
+    ) -> Result<()> {
+        self.adopt_flush(true)?;
+        let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
+        let rebuilt = write_overlay(&self.db, &overlay, &commit)?;
+        self.reopen_base(durable)?;
+        self.adopt_filter(rebuilt);
+        Ok(())
+    }
+
+    /// Takes a filter a flush rebuilt from the tables it committed, with
+    /// the keys written to the live overlay since (invariant 8).
+    pub(super) fn adopt_filter(&mut self, rebuilt: Option<KeyFilter>) {
+        let Some(mut filter) = rebuilt else { return };
+        for (k, v) in &self.live.data {
+            if v.is_some() {
+                filter.insert(k);
+            }
+        }
+        self.filter = filter;
+    }
+
+    /// Takes the live overlay to be written, with what commits with it.
+    pub(super) fn freeze(
+        &mut self,
+        state: &KvState,
+        applied: Option<LogId<NodeId>>,
+        membership: &StoredMembership<NodeId, Node>,
+        durable: bool,
+    ) -> Result<(Overlay, FlushCommit)> {
+        let commit = FlushCommit {
+            state: state.clone(),
+            applied,
+            membership: membership.clone(),
+            durable,
+            rebuild_filter: self.filter_stale()?,
+        };
+        Ok((self.take_live(), commit))
+    }
+
+    /// Empties the live overlay and restarts its size and age.
+    pub(super) fn take_live(&mut self) -> Overlay {
+        self.bytes = 0;
+        self.last_flush = std::time::Instant::now();
+        std::mem::take(&mut self.live)
+    }
+
+    /// Adopts the flush in flight once its thread is done (or, with
+    /// `wait`, after waiting for it): the tables then hold its overlay.
+    pub(super) fn adopt_flush(&mut self, wait: bool) -> Result<()> {
+        use std::sync::mpsc::TryRecvError;
+        let results = &self.flusher.results;
+        let result = match &self.flushing {
+            None => return Ok(()),
+            Some(_) if wait => results.recv().ok(),
+            Some(_) => match results.try_recv() {
+                Ok(r) => Some(r),
+                Err(TryRecvError::Empty) => return Ok(()),
+                Err(TryRecvError::Disconnected) => None,
+            },
+        };
+        let f = self.flushing.take().expect("matched above");
+        let rebuilt =
+            result.ok_or_else(|| storage("the state flush thread panicked or is gone"))??;
+        self.reopen_base(f.durable)?;
+        self.adopt_filter(rebuilt);
+        Ok(())
+    }
+
+    pub(super) fn reopen_base(&mut self, durable: bool) -> Result<()> {
+        self.base = open_read(&self.db, DATA)?;
+        self.base_history = open_read(&self.db, HISTORY)?;
+        if durable {
+            self.last_durable = self.last_flush;
+        }
+        Ok(())
+    }
+
+    /// Forgets the overlays when a snapshot replaced the tables (the
+    /// caller finished any flush first, see `adopt_flush`).
+    pub(super) fn discard(&mut self) -> Result<()> {
+        debug_assert!(self.flushing.is_none());
+        self.take_live();
+        self.reopen_base(false)?;
+        self.filter = filter_of(&self.base)?;
+        Ok(())
+    }
+
+    /// The overlays, oldest first (the one in flight, then the live one):
+    /// a later write to a key wins.
+    pub(super) fn overlays(&self) -> impl Iterator<Item = &Overlay> {
+        let flushing = self.flushing.as_ref().map(|f| &*f.overlay);
+        flushing.into_iter().chain(std::iter::once(&self.live))
+    }
+
+    /// The value at `key` below the live overlay.
+    pub(super) fn get_below_live(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        match self.flushing.as_ref().and_then(|f| f.overlay.data.get(key)) {
+            Some(written) => Ok(written.clone()),
+            // Invariant 8: not in the filter, so not in the tables.
+            None if !self.filter.may_contain(key) => Ok(None),
+            None => get_in(&self.base, key),
+        }
+    }
+}
+
+impl Tables for SmTables {
+    fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        match self.live.data.get(key) {
+            Some(written) => Ok(written.clone()),
+            None => self.get_below_live(key),
+        }
+    }
+
+    fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        let mut all: BTreeMap<Vec<u8>, KeyValue> = list_in(&self.base, prefix)?
+            .into_iter()
+            .map(|kv| (kv.key.clone(), kv))
+            .collect();
+        for o in self.overlays() {
+            for (k, v) in o
+                .data
+                .range(prefix.to_vec()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+            {
+                match v {
+                    Some(kv) => all.insert(k.clone(), kv.clone()),
+                    None => all.remove(k),
+                };
+            }
+        }
+        Ok(all.into_values().collect())
+    }
+
+    fn count(&self) -> Result<u64> {
+        let base = &self.base;
+        let mut n = base.len().map_err(storage)?;
+        let mut count = |existed: bool, exists: bool| match (existed, exists) {
+            (false, true) => n += 1,
+            (true, false) => n -= 1,
+            _ => {}
+        };
+        if let Some(f) = &self.flushing {
+            for (k, v) in &f.overlay.data {
+                count(get_in(base, k)?.is_some(), v.is_some());
+            }
+        }
+        for (k, v) in &self.live.data {
+            count(self.get_below_live(k)?.is_some(), v.is_some());
+        }
+        Ok(n)
+    }
+
+    fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
+        let from = self
+            .overlays()
+            .filter_map(|o| o.forget_below)
+            .fold(from, u64::max);
+        let mut out = events_in(&self.base_history, from, prefix)?;
+        for o in self.overlays() {
+            for events in o.history.range(from..).map(|(_, e)| e) {
+                out.extend(
+                    events
+                        .iter()
+                        .filter(|e| e.key().starts_with(prefix))
+                        .cloned(),
+                );
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl TablesMut for SmTables {
+    fn insert(&mut self, kv: &KeyValue) -> Result<()> {
+        self.bytes += kv.key.len() + kv.value.len();
+        self.filter.insert(&kv.key);
+        self.live.data.insert(kv.key.clone(), Some(kv.clone()));
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Result<bool> {
+        let existed = self.get(key)?.is_some();
+        self.bytes += key.len();
+        self.live.data.insert(key.to_vec(), None);
+        Ok(existed)
+    }
+
+    fn record(&mut self, revision: u64, events: &[Event]) -> Result<()> {
+        self.bytes += events.iter().map(Event::payload_bytes).sum::<usize>();
+        self.live
+            .history
+            .entry(revision)
+            .or_default()
+            .extend(events.iter().cloned());
+        Ok(())
+    }
+
+    /// Only records the bound: reads skip what is below it, and the flush
+    /// drops it from the table and never writes it from the overlay.
+    fn forget_below(&mut self, revision: u64) -> Result<()> {
+        let bound = self.overlays().filter_map(|o| o.forget_below).max();
+        self.live.forget_below = Some(bound.unwrap_or(0).max(revision));
+        Ok(())
+    }
+}
+
+/// Records the state and Raft's bookkeeping in `txn` and commits it.
+pub(super) fn commit_with_state(
+    mut txn: WriteTransaction,
+    state: &KvState,
+    applied: Option<LogId<NodeId>>,
+    membership: &StoredMembership<NodeId, Node>,
+    durable: bool,
+) -> Result<()> {
+    {
+        let mut sm = txn.open_table(SM).map_err(storage)?;
+        let state = postcard::to_allocvec(state).map_err(storage)?;
+        sm.insert(STATE, state.as_slice()).map_err(storage)?;
+        let applied = postcard::to_allocvec(&applied).map_err(storage)?;
+        sm.insert(APPLIED, applied.as_slice()).map_err(storage)?;
+        let membership = postcard::to_allocvec(membership).map_err(storage)?;
+        sm.insert(MEMBERSHIP, membership.as_slice())
+            .map_err(storage)?;
+    }
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    });
+    txn.commit().map_err(storage)
+}
+
+pub(super) fn read_sm<T: for<'de> Deserialize<'de>>(
+    txn: &ReadTransaction,
+    key: &str,
+) -> StorageResult<Option<T>> {
+    let table = txn.open_table(SM).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+    let got = table.get(key).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+    got.map(|v| postcard::from_bytes(v.value()))
+        .transpose()
+        .map_err(|e| sm_err(ErrorVerb::Read, e))
+}

@@ -1,0 +1,245 @@
+//! The on-disk state machine against the in-memory one, snapshots, the key filter.
+
+use super::*;
+use tessel_kv::state::{MemState, Op, Request};
+
+/// Every kind of write, with leases expiring, prefixes deleted inside a
+/// batch, counters and barriers.
+fn requests() -> Vec<Request> {
+    (0..400u64)
+        .map(|i| {
+            let key = format!("k/{}", i % 23).into_bytes();
+            let op = match i % 10 {
+                0 => Op::LeaseGrant { ttl_ms: 40 },
+                1 => Op::Put {
+                    key,
+                    value: i.to_le_bytes().to_vec(),
+                    lease: Some(i / 10 + 1),
+                },
+                2 => Op::Insert {
+                    key,
+                    value: vec![1; (i % 7) as usize],
+                    lease: None,
+                },
+                3 => Op::Increment {
+                    key: b"n".to_vec(),
+                    delta: i as i64,
+                },
+                4 => Op::DeletePrefix {
+                    prefix: format!("k/{}", i % 3).into_bytes(),
+                },
+                5 => Op::Delete { key },
+                6 => Op::CompareAndSwap {
+                    key,
+                    expected: None,
+                    value: b"cas".to_vec(),
+                },
+                7 => Op::BarrierArrive {
+                    id: format!("b{}", i % 4).into_bytes(),
+                    participant: format!("p{i}").into_bytes(),
+                    participants: 3,
+                    timeout_ms: 30,
+                },
+                8 => Op::Put {
+                    key: format!("k/{}", (i + 5) % 23).into_bytes(),
+                    value: b"plain".to_vec(),
+                    lease: None,
+                },
+                _ => Op::Tick,
+            };
+            Request { now_ms: i * 3, op }
+        })
+        .collect()
+}
+
+/// The same state, pairs and retained events.
+fn assert_same(local: &LocalState<SmTables>, mem: &MemState) {
+    assert_eq!(local.state(), mem.state);
+    assert_eq!(local.read(|_, t| t.list(b"")).unwrap(), mem.list(b""));
+    assert_eq!(local.read(|_, t| t.count()).unwrap(), mem.len() as u64);
+    // From every retained revision: a flushed record may begin below
+    // the revision asked for (invariant 5).
+    for from in mem.state.compacted_below()..=mem.state.revision() + 1 {
+        assert_eq!(
+            local.read(|s, t| s.events_since(t, from, b"")).unwrap(),
+            mem.events_since(from, b"").unwrap(),
+            "events from revision {from}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn redb_tables_agree_with_memory_tables_batch_by_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let initial = KvState::new(Limits::default(), 50);
+    let sm = StateMachineStore::open(dir.path(), initial).unwrap();
+    let local = sm.local();
+    let mut mem = MemState::new(Limits::default(), 50);
+    let reqs = requests();
+    let mut rest = reqs.as_slice();
+    let mut size = 1;
+    while !rest.is_empty() {
+        let (batch, tail) = rest.split_at(size.min(rest.len()));
+        let got = local
+            .apply_batch(batch, |state, t| {
+                // Some batches stay in the overlay, some are flushed
+                // (with or without fsync, at once or on the flush
+                // thread, invariant 6): reads merge them all.
+                let none = StoredMembership::default();
+                match size % 4 {
+                    0 => Ok(()),
+                    1 => t.flush(state, None, &none, false),
+                    2 => t.flush(state, None, &none, true),
+                    _ => {
+                        t.last_flush -= FLUSH_INTERVAL;
+                        t.end_batch(state, None, &none)
+                    }
+                }
+            })
+            .unwrap();
+        let want: Vec<_> = batch.iter().map(|r| mem.apply(r).0).collect();
+        assert_eq!(got, want);
+        assert_same(&local, &mem);
+        rest = tail;
+        size = size % 9 + 1;
+    }
+    assert!(mem.len() > 3 && mem.state.compacted_below() > 1);
+}
+
+#[tokio::test]
+async fn a_snapshot_installs_the_same_state_and_survives_reopening() {
+    use tokio::io::AsyncReadExt;
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let initial = || KvState::new(Limits::default(), 50);
+    let mut leader = StateMachineStore::open(a.path(), initial()).unwrap();
+    let mut mem = MemState::new(Limits::default(), 50);
+    for r in requests() {
+        leader
+            .local()
+            .apply_batch([&r], |state, t| {
+                t.end_batch(state, None, &StoredMembership::default())
+            })
+            .unwrap();
+        let _ = mem.apply(&r);
+    }
+    let mut snap = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    snap.snapshot.read_to_end(&mut bytes).await.unwrap();
+    {
+        let mut follower = StateMachineStore::open(b.path(), initial()).unwrap();
+        // A corrupt copy installs nothing.
+        let mut bad = follower.begin_receiving_snapshot().await.unwrap();
+        bad.write_all(&bytes[..bytes.len() - 3]).await.unwrap();
+        assert!(follower.install_snapshot(&snap.meta, bad).await.is_err());
+        assert_eq!(follower.local().read(|_, t| t.count()).unwrap(), 0);
+        let mut good = follower.begin_receiving_snapshot().await.unwrap();
+        good.write_all(&bytes).await.unwrap();
+        follower.install_snapshot(&snap.meta, good).await.unwrap();
+        assert_same(&follower.local(), &mem);
+        let current = follower.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, snap.meta);
+    }
+    let reopened = StateMachineStore::open(b.path(), initial()).unwrap();
+    assert_same(&reopened.local(), &mem);
+}
+
+#[tokio::test]
+async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
+    let local = sm.local();
+    let put = |key: String| Request {
+        now_ms: 0,
+        op: Op::Put {
+            key: key.into_bytes(),
+            value: b"v".to_vec(),
+            lease: None,
+        },
+    };
+    let flush_now = |state: &KvState, t: &mut SmTables| {
+        t.last_flush -= FLUSH_INTERVAL;
+        t.end_batch(state, None, &StoredMembership::default())
+    };
+    let kept: Vec<_> = (0..500).map(|i| put(format!("kept/{i}"))).collect();
+    local.apply_batch(&kept, flush_now).unwrap();
+    // Rounds of keys written and removed again, flushed on the flush
+    // thread: the filter keeps the removed keys until it is rebuilt.
+    let mut largest = 0;
+    for round in 0..90 {
+        let mut batch: Vec<Request> = (0..1000)
+            .map(|i| put(format!("churn/{round}/{i}")))
+            .collect();
+        batch.push(Request {
+            now_ms: 0,
+            op: Op::DeletePrefix {
+                prefix: format!("churn/{round}/").into_bytes(),
+            },
+        });
+        // Kept, and in the live overlay when the flush of the round
+        // before, which may have rebuilt the filter, is adopted.
+        batch.push(put(format!("late/{round}")));
+        local.apply_batch(&batch, flush_now).unwrap();
+        largest = largest.max(local.read(|_, t| t.filter.inserted()));
+    }
+    let (inserted, count) = local.read(|_, t| (t.filter.inserted(), t.count().unwrap()));
+    assert_eq!(count, 500 + 90);
+    assert!(largest > 2 * 500 + key_filter::MIN_CAPACITY, "{largest}");
+    assert!(
+        inserted < largest / 2,
+        "not rebuilt: {inserted} of {largest}"
+    );
+    // No key the tables hold is missing from the rebuilt filter, and
+    // reads still find every kept key and none of the removed ones.
+    local.read(|_, t| {
+        for i in 0..500 {
+            let key = format!("kept/{i}");
+            assert!(t.filter.may_contain(key.as_bytes()));
+            assert!(t.get(key.as_bytes()).unwrap().is_some(), "{key}");
+        }
+        for round in 0..90 {
+            let key = format!("late/{round}");
+            assert!(t.get(key.as_bytes()).unwrap().is_some(), "{key}");
+        }
+        assert!(t.get(b"churn/3/7").unwrap().is_none());
+    });
+    // And after reopening, from the file alone.
+    drop((local, sm));
+    let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
+    let reopened = sm.local().read(|_, t| t.filter.inserted());
+    assert_eq!(reopened, 500 + 90);
+}
+
+#[test]
+fn prefix_ends_bound_exactly_the_prefixed_keys() {
+    assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+    assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+    assert_eq!(prefix_end(b"\xff\xff"), None);
+    assert_eq!(prefix_end(b""), None);
+}
+
+#[test]
+fn records_over_the_limit_or_cut_short_are_refused() {
+    let mut big = Vec::new();
+    big.extend_from_slice(&(1u32 << 30).to_le_bytes());
+    assert!(matches!(
+        read_record(&mut big.as_slice(), 1 << 20),
+        Err(KvError::InvalidArgument(_))
+    ));
+    let mut cut = Vec::new();
+    write_record(
+        &mut cut,
+        &SnapshotRecord::End {
+            pairs: 1,
+            event_records: 2,
+        },
+    )
+    .unwrap();
+    cut.pop();
+    assert!(read_record(&mut cut.as_slice(), 1 << 20).is_err());
+    assert!(read_record(&mut [].as_slice(), 1 << 20).unwrap().is_none());
+}
