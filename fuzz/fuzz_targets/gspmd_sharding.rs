@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use tessel::mlir::ShardingAnnotation;
-use tessel::sharding::Tiling;
+use tessel::program::mlir::ShardingAnnotation;
+use tessel::program::sharding::Tiling;
 
 fuzz_target!(|input: (u8, u8, &str)| {
     let (rank, partitions, text) = input;

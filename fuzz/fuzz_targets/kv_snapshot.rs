@@ -4,7 +4,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use tessel_kvstore::raft::sm::{read_snapshot, SnapshotRecord};
-use tessel_kvstore::state::Limits;
+use tessel_kv::state::Limits;
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_key: 64, max_value: 256 };

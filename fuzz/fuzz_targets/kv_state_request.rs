@@ -3,7 +3,7 @@
 //! trips.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tessel_kvstore::state::{Limits, MemState, Request};
+use tessel_kv::state::{Limits, MemState, Request};
 
 fuzz_target!(|data: &[u8]| {
     let mut state = MemState::new(Limits { max_key: 64, max_value: 256 }, 16);

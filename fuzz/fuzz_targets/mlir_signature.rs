@@ -4,6 +4,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = tessel::mlir::parse_signature(text);
+        let _ = tessel::program::mlir::parse_signature(text);
     }
 });
