@@ -16,10 +16,18 @@ const MAX_NPY_HEADER: usize = 64 << 10;
 /// Why an array could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArrayError {
+    /// A literal array does not parse.
     #[error("bad array literal `{literal}`: {reason}")]
-    Literal { literal: String, reason: String },
+    Literal {
+        /// The literal.
+        literal: String,
+        /// Why.
+        reason: String,
+    },
+    /// A `.npy` file does not decode.
     #[error("bad .npy data: {0}")]
     Npy(String),
+    /// An element type tessel does not know.
     #[error("unknown element type `{0}` (expected one of pred, s8, s16, s32, s64, u8, u16, u32, u64, f16, bf16, f32, f64)")]
     UnknownType(String),
 }

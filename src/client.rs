@@ -42,25 +42,47 @@ use crate::plan::{JobBundle, ProcessResult, StepReport, MAX_BUNDLE};
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// No job has that id.
     #[error("no job `{0}`")]
     NoSuchJob(String),
     /// The spec did not validate (every problem, each naming its field).
     #[error(transparent)]
     Spec(#[from] crate::job::JobSpecError),
+    /// The job has not succeeded (yet).
     #[error("job `{job}` is {state}: arrays can be fetched once it has succeeded")]
-    NotFinished { job: String, state: &'static str },
+    NotFinished {
+        /// The job.
+        job: String,
+        /// Its state.
+        state: &'static str,
+    },
+    /// The job kept no such array.
     #[error("job `{job}` has no array `{array}` to fetch (only arrays the plan writes, up to 4 MiB, are kept)")]
-    NoSuchArray { job: String, array: String },
+    NoSuchArray {
+        /// The job.
+        job: String,
+        /// The array.
+        array: String,
+    },
+    /// The spec and its files exceed what a job may carry.
     #[error("the job with its files is {bytes} bytes; at most {MAX_BUNDLE} travel with a job")]
-    TooLarge { bytes: usize },
+    TooLarge {
+        /// Their size.
+        bytes: usize,
+    },
+    /// A KV operation failed.
     #[error("{context}: {source}")]
     Kv {
+        /// What the client was doing.
         context: &'static str,
+        /// The KV's error.
         #[source]
         source: KvError,
     },
+    /// The scheduler refused the request.
     #[error(transparent)]
     Coordinator(#[from] tessel_coordinator::CoordinatorError),
+    /// A stored record did not decode.
     #[error("{0}")]
     Decode(String),
 }
@@ -72,7 +94,9 @@ fn kv_err(context: &'static str) -> impl FnOnce(KvError) -> ClientError {
 /// A change of a job: a state transition or a step report.
 #[derive(Debug, Clone, PartialEq)]
 pub enum JobUpdate {
+    /// A state transition.
     State(JobEvent),
+    /// A step's reported scalars.
     Report(StepReport),
 }
 
@@ -135,6 +159,7 @@ impl Client {
         Ok(scheduler::read_state(&*self.kv).await?.1.jobs)
     }
 
+    /// The job with id `id`.
     pub async fn job(&self, id: &str) -> Result<JobRecord, ClientError> {
         self.list()
             .await?

@@ -27,6 +27,7 @@ use tessel_topology::{exchange, DeviceDescription, LocalTopology};
 
 use tessel::local::{Child, LocalCluster, Ready};
 
+/// `tessel bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
 pub struct BenchBootstrapArgs {
     /// Worker-process counts (`none` for none).
@@ -47,6 +48,7 @@ pub struct BenchBootstrapArgs {
 /// One JAX process (bench/jax/bootstrap.py, embedded).
 const JAX_SCRIPT: &str = include_str!("../jax/bootstrap.py");
 
+/// A comma-separated list of process counts.
 #[derive(Debug, Clone)]
 pub struct Counts(Vec<u32>);
 
@@ -63,6 +65,7 @@ fn parse_counts(s: &str) -> Result<Counts, String> {
         .map(Counts)
 }
 
+/// Runs the benchmark and prints its table.
 pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
     let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
     cluster.start_coordinators(3)?;

@@ -11,6 +11,7 @@ use tessel::pjrt::locate;
 
 use tessel::local::LocalCluster;
 
+/// `tessel bench job`: a training job end to end, tessel against JAX.
 #[derive(Args)]
 pub struct BenchJobArgs {
     /// The job spec.
@@ -30,6 +31,7 @@ pub struct BenchJobArgs {
 
 const JAX_MLP: &str = include_str!("../jax/mlp.py");
 
+/// Runs the benchmark and prints its table.
 pub async fn run(args: BenchJobArgs) -> Result<()> {
     let mut job = tessel::job::JobSpec::load(&args.spec)?;
     job.spec.steps = args.steps;

@@ -21,6 +21,7 @@ use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::{ClientEndpoint, RaftKv};
 use tessel_net::tls::{init_certs, TlsFiles};
 
+/// `tessel bench kv`: the key-value service's latency and throughput, against etcd.
 #[derive(Args)]
 pub struct BenchKvArgs {
     /// Sequential puts for the latency figures.
@@ -132,6 +133,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
+/// Runs the benchmark and prints its table.
 pub async fn run(args: BenchKvArgs) -> Result<()> {
     let dir = tessel::scratch::scratch_dir("benchkv")?;
     let tls_dir = dir.path().join("tls");

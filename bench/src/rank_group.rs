@@ -13,14 +13,28 @@ use tessel::local::{Child, LocalError};
 /// What can go wrong driving the group.
 #[derive(Debug, thiserror::Error)]
 pub enum RankGroupError {
+    /// A rank's process failed.
     #[error("rank {rank}: {source}")]
-    Child { rank: usize, source: LocalError },
+    Child {
+        /// The rank.
+        rank: usize,
+        /// What failed.
+        source: LocalError,
+    },
+    /// Certificates could not be made.
     #[error("cannot create the group's TLS folder: {0}")]
     Tls(String),
+    /// A rank printed something that is not JSON.
     #[error("rank {rank} answered {line:?}, not JSON")]
-    NotJson { rank: usize, line: String },
+    NotJson {
+        /// The rank.
+        rank: usize,
+        /// What it printed.
+        line: String,
+    },
 }
 
+/// The module's result type.
 pub type Result<T, E = RankGroupError> = std::result::Result<T, E>;
 
 /// How to start the group.
@@ -31,7 +45,9 @@ pub struct RankOptions {
     /// A boot id per rank (`TESSEL_BOOT_ID`), to make ranks look like
     /// different hosts; `None`: the real one.
     pub boot_ids: Option<Vec<String>>,
+    /// Deadline of each collective (`--timeout-ms`).
     pub timeout_ms: Option<u64>,
+    /// Largest ring message (`--chunk-bytes`).
     pub chunk_bytes: Option<usize>,
     /// Keep same-host collectives on the ring (`--no-arenas`).
     pub no_arenas: bool,
@@ -95,10 +111,12 @@ impl RankGroup {
         Ok(g)
     }
 
+    /// How many ranks.
     pub fn len(&self) -> usize {
         self.ranks.len()
     }
 
+    /// Whether there is no rank.
     pub fn is_empty(&self) -> bool {
         self.ranks.is_empty()
     }

@@ -31,6 +31,7 @@ use tessel_net::tls::{init_certs, TlsFiles};
 use tessel_transfer::{TransferConfig, TransferEndpoint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// `tessel bench transfer`: collectives and point-to-point over the transfer layer.
 #[derive(Args)]
 pub struct BenchTransferArgs {
     /// Bytes per transfer.
@@ -75,6 +76,7 @@ pub struct BenchTransferArgs {
 
 const T: Duration = Duration::from_secs(600);
 
+/// Runs the benchmark and prints its table.
 pub async fn run(args: BenchTransferArgs) -> Result<()> {
     if let Some(to) = &args.send_to {
         return sender(&args, to).await;

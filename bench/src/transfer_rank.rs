@@ -31,13 +31,16 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::tcp_ring::TcpRing;
 
+/// `tessel bench transfer-rank`: one rank of a transfer benchmark group, driven by JSON commands on stdin.
 #[derive(Args)]
 pub struct TransferRankArgs {
+    /// This rank's index in the group.
     #[arg(long)]
     pub rank: u32,
     /// The cluster's TLS folder (`tessel certs init`).
     #[arg(long, conflicts_with = "insecure")]
     pub tls_dir: Option<PathBuf>,
+    /// Plain QUIC without TLS (benchmarks on one host only).
     #[arg(long)]
     pub insecure: bool,
     /// Use the network even to ranks on this host.
@@ -58,7 +61,9 @@ pub struct TransferRankArgs {
 /// A member of the group as the driver passes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RankAddress {
+    /// The rank's transfer address.
     pub addr: SocketAddr,
+    /// The rank's boot id (ranks that share one may share memory).
     pub boot_id: Option<String>,
 }
 
@@ -66,11 +71,17 @@ pub struct RankAddress {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum RankCommand {
+    /// Ring all-reduce of `count` elements of pattern data.
     AllReduce {
+        /// sum, mean, max or min.
         reduce: String,
+        /// The element type.
         dtype: String,
+        /// Elements per rank.
         count: usize,
+        /// Seed of the pattern data.
         seed: u64,
+        /// Calls timed.
         #[serde(default = "one")]
         repeat: u32,
         /// A barrier after every rank wrote its input and before the
@@ -87,50 +98,81 @@ pub enum RankCommand {
     /// (`tcp_ring` module): `repeat` calls, each after a barrier, on
     /// connections set up once per command.
     TcpRingAllReduce {
+        /// sum, mean, max or min.
         reduce: String,
+        /// The element type.
         dtype: String,
+        /// Elements per rank.
         count: usize,
+        /// Seed of the pattern data.
         seed: u64,
+        /// Calls timed.
         #[serde(default = "one")]
         repeat: u32,
     },
+    /// Reduce-scatter of `count` elements.
     ReduceScatter {
+        /// sum, mean, max or min.
         reduce: String,
+        /// The element type.
         dtype: String,
+        /// Elements per rank.
         count: usize,
+        /// Seed of the pattern data.
         seed: u64,
     },
+    /// All-gather of `count` elements from each rank.
     AllGather {
+        /// The element type.
         dtype: String,
+        /// Elements per rank.
         count: usize,
+        /// Seed of the pattern data.
         seed: u64,
     },
+    /// Broadcast of `count` elements from `root`.
     Broadcast {
+        /// The rank that sends.
         root: u32,
+        /// The element type.
         dtype: String,
+        /// Elements.
         count: usize,
+        /// Seed of the pattern data.
         seed: u64,
     },
+    /// A barrier of the whole group.
     Barrier,
     /// `repeat` arrays of `count` elements to rank `to` on tags
     /// `tag..tag+repeat`, up to 64 at a time; array i is pattern(i, seed).
     /// The digest is of the concatenation sent.
     Send {
+        /// The receiving rank.
         to: u32,
+        /// The first tag.
         tag: u64,
+        /// The element type.
         dtype: String,
+        /// Elements per array.
         count: usize,
+        /// Seed of the pattern data.
         seed: u64,
+        /// Arrays sent.
         #[serde(default = "one")]
         repeat: u32,
     },
     /// Receives what the matching `send` sent, checks dtype and shape, and
     /// digests the concatenation.
     Recv {
+        /// The sending rank.
         from: u32,
+        /// The first tag.
         tag: u64,
+        /// The element type.
         dtype: String,
+        /// Elements per array.
         count: usize,
+        /// Arrays received.
         #[serde(default = "one")]
         repeat: u32,
     },
@@ -140,6 +182,7 @@ fn one() -> u32 {
     1
 }
 
+/// Runs the rank until stdin closes: one JSON result line per command.
 pub async fn run(args: TransferRankArgs) -> Result<()> {
     let tls = match (&args.tls_dir, args.insecure) {
         (Some(dir), _) => Some(TlsFiles::load(dir)?),

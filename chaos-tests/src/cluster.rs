@@ -19,8 +19,10 @@ use crate::{spawn_replica_cmd, spawn_worker_cmd, tessel_bin, Proc, WorkerProc};
 pub struct HostCluster {
     /// Declared before `hosts`: processes die before their namespaces go.
     pub coordinators: BTreeMap<String, Proc>,
+    /// Workers by name.
     pub workers: BTreeMap<String, WorkerProc>,
     relays: Vec<DelayRelay>,
+    /// The simulated hosts.
     pub hosts: Hosts,
     /// The CA's folder (on the test's side).
     pub ca: PathBuf,
@@ -113,6 +115,7 @@ impl HostCluster {
         spawn_replica_cmd(cmd)
     }
 
+    /// Every coordinator's key-value address.
     pub fn coordinator_addrs(&self) -> Vec<SocketAddr> {
         self.coordinators.values().map(|p| p.addr).collect()
     }
@@ -186,6 +189,7 @@ impl HostCluster {
         }
     }
 
+    /// The host named `name`.
     pub fn host(&self, name: &str) -> Host {
         self.hosts.host(name).clone()
     }

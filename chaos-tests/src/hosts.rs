@@ -23,12 +23,15 @@ use std::process::{Command, Stdio};
 /// One simulated host.
 #[derive(Debug, Clone)]
 pub struct Host {
+    /// Its hostname.
     pub name: String,
     /// Its network namespace.
     pub ns: String,
+    /// Its address on the bridge.
     pub ip: Ipv4Addr,
     /// This host's own folder, mounted at [`Hosts::disk`] inside it.
     pub disk: PathBuf,
+    /// The boot id its processes see.
     pub boot_id: String,
 }
 
@@ -38,6 +41,7 @@ pub struct Hosts {
     bridge: String,
     subnet: u8,
     dir: tempfile::TempDir,
+    /// The hosts, in the order made.
     pub hosts: Vec<Host>,
 }
 
@@ -244,6 +248,7 @@ impl Hosts {
         Ok(())
     }
 
+    /// The host named `name`.
     pub fn host(&self, name: &str) -> &Host {
         self.hosts
             .iter()

@@ -39,13 +39,16 @@ pub fn tessel_bin() -> PathBuf {
 
 /// A coordinator process, killed (SIGKILL) when dropped.
 pub struct Proc {
+    /// The process.
     pub child: Child,
+    /// Its key-value address.
     pub addr: SocketAddr,
     /// `HOST:PORT` of its metrics, when started with `--metrics-listen`.
     pub metrics: Option<String>,
 }
 
 impl Proc {
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.pid()
     }
@@ -63,13 +66,16 @@ impl Proc {
 
 /// A `tessel worker` process, killed (SIGKILL) when dropped.
 pub struct WorkerProc {
+    /// The process.
     pub child: Child,
+    /// Its incarnation at its first registration.
     pub incarnation: u64,
     /// `HOST:PORT` of its metrics, when started with `--metrics-listen`.
     pub metrics: Option<String>,
 }
 
 impl WorkerProc {
+    /// SIGKILL, and wait for it to be gone.
     pub fn kill(&mut self) {
         self.child.kill();
     }
@@ -181,15 +187,21 @@ pub fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 
 /// A replica's command line.
 pub struct ReplicaSpec<'a> {
+    /// The replica id.
     pub id: u64,
+    /// `HOST:PORT` to listen on.
     pub listen: String,
+    /// Its data folder.
     pub data_dir: &'a Path,
+    /// The cluster's TLS folder.
     pub tls_dir: &'a Path,
     /// `Some(addr)`: join the cluster of `addr`; `None`: bootstrap alone.
     pub join: Option<SocketAddr>,
+    /// More arguments, appended.
     pub extra: &'a [&'a str],
 }
 
+/// The `tessel` arguments that start the replica.
 pub fn replica_args(s: &ReplicaSpec<'_>) -> Vec<String> {
     let mut a: Vec<String> = vec![
         "coordinator".into(),
@@ -214,15 +226,19 @@ pub fn replica_args(s: &ReplicaSpec<'_>) -> Vec<String> {
 pub struct KvCluster {
     /// Holds the data and TLS folders; removed on drop.
     pub dir: tempfile::TempDir,
+    /// The cluster's client certificate.
     pub tls: TlsFiles,
+    /// Replicas by id.
     pub procs: BTreeMap<u64, Proc>,
 }
 
 impl KvCluster {
+    /// The cluster's TLS folder.
     pub fn tls_dir(&self) -> PathBuf {
         self.dir.path().join("tls")
     }
 
+    /// Replica `id`'s data folder.
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.dir.path().join(format!("replica-{id}"))
     }
@@ -246,6 +262,7 @@ impl KvCluster {
         c
     }
 
+    /// Starts replica `id` (not yet in `procs`).
     pub fn spawn(&self, id: u64, listen: String, join: Option<SocketAddr>, extra: &[&str]) -> Proc {
         let data = self.data_dir(id);
         let tls = self.tls_dir();
@@ -279,10 +296,12 @@ impl KvCluster {
         self.procs.insert(id, p);
     }
 
+    /// Every replica's address.
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.procs.values().map(|p| p.addr).collect()
     }
 
+    /// A client that knows every replica.
     pub fn client(&self) -> RaftKv {
         RaftKv::connect(self.addrs(), Some(&self.tls)).unwrap()
     }
@@ -292,6 +311,7 @@ impl KvCluster {
         RaftKv::connect(vec![self.procs[&id].addr], Some(&self.tls)).unwrap()
     }
 
+    /// The leader's id, once one is elected (panics after 20 s).
     pub async fn leader(&self) -> u64 {
         for _ in 0..200 {
             for (_, s) in self.client().cluster_status().await {

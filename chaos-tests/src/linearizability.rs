@@ -14,9 +14,11 @@ pub struct Op {
     pub invoke: u64,
     /// Completion time; `None` for a write with unknown outcome.
     pub complete: Option<u64>,
+    /// What the operation did.
     pub kind: Kind,
 }
 
+/// An operation on the one register.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     /// Wrote the value.

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 /// A running relay; stops when dropped.
 pub struct DelayRelay {
+    /// Where it listens (it forwards to its target).
     pub addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }

@@ -13,7 +13,7 @@ use tessel_net::tls::TlsFiles;
 
 /// Where to find the TLS folder, or `--insecure`.
 #[derive(Args, Clone)]
-pub struct TlsArgs {
+pub(crate) struct TlsArgs {
     /// Folder with ca.pem, node.pem and node.key (from `tessel certs init`).
     #[arg(long, value_name = "DIR", conflicts_with = "insecure")]
     pub tls_dir: Option<PathBuf>,
@@ -24,7 +24,7 @@ pub struct TlsArgs {
 
 impl TlsArgs {
     /// The loaded certificates, `None` for `--insecure`; neither is an error.
-    pub fn load(&self) -> Result<Option<TlsFiles>> {
+    pub(crate) fn load(&self) -> Result<Option<TlsFiles>> {
         match (&self.tls_dir, self.insecure) {
             (Some(dir), _) => Ok(Some(TlsFiles::load(dir)?)),
             (None, true) => Ok(None),
@@ -34,7 +34,7 @@ impl TlsArgs {
 }
 
 /// `HOST:PORT`, resolved now.
-pub fn resolve(addr: &str) -> Result<SocketAddr> {
+pub(crate) fn resolve(addr: &str) -> Result<SocketAddr> {
     addr.trim()
         .to_socket_addrs()
         .with_context(|| format!("cannot resolve {addr}"))?
@@ -42,16 +42,60 @@ pub fn resolve(addr: &str) -> Result<SocketAddr> {
         .with_context(|| format!("{addr} resolves to nothing"))
 }
 
-pub fn coordinators(list: &str) -> Result<Vec<SocketAddr>> {
-    list.split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(resolve)
-        .collect()
+/// A list of `HOST:PORT` endpoints, checked for form when parsed and
+/// resolved when used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Endpoints(pub Vec<String>);
+
+impl Endpoints {
+    /// `HOST:PORT[,HOST:PORT..]` (a clap value parser).
+    pub(crate) fn parse(list: &str) -> Result<Endpoints, String> {
+        let all: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if all.is_empty() {
+            return Err(format!("`{list}` names no HOST:PORT"));
+        }
+        for e in &all {
+            let port = e.rsplit_once(':').map(|(_, p)| p);
+            if port.and_then(|p| p.parse::<u16>().ok()).is_none() {
+                return Err(format!("`{e}` is not HOST:PORT"));
+            }
+        }
+        Ok(Endpoints(all))
+    }
+
+    /// `etcd://HOST:PORT[,HOST:PORT..]` (a clap value parser).
+    pub(crate) fn parse_etcd(url: &str) -> Result<Endpoints, String> {
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| format!("`{url}`: expected etcd://HOST:PORT[,HOST:PORT..]"))?;
+        Endpoints::parse(rest)
+    }
+
+    /// Every endpoint, resolved now.
+    pub(crate) fn resolve(&self) -> Result<Vec<SocketAddr>> {
+        self.0.iter().map(|e| resolve(e)).collect()
+    }
+
+    /// The first endpoint.
+    pub(crate) fn first(&self) -> &str {
+        &self.0[0]
+    }
+}
+
+impl std::fmt::Display for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
 }
 
 /// Which key-value service to talk to: tessel's replicas or etcd.
 #[derive(Args, Clone)]
-pub struct KvTargetArgs {
+pub(crate) struct KvTargetArgs {
     /// tessel coordinator (replica) addresses, comma separated.
     #[arg(long, value_name = "ADDR[,ADDR..]", required_unless_present = "kv")]
     pub coordinator: Option<String>,
@@ -63,47 +107,72 @@ pub struct KvTargetArgs {
     pub tls: TlsArgs,
 }
 
-impl KvTargetArgs {
-    /// The service, for messages.
-    pub fn describe(&self) -> String {
-        match (&self.coordinator, &self.kv) {
-            (_, Some(url)) => url.clone(),
-            (Some(list), None) => list.clone(),
-            (None, None) => "none given".into(),
+/// The service `--coordinator` or `--kv` named, parsed once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum KvService {
+    Replicas(Endpoints),
+    Etcd(Endpoints),
+}
+
+impl KvService {
+    /// The endpoints, whichever the service.
+    pub(crate) fn endpoints(&self) -> &Endpoints {
+        match self {
+            KvService::Replicas(e) | KvService::Etcd(e) => e,
         }
+    }
+}
+
+impl std::fmt::Display for KvService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvService::Replicas(e) => write!(f, "{e}"),
+            KvService::Etcd(e) => write!(f, "etcd://{e}"),
+        }
+    }
+}
+
+impl KvTargetArgs {
+    /// The service named, its addresses checked for form.
+    pub(crate) fn service(&self) -> Result<KvService> {
+        let parsed = match (&self.kv, &self.coordinator) {
+            (Some(url), _) => Endpoints::parse_etcd(url).map(KvService::Etcd),
+            (None, Some(list)) => Endpoints::parse(list).map(KvService::Replicas),
+            (None, None) => Err("give --coordinator ADDRS or --kv etcd://…".into()),
+        };
+        parsed.map_err(|e| anyhow::anyhow!(e))
     }
 
     /// A client of the chosen service.
-    pub async fn connect(&self) -> Result<Box<dyn KvStore>> {
-        if let Some(url) = &self.kv {
-            return connect_etcd(url).await;
+    pub(crate) async fn connect(&self) -> Result<Box<dyn KvStore>> {
+        match self.service()? {
+            KvService::Etcd(etcd) => connect_etcd(&etcd).await,
+            KvService::Replicas(list) => Ok(Box::new(RaftKv::connect(
+                list.resolve()?,
+                self.tls.load()?.as_ref(),
+            )?)),
         }
-        let addrs = self.coordinator.as_deref().unwrap_or_default();
-        Ok(Box::new(RaftKv::connect(
-            coordinators(addrs)?,
-            self.tls.load()?.as_ref(),
-        )?))
     }
 }
 
 #[cfg(feature = "etcd")]
-pub async fn connect_etcd(url: &str) -> Result<Box<dyn KvStore>> {
-    use tessel_kvstore::etcd::{parse_url, EtcdKv, EtcdOptions};
-    let endpoints = parse_url(url)?;
-    let kv = EtcdKv::connect(&endpoints, EtcdOptions::default())
+pub(crate) async fn connect_etcd(etcd: &Endpoints) -> Result<Box<dyn KvStore>> {
+    use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
+    let urls: Vec<String> = etcd.0.iter().map(|e| format!("http://{e}")).collect();
+    let kv = EtcdKv::connect(&urls, EtcdOptions::default())
         .await
-        .with_context(|| format!("connecting to {url}"))?;
+        .with_context(|| format!("connecting to etcd://{etcd}"))?;
     Ok(Box::new(kv))
 }
 
 #[cfg(not(feature = "etcd"))]
-pub async fn connect_etcd(url: &str) -> Result<Box<dyn KvStore>> {
-    bail!("`--kv {url}`: this tessel was built without etcd support; rebuild with `cargo build --features etcd`")
+pub(crate) async fn connect_etcd(etcd: &Endpoints) -> Result<Box<dyn KvStore>> {
+    bail!("`--kv etcd://{etcd}`: this tessel was built without etcd support; rebuild with `cargo build --features etcd`")
 }
 
 /// `--plugin NAME|PATH`, one declaration for every command that loads one.
 #[derive(Args, Clone, Debug, Default)]
-pub struct PluginArg {
+pub(crate) struct PluginArg {
     /// A plugin name (cpu, cuda, cpu-lammps, cpu-fastatomstruct) or the path
     /// of a PJRT plugin library. Default: $TESSEL_PJRT_PLUGIN, else cpu.
     #[arg(long, value_name = "NAME|PATH")]
@@ -112,7 +181,7 @@ pub struct PluginArg {
 
 impl PluginArg {
     /// The name as given (or from the environment, else `cpu`).
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.plugin
             .clone()
             .or_else(|| {
@@ -124,11 +193,11 @@ impl PluginArg {
     }
 
     /// The plugin library's path.
-    pub fn path(&self) -> Result<PathBuf> {
+    pub(crate) fn path(&self) -> Result<PathBuf> {
         Ok(locate::resolve(self.plugin.as_deref())?)
     }
 
-    pub fn load(&self) -> Result<Plugin> {
+    pub(crate) fn load(&self) -> Result<Plugin> {
         Ok(Plugin::load(&self.path()?)?)
     }
 }

@@ -7,7 +7,7 @@ use clap::Subcommand;
 use tessel_net::tls::init_certs;
 
 #[derive(Subcommand)]
-pub enum CertsCommand {
+pub(crate) enum CertsCommand {
     /// Create a cluster CA (ca.pem, ca.key) and, unless --ca-only, one
     /// certificate every node shares (node.pem, node.key: for tests and
     /// local experiments; a cluster issues one per node with `issue`).
@@ -50,7 +50,7 @@ fn parse_role(s: &str) -> Result<tessel_net::tls::Role, String> {
         .ok_or_else(|| format!("`{s}`: expected coordinator, worker or client"))
 }
 
-pub fn certs(cmd: CertsCommand) -> Result<()> {
+pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
     match cmd {
         CertsCommand::Init {
             dir, ca_only: true, ..

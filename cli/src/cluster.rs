@@ -4,10 +4,10 @@ use anyhow::Result;
 use clap::Subcommand;
 use tessel_kvstore::raft::client::RaftKv;
 
-use crate::args::{coordinators, TlsArgs};
+use crate::args::{Endpoints, TlsArgs};
 
 #[derive(Subcommand)]
-pub enum ClusterCommand {
+pub(crate) enum ClusterCommand {
     /// Leader, term, members and log indices as each replica sees them.
     Status {
         #[arg(long, value_name = "ADDR[,ADDR..]")]
@@ -25,10 +25,15 @@ pub enum ClusterCommand {
     },
 }
 
-pub async fn cluster(cmd: ClusterCommand) -> Result<()> {
+pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
     match cmd {
         ClusterCommand::Status { coordinator, tls } => {
-            let kv = RaftKv::connect(coordinators(&coordinator)?, tls.load()?.as_ref())?;
+            let kv = RaftKv::connect(
+                Endpoints::parse(&coordinator)
+                    .map_err(anyhow::Error::msg)?
+                    .resolve()?,
+                tls.load()?.as_ref(),
+            )?;
             println!(
                 "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  MEMBERS",
                 "REPLICA", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "REVISION"
@@ -65,7 +70,12 @@ pub async fn cluster(cmd: ClusterCommand) -> Result<()> {
             tls,
             id,
         } => {
-            let kv = RaftKv::connect(coordinators(&coordinator)?, tls.load()?.as_ref())?;
+            let kv = RaftKv::connect(
+                Endpoints::parse(&coordinator)
+                    .map_err(anyhow::Error::msg)?
+                    .resolve()?,
+                tls.load()?.as_ref(),
+            )?;
             kv.remove_replica(id).await?;
             println!("removed replica {id}");
             Ok(())

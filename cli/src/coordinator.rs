@@ -13,10 +13,10 @@ use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
 use tessel_kvstore::raft::wal::LogIo;
 
-use crate::args::{coordinators, resolve, TlsArgs};
+use crate::args::{resolve, Endpoints, TlsArgs};
 
 #[derive(Args)]
-pub struct CoordinatorArgs {
+pub(crate) struct CoordinatorArgs {
     /// This replica's id (never reuse the id of a removed replica).
     #[arg(long, required_unless_present = "kv")]
     pub id: Option<u64>,
@@ -93,13 +93,14 @@ async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
     .await
 }
 
-pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let metrics = crate::metrics_http::serve_if(args.metrics_listen).await?;
     if let Some(url) = &args.kv {
+        let etcd = Endpoints::parse_etcd(url).map_err(anyhow::Error::msg)?;
         let kv: std::sync::Arc<dyn KvStore> =
-            std::sync::Arc::from(crate::args::connect_etcd(url).await?);
+            std::sync::Arc::from(crate::args::connect_etcd(&etcd).await?);
         Ready::Attached {
-            kv: url.clone(),
+            kv: format!("etcd://{etcd}"),
             metrics,
         }
         .announce();
@@ -150,7 +151,8 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let replica = Replica::start(cfg).await?;
     let addr = replica.local_addr()?;
     if let Some(join) = &args.join {
-        let kv = RaftKv::connect(coordinators(join)?, tls.as_ref())?;
+        let join = Endpoints::parse(join).map_err(anyhow::Error::msg)?;
+        let kv = RaftKv::connect(join.resolve()?, tls.as_ref())?;
         kv.add_replica(id, addr)
             .await
             .with_context(|| format!("joining the cluster of {join}"))?;
@@ -182,7 +184,7 @@ fn openraft_snapshot_policy(every: u64) -> tessel_kvstore::raft::SnapshotPolicy 
     tessel_kvstore::raft::SnapshotPolicy::LogsSinceLast(every.max(1))
 }
 
-pub async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),

@@ -19,7 +19,7 @@ use crate::local::LocalArgs;
 
 /// `tessel local JOB.toml`: a fresh cluster with one worker per process;
 /// the job goes through the scheduler like any other.
-pub async fn run_on_local(
+pub(crate) async fn run_on_local(
     cluster: &mut LocalCluster,
     args: &LocalArgs,
     job: &ValidatedJob,
@@ -67,7 +67,7 @@ pub async fn run_on_local(
 /// Submits `job` to the scheduler, follows it (printing state changes and
 /// reports when `print`), and returns its id and every process's result;
 /// an error if it did not succeed.
-pub async fn run_scheduled(
+pub(crate) async fn run_scheduled(
     client: &Client,
     job: &ValidatedJob,
     print: bool,
@@ -179,7 +179,7 @@ fn summarize(job: &ValidatedJob, results: &[ProcessResult]) {
 
 /// `tessel submit SPEC [--wait]`.
 #[derive(clap::Args)]
-pub struct SubmitArgs {
+pub(crate) struct SubmitArgs {
     /// The job spec (TOML).
     pub spec: std::path::PathBuf,
     #[command(flatten)]
@@ -192,7 +192,7 @@ pub struct SubmitArgs {
 
 /// `tessel jobs`, `tessel job ID`, `tessel cancel ID`.
 #[derive(clap::Args)]
-pub struct JobIdArgs {
+pub(crate) struct JobIdArgs {
     pub id: Option<String>,
     #[command(flatten)]
     pub target: crate::args::KvTargetArgs,
@@ -200,7 +200,7 @@ pub struct JobIdArgs {
 
 /// `tessel fetch ID ARRAY --out FILE.npy`.
 #[derive(clap::Args)]
-pub struct FetchArgs {
+pub(crate) struct FetchArgs {
     pub id: String,
     pub array: String,
     #[arg(long, value_name = "FILE.npy")]
@@ -214,7 +214,7 @@ async fn client(target: &crate::args::KvTargetArgs) -> Result<Client> {
     Ok(Client::from_store(kv))
 }
 
-pub async fn submit(args: SubmitArgs) -> Result<()> {
+pub(crate) async fn submit(args: SubmitArgs) -> Result<()> {
     let job = tessel::job::JobSpec::load(&args.spec)?;
     let client = client(&args.target).await?;
     let id = client.submit(&job).await?;
@@ -256,7 +256,7 @@ async fn follow(client: &Client, id: &str, steps: u64) -> Result<()> {
     succeeded(client, id).await.map(drop)
 }
 
-pub async fn jobs(args: JobIdArgs) -> Result<()> {
+pub(crate) async fn jobs(args: JobIdArgs) -> Result<()> {
     let client = client(&args.target).await?;
     println!(
         "{:<24} {:<10} {:>9} {:>7} {:>8}  {:<24} REASON",
@@ -277,7 +277,7 @@ pub async fn jobs(args: JobIdArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn job(args: JobIdArgs) -> Result<()> {
+pub(crate) async fn job(args: JobIdArgs) -> Result<()> {
     let id = args.id.context("give a job id")?;
     let client = client(&args.target).await?;
     let j = client.job(&id).await?;
@@ -309,14 +309,14 @@ pub async fn job(args: JobIdArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn cancel(args: JobIdArgs) -> Result<()> {
+pub(crate) async fn cancel(args: JobIdArgs) -> Result<()> {
     let id = args.id.context("give a job id")?;
     client(&args.target).await?.cancel(&id).await?;
     println!("cancellation of {id} requested");
     Ok(())
 }
 
-pub async fn fetch(args: FetchArgs) -> Result<()> {
+pub(crate) async fn fetch(args: FetchArgs) -> Result<()> {
     let a = client(&args.target)
         .await?
         .fetch(&args.id, &args.array)

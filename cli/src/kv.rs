@@ -10,7 +10,7 @@ use tessel_kv::{show_key, Event};
 use crate::args::KvTargetArgs;
 
 #[derive(Args)]
-pub struct KvArgs {
+pub(crate) struct KvArgs {
     #[command(flatten)]
     pub target: KvTargetArgs,
     #[command(subcommand)]
@@ -18,7 +18,7 @@ pub struct KvArgs {
 }
 
 #[derive(Subcommand)]
-pub enum KvOp {
+pub(crate) enum KvOp {
     /// Write, overwriting.
     Put { key: String, value: String },
     /// Write unless the key exists.
@@ -60,7 +60,7 @@ fn show(bytes: &[u8]) -> String {
     show_key(bytes)
 }
 
-pub async fn kv(args: KvArgs) -> Result<()> {
+pub(crate) async fn kv(args: KvArgs) -> Result<()> {
     let kv = args.target.connect().await?;
     match args.op {
         KvOp::Put { key, value } => println!(

@@ -17,7 +17,7 @@ use crate::coordinator::wait_for_signal;
 use crate::nodes::read_topology;
 
 #[derive(Args)]
-pub struct LocalArgs {
+pub(crate) struct LocalArgs {
     /// A job spec to run on the fresh cluster: one worker per process of
     /// the spec; exits with the job's status.
     pub job: Option<PathBuf>,
@@ -48,7 +48,7 @@ pub struct LocalArgs {
     pub keep_running: bool,
 }
 
-pub async fn local(args: LocalArgs) -> Result<()> {
+pub(crate) async fn local(args: LocalArgs) -> Result<()> {
     if args.job.is_none() && !args.print_topology {
         bail!("give a job spec to run, or --print-topology to bring the cluster up and print its topology");
     }

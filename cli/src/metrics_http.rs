@@ -24,7 +24,7 @@ const SECONDS: [f64; 12] = [
 
 /// Serves this process's metrics at `http://LISTEN/metrics` when asked;
 /// returns the bound address (for the readiness line).
-pub async fn serve_if(listen: Option<SocketAddr>) -> Result<Option<SocketAddr>> {
+pub(crate) async fn serve_if(listen: Option<SocketAddr>) -> Result<Option<SocketAddr>> {
     match listen {
         Some(listen) => Ok(Some(serve(listen).await?)),
         None => Ok(None),

@@ -14,12 +14,12 @@ use tessel_topology::GlobalTopology;
 use crate::args::KvTargetArgs;
 
 #[derive(Args)]
-pub struct WorkersArgs {
+pub(crate) struct WorkersArgs {
     #[command(flatten)]
     pub target: KvTargetArgs,
 }
 
-pub async fn workers(args: WorkersArgs) -> Result<()> {
+pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
     let kv = args.target.connect().await?;
     let now = keys::unix_ms();
     println!(
@@ -63,7 +63,7 @@ pub async fn workers(args: WorkersArgs) -> Result<()> {
 }
 
 #[derive(Args)]
-pub struct TopologyArgs {
+pub(crate) struct TopologyArgs {
     #[command(flatten)]
     pub target: KvTargetArgs,
     #[arg(long)]
@@ -73,7 +73,11 @@ pub struct TopologyArgs {
     pub json: bool,
 }
 
-pub async fn read_topology(kv: &dyn KvStore, job: &str, wait: Duration) -> Result<GlobalTopology> {
+pub(crate) async fn read_topology(
+    kv: &dyn KvStore,
+    job: &str,
+    wait: Duration,
+) -> Result<GlobalTopology> {
     let key = tessel_topology::keys::global(job);
     let bytes = kv
         .get(key.as_bytes(), wait)
@@ -105,7 +109,7 @@ fn print_table(t: &GlobalTopology) {
     }
 }
 
-pub async fn topology(args: TopologyArgs) -> Result<()> {
+pub(crate) async fn topology(args: TopologyArgs) -> Result<()> {
     let kv = args.target.connect().await?;
     // A scheduled job's id names its current attempt (`ID@A`).
     let (_, state) = tessel_coordinator::scheduler::read_state(&*kv).await?;

@@ -9,7 +9,7 @@ use tessel::pjrt::{Client, ClientOptions, HostBuffer, Plugin};
 use tessel::program::{run_program, RunRequest};
 
 /// `tessel run`: compile, feed, execute, print (and write) the outputs.
-pub fn run(
+pub(crate) fn run(
     program: &Path,
     plugin: &crate::args::PluginArg,
     devices: Option<usize>,
@@ -46,7 +46,7 @@ pub fn run(
     Ok(())
 }
 
-pub fn validate_spec(path: &Path) -> Result<()> {
+pub(crate) fn validate_spec(path: &Path) -> Result<()> {
     let v = tessel::job::JobSpec::load(path)?;
     let s = &v.spec;
     println!(
@@ -65,7 +65,7 @@ pub fn validate_spec(path: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn compare_arrays(a: &Path, b: &Path, atol: f64) -> Result<()> {
+pub(crate) fn compare_arrays(a: &Path, b: &Path, atol: f64) -> Result<()> {
     let load = |p: &Path| -> Result<HostBuffer> {
         let data = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
         read_npy(&data).with_context(|| p.display().to_string())
@@ -130,7 +130,7 @@ fn write_outputs(dir: &Path, outputs: &[HostBuffer]) -> Result<()> {
     Ok(())
 }
 
-pub fn plugin_info(plugin: &Plugin) -> Result<()> {
+pub(crate) fn plugin_info(plugin: &Plugin) -> Result<()> {
     let (major, minor) = plugin.api_version();
     println!("plugin      {}", plugin.path().display());
     println!("C API       {major}.{minor}");

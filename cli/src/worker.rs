@@ -16,7 +16,7 @@ use crate::args::{KvTargetArgs, PluginArg};
 use crate::coordinator::wait_for_signal;
 
 #[derive(Args)]
-pub struct WorkerArgs {
+pub(crate) struct WorkerArgs {
     #[command(flatten)]
     pub target: KvTargetArgs,
     #[command(flatten)]
@@ -71,25 +71,16 @@ fn transfer_ip(args: &WorkerArgs) -> Result<std::net::IpAddr> {
     if let Some(ip) = args.transfer_ip {
         return Ok(ip);
     }
-    let first = match (&args.target.coordinator, &args.target.kv) {
-        (Some(list), _) => list.split(',').next().unwrap_or_default().trim().to_owned(),
-        (None, Some(url)) => url
-            .trim_start_matches("etcd://")
-            .split(',')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_owned(),
-        (None, None) => String::new(),
-    };
-    let target = std::net::ToSocketAddrs::to_socket_addrs(&first)
+    let service = args.target.service()?;
+    let first = service.endpoints().first();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(first)
         .with_context(|| format!("cannot resolve {first:?} to choose --transfer-ip"))?
         .next()
         .with_context(|| format!("{first:?} resolves to nothing; pass --transfer-ip"))?;
     outbound_ip(target)
 }
 
-pub async fn worker(args: WorkerArgs) -> Result<()> {
+pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
     let metrics = crate::metrics_http::serve_if(args.metrics_listen).await?;
     for root in &args.checkpoint_root {
         if !root.is_absolute() {
@@ -103,7 +94,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
     kv.revision().await.with_context(|| {
         format!(
             "cannot reach the coordinators ({}); are they up, and is this worker's certificate from the cluster's CA?",
-            args.target.describe()
+            args.target.service().map(|s| s.to_string()).unwrap_or_default()
         )
     })?;
     let plugin_name = args.plugin.name();

@@ -3,24 +3,44 @@ use tessel_kv::KvError;
 /// What a coordinator operation can fail with.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CoordinatorError {
+    /// A KV operation failed.
     #[error("{context}: {source}")]
     Kv {
+        /// What the coordinator was doing.
         context: String,
+        /// The KV's error.
         #[source]
         source: KvError,
     },
+    /// A newer registration of the worker took over.
     #[error("worker `{worker}` incarnation {incarnation} is stale (current: {current:?})")]
     StaleIncarnation {
+        /// The worker.
         worker: String,
+        /// The incarnation that acted.
         incarnation: u64,
+        /// The current one, if any.
         current: Option<u64>,
     },
+    /// No worker registered under that id.
     #[error("worker `{0}` is not registered")]
     UnknownWorker(String),
+    /// An argument or setting breaks a rule.
     #[error("invalid {what}: {reason}")]
-    Invalid { what: String, reason: String },
+    Invalid {
+        /// What was refused.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// A stored record did not decode.
     #[error("cannot decode {what}: {reason}")]
-    Decode { what: String, reason: String },
+    Decode {
+        /// What it was.
+        what: String,
+        /// What the decoder said.
+        reason: String,
+    },
 }
 
 impl CoordinatorError {
@@ -37,4 +57,5 @@ impl CoordinatorError {
     }
 }
 
+/// The crate's result type.
 pub type Result<T, E = CoordinatorError> = std::result::Result<T, E>;

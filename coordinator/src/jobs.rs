@@ -46,9 +46,13 @@ impl FailureKind {
 pub struct JobFailure {
     /// The worker that reported it, or whose loss it is.
     pub worker: Option<String>,
+    /// That worker's incarnation.
     pub incarnation: Option<u64>,
+    /// Whether a restart may cure it.
     pub kind: FailureKind,
+    /// What happened, for people.
     pub reason: String,
+    /// When it was reported.
     pub unix_ms: u64,
 }
 
@@ -65,14 +69,18 @@ impl std::fmt::Display for JobFailure {
 /// What a worker is asked to run: one process of a job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobAssignment {
+    /// The attempt (`ID@ATTEMPT`).
     pub job: String,
+    /// The process this worker runs.
     pub process_index: u32,
+    /// The attempt's process count.
     pub num_processes: u32,
     /// How long the topology exchange may take.
     pub topology_timeout_ms: u64,
 }
 
 impl JobAssignment {
+    /// Refuses a bad job id or a process index out of range.
     pub fn validate(&self) -> Result<()> {
         keys::check_id("job id", &self.job)?;
         if self.num_processes == 0 || self.process_index >= self.num_processes {
@@ -87,6 +95,7 @@ impl JobAssignment {
         Ok(())
     }
 
+    /// Decodes and validates.
     pub fn decode(bytes: &[u8]) -> Result<JobAssignment> {
         let a: JobAssignment =
             postcard::from_bytes(bytes).map_err(CoordinatorError::decode("an assignment"))?;

@@ -35,60 +35,75 @@ pub fn check_id(what: &str, s: &str) -> Result<()> {
     })
 }
 
+/// Every worker's keys.
 pub const WORKERS: &str = "workers/";
 
+/// The counter of a worker's registrations.
 pub fn incarnation(worker: &str) -> String {
     format!("workers/{worker}/incarnation")
 }
 
+/// A worker's [`crate::WorkerRecord`].
 pub fn info(worker: &str) -> String {
     format!("workers/{worker}/info")
 }
 
+/// A worker's liveness key (bound to its lease): `"{incarnation} {unix_ms}"`.
 pub fn alive(worker: &str) -> String {
     format!("workers/{worker}/alive")
 }
 
+/// The jobs a worker joined.
 pub fn worker_jobs(worker: &str) -> String {
     format!("workers/{worker}/jobs/")
 }
 
+/// Worker `worker` joined `job`.
 pub fn worker_job(worker: &str, job: &str) -> String {
     format!("workers/{worker}/jobs/{job}")
 }
 
+/// The workers that joined a job.
 pub fn job_members(job: &str) -> String {
     format!("jobs/{job}/members/")
 }
 
+/// Worker `worker` is a member of `job`.
 pub fn job_member(job: &str, worker: &str) -> String {
     format!("jobs/{job}/members/{worker}")
 }
 
+/// A job's first failure (written once).
 pub fn job_failure(job: &str) -> String {
     format!("jobs/{job}/failure")
 }
 
+/// The attempts the scheduler placed on a worker.
 pub fn assignments(worker: &str) -> String {
     format!("assignments/{worker}/")
 }
 
+/// The scheduler placed attempt `job` on `worker`.
 pub fn assignment(worker: &str, job: &str) -> String {
     format!("assignments/{worker}/{job}")
 }
 
+/// A process's local topology.
 pub fn process_topology(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/topology")
 }
 
+/// Every process's keys of a job.
 pub fn process_topologies(job: &str) -> String {
     format!("jobs/{job}/processes/")
 }
 
+/// A process passed the transfer barrier.
 pub fn process_transfer_ready(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/transfer_ready")
 }
 
+/// A process saw the job's failure and stopped.
 pub fn process_failure_seen(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/failure_seen")
 }
@@ -104,6 +119,7 @@ pub fn job_reports(job: &str) -> String {
     format!("jobs/{job}/reports/")
 }
 
+/// Reported scalars of step `step`.
 pub fn job_report(job: &str, step: u64) -> String {
     format!("jobs/{job}/reports/{step:012}")
 }
@@ -119,6 +135,7 @@ pub fn job_checkpoints(job: &str) -> String {
     format!("jobs/{job}/checkpoints/")
 }
 
+/// The checkpoint record of step `step`.
 pub fn job_checkpoint(job: &str, step: u64) -> String {
     format!("jobs/{job}/checkpoints/{step:012}")
 }
@@ -128,6 +145,7 @@ pub fn process_result(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/result")
 }
 
+/// Every process finished.
 pub fn job_done(job: &str) -> String {
     format!("jobs/{job}/done")
 }
@@ -150,6 +168,7 @@ pub fn sched_events(job: &str) -> String {
     format!("sched/jobs/{job}/events/")
 }
 
+/// Event `seq` of a job.
 pub fn sched_event(job: &str, seq: u64) -> String {
     format!("sched/jobs/{job}/events/{seq:012}")
 }
@@ -165,12 +184,14 @@ pub fn alive_value(incarnation: u64, unix_ms: u64) -> String {
     format!("{incarnation} {unix_ms}")
 }
 
+/// Parses [`alive_value`]: `(incarnation, unix_ms)`.
 pub fn parse_alive_value(v: &[u8]) -> Option<(u64, u64)> {
     let s = std::str::from_utf8(v).ok()?;
     let (i, t) = s.split_once(' ')?;
     Some((i.parse().ok()?, t.parse().ok()?))
 }
 
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

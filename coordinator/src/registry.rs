@@ -32,7 +32,9 @@ use crate::keys;
 /// Heartbeat interval and lease TTL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LivenessConfig {
+    /// How often a worker renews its lease.
     pub heartbeat: Duration,
+    /// How long a silent worker stays alive.
     pub ttl: Duration,
 }
 
@@ -46,6 +48,7 @@ impl Default for LivenessConfig {
 }
 
 impl LivenessConfig {
+    /// Refuses a TTL shorter than two heartbeats.
     pub fn validate(&self) -> Result<()> {
         if self.heartbeat.is_zero() || self.ttl < self.heartbeat * 2 {
             return Err(CoordinatorError::Invalid {
@@ -63,8 +66,11 @@ impl LivenessConfig {
 /// Devices of one kind on a worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerDevice {
+    /// The kind the plugin reports (`cpu`, `H100`, ...).
     pub kind: String,
+    /// How many.
     pub count: u32,
+    /// Memory of one device, when the plugin reports it.
     pub memory_bytes: Option<u64>,
 }
 
@@ -73,8 +79,11 @@ pub struct WorkerDevice {
 pub struct WorkerInfo {
     /// Stable across restarts of the same worker (default: the hostname).
     pub worker_id: String,
+    /// The host's name.
     pub hostname: String,
+    /// The host's boot id (processes sharing one share memory).
     pub boot_id: String,
+    /// The worker's process id.
     pub pid: u32,
     /// The plugin as the worker was started with it: a name (`cpu`,
     /// `cuda`) or a path. A job's `plugin` names it, or its platform.
@@ -83,6 +92,7 @@ pub struct WorkerInfo {
     pub platform: String,
     /// The plugin's version and C API version, for people.
     pub plugin_version: String,
+    /// The devices the plugin sees.
     pub devices: Vec<WorkerDevice>,
     /// The worker's lease TTL: how long it may be silent before it is
     /// dead (and how long a new process waits before taking its id).
@@ -92,17 +102,24 @@ pub struct WorkerInfo {
 /// The registry's record of a registration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerRecord {
+    /// What the worker said.
     pub info: WorkerInfo,
+    /// Counts registrations under this id; the newest wins.
     pub incarnation: u64,
+    /// The lease its alive key is bound to.
     pub lease: u64,
+    /// When it registered.
     pub registered_unix_ms: u64,
 }
 
 /// A successful registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registration {
+    /// The worker's id.
     pub worker_id: String,
+    /// The incarnation this process holds.
     pub incarnation: u64,
+    /// The lease its heartbeat renews.
     pub lease: u64,
 }
 
@@ -180,6 +197,7 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
+    /// Starts renewing `reg`'s lease every heartbeat.
     pub fn start(kv: Arc<dyn KvStore>, reg: Registration, liveness: LivenessConfig) -> Heartbeat {
         let (tx, lost) = watch::channel(None);
         let task = tokio::spawn(async move {
@@ -205,6 +223,7 @@ impl Heartbeat {
         }
     }
 
+    /// Stops renewing (the lease then expires by itself).
     pub fn stop(self) {
         self.task.abort();
     }
@@ -316,17 +335,23 @@ async fn write_stamp(
 /// Alive or dead, as the registry sees it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerState {
+    /// Its lease is live.
     Alive {
+        /// The incarnation that holds it.
         incarnation: u64,
+        /// When it last beat.
         last_heartbeat_unix_ms: u64,
     },
+    /// Its lease expired or was revoked.
     Dead,
 }
 
 /// A registered worker and its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerStatus {
+    /// Its registration.
     pub record: WorkerRecord,
+    /// Alive or dead.
     pub state: WorkerState,
     /// The revision of the alive key's last write (its last heartbeat);
     /// 0 when dead.
@@ -395,7 +420,7 @@ pub(crate) mod tests {
     use crate::testing::FaultyKv;
     use tessel_kv::MemoryKv;
 
-    pub fn info(id: &str) -> WorkerInfo {
+    pub(crate) fn info(id: &str) -> WorkerInfo {
         WorkerInfo {
             worker_id: id.into(),
             hostname: "h".into(),
@@ -413,7 +438,7 @@ pub(crate) mod tests {
         }
     }
 
-    pub fn fast() -> LivenessConfig {
+    pub(crate) fn fast() -> LivenessConfig {
         LivenessConfig {
             heartbeat: Duration::from_millis(100),
             ttl: Duration::from_millis(800),

@@ -10,7 +10,7 @@ use tessel_kv::{CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
 /// `retry_next_cas` is set, the next one is applied twice, the caller
 /// hearing the second answer (a client retrying a write whose first try
 /// was applied but not answered), and the flag is cleared.
-pub struct FaultyKv {
+pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
     pub cas_hangs: bool,
     pub retry_next_cas: AtomicBool,
@@ -18,7 +18,7 @@ pub struct FaultyKv {
 
 impl FaultyKv {
     /// No faults until fields say otherwise.
-    pub fn new() -> FaultyKv {
+    pub(crate) fn new() -> FaultyKv {
         FaultyKv {
             inner: MemoryKv::new(),
             cas_hangs: false,

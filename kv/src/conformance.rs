@@ -30,6 +30,7 @@ pub async fn run_all(store: &dyn KvStore) {
     oversized_writes_are_refused_and_write_nothing(store).await;
 }
 
+/// Insert refuses an existing key; put overwrites it.
 pub async fn insert_does_not_overwrite_but_put_does(store: &dyn KvStore) {
     store.insert(b"conf/insert/k", b"first").await.unwrap();
     let e = store.insert(b"conf/insert/k", b"second").await.unwrap_err();
@@ -39,6 +40,7 @@ pub async fn insert_does_not_overwrite_but_put_does(store: &dyn KvStore) {
     assert_eq!(store.try_get(b"conf/insert/k").await.unwrap(), b"third");
 }
 
+/// A try-get of a missing key fails at once with `NotFound`.
 pub async fn missing_keys_are_not_found_at_once(store: &dyn KvStore) {
     let start = Instant::now();
     let e = store.try_get(b"conf/missing/k").await.unwrap_err();
@@ -49,6 +51,7 @@ pub async fn missing_keys_are_not_found_at_once(store: &dyn KvStore) {
     );
 }
 
+/// A blocking get of a missing key fails at its deadline.
 pub async fn blocking_get_times_out(store: &dyn KvStore) {
     let start = Instant::now();
     let e = store
@@ -62,6 +65,7 @@ pub async fn blocking_get_times_out(store: &dyn KvStore) {
     );
 }
 
+/// A blocking get returns as soon as the key is written.
 pub async fn blocking_get_is_woken_by_a_put(store: &dyn KvStore) {
     let (got, ()) = tokio::join!(store.get(b"conf/wake/k", Duration::from_secs(10)), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -70,6 +74,7 @@ pub async fn blocking_get_is_woken_by_a_put(store: &dyn KvStore) {
     assert_eq!(got.unwrap(), b"late");
 }
 
+/// Keys and values are arbitrary bytes, kept exactly.
 pub async fn keys_and_values_are_bytes(store: &dyn KvStore) {
     let key = b"conf/bytes/\xff\x00\xfe".to_vec();
     let value: Vec<u8> = (0..=255u8).collect();
@@ -82,6 +87,7 @@ pub async fn keys_and_values_are_bytes(store: &dyn KvStore) {
     assert_eq!(store.try_get(b"conf/bytes/empty").await.unwrap(), b"");
 }
 
+/// A list returns exactly the keys under a prefix, in key order.
 pub async fn list_returns_a_directory_in_key_order(store: &dyn KvStore) {
     for k in [
         "conf/list/d/2",
@@ -110,6 +116,7 @@ pub async fn list_returns_a_directory_in_key_order(store: &dyn KvStore) {
     assert!(store.list(b"conf/list/none/").await.unwrap().is_empty());
 }
 
+/// Delete removes one key, delete-prefix every key under a prefix.
 pub async fn delete_and_delete_prefix(store: &dyn KvStore) {
     for k in [
         "conf/del/a",
@@ -134,6 +141,7 @@ pub async fn delete_and_delete_prefix(store: &dyn KvStore) {
     );
 }
 
+/// Concurrent increments lose no update.
 pub async fn increments_are_atomic(store: &dyn KvStore) {
     assert_eq!(
         store.increment(b"conf/incr/n", 5).await.unwrap(),
@@ -156,6 +164,7 @@ pub async fn increments_are_atomic(store: &dyn KvStore) {
     ));
 }
 
+/// Compare-and-swap writes only over the value expected.
 pub async fn compare_and_swap_decides_on_the_current_value(store: &dyn KvStore) {
     let k = b"conf/cas/k";
     assert!(matches!(
@@ -181,6 +190,7 @@ pub async fn compare_and_swap_decides_on_the_current_value(store: &dyn KvStore) 
     assert_eq!(store.try_get(k).await.unwrap(), b"2");
 }
 
+/// Every write raises the revision.
 pub async fn revisions_increase_with_every_write(store: &dyn KvStore) {
     let r0 = store.revision().await.unwrap();
     let r1 = store.put(b"conf/rev/a", b"1").await.unwrap();
@@ -198,6 +208,7 @@ async fn next_event(s: &mut crate::WatchStream) -> Event {
         .expect("no watch error")
 }
 
+/// A watch replays events from a revision, then follows new ones.
 pub async fn watches_resume_from_a_revision_and_follow_live(store: &dyn KvStore) {
     let r1 = store.put(b"conf/watch/a", b"1").await.unwrap();
     store.put(b"conf/watch/b", b"2").await.unwrap();
@@ -222,6 +233,7 @@ pub async fn watches_resume_from_a_revision_and_follow_live(store: &dyn KvStore)
     );
 }
 
+/// A lease's keys go when it expires or is revoked, not while it is kept alive.
 pub async fn leases_delete_their_keys_on_expiry_and_revoke(store: &dyn KvStore) {
     // A TTL well above the renewal interval, so a slow renewal on a loaded
     // machine does not lose the lease.
@@ -309,6 +321,7 @@ pub async fn leases_delete_their_keys_on_expiry_and_revoke(store: &dyn KvStore) 
     );
 }
 
+/// A barrier passes for everyone once all participants arrive.
 pub async fn barriers_pass_when_everyone_arrives(store: &dyn KvStore) {
     let t = Duration::from_secs(10);
     let (a, b, c) = tokio::join!(
@@ -330,6 +343,7 @@ pub async fn barriers_pass_when_everyone_arrives(store: &dyn KvStore) {
         .unwrap();
 }
 
+/// A barrier's timeout or cancel fails every participant with the same reason.
 pub async fn barrier_timeouts_and_cancels_fail_everyone_alike(store: &dyn KvStore) {
     let t = Duration::from_millis(300);
     let (a, b) = tokio::join!(
@@ -371,6 +385,7 @@ pub async fn barrier_timeouts_and_cancels_fail_everyone_alike(store: &dyn KvStor
     );
 }
 
+/// An oversized key or value is refused and writes nothing.
 pub async fn oversized_writes_are_refused_and_write_nothing(store: &dyn KvStore) {
     let before = store.revision().await.unwrap();
     let big_key = vec![b'k'; 4097];

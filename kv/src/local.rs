@@ -44,6 +44,7 @@ pub struct LocalState<S> {
 }
 
 impl<S: TablesMut + Send> LocalState<S> {
+    /// Serves `state` over `store`.
     pub fn new(state: KvState, store: S) -> LocalState<S> {
         let (revision, _) = watch::channel(state.revision());
         let (events, _) = broadcast::channel(WATCH_BACKLOG_BATCHES);

@@ -20,10 +20,12 @@ pub struct MemoryKv {
 }
 
 impl MemoryKv {
+    /// An empty store with default limits.
     pub fn new() -> MemoryKv {
         MemoryKv::with_limits(Limits::default())
     }
 
+    /// An empty store with `limits`.
     pub fn with_limits(limits: Limits) -> MemoryKv {
         let local = Arc::new(LocalState::new(
             KvState::new(limits, 100_000),

@@ -14,11 +14,14 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Event>> + Send>>;
 /// The result of [`KvStore::compare_and_swap`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CasOutcome {
+    /// The value was written.
     Swapped {
+        /// The write's revision.
         revision: u64,
     },
     /// The current value (`None`: absent) differed from the expected one.
     Mismatch {
+        /// The value found.
         current: Option<Vec<u8>>,
     },
 }

@@ -38,12 +38,31 @@ use tessel_net::tls::{peer_identity, server_name, Identity};
 /// Transport failures.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum NetError {
+    /// The connection could not be made.
     #[error("cannot connect to {addr}: {reason}")]
-    Connect { addr: SocketAddr, reason: String },
+    Connect {
+        /// The peer.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The peer did not answer in time.
     #[error("no answer from {addr} within {after:?}")]
-    Timeout { addr: SocketAddr, after: Duration },
+    Timeout {
+        /// The peer.
+        addr: SocketAddr,
+        /// How long it was given.
+        after: Duration,
+    },
+    /// The stream broke.
     #[error("stream to {addr}: {reason}")]
-    Stream { addr: SocketAddr, reason: String },
+    Stream {
+        /// The peer.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// A frame was too large or did not decode.
     #[error("{0}")]
     Frame(#[from] FrameError),
 }
@@ -110,8 +129,10 @@ pub async fn read_frame_from(
 /// Why a frame could not be read.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ReadError {
+    /// Too large or undecodable.
     #[error("{0}")]
     Frame(FrameError),
+    /// The stream failed.
     #[error("{0}")]
     Io(String),
 }
@@ -249,13 +270,16 @@ impl PeerClient {
 /// certificate carries.
 #[derive(Debug, Clone)]
 pub struct PeerInfo {
+    /// The connection's remote address.
     pub addr: SocketAddr,
+    /// What its certificate says it is.
     pub identity: Arc<Identity>,
 }
 
 /// What a server does with one decoded request: writes its answer frames
 /// to `send` (one, or several for a watch).
 pub trait Handler: Send + Sync + 'static {
+    /// Answers `req` from `peer` on `send`.
     fn handle(
         self: Arc<Self>,
         req: WireRequest,

@@ -38,9 +38,13 @@ pub const RESET_FORBIDDEN: u32 = 3;
 /// Everything a stream can ask.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum WireRequest {
+    /// Raft log replication.
     AppendEntries(AppendEntriesRequest<TypeConfig>),
+    /// A Raft vote.
     Vote(VoteRequest<u64>),
+    /// A chunk of a Raft snapshot.
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A key-value client's request.
     Client(ClientRequest),
     /// A client request relayed by a follower; never relayed again.
     Forwarded(ClientRequest),
@@ -54,35 +58,49 @@ pub enum ClientRequest {
     Write(Op),
     /// Blocking get.
     Get {
+        /// The key.
         key: Vec<u8>,
+        /// How long to wait for it.
         timeout_ms: u64,
     },
+    /// Get without waiting.
     TryGet {
+        /// The key.
         key: Vec<u8>,
     },
+    /// The pairs under a prefix.
     List {
+        /// The prefix.
         prefix: Vec<u8>,
     },
+    /// The current revision.
     Revision,
     /// Events from `from` on; the response is a stream of frames.
     Watch {
+        /// The prefix.
         prefix: Vec<u8>,
+        /// The first revision wanted.
         from: u64,
     },
     /// Waits until barrier `id` is decided.
     WaitBarrier {
+        /// The barrier.
         id: Vec<u8>,
+        /// How long to wait.
         timeout_ms: u64,
     },
     /// This replica's view of the cluster (never forwarded).
     Status,
     /// Adds a replica: as a learner until it caught up, then as a voter.
     AddReplica {
+        /// The new replica's id.
         id: u64,
+        /// Its address (`host:port`).
         addr: String,
     },
     /// Removes a replica from the voters (its id is never reused).
     RemoveReplica {
+        /// The replica's id.
         id: u64,
     },
 }
@@ -90,42 +108,69 @@ pub enum ClientRequest {
 /// One replica's view, for `tessel cluster status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaStatus {
+    /// The replica's id.
     pub id: u64,
+    /// Leader, Follower, Candidate or Learner.
     pub state: String,
+    /// The leader it knows of.
     pub leader: Option<u64>,
+    /// Its Raft term.
     pub term: u64,
+    /// Voters (id, address).
     pub members: Vec<(u64, String)>,
+    /// Learners (id, address).
     pub learners: Vec<(u64, String)>,
+    /// The last index in its log.
     pub last_log_index: Option<u64>,
+    /// The last index it applied.
     pub applied: Option<u64>,
     /// Last log index covered by this replica's latest snapshot.
     pub snapshot: Option<u64>,
     /// Log entries up to here were deleted (compacted into a snapshot).
     pub purged: Option<u64>,
+    /// Its state machine's revision.
     pub revision: u64,
+    /// Keys in its state machine.
     pub keys: u64,
 }
 
 /// Everything a stream can answer.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum WireResponse {
+    /// Answers `AppendEntries`.
     AppendEntries(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
+    /// Answers `Vote`.
     Vote(Result<VoteResponse<u64>, RaftError<u64>>),
+    /// Answers `InstallSnapshot`.
     InstallSnapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
+    /// Answers a write.
     Output(Result<Output, KvError>),
+    /// Answers a get.
     Value(Result<Vec<u8>, KvError>),
+    /// Answers a list.
     List(Result<Vec<KeyValue>, KvError>),
+    /// Answers `Revision`.
     Revision(Result<u64, KvError>),
+    /// One event of a watch.
     Event(Result<Event, KvError>),
+    /// Answers `Status`.
     Status(ReplicaStatus),
+    /// Answers requests with nothing to return.
     Done(Result<(), KvError>),
 }
 
 /// Why a frame could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
+    /// A frame announced a length above the limit.
     #[error("frame of {len} bytes exceeds the {max}-byte limit")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The bytes do not decode.
     #[error("malformed message: {0}")]
     Malformed(String),
 }

@@ -11,6 +11,9 @@
 //! (b) 64 MiB host→device and device→host, against `memcpy` of 64 MiB
 //!     between two already-allocated host buffers.
 
+// The raw C API loop is the peer: in pjrt/, where `unsafe` lives.
+#![allow(unsafe_code)]
+
 use std::hint::black_box;
 use std::time::Duration;
 

@@ -25,18 +25,31 @@ use crate::ffi;
 /// Element type of an array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElementType {
+    /// Boolean.
     Pred,
+    /// Signed 8-bit integer.
     S8,
+    /// Signed 16-bit integer.
     S16,
+    /// Signed 32-bit integer.
     S32,
+    /// Signed 64-bit integer.
     S64,
+    /// Unsigned 8-bit integer.
     U8,
+    /// Unsigned 16-bit integer.
     U16,
+    /// Unsigned 32-bit integer.
     U32,
+    /// Unsigned 64-bit integer.
     U64,
+    /// IEEE half precision.
     F16,
+    /// IEEE single precision.
     F32,
+    /// IEEE double precision.
     F64,
+    /// bfloat16.
     BF16,
 }
 
@@ -152,6 +165,7 @@ impl std::fmt::Display for ElementType {
 
 /// Rust types that map to an [`ElementType`].
 pub trait NativeType: Copy + Send + Sync + 'static + private::Sealed {
+    /// The element type of `Self`.
     const TYPE: ElementType;
     /// The slice's bytes (native byte order, which PJRT expects).
     fn as_bytes(data: &[Self]) -> &[u8];
@@ -188,7 +202,7 @@ impl NativeType for bool {
 }
 
 /// Number of elements of `dims`, or an error for negative or overflowing dims.
-pub fn element_count(dims: &[i64]) -> Result<usize> {
+pub(crate) fn element_count(dims: &[i64]) -> Result<usize> {
     dims.iter().try_fold(1usize, |acc, &d| {
         let d = usize::try_from(d)
             .map_err(|_| Error::InvalidArgument(format!("negative dimension {d} in {dims:?}")))?;
@@ -246,18 +260,22 @@ impl HostBuffer {
         }
     }
 
+    /// The element type.
     pub fn element_type(&self) -> ElementType {
         self.element_type
     }
 
+    /// The dimensions.
     pub fn dims(&self) -> &[i64] {
         &self.dims
     }
 
+    /// The elements' bytes, native order.
     pub fn bytes(&self) -> &[u8] {
         &self.data
     }
 
+    /// The elements' bytes, native order.
     pub fn into_bytes(self) -> Vec<u8> {
         self.data
     }
@@ -267,6 +285,7 @@ impl HostBuffer {
         self.data.len() / self.element_type.size()
     }
 
+    /// Whether it has no element.
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
@@ -313,6 +332,7 @@ impl Buffer {
         self.raw
     }
 
+    /// The client that owns it.
     pub fn client(&self) -> &Client {
         &self.client
     }

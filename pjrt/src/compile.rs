@@ -65,10 +65,12 @@ impl Program {
         self.format == ProgramFormat::Mlir && self.code.starts_with(b"ML\xefR")
     }
 
+    /// Text or bytecode.
     pub fn format(&self) -> ProgramFormat {
         self.format
     }
 
+    /// The program's bytes.
     pub fn code(&self) -> &[u8] {
         &self.code
     }
@@ -78,7 +80,9 @@ impl Program {
 /// fixed device assignment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompileOptions {
+    /// Replicas of the program.
     pub num_replicas: usize,
+    /// SPMD partitions.
     pub num_partitions: usize,
     /// Partition the program along its sharding annotations (SPMD).
     pub use_spmd_partitioning: bool,
@@ -165,13 +169,13 @@ impl CompileOptions {
 /// The subset of XLA's protos that we send.
 mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct CompileOptionsProto {
+    pub(super) struct CompileOptionsProto {
         #[prost(message, optional, tag = "3")]
         pub executable_build_options: Option<ExecutableBuildOptionsProto>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ExecutableBuildOptionsProto {
+    pub(super) struct ExecutableBuildOptionsProto {
         #[prost(int64, tag = "1")]
         pub device_ordinal: i64,
         #[prost(int64, tag = "4")]
@@ -187,7 +191,7 @@ mod proto {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct DeviceAssignmentProto {
+    pub(super) struct DeviceAssignmentProto {
         #[prost(int32, tag = "1")]
         pub replica_count: i32,
         #[prost(int32, tag = "2")]
@@ -197,7 +201,7 @@ mod proto {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ComputationDevice {
+    pub(super) struct ComputationDevice {
         #[prost(int64, repeated, tag = "1")]
         pub replica_device_ids: Vec<i64>,
     }

@@ -8,21 +8,37 @@ use crate::ffi;
 /// Status codes of `PJRT_Error` (absl status codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
+    /// The operation was cancelled.
     Cancelled,
+    /// An error without a better code.
     Unknown,
+    /// The caller passed a bad argument.
     InvalidArgument,
+    /// A deadline passed first.
     DeadlineExceeded,
+    /// Something named was not found.
     NotFound,
+    /// Something being created already exists.
     AlreadyExists,
+    /// The caller may not do this.
     PermissionDenied,
+    /// Out of memory or another resource.
     ResourceExhausted,
+    /// The system is not in the state this needs.
     FailedPrecondition,
+    /// Aborted, often by a concurrency conflict.
     Aborted,
+    /// Past a valid range.
     OutOfRange,
+    /// The plugin does not implement this.
     Unimplemented,
+    /// A bug in the plugin or the caller.
     Internal,
+    /// Temporarily unavailable; retrying may help.
     Unavailable,
+    /// Data was lost or corrupted.
     DataLoss,
+    /// The caller has no valid credentials.
     Unauthenticated,
 }
 
@@ -84,48 +100,78 @@ impl fmt::Display for ErrorCode {
 /// function that failed, the plugin's code and its message.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The plugin's shared library would not load.
     #[error("cannot load PJRT plugin {path}: {source}")]
     Load {
+        /// The library's path.
         path: PathBuf,
+        /// What the dynamic loader said.
         #[source]
         source: libloading::Error,
     },
+    /// The library has no `GetPjrtApi`.
     #[error("{path} is not a PJRT plugin (no GetPjrtApi symbol): {source}")]
     NoEntryPoint {
+        /// The library's path.
         path: PathBuf,
+        /// What the dynamic loader said.
         #[source]
         source: libloading::Error,
     },
+    /// `GetPjrtApi` returned null.
     #[error("GetPjrtApi of {path} returned a null table")]
-    NullApi { path: PathBuf },
+    NullApi {
+        /// The library's path.
+        path: PathBuf,
+    },
+    /// The plugin's C API version is not one tessel can use.
     #[error(
         "PJRT plugin {path} implements C API {plugin_major}.{plugin_minor}; tessel needs {required_major}.x with x >= {required_minor}"
     )]
     IncompatibleVersion {
+        /// The library's path.
         path: PathBuf,
+        /// The plugin's major version.
         plugin_major: i32,
+        /// The plugin's minor version.
         plugin_minor: i32,
+        /// The major version tessel needs.
         required_major: i32,
+        /// The least minor version tessel needs.
         required_minor: i32,
     },
+    /// The plugin's function table lacks a function tessel calls.
     #[error("PJRT plugin does not provide {function} (its function table ends before it)")]
-    MissingFunction { function: &'static str },
+    MissingFunction {
+        /// The function's name.
+        function: &'static str,
+    },
+    /// A PJRT function returned an error.
     #[error("{function} failed: {code}: {message}")]
     Pjrt {
+        /// The function's name.
         function: &'static str,
+        /// The plugin's status code.
         code: ErrorCode,
+        /// The plugin's message.
         message: String,
     },
+    /// No plugin by that name is installed.
     #[error(
         "PJRT plugin `{name}` not found (looked in {searched}); install it with:\n    {install}"
     )]
     PluginNotFound {
+        /// The name asked for.
         name: String,
+        /// Where tessel looked.
         searched: String,
+        /// The command that installs it.
         install: String,
     },
+    /// tessel refused an argument before calling the plugin.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Anything else.
     #[error("{0}")]
     Internal(String),
 }
@@ -144,4 +190,5 @@ impl Error {
     }
 }
 
+/// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

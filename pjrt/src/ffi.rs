@@ -10,6 +10,10 @@
 //! recorded in [`LAYOUTS`], which `tests/abi.rs` compares field by field
 //! against the header shipped in the installed plugin wheel, compiled by the
 //! system C compiler.
+
+// Declarations of the C API, field for field as `pjrt_c_api.h` names
+// them (checked by tests/abi.rs): the header is their documentation.
+#![allow(missing_docs)]
 #![allow(
     non_camel_case_types,
     non_snake_case,

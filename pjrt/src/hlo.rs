@@ -17,6 +17,7 @@ use crate::buffer::ElementType;
 pub struct ParameterShape {
     /// `None` for types tessel does not handle (complex, fp8, tokens...).
     pub element_type: Option<ElementType>,
+    /// The dimensions.
     pub dims: Vec<i64>,
 }
 

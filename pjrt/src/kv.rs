@@ -31,16 +31,22 @@ use crate::ffi;
 /// What a key-value operation can fail with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
+    /// No value at the key (yet).
     #[error("key not found")]
     NotFound,
+    /// A wait ran past its deadline.
     #[error("deadline exceeded after {0:?}")]
     DeadlineExceeded(Duration),
+    /// The key is already set.
     #[error("key already exists")]
     AlreadyExists,
+    /// The request breaks a rule.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The store cannot answer now.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// Anything else.
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -31,6 +31,10 @@
 //! declarations; every other module is a safe wrapper whose `unsafe` blocks
 //! carry a `SAFETY:` comment.
 
+// The crate of tessel's FFI: every `unsafe` block of the workspace but
+// the shared-memory code lives here, each with its SAFETY comment.
+#![allow(unsafe_code)]
+
 /// Calls a PJRT function by its table name, checking that the plugin's table
 /// has it and converting the returned error.
 ///

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 /// A plugin tessel knows by name.
 #[derive(Debug, Clone, Copy)]
 pub struct KnownPlugin {
+    /// Its name (`cpu`, `cuda`, `tpu`).
     pub name: &'static str,
     /// The PyPI package that ships it.
     pub package: &'static str,

@@ -8,10 +8,15 @@ use crate::plugin::bytes_to_string;
 /// A value of a `PJRT_NamedValue`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
+    /// Text.
     String(String),
+    /// A 64-bit integer.
     Int64(i64),
+    /// A list of 64-bit integers.
     Int64List(Vec<i64>),
+    /// A 32-bit float.
     Float(f32),
+    /// A boolean.
     Bool(bool),
 }
 
@@ -46,11 +51,14 @@ value_from!(
 /// A name and a value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NamedValue {
+    /// The option's name.
     pub name: String,
+    /// Its value.
     pub value: Value,
 }
 
 impl NamedValue {
+    /// A named value.
     pub fn new(name: impl Into<String>, value: impl Into<Value>) -> Self {
         NamedValue {
             name: name.into(),

@@ -8,6 +8,10 @@
 //! plugin's error object. A fake plugin built from C against the real header
 //! then proves the wiring through `PJRT_Client_Create`.
 
+// Calls the C trampolines as a plugin would: in pjrt/, where `unsafe`
+// lives.
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::collections::HashMap;

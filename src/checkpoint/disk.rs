@@ -52,6 +52,7 @@ impl CheckpointDir {
         })
     }
 
+    /// The folder.
     pub fn path(&self) -> &Path {
         &self.dir
     }
@@ -172,6 +173,7 @@ impl CheckpointDir {
         (0..n).all(|p| self.probe(attempt, p).exists())
     }
 
+    /// Removes this process's probe file of `attempt`.
     pub fn remove_probe(&self, attempt: u32, process: usize) {
         let _ = std::fs::remove_file(self.probe(attempt, process));
     }

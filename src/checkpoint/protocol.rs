@@ -21,6 +21,7 @@ const DIGEST_LEN: usize = 64;
 /// One process's view of its job's checkpoints.
 pub struct Checkpoints {
     dir: CheckpointDir,
+    /// Checkpoint every this many steps.
     pub every: u64,
     job: String,
     attempt: String,

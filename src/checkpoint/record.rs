@@ -11,12 +11,14 @@ use crate::job::ShardingSpec;
 pub const KEEP: usize = 2;
 
 /// Largest record a process decodes (it is one KV value).
-pub const MAX_RECORD: usize = 4 << 20;
+pub const MAX_RECORD: usize = tessel_kv::state::MAX_VALUE;
 
 /// A worker that holds a copy of one process's blocks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
+    /// The worker's id.
     pub worker: String,
+    /// Its host.
     pub hostname: String,
 }
 
@@ -30,7 +32,9 @@ impl std::fmt::Display for Holder {
 /// record's array order) and where copies are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Blocks {
+    /// Each array's file digest.
     pub digests: Vec<String>,
+    /// The workers holding copies.
     pub holders: Vec<Holder>,
 }
 
@@ -39,6 +43,7 @@ pub struct Blocks {
 pub struct CheckpointRecord {
     /// The last step the checkpoint includes.
     pub step: u64,
+    /// SHA-256 of the spec the checkpoint belongs to.
     pub spec_sha256: String,
     /// The attempt that wrote it (`id@a`).
     pub attempt: String,

@@ -16,22 +16,33 @@ pub const BUILTINS: [&str; 3] = ["$step", "$process", "$shard"];
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
+    /// The job's name, unique among live jobs.
     pub name: String,
+    /// How many processes (hosts) run it, one worker each.
     pub processes: u32,
+    /// Devices each process uses.
     #[serde(default = "one")]
     pub devices_per_process: u32,
+    /// The PJRT plugin's name, e.g. `cpu` or `cuda`.
     #[serde(default = "default_plugin")]
     pub plugin: String,
     /// Named axes, outermost first: `"data=4"`, `"data=2,model=2"`.
     pub mesh: String,
+    /// Programs by name.
     pub programs: BTreeMap<String, ProgramSpec>,
+    /// Arrays by name.
     pub arrays: BTreeMap<String, ArraySpec>,
+    /// How many times the plan runs.
     pub steps: u64,
+    /// What one step does, in order.
     pub plan: Vec<PlanStep>,
+    /// Scalars to report while it runs.
     #[serde(default)]
     pub report: Option<ReportSpec>,
+    /// Where and how often to checkpoint.
     #[serde(default)]
     pub checkpoint: Option<CheckpointSpec>,
+    /// How many times a failed attempt is restarted.
     #[serde(default)]
     pub max_restarts: u32,
 }
@@ -50,6 +61,7 @@ fn default_plugin() -> String {
 pub struct ProgramSpec {
     /// MLIR text, relative to the spec's folder.
     pub file: PathBuf,
+    /// Copies of the program (data-parallel replicas).
     #[serde(default = "one")]
     pub replicas: u32,
     /// SPMD partitions over a process's devices (default: all of them).
@@ -61,11 +73,14 @@ pub struct ProgramSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArraySpec {
+    /// Element type: `f32`, `f64`, `s32`, ...
     pub dtype: String,
     /// The global shape.
     pub shape: Vec<i64>,
+    /// How it is laid over the mesh.
     #[serde(default)]
     pub sharding: ShardingSpec,
+    /// Its initial values.
     #[serde(default)]
     pub init: Init,
 }
@@ -78,7 +93,12 @@ pub enum ShardingSpec {
     #[default]
     Replicated,
     /// `{ split = "data", dim = 0 }`: dimension `dim` cut along `split`.
-    Split { split: String, dim: usize },
+    Split {
+        /// The mesh axis it is cut along.
+        split: String,
+        /// The dimension cut.
+        dim: usize,
+    },
 }
 
 /// `"replicated"` or `{ split, dim }` as written in TOML.
@@ -124,23 +144,35 @@ impl ShardingSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Init {
+    /// All zeros.
     #[default]
     Zeros,
+    /// Every element `value`.
     Constant {
+        /// The value.
         value: f64,
     },
+    /// Normally distributed, reproducible from `seed`.
     Normal {
+        /// The mean.
         mean: f64,
+        /// The standard deviation.
         std: f64,
+        /// The seed.
         seed: u64,
     },
+    /// Uniform in `[low, high)`, reproducible from `seed`.
     Uniform {
+        /// The lower bound.
         low: f64,
+        /// The upper bound.
         high: f64,
+        /// The seed.
         seed: u64,
     },
     /// A `.npy` file of the global shape, split by the sharding.
     Npy {
+        /// The file, relative to the spec's folder.
         file: PathBuf,
     },
 }
@@ -149,21 +181,32 @@ pub enum Init {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PlanStep {
+    /// Runs a program on its named inputs, binding its outputs.
     Execute {
+        /// The program's name.
         program: String,
+        /// The arrays (or builtins) passed in, in order.
         inputs: Vec<String>,
+        /// The arrays its results become, in order.
         outputs: Vec<String>,
     },
+    /// Reduces an array across processes (on every shard).
     AllReduce {
+        /// The array.
         array: String,
         /// sum, mean, max, min.
         reduce: String,
     },
+    /// Gathers a split array so every device holds all of it.
     AllGather {
+        /// The array.
         array: String,
     },
+    /// Lays an array out anew.
     Reshard {
+        /// The array.
         array: String,
+        /// The new layout.
         sharding: ShardingSpec,
     },
 }
@@ -172,7 +215,9 @@ pub enum PlanStep {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReportSpec {
+    /// The arrays reported (each must be a scalar).
     pub arrays: Vec<String>,
+    /// Report every this many steps.
     pub every: u64,
 }
 
@@ -181,14 +226,18 @@ pub struct ReportSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
+    /// The folder (absolute).
     pub dir: PathBuf,
+    /// Checkpoint every this many steps.
     pub every: u64,
 }
 
 /// One problem with a spec, at a field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
+    /// The field, as a path (`arrays.w.shape`).
     pub field: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -201,10 +250,23 @@ impl std::fmt::Display for FieldError {
 /// Why a spec was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum JobSpecError {
+    /// The file could not be read.
     #[error("cannot read {path}: {reason}")]
-    Read { path: PathBuf, reason: String },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The file is not valid TOML for a spec.
     #[error("{path}: {reason}")]
-    Syntax { path: PathBuf, reason: String },
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        reason: String,
+    },
+    /// The spec's fields break rules, every one listed.
     #[error("invalid job spec:\n  {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
     Invalid(Vec<FieldError>),
 }
@@ -237,6 +299,7 @@ impl SpecFiles for BTreeMap<PathBuf, Vec<u8>> {
 /// A spec that passed every check, with what the checks learned.
 #[derive(Debug, Clone)]
 pub struct ValidatedJob {
+    /// The spec as parsed.
     pub spec: JobSpec,
     /// The spec's own text (TOML), as it travels to the workers.
     pub text: String,
@@ -245,6 +308,7 @@ pub struct ValidatedJob {
     /// The spec's folder (the files it names are relative to it); `.`
     /// when the spec did not come from a file.
     pub base: PathBuf,
+    /// The mesh's axes (name, size), outermost first.
     pub mesh: Vec<(String, usize)>,
     /// Each program's `@main` signature.
     pub signatures: BTreeMap<String, Signature>,

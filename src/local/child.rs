@@ -65,10 +65,12 @@ impl Child {
         })
     }
 
+    /// The name it was started with.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

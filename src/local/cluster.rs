@@ -18,6 +18,7 @@ const START: Duration = Duration::from_secs(120);
 /// first) and removes the folder.
 pub struct LocalCluster {
     exe: PathBuf,
+    /// The workers, in the order started.
     pub workers: Vec<Child>,
     coordinators: Vec<Child>,
     /// The coordinators' addresses, in start order.

@@ -21,28 +21,50 @@ use std::time::Duration;
 /// What starting or talking to a child can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
+    /// The child could not be started.
     #[error("starting {name}: {source}")]
     Spawn {
+        /// The child's name.
         name: String,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
+    /// The child printed no readiness line in time.
     #[error("{name} said nothing within {timeout:?}")]
-    Silent { name: String, timeout: Duration },
+    Silent {
+        /// The child's name.
+        name: String,
+        /// How long it was given.
+        timeout: Duration,
+    },
+    /// The child exited before it was ready.
     #[error("{name} exited ({status})")]
-    Exited { name: String, status: String },
+    Exited {
+        /// The child's name.
+        name: String,
+        /// How it exited.
+        status: String,
+    },
+    /// Writing to the child's stdin failed.
     #[error("writing to {name}: {source}")]
     Write {
+        /// The child's name.
         name: String,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
+    /// The child said something unexpected.
     #[error("{0}")]
     Protocol(String),
+    /// Certificates could not be made or read.
     #[error("TLS: {0}")]
     Tls(String),
+    /// A KV operation failed.
     #[error(transparent)]
     Kv(#[from] tessel_kv::KvError),
+    /// A file or pipe failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

@@ -12,24 +12,33 @@ use serde::{Deserialize, Serialize};
 pub enum Ready {
     /// A replica serves at `listen` (with `--join`: it is a member).
     Coordinator {
+        /// The replica's id.
         id: u64,
+        /// Where it serves.
         listen: SocketAddr,
+        /// Where its metrics are served, if anywhere.
         metrics: Option<SocketAddr>,
     },
     /// A coordinator on etcd (`--kv`): its monitor and scheduler run.
     Attached {
+        /// The etcd endpoints.
         kv: String,
+        /// Where its metrics are served, if anywhere.
         metrics: Option<SocketAddr>,
     },
     /// A worker registered; `again` after a lost registration.
     Worker {
+        /// The worker's id.
         worker: String,
+        /// Its incarnation.
         incarnation: u64,
+        /// Whether it registered before in this process.
         again: bool,
         /// Loading the plugin and probing its devices.
         plugin_ms: u64,
         /// When the plugin was ready (unix ms).
         plugin_ready_unix_ms: u64,
+        /// Where its metrics are served, if anywhere.
         metrics: Option<SocketAddr>,
     },
 }

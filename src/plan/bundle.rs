@@ -9,10 +9,10 @@ use super::PlanError;
 use crate::job::{JobSpec, ValidatedJob};
 
 /// Largest final array kept in the KV for `fetch` (as `.npy`).
-pub const MAX_FETCHABLE: usize = (4 << 20) - 4096;
+pub const MAX_FETCHABLE: usize = tessel_kv::state::MAX_VALUE;
 
 /// Largest encoded bundle a worker decodes (it also has to fit one KV value).
-pub const MAX_BUNDLE: usize = 4 << 20;
+pub const MAX_BUNDLE: usize = tessel_kv::state::MAX_VALUE;
 
 /// A job as it travels to the workers (`jobs/{job}/spec`). Reports go to
 /// `jobs/{job}/reports/` and checkpoint records to
@@ -27,6 +27,7 @@ pub struct JobBundle {
 }
 
 impl JobBundle {
+    /// The bundle of a validated job.
     pub fn new(job: &ValidatedJob) -> JobBundle {
         JobBundle {
             spec: job.text.clone(),
@@ -38,6 +39,7 @@ impl JobBundle {
         }
     }
 
+    /// The wire form (postcard).
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).expect("a bundle always encodes")
     }

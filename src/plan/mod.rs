@@ -6,7 +6,7 @@
 //! every array ([`crate::init`]) and runs the plan `steps` times. Arrays
 //! live on the host between steps as process-local blocks; `execute` splits
 //! them over the process's devices by the program's own sharding
-//! annotations, the collectives run over the job's [`Communicator`].
+//! annotations, the collectives run over the job's [`Communicator`](tessel_transfer::Communicator).
 //!
 //! Invariants:
 //! 1. Every process holds, for each array, the block its devices cover
@@ -33,41 +33,62 @@ use crate::program::RunError;
 /// Why a process's run of the plan failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
+    /// The job's bundle does not decode.
     #[error("bad job bundle: {0}")]
     Bundle(String),
+    /// The spec in the bundle does not validate.
     #[error(transparent)]
     Spec(#[from] JobSpecError),
+    /// A program did not compile.
     #[error("program `{program}`: {source}")]
     Compile {
+        /// The program.
         program: String,
+        /// The compiler's error.
         #[source]
         source: RunError,
     },
+    /// An array could not be initialized.
     #[error("arrays.{array}: {reason}")]
-    Array { array: String, reason: String },
+    Array {
+        /// The array.
+        array: String,
+        /// Why.
+        reason: String,
+    },
+    /// A step of the plan failed.
     #[error("step {step}, plan[{index}]: {reason}")]
     Step {
+        /// The step number.
         step: u64,
+        /// The position in the plan.
         index: usize,
+        /// Why.
         reason: String,
     },
     /// A collective between the processes failed: in a step, a
     /// checkpoint or the final gather.
     #[error("{what}: {source}")]
     Collective {
+        /// What was being done.
         what: String,
+        /// The transfer error.
         #[source]
         source: tessel_transfer::TransferError,
     },
     /// The coordinators' key-value service failed.
     #[error("{what}: {source}")]
     Kv {
+        /// What was being done.
         what: String,
+        /// The KV's error.
         #[source]
         source: tessel_kv::KvError,
     },
+    /// A checkpoint could not be written or restored.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// Anything else.
     #[error("{0}")]
     Other(String),
 }

@@ -17,14 +17,18 @@ use crate::program::{CompiledProgram, ProgramSource};
 /// A process's block of an array and how it is laid out now.
 #[derive(Debug, Clone)]
 pub struct LocalArray {
+    /// The process's block.
     pub value: HostBuffer,
+    /// Its current layout.
     pub sharding: ShardingSpec,
 }
 
 /// Where a process's time went (seconds, summed over steps).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct PlanTimings {
+    /// Compiling the programs.
     pub compile_s: f64,
+    /// Initializing the arrays (or restoring them).
     pub init_s: f64,
     /// `execute` steps: host↔device copies and the programs.
     pub compute_s: f64,
@@ -36,9 +40,11 @@ pub struct PlanTimings {
     pub checkpoint_s: f64,
     /// The step the run started at (after a restore: the checkpoint's + 1).
     pub first_step: u64,
+    /// Steps run.
     pub steps: u64,
     /// Wall time of the step loop (reports included).
     pub loop_s: f64,
+    /// Wall time of the whole run.
     pub run_s: f64,
 }
 
@@ -50,6 +56,7 @@ pub struct ProcessPlan {
     process: usize,
     programs: BTreeMap<String, CompiledProgram>,
     arrays: BTreeMap<String, LocalArray>,
+    /// Where its time went.
     pub timings: PlanTimings,
 }
 
@@ -114,10 +121,12 @@ impl ProcessPlan {
         Ok(plan)
     }
 
+    /// The job's spec.
     pub fn spec(&self) -> &JobSpec {
         &self.job.spec
     }
 
+    /// This process's block of array `name`.
     pub fn array(&self, name: &str) -> Option<&LocalArray> {
         self.arrays.get(name)
     }

@@ -13,16 +13,22 @@ use super::{
 /// One report: the step it followed and the scalars.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StepReport {
+    /// The step.
     pub step: u64,
+    /// The scalars by array name.
     pub values: BTreeMap<String, f64>,
+    /// When it was taken.
     pub unix_ms: u64,
 }
 
 /// What a process publishes when its plan is done.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProcessResult {
+    /// The process's index.
     pub process: u32,
+    /// Where its time went.
     pub timings: PlanTimings,
+    /// Its last report, if it reported.
     pub last_report: Option<StepReport>,
     /// Reports dropped because the coordinators fell behind.
     #[serde(default)]

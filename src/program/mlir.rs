@@ -14,14 +14,20 @@ use tessel_pjrt::ElementType;
 /// Why a signature could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MlirError {
+    /// The module has no `@main`.
     #[error("no `func.func ... @main(` in the program")]
     NoMain,
+    /// Brackets do not balance.
     #[error("unbalanced brackets in the signature of @main")]
     Unbalanced,
+    /// Some text does not parse.
     #[error("{what} `{text}`: {reason}")]
     Syntax {
+        /// What was parsed.
         what: &'static str,
+        /// The text (cut at 80 characters).
         text: String,
+        /// Why.
         reason: String,
     },
 }
@@ -38,7 +44,9 @@ fn syntax(what: &'static str, text: &str, reason: impl Into<String>) -> MlirErro
 /// A ranked tensor type with static dimensions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorType {
+    /// The element type.
     pub element_type: ElementType,
+    /// The dimensions.
     pub dims: Vec<i64>,
 }
 
@@ -56,7 +64,9 @@ pub enum ShardingAnnotation {
     /// `sdy.sharding = #sdy.sharding<@mesh, [{"x"}, {}]>`: the mesh name and,
     /// per dimension, the mesh axes it is split over.
     Shardy {
+        /// The mesh's name.
         mesh: String,
+        /// Per dimension, the axes it is split over.
         dims: Vec<Vec<String>>,
     },
 }
@@ -66,16 +76,22 @@ pub enum ShardingAnnotation {
 pub struct Value {
     /// `%arg0` for parameters, `result 0` for results.
     pub name: String,
+    /// Its type.
     pub ty: TensorType,
+    /// Its sharding, if annotated.
     pub sharding: Option<ShardingAnnotation>,
 }
 
 /// The signature of `@main` and the module attributes around it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Signature {
+    /// `@main`'s parameters.
     pub parameters: Vec<Value>,
+    /// `@main`'s results.
     pub results: Vec<Value>,
+    /// `mhlo.num_replicas`, if set.
     pub num_replicas: Option<usize>,
+    /// `mhlo.num_partitions`, if set.
     pub num_partitions: Option<usize>,
     /// Shardy meshes by name: axis names and sizes, in order.
     pub meshes: BTreeMap<String, Vec<(String, usize)>>,

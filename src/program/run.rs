@@ -24,18 +24,25 @@ pub struct RunRequest {
 /// Why a run failed. Each variant names the part of the request at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The bytes are not MLIR.
     #[error("the program is neither MLIR bytecode nor UTF-8 MLIR text")]
     NotMlir,
+    /// `@main`'s signature does not parse.
     #[error("cannot read the signature of @main: {0}")]
     Signature(#[from] MlirError),
+    /// The arguments do not fit the program.
     #[error("{0}")]
     Arguments(String),
+    /// An argument's sharding cannot be applied.
     #[error("{value}: {source}")]
     Sharding {
+        /// The argument.
         value: String,
+        /// Why.
         #[source]
         source: ShardingError,
     },
+    /// The plugin failed.
     #[error(transparent)]
     Pjrt(#[from] tessel_pjrt::Error),
 }
@@ -74,6 +81,7 @@ pub struct ProgramSource {
 }
 
 impl ProgramSource {
+    /// Reads bytecode, or text with its signature.
     pub fn parse(bytes: &[u8]) -> Result<ProgramSource, RunError> {
         if bytes.starts_with(b"ML\xefR") {
             return Ok(ProgramSource {
@@ -119,6 +127,7 @@ pub struct CompiledProgram {
 }
 
 impl CompiledProgram {
+    /// Compiles for `partitions` devices of `client`.
     pub fn compile(
         client: &Client,
         source: ProgramSource,
@@ -143,6 +152,7 @@ impl CompiledProgram {
         })
     }
 
+    /// `@main`'s signature, when compiled from text.
     pub fn signature(&self) -> Option<&Signature> {
         self.signature.as_ref()
     }

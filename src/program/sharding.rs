@@ -19,10 +19,22 @@ use crate::program::mlir::ShardingAnnotation;
 /// Why a sharding cannot be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShardingError {
+    /// A sharding tessel cannot apply.
     #[error("unsupported sharding `{sharding}`: {reason}")]
-    Unsupported { sharding: String, reason: String },
+    Unsupported {
+        /// The sharding as written.
+        sharding: String,
+        /// Why.
+        reason: String,
+    },
+    /// A sharding that does not fit the shape or devices.
     #[error("sharding `{sharding}` does not fit: {reason}")]
-    Mismatch { sharding: String, reason: String },
+    Mismatch {
+        /// The sharding as written.
+        sharding: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 fn unsupported(s: &str, reason: impl Into<String>) -> ShardingError {

@@ -29,6 +29,7 @@ pub struct Clique {
 }
 
 impl Clique {
+    /// A clique of `devices` (sorted, deduplicated) on `stream`.
     pub fn new(mut devices: Vec<u32>, stream: &str) -> Result<Clique> {
         keys::check_component("stream key", stream)?;
         devices.sort_unstable();
@@ -42,6 +43,7 @@ impl Clique {
         })
     }
 
+    /// Its devices, ascending.
     pub fn devices(&self) -> &[u32] {
         &self.devices
     }

@@ -30,11 +30,14 @@ use crate::types::{GlobalTopology, LocalTopology};
 /// What the builder publishes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Published {
+    /// The global topology.
     Topology(GlobalTopology),
+    /// Why the builder could not build it.
     Failed(String),
 }
 
 impl Published {
+    /// Decodes and validates.
     pub fn decode(bytes: &[u8]) -> Result<Published> {
         let p: Published = postcard::from_bytes(bytes).map_err(|e| TopologyError::Decode {
             what: "a published topology".into(),

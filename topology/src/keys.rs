@@ -16,18 +16,22 @@ pub fn check_component(what: &str, s: &str) -> crate::Result<()> {
     tessel_kv::check_path_component(what, s).map_err(crate::TopologyError::Invalid)
 }
 
+/// Every process's local topology.
 pub fn local_prefix(job: &str) -> String {
     format!("jobs/{job}/topology/local/")
 }
 
+/// Process `index`'s local topology.
 pub fn local(job: &str, index: u32) -> String {
     format!("jobs/{job}/topology/local/{index:05}")
 }
 
+/// The builder's [`crate::exchange::Published`] outcome.
 pub fn global(job: &str) -> String {
     format!("jobs/{job}/topology/global")
 }
 
+/// A clique's collective id.
 pub fn collective(job: &str, stream: &str, digest_hex: &str) -> String {
     format!("jobs/{job}/collectives/{stream}/{digest_hex}")
 }

@@ -83,6 +83,7 @@ impl Mesh {
         })
     }
 
+    /// The axes (name, size), outermost first.
     pub fn axes(&self) -> &[(String, usize)] {
         &self.axes
     }

@@ -39,16 +39,19 @@ pub struct DeviceDescription {
 /// What one process of a job has.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalTopology {
+    /// The process's index in the job.
     pub process_index: u32,
     /// How many processes this process was told the job has.
     pub num_processes: u32,
     /// The worker that runs the process (empty where there is none).
     pub worker: String,
+    /// The host's name.
     pub hostname: String,
     /// `/proc/sys/kernel/random/boot_id`: equal on processes of one boot.
     pub boot_id: String,
     /// An explicit slice (e.g. a TPU slice or a GPU rack), if known.
     pub slice_index: Option<u32>,
+    /// The devices the plugin gives it.
     pub devices: Vec<DeviceDescription>,
     /// Where this process's transfer endpoint listens (`HOST:PORT`).
     pub transfer_endpoint: Option<String>,
@@ -57,23 +60,34 @@ pub struct LocalTopology {
 /// A device with its global id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GlobalDevice {
+    /// The global id (dense, from 0).
     pub id: u32,
+    /// The process that owns it.
     pub process_index: u32,
+    /// The slice it is in.
     pub slice: u32,
+    /// The plugin's id for it within its process.
     pub local_hardware_id: i32,
+    /// Its kind (`cpu`, `H100`, ...).
     pub kind: String,
+    /// Its memory, when the plugin reports it.
     pub memory_bytes: Option<u64>,
 }
 
 /// A process of the job, as the global topology lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessEntry {
+    /// The process's index.
     pub process_index: u32,
     /// The worker that runs it.
     pub worker: String,
+    /// The host's name.
     pub hostname: String,
+    /// The host's boot id.
     pub boot_id: String,
+    /// The slice it is in.
     pub slice: u32,
+    /// Where its transfer endpoint listens.
     pub transfer_endpoint: Option<String>,
     /// Global ids of this process's devices, ascending and contiguous.
     pub device_ids: Vec<u32>,
@@ -86,6 +100,7 @@ pub struct GlobalTopology {
     pub processes: Vec<ProcessEntry>,
     /// By global id.
     pub devices: Vec<GlobalDevice>,
+    /// How many slices the processes form.
     pub num_slices: u32,
 }
 
@@ -148,6 +163,7 @@ impl LocalTopology {
         Ok(())
     }
 
+    /// The wire form (postcard).
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).expect("a local topology always encodes")
     }
@@ -265,6 +281,7 @@ impl GlobalTopology {
         })
     }
 
+    /// The wire form (postcard).
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).expect("a global topology always encodes")
     }
@@ -312,10 +329,12 @@ impl GlobalTopology {
         Ok(())
     }
 
+    /// How many processes.
     pub fn num_processes(&self) -> u32 {
         self.processes.len() as u32
     }
 
+    /// How many devices.
     pub fn num_devices(&self) -> u32 {
         self.devices.len() as u32
     }
@@ -330,7 +349,7 @@ impl GlobalTopology {
 pub(crate) mod tests {
     use super::*;
 
-    pub fn local(index: u32, n: u32, boot: &str, devices: usize) -> LocalTopology {
+    pub(crate) fn local(index: u32, n: u32, boot: &str, devices: usize) -> LocalTopology {
         LocalTopology {
             process_index: index,
             num_processes: n,

@@ -4,30 +4,72 @@ use std::time::Duration;
 /// What a transfer can fail with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransferError {
+    /// A transfer header that does not decode or breaks a rule.
     #[error("invalid transfer header: {0}")]
     InvalidHeader(String),
+    /// A peer announced more bytes than the limit.
     #[error("{announced} bytes announced, over the {max}-byte limit")]
-    TooLarge { announced: u64, max: u64 },
+    TooLarge {
+        /// What it announced.
+        announced: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A connection to a peer failed.
     #[error("cannot reach {addr}: {reason}")]
-    Connect { addr: SocketAddr, reason: String },
+    Connect {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// A stream to or from a peer broke.
     #[error("transfer with {peer}: {reason}")]
-    Stream { peer: String, reason: String },
+    Stream {
+        /// The peer.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+    /// A wait ran past its deadline.
     #[error("{what}: deadline of {after:?} exceeded")]
-    DeadlineExceeded { what: String, after: Duration },
+    DeadlineExceeded {
+        /// What waited.
+        what: String,
+        /// The deadline.
+        after: Duration,
+    },
+    /// Certificates or keys could not be used.
     #[error("TLS: {0}")]
     Tls(String),
+    /// A device buffer could not be read or written.
     #[error("PJRT: {0}")]
     Pjrt(String),
+    /// The caller passed a bad argument.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Ranks called different collectives (kind, type, size or root).
     #[error("ranks disagree on the collective: {0}")]
     Mismatch(String),
+    /// Another rank gave up on the collective.
     #[error("rank {rank} aborted the collective: {reason}")]
-    Aborted { rank: u32, reason: String },
+    Aborted {
+        /// The rank.
+        rank: u32,
+        /// Its reason.
+        reason: String,
+    },
+    /// An earlier failure left the communicator unusable.
     #[error("the communicator is broken by an earlier failure ({0}); create a new one")]
     Broken(String),
+    /// The endpoint's socket could not be bound.
     #[error("cannot bind {addr}: {reason}")]
-    Bind { addr: SocketAddr, reason: String },
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl TransferError {
@@ -48,4 +90,5 @@ impl TransferError {
     }
 }
 
+/// The crate's result type.
 pub type Result<T, E = TransferError> = std::result::Result<T, E>;

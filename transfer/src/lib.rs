@@ -37,6 +37,7 @@
 //! ```
 
 mod collective;
+pub mod dtype;
 mod endpoint;
 mod error;
 pub mod header;
@@ -47,7 +48,7 @@ pub mod stripe;
 pub mod testing;
 
 pub use collective::{
-    CollectiveBuffer, CollectiveConfig, Communicator, Descriptor, DescriptorFrame,
+    CollectiveBuffer, CollectiveConfig, CollectiveKind, Communicator, Descriptor, DescriptorFrame,
 };
 pub use endpoint::{
     Peer, Received, TransferConfig, TransferEndpoint, ALPN, GSO_MAX_UDP_PAYLOAD, MIN_SPARE,

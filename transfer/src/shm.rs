@@ -61,7 +61,7 @@ pub(crate) struct ShmPool {
 }
 
 impl ShmPool {
-    pub fn new(dir: PathBuf) -> ShmPool {
+    pub(crate) fn new(dir: PathBuf) -> ShmPool {
         sweep_dead(&dir);
         ShmPool {
             dir,
@@ -71,7 +71,7 @@ impl ShmPool {
 
     /// A file holding `data`, the concatenation of its pieces (invariant
     /// 1).
-    pub fn write<'a>(
+    pub(crate) fn write<'a>(
         &self,
         data: impl Iterator<Item = &'a [u8]> + Clone,
     ) -> std::io::Result<ShmFile> {
@@ -102,7 +102,7 @@ impl ShmPool {
 
     /// Back to the pool after an acknowledged transfer, else removed
     /// (invariant 2).
-    pub fn release(&self, f: ShmFile, delivered: bool) {
+    pub(crate) fn release(&self, f: ShmFile, delivered: bool) {
         if delivered {
             let mut free = self.free.lock().expect("not poisoned");
             if free.values().map(Vec::len).sum::<usize>() < MAX_FREE {
@@ -355,7 +355,7 @@ impl ShmArena {
     /// a tmpfs without room for them fails here, with `ENOSPC`, instead of
     /// raising `SIGBUS` at a later write (a container's `/dev/shm` is often
     /// 64 MiB).
-    pub fn create(dir: &Path, len: usize) -> std::io::Result<ShmArena> {
+    pub(crate) fn create(dir: &Path, len: usize) -> std::io::Result<ShmArena> {
         use std::os::fd::AsRawFd;
         if len == 0 {
             return Err(std::io::Error::other("an arena holds at least one byte"));
@@ -382,21 +382,21 @@ impl ShmArena {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.len
     }
 
     /// The bytes of `range` (which must lie inside the arena).
-    pub fn region(&self, range: std::ops::Range<usize>) -> &[u8] {
+    pub(crate) fn region(&self, range: std::ops::Range<usize>) -> &[u8] {
         self.map.bytes(range).expect("a range inside the arena")
     }
 
     /// The bytes of `range` (which must lie inside the arena).
-    pub fn region_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+    pub(crate) fn region_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
         self.map.bytes_mut(range).expect("a range inside the arena")
     }
 }
@@ -417,7 +417,7 @@ pub(crate) struct PeerArena {
 impl PeerArena {
     /// Maps the arena a peer named, after checking the name and that it
     /// holds at least `min_len` (> 0) bytes.
-    pub fn open(dir: &Path, name: &str, min_len: usize) -> Result<PeerArena> {
+    pub(crate) fn open(dir: &Path, name: &str, min_len: usize) -> Result<PeerArena> {
         let (f, path, len) = open_named(dir, name)?;
         let fail = |reason: String| failure(&path, reason);
         let len = usize::try_from(len).map_err(|_| fail(format!("{len} bytes")))?;
@@ -431,16 +431,16 @@ impl PeerArena {
         })
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.len
     }
 
     /// The bytes of `range`, or an error if it is not inside the arena.
-    pub fn region(&self, range: std::ops::Range<usize>) -> Result<&[u8]> {
+    pub(crate) fn region(&self, range: std::ops::Range<usize>) -> Result<&[u8]> {
         self.map.bytes(range)
     }
 }

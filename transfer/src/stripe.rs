@@ -40,7 +40,9 @@ pub const MAX_PARTS: u32 = 16;
 pub struct Part {
     /// The sender's number for the payload, unique per sending endpoint.
     pub transfer: u64,
+    /// This stripe's index.
     pub index: u32,
+    /// How many stripes the payload has.
     pub count: u32,
 }
 
@@ -111,7 +113,7 @@ impl Assemblies {
     /// least the part's length), creating the assembly with a buffer from
     /// `alloc` (room for the whole length) if this is its first part.
     /// `header` must have been validated and carry a part.
-    pub fn claim(
+    pub(crate) fn claim(
         &self,
         key: AssemblyKey,
         header: &TransferHeader,
@@ -163,7 +165,7 @@ impl Assemblies {
 
     /// Stores a filled piece; returns the whole payload once it was the
     /// last, or `None` (also when the assembly was abandoned meanwhile).
-    pub fn fill(&self, key: AssemblyKey, index: u32, piece: BytesMut) -> Option<Whole> {
+    pub(crate) fn fill(&self, key: AssemblyKey, index: u32, piece: BytesMut) -> Option<Whole> {
         let mut open = self.open.lock().expect("not poisoned");
         let assembly = open.get_mut(&key)?;
         assembly.filled[index as usize] = Some(piece);
@@ -185,13 +187,13 @@ impl Assemblies {
     }
 
     /// Drops the assembly under `key`, if any (invariant 3).
-    pub fn abandon(&self, key: AssemblyKey) {
+    pub(crate) fn abandon(&self, key: AssemblyKey) {
         self.open.lock().expect("not poisoned").remove(&key);
     }
 
     /// Assemblies waiting for parts.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.open.lock().expect("not poisoned").len()
     }
 }

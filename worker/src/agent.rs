@@ -41,6 +41,7 @@ pub struct WorkerConfig {
     /// CPU devices per client (`cpu_device_count`); other plugins have the
     /// devices they have.
     pub devices: Option<usize>,
+    /// Heartbeat and lease TTL.
     pub liveness: LivenessConfig,
     /// An explicit slice index for topologies.
     pub slice_index: Option<u32>,
@@ -48,6 +49,7 @@ pub struct WorkerConfig {
     /// other workers can reach; the port is chosen per job), and the
     /// cluster's TLS files for it (`None`: `--insecure`).
     pub transfer_ip: std::net::IpAddr,
+    /// The TLS files of the transfer endpoint (`None`: `--insecure`).
     pub transfer_tls: Option<tessel_net::tls::TlsFiles>,
     /// Folders under which jobs may keep checkpoints on this host.
     pub checkpoint_roots: Vec<PathBuf>,

@@ -8,17 +8,24 @@ use crate::runner::JobError;
 /// What running a worker can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
+    /// The plugin failed.
     #[error("PJRT: {0}")]
     Pjrt(#[from] tessel_pjrt::Error),
+    /// Registration or the scheduler's keys failed.
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
+    /// The topology exchange failed.
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    /// The transfer layer failed.
     #[error("transfer: {0}")]
     Transfer(#[from] tessel_transfer::TransferError),
+    /// A KV operation failed.
     #[error("{context}: {source}")]
     Kv {
+        /// What the worker was doing.
         context: String,
+        /// The KV's error.
         #[source]
         source: KvError,
     },
@@ -30,9 +37,16 @@ pub enum WorkerError {
     Deregistered,
     /// Another live process holds this worker id.
     #[error("worker id `{worker}` is in use by a live worker: {holder}")]
-    IdInUse { worker: String, holder: String },
+    IdInUse {
+        /// The worker id.
+        worker: String,
+        /// Who holds it (host, pid).
+        holder: String,
+    },
+    /// A setting breaks a rule.
     #[error("{0}")]
     Config(String),
+    /// A bug or a broken invariant.
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -61,6 +75,7 @@ impl WorkerError {
     }
 }
 
+/// The crate's result type.
 pub type Result<T, E = WorkerError> = std::result::Result<T, E>;
 
 #[cfg(test)]

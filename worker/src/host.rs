@@ -3,6 +3,7 @@
 /// Hostname and boot id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFacts {
+    /// The host's name.
     pub hostname: String,
     /// Equal for every process of one boot of one machine; distinguishes
     /// hosts that share a hostname and reboots of one host.

@@ -31,6 +31,7 @@ pub struct JobKv {
 }
 
 impl JobKv {
+    /// The KV of job `job`, blocking calls run on `runtime`.
     pub fn new(kv: Arc<dyn KvStore>, job: &str, runtime: Handle) -> JobKv {
         JobKv {
             kv,

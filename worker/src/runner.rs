@@ -16,13 +16,19 @@ use tessel_transfer::Communicator;
 
 /// One process of a job, ready to run: connected to every other process.
 pub struct JobProcess<'a> {
+    /// The attempt (`ID@ATTEMPT`).
     pub job: &'a str,
+    /// This process's index.
     pub process_index: u32,
+    /// The attempt's process count.
     pub num_processes: u32,
     /// The bytes at `jobs/{job}/spec`, as the submitter wrote them.
     pub spec: Vec<u8>,
+    /// The worker's PJRT client.
     pub client: &'a Client,
+    /// Connected to every other process.
     pub communicator: &'a mut Communicator,
+    /// The coordinators' KV.
     pub kv: Arc<dyn KvStore>,
     /// Every process of the job: its worker, host and boot id.
     pub topology: &'a GlobalTopology,
@@ -35,7 +41,9 @@ pub struct JobProcess<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct JobError {
+    /// Whether a restart may cure it.
     pub kind: FailureKind,
+    /// What happened.
     pub message: String,
 }
 

@@ -56,18 +56,27 @@ pub use pass::{cancel, pass, read_state, run, submit};
 /// Finished jobs kept in the state for listing.
 pub const KEEP_FINISHED: usize = 256;
 
+/// A job's place in its life (ARCHITECTURE.md draws the transitions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobState {
+    /// Waiting for workers.
     Pending,
+    /// Placed; its processes are starting.
     Scheduled,
+    /// Every process passed the transfer barrier.
     Running,
+    /// An attempt failed; the next waits for the last to settle.
     Restarting,
+    /// Every process published its result.
     Succeeded,
+    /// Failed past its restarts, or with a job error.
     Failed,
+    /// Cancelled by a user.
     Cancelled,
 }
 
 impl JobState {
+    /// Every state, in order.
     pub const ALL: [JobState; 7] = [
         JobState::Pending,
         JobState::Scheduled,
@@ -78,6 +87,7 @@ impl JobState {
         JobState::Cancelled,
     ];
 
+    /// Whether the job has ended.
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -85,6 +95,7 @@ impl JobState {
         )
     }
 
+    /// The state's name, as printed.
     pub fn name(self) -> &'static str {
         match self {
             JobState::Pending => "Pending",
@@ -107,14 +118,21 @@ impl std::fmt::Display for JobState {
 /// One job as the scheduler tracks it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
+    /// `NAME.N`, unique for the life of the cluster.
     pub id: String,
+    /// The spec's name.
     pub name: String,
+    /// Where it stands.
     pub state: JobState,
+    /// Processes it needs.
     pub processes: u32,
+    /// Devices each process needs.
     pub devices_per_process: u32,
     /// The plugin the job asks for: a worker's plugin name or platform.
     pub plugin: String,
+    /// Restarts allowed.
     pub max_restarts: u32,
+    /// Restarts so far.
     pub restarts: u32,
     /// The current (or last) attempt; 0 before the first placement.
     pub attempt: u32,
@@ -122,7 +140,9 @@ pub struct JobRecord {
     pub placement: Vec<String>,
     /// Why it waits, or why it failed.
     pub reason: Option<String>,
+    /// When it was submitted.
     pub submitted_unix_ms: u64,
+    /// When its record last changed.
     pub updated_unix_ms: u64,
     /// Events appended so far (the next event's sequence number).
     pub events: u64,
@@ -135,6 +155,7 @@ impl JobRecord {
     }
 }
 
+/// The KV namespace of attempt `attempt` of job `id`: `ID@ATTEMPT`.
 pub fn instance(id: &str, attempt: u32) -> String {
     format!("{id}@{attempt}")
 }
@@ -148,18 +169,26 @@ pub fn job_of_instance(instance: &str) -> &str {
 /// A state change, as appended to the job's events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobEvent {
+    /// Its position in the job's events.
     pub seq: u64,
+    /// When it happened.
     pub unix_ms: u64,
+    /// The state before.
     pub from: JobState,
+    /// The state after.
     pub to: JobState,
+    /// The attempt it happened in.
     pub attempt: u32,
+    /// Why, when there is a reason to give.
     pub reason: Option<String>,
 }
 
 /// What the workers published about a job's current attempt.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Observed {
+    /// A user asked to cancel it.
     pub cancel_requested: bool,
+    /// The first failure a process published.
     pub failure: Option<JobFailure>,
     /// Processes past the transfer barrier.
     pub ready: u32,
@@ -172,7 +201,9 @@ pub struct Observed {
 /// An alive worker and its devices.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerCapacity {
+    /// The worker's id.
     pub worker: String,
+    /// Devices it has free.
     pub devices: u32,
     /// The names a job's `plugin` may give to run here: the plugin the
     /// worker was started with (a name or a path) and its platform.
@@ -182,10 +213,15 @@ pub struct WorkerCapacity {
 /// What a job asks of the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submission {
+    /// The spec's name.
     pub name: String,
+    /// Processes it needs.
     pub processes: u32,
+    /// Devices each process needs.
     pub devices_per_process: u32,
+    /// The plugin it asks for.
     pub plugin: String,
+    /// Restarts allowed.
     pub max_restarts: u32,
 }
 
@@ -207,6 +243,7 @@ pub struct Settled {
 /// A worker of a failed attempt as the registry shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptWorker {
+    /// The worker's id.
     pub worker: String,
     /// The incarnation that joined the attempt, if it joined.
     pub joined: Option<u64>,
@@ -236,20 +273,24 @@ pub fn settle(workers: &[AttemptWorker], failure_revision: u64) -> Settled {
 /// The persisted state: every job, in submission order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerState {
+    /// Live jobs, then up to [`KEEP_FINISHED`] ended ones.
     pub jobs: Vec<JobRecord>,
     /// Ids handed out so far (`NAME.N`).
     pub next_id: u64,
 }
 
 impl SchedulerState {
+    /// Decodes the persisted form.
     pub fn decode(bytes: &[u8]) -> Result<SchedulerState> {
         postcard::from_bytes(bytes).map_err(CoordinatorError::decode("the scheduler state"))
     }
 
+    /// The persisted form (postcard).
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).expect("always encodes")
     }
 
+    /// The job with id `id`.
     pub fn job(&self, id: &str) -> Option<&JobRecord> {
         self.jobs.iter().find(|j| j.id == id)
     }

@@ -37,20 +37,29 @@ pub const BARRIER_RETENTION_MS: u64 = 10 * 60 * 1000;
 /// Size limits checked before anything is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
+    /// The longest key, in bytes.
     pub max_key: usize,
+    /// The largest value, in bytes.
     pub max_value: usize,
 }
+
+/// The longest key every backend stores.
+pub const MAX_KEY: usize = 4 << 10;
+/// The largest value every backend stores: what one record a job keeps in
+/// the KV (a bundle, an array for `fetch`, a checkpoint record) may be.
+pub const MAX_VALUE: usize = 4 << 20;
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_key: 4 << 10,
-            max_value: 4 << 20,
+            max_key: MAX_KEY,
+            max_value: MAX_VALUE,
         }
     }
 }
 
 impl Limits {
+    /// Refuses an empty key or one over the limit.
     pub fn check_key(&self, key: &[u8]) -> Result<()> {
         if key.len() > self.max_key {
             return Err(KvError::InvalidArgument(format!(
@@ -99,6 +108,7 @@ impl Limits {
         }
     }
 
+    /// Refuses a value over the limit.
     pub fn check_value(&self, value: &[u8]) -> Result<()> {
         if value.len() > self.max_value {
             return Err(KvError::InvalidArgument(format!(
@@ -114,29 +124,37 @@ impl Limits {
 /// A stored value and its metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyValue {
+    /// The key.
     #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    /// The value.
     #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     /// Revision of the write that created the key.
     pub create_revision: u64,
     /// Revision of the last write to the key.
     pub mod_revision: u64,
+    /// The lease the key is bound to (deleted with it), if any.
     pub lease: Option<u64>,
 }
 
 /// A change, as seen by watchers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
+    /// A key was written.
     Put(KeyValue),
+    /// A key was deleted.
     Delete {
+        /// The deleted key.
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        /// The revision of the deletion.
         revision: u64,
     },
 }
 
 impl Event {
+    /// The revision of the change.
     pub fn revision(&self) -> u64 {
         match self {
             Event::Put(kv) => kv.mod_revision,
@@ -144,6 +162,7 @@ impl Event {
         }
     }
 
+    /// The key changed.
     pub fn key(&self) -> &[u8] {
         match self {
             Event::Put(kv) => &kv.key,
@@ -163,7 +182,9 @@ impl Event {
 /// A write, with the proposer's clock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
+    /// The proposer's clock, whole milliseconds rounded down (invariant 6).
     pub now_ms: u64,
+    /// The operation.
     pub op: Op,
 }
 
@@ -172,64 +193,92 @@ pub struct Request {
 pub enum Op {
     /// Writes, overwriting.
     Put {
+        /// The key.
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        /// The value.
         #[serde(with = "serde_bytes")]
         value: Vec<u8>,
+        /// A lease to bind the key to.
         lease: Option<u64>,
     },
     /// Writes unless the key exists (XLA's default).
     Insert {
+        /// The key.
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        /// The value.
         #[serde(with = "serde_bytes")]
         value: Vec<u8>,
+        /// A lease to bind the key to.
         lease: Option<u64>,
     },
+    /// Deletes a key (absent: nothing changes).
     Delete {
+        /// The key.
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
     },
+    /// Deletes every key under a prefix.
     DeletePrefix {
+        /// The prefix.
         #[serde(with = "serde_bytes")]
         prefix: Vec<u8>,
     },
     /// Adds `delta` to the decimal integer at `key` (missing = 0).
     Increment {
+        /// The counter's key.
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        /// What to add (may be negative).
         delta: i64,
     },
     /// Writes `value` if the current value is `expected` (`None` = absent).
     CompareAndSwap {
+        /// The key.
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        /// The value expected now.
         #[serde(with = "serde_bytes")]
         expected: Option<Vec<u8>>,
+        /// The value to write.
         #[serde(with = "serde_bytes")]
         value: Vec<u8>,
     },
+    /// A new lease.
     LeaseGrant {
+        /// How long it lives without a keep-alive.
         ttl_ms: u64,
     },
+    /// Renews a lease for its whole TTL.
     LeaseKeepAlive {
+        /// The lease.
         id: u64,
     },
+    /// Ends a lease now, deleting its keys.
     LeaseRevoke {
+        /// The lease.
         id: u64,
     },
     /// `participant` arrives at barrier `id` of `participants` members.
     BarrierArrive {
+        /// The barrier.
         #[serde(with = "serde_bytes")]
         id: Vec<u8>,
+        /// Who arrives.
         #[serde(with = "serde_bytes")]
         participant: Vec<u8>,
+        /// How many must arrive.
         participants: u32,
+        /// How long the barrier waits from its first arrival.
         timeout_ms: u64,
     },
+    /// Fails a barrier for every participant.
     BarrierCancel {
+        /// The barrier.
         #[serde(with = "serde_bytes")]
         id: Vec<u8>,
+        /// Why, as the participants will see it.
         reason: String,
     },
     /// Only advances the clock (expiring leases and barriers).
@@ -307,27 +356,43 @@ impl Op {
 pub enum Output {
     /// A write; `revision` is 0 when nothing changed.
     Written {
+        /// The write's revision.
         revision: u64,
     },
+    /// A delete.
     Deleted {
+        /// Its revision (0: nothing was deleted).
         revision: u64,
+        /// Keys deleted.
         count: u64,
     },
+    /// An increment.
     Counter {
+        /// Its revision.
         revision: u64,
+        /// The counter's new value.
         value: i64,
     },
+    /// A compare-and-swap that wrote.
     Swapped {
+        /// Its revision.
         revision: u64,
     },
+    /// A compare-and-swap that found another value.
     Mismatch {
+        /// What it found (`None`: absent).
         current: Option<Vec<u8>>,
     },
+    /// A granted or renewed lease.
     Lease {
+        /// The lease.
         id: u64,
+        /// Its TTL.
         ttl_ms: u64,
     },
+    /// A barrier arrival, and where the barrier stands.
     Barrier(BarrierStatus),
+    /// A tick (or a lease renewal) applied.
     Ticked,
 }
 
@@ -406,9 +471,20 @@ impl BarrierStatus {
 /// Where a barrier stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BarrierStatus {
-    Waiting { arrived: u32, participants: u32 },
+    /// Not every participant has arrived yet.
+    Waiting {
+        /// Participants that arrived.
+        arrived: u32,
+        /// Participants the barrier waits for.
+        participants: u32,
+    },
+    /// Every participant arrived before the deadline.
     Passed,
-    Failed { reason: String },
+    /// It timed out or was cancelled.
+    Failed {
+        /// Why, the same for every participant.
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -434,6 +510,7 @@ struct Barrier {
 /// Storage failures are `KvError::Storage`; every other error is the
 /// caller's.
 pub trait Tables {
+    /// The pair at `key`, if any.
     fn get(&self, key: &[u8]) -> Result<Option<KeyValue>>;
     /// All pairs whose key starts with `prefix`, in key order.
     fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>>;
@@ -445,6 +522,7 @@ pub trait Tables {
 
 /// The writes [`KvState::apply`] makes.
 pub trait TablesMut: Tables {
+    /// Writes a pair, replacing any at its key.
     fn insert(&mut self, kv: &KeyValue) -> Result<()>;
     /// Whether the key was there.
     fn remove(&mut self, key: &[u8]) -> Result<bool>;
@@ -520,11 +598,14 @@ impl TablesMut for MemTables {
 /// in-memory test double, and what the unit tests and fuzz targets drive.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemState {
+    /// Revision, clock, leases and barriers.
     pub state: KvState,
+    /// The pairs and recent events.
     pub tables: MemTables,
 }
 
 impl MemState {
+    /// An empty state with `limits`, keeping `history_limit` revisions of events.
     pub fn new(limits: Limits, history_limit: usize) -> MemState {
         MemState {
             state: KvState::new(limits, history_limit),
@@ -539,30 +620,37 @@ impl MemState {
             .expect("memory tables never fail")
     }
 
+    /// The pair at `key`.
     pub fn get(&self, key: &[u8]) -> Option<KeyValue> {
         self.tables.data.get(key).cloned()
     }
 
+    /// The pairs under `prefix`, in key order.
     pub fn list(&self, prefix: &[u8]) -> Vec<KeyValue> {
         self.tables.list(prefix).expect("memory tables never fail")
     }
 
+    /// How many keys there are.
     pub fn len(&self) -> usize {
         self.tables.data.len()
     }
 
+    /// Whether there is no key.
     pub fn is_empty(&self) -> bool {
         self.tables.data.is_empty()
     }
 
+    /// The revision of the last change.
     pub fn revision(&self) -> u64 {
         self.state.revision()
     }
 
+    /// Retained events with revision >= `from` under `prefix`.
     pub fn events_since(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
         self.state.events_since(&self.tables, from, prefix)
     }
 
+    /// Where barrier `id` stands, while the state remembers it.
     pub fn barrier(&self, id: &[u8]) -> Option<&BarrierStatus> {
         self.state.barrier(id)
     }
@@ -590,6 +678,7 @@ impl Default for KvState {
 }
 
 impl KvState {
+    /// An empty state with `limits`, keeping `history_limit` revisions of events.
     pub fn new(limits: Limits, history_limit: usize) -> KvState {
         KvState {
             limits,
@@ -602,6 +691,7 @@ impl KvState {
         }
     }
 
+    /// The size limits it enforces.
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -611,6 +701,7 @@ impl KvState {
         self.revision
     }
 
+    /// The clock of the last applied request (ms).
     pub fn clock_ms(&self) -> u64 {
         self.clock_ms
     }
@@ -635,6 +726,7 @@ impl KvState {
         t.events(from, prefix)
     }
 
+    /// Where barrier `id` stands, while the state remembers it.
     pub fn barrier(&self, id: &[u8]) -> Option<&BarrierStatus> {
         self.barriers.get(id).map(|b| &b.status)
     }

@@ -208,6 +208,7 @@ impl LocalEtcd {
             .join(format!("{}.log", self.members[i].name))
     }
 
+    /// The server's data folder.
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }

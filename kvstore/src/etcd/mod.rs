@@ -60,6 +60,7 @@ const MAX_MESSAGE: usize = 64 << 20;
 pub struct EtcdOptions {
     /// Prefix of every key tessel writes.
     pub namespace: Vec<u8>,
+    /// Size limits tessel enforces before etcd sees a request.
     pub limits: Limits,
     /// Deadline of one call, retries included (blocking calls add their own
     /// timeout).
@@ -749,8 +750,8 @@ fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Result<Event>>) -> Watc
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::barrier::barrier_result;
+    use super::*;
 
     #[test]
     fn urls_parse_into_endpoints() {

@@ -36,10 +36,12 @@ pub use openraft::SnapshotPolicy;
 pub struct Proposal(pub Arc<Vec<Request>>);
 
 impl Proposal {
+    /// An entry of several requests, applied in order.
     pub fn new(reqs: Vec<Request>) -> Proposal {
         Proposal(Arc::new(reqs))
     }
 
+    /// An entry of one request.
     pub fn one(req: Request) -> Proposal {
         Proposal::new(vec![req])
     }

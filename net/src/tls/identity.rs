@@ -10,7 +10,7 @@
 use rustls::pki_types::CertificateDer;
 
 /// The URI scheme of identities.
-pub const SCHEME: &str = "tessel://";
+pub(super) const SCHEME: &str = "tessel://";
 
 /// What a node is allowed to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,8 +24,10 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role.
     pub const ALL: [Role; 3] = [Role::Coordinator, Role::Worker, Role::Client];
 
+    /// Its name in a URI (`coordinator`, `worker`, `client`).
     pub fn name(self) -> &'static str {
         match self {
             Role::Coordinator => "coordinator",
@@ -34,6 +36,7 @@ impl Role {
         }
     }
 
+    /// The role named `s`.
     pub fn parse(s: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|r| r.name() == s)
     }
@@ -49,7 +52,12 @@ impl std::fmt::Display for Role {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Identity {
     /// A per-node certificate.
-    Node { role: Role, name: String },
+    Node {
+        /// What it may do.
+        role: Role,
+        /// Its node's name.
+        name: String,
+    },
     /// The cluster-wide certificate: any role.
     Shared,
     /// `--insecure`: no certificate at all.

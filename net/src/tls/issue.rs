@@ -118,6 +118,7 @@ fn sign(
 /// What [`issue`] makes.
 #[derive(Debug, Clone)]
 pub struct NodeCert<'a> {
+    /// What the node may do.
     pub role: Role,
     /// The node's name: a coordinator's replica id, a worker's id, a
     /// client's user name.

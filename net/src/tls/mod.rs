@@ -40,16 +40,27 @@ pub const SERVER_NAME: &str = "tessel";
 /// What can go wrong setting up TLS.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
+    /// rcgen could not make a key or certificate.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
+    /// A file holds no PEM of the kind expected.
     #[error("{path}: not a PEM {what}")]
-    Pem { path: PathBuf, what: &'static str },
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What it should hold.
+        what: &'static str,
+    },
+    /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Config(String),
 }
@@ -63,8 +74,11 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
 
 /// File names inside a TLS folder.
 pub const CA_CERT: &str = "ca.pem";
+/// The CA's key (only on the host that issues certificates).
 pub const CA_KEY: &str = "ca.key";
+/// This node's certificate.
 pub const CERT: &str = "node.pem";
+/// This node's key.
 pub const KEY: &str = "node.key";
 
 /// The certificates of one TLS folder.

@@ -119,14 +119,14 @@ pub fn check_client(identity: Option<&Identity>, accept: Accept) -> Result<(), S
 
 /// Verifies a server's chain and its identity (invariants 1-3).
 #[derive(Debug)]
-pub struct ServerVerifier {
+pub(super) struct ServerVerifier {
     inner: Arc<WebPkiServerVerifier>,
     expect: Expect,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ServerVerifier {
-    pub fn new(
+    pub(super) fn new(
         inner: Arc<WebPkiServerVerifier>,
         provider: &CryptoProvider,
         expect: Expect,
@@ -175,7 +175,7 @@ impl ServerCertVerifier for ServerVerifier {
 
 /// Verifies a client's chain and admits only the roles `accept` names.
 #[derive(Debug)]
-pub struct ClientVerifier {
+pub(super) struct ClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     accept: Accept,
     algorithms: WebPkiSupportedAlgorithms,
@@ -183,7 +183,7 @@ pub struct ClientVerifier {
 
 impl ClientVerifier {
     /// The WebPKI verifier of `roots` with `provider`, wrapped.
-    pub fn webpki(
+    pub(super) fn webpki(
         roots: Arc<rustls::RootCertStore>,
         provider: Arc<CryptoProvider>,
         accept: Accept,
@@ -223,12 +223,12 @@ impl ClientCertVerifier for ClientVerifier {
 /// Accepts every server certificate (checking only the handshake
 /// signatures). Used only with `--insecure`.
 #[derive(Debug)]
-pub struct AcceptAnyServer {
+pub(super) struct AcceptAnyServer {
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl AcceptAnyServer {
-    pub fn new(provider: &CryptoProvider) -> AcceptAnyServer {
+    pub(super) fn new(provider: &CryptoProvider) -> AcceptAnyServer {
         AcceptAnyServer {
             algorithms: provider.signature_verification_algorithms,
         }

@@ -9,7 +9,7 @@ use futures::future::try_join_all;
 use tessel_pjrt::ElementType;
 
 use super::call::Call;
-use super::{PHASE_GATHER, PHASE_REDUCE};
+use super::tag::Phase;
 use crate::error::{Result, TransferError};
 use crate::reduce::{fold_onto, ReduceOp};
 use crate::shm::{PeerArena, ShmArena};
@@ -127,7 +127,7 @@ impl Call {
         min_len: usize,
     ) -> Result<Vec<Option<Arc<PeerArena>>>> {
         let names = self
-            .post_to_all(self.tag(PHASE_REDUCE, 0, 0), name.as_bytes())
+            .post_to_all(self.tag(Phase::Reduce, 0, 0), name.as_bytes())
             .await?;
         (0..self.n())
             .map(|k| match k == self.rank {
@@ -203,7 +203,7 @@ impl Call {
         segs: &[Range<usize>],
     ) -> Result<()> {
         use futures::stream::{FuturesUnordered, TryStreamExt};
-        let tag = self.tag(PHASE_GATHER, 0, 0);
+        let tag = self.tag(Phase::Gather, 0, 0);
         let others = self.others();
         let sends = try_join_all(
             others

@@ -2,7 +2,7 @@
 
 use crate::shm::ShmArena;
 
-/// A buffer for [`Communicator::all_reduce_in_place`] (invariant 9): in
+/// A buffer for [`crate::Communicator::all_reduce_in_place`] (invariant 9): in
 /// shared memory when the communicator that made it reaches every member
 /// that way, else in private memory. Write the input with
 /// [`Self::as_mut_slice`], read the result with [`Self::as_slice`].
@@ -23,6 +23,7 @@ impl CollectiveBuffer {
         }
     }
 
+    /// Its length in bytes.
     pub fn len(&self) -> usize {
         match &self.storage {
             Storage::Shared(a) => a.len(),
@@ -30,6 +31,7 @@ impl CollectiveBuffer {
         }
     }
 
+    /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -39,6 +41,7 @@ impl CollectiveBuffer {
         matches!(self.storage, Storage::Shared(_))
     }
 
+    /// The bytes (the result, after the call).
     pub fn as_slice(&self) -> &[u8] {
         match &self.storage {
             Storage::Shared(a) => a.region(0..a.len()),
@@ -46,6 +49,7 @@ impl CollectiveBuffer {
         }
     }
 
+    /// The bytes (write the input here).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.storage {
             Storage::Shared(a) => {

@@ -8,7 +8,7 @@ use tessel_pjrt::ElementType;
 
 use super::arenas::Arenas;
 use super::descriptor::{Descriptor, DescriptorFrame};
-use super::{PHASE_ABORT, PHASE_DESCRIPTOR};
+use super::tag::{Phase, Tag};
 use crate::endpoint::{Outgoing, Payload, Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
 
@@ -17,7 +17,7 @@ pub(super) struct Call {
     pub(super) endpoint: Arc<TransferEndpoint>,
     pub(super) members: Vec<Peer>,
     pub(super) rank: usize,
-    pub(super) base: u64,
+    pub(super) base: Tag,
     pub(super) deadline: Instant,
     pub(super) timeout: Duration,
     pub(super) chunk_bytes: usize,
@@ -37,8 +37,8 @@ impl Call {
         (0..self.n()).filter(|&k| k != self.rank).collect()
     }
 
-    pub(super) fn tag(&self, phase: u64, step: usize, chunk: usize) -> u64 {
-        self.base | (phase << 22) | ((step as u64) << 12) | chunk as u64
+    pub(super) fn tag(&self, phase: Phase, step: usize, chunk: usize) -> u64 {
+        self.base.at(phase, step, chunk)
     }
 
     pub(super) fn left(&self) -> Result<Duration> {
@@ -94,7 +94,7 @@ impl Call {
 
     /// As [`Self::recv`], with a lent payload still in place.
     pub(super) async fn take(&self, from: usize, tag: u64) -> Result<Payload> {
-        let abort = self.base | (PHASE_ABORT << 22);
+        let abort = self.base.abort();
         let mut keys = vec![(from as u32, tag)];
         keys.extend(
             (0..self.n())
@@ -158,7 +158,7 @@ impl Call {
         let mut forward = DescriptorFrame::encode(mine, &attached);
         data[r] = attached;
         for step in 0..n - 1 {
-            let tag = self.tag(PHASE_DESCRIPTOR, step, 0);
+            let tag = self.tag(Phase::Descriptor, step, 0);
             let (_, got) = futures::try_join!(
                 self.send(next, tag, ElementType::U8, &forward),
                 self.recv(prev, tag)

@@ -7,34 +7,68 @@ use tessel_pjrt::ElementType;
 use crate::error::{Result, TransferError};
 use crate::reduce::{all_reduce_is_small, ReduceOp};
 
+/// The collectives a descriptor can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CollectiveKind {
+    /// Every rank ends with the reduction of all inputs.
+    AllReduce,
+    /// Every rank ends with its slice of the reduction.
+    ReduceScatter,
+    /// Every rank ends with every rank's input.
+    AllGather,
+    /// Every rank ends with the root's input.
+    Broadcast,
+    /// No data; returns once every rank arrived.
+    Barrier,
+    /// Every rank sends a value to every other (all-to-all).
+    Exchange,
+}
+
+impl CollectiveKind {
+    /// Its name in messages and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "all_reduce",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::Broadcast => "broadcast",
+            CollectiveKind::Barrier => "barrier",
+            CollectiveKind::Exchange => "exchange",
+        }
+    }
+}
+
+impl std::fmt::Display for CollectiveKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What a rank is about to do (invariant 2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Descriptor {
-    pub kind: String,
+    /// The collective.
+    pub kind: CollectiveKind,
+    /// The reduction, for reducing kinds.
     pub op: Option<ReduceOp>,
-    pub dtype: String,
+    /// The element type.
+    #[serde(with = "crate::dtype")]
+    pub dtype: ElementType,
+    /// This rank's input, in bytes.
     pub bytes: u64,
+    /// The root, for a broadcast.
     pub root: Option<u32>,
     /// This rank reaches every member through shared memory (invariant 8).
     pub shared: bool,
-    /// An all-reduce on a [`CollectiveBuffer`] (invariant 9).
+    /// An all-reduce on a [`crate::CollectiveBuffer`] (invariant 9).
     pub in_place: bool,
 }
 
-/// The collectives a descriptor can name.
-const KINDS: [&str; 6] = [
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "broadcast",
-    "barrier",
-    "exchange",
-];
-
 /// Largest encoded descriptor.
-pub const MAX_DESCRIPTOR: usize = 1024;
+pub(super) const MAX_DESCRIPTOR: usize = 1024;
 
 impl Descriptor {
+    /// The wire form (postcard).
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).expect("a descriptor always encodes")
     }
@@ -46,14 +80,7 @@ impl Descriptor {
         if bytes.len() > MAX_DESCRIPTOR {
             return Err(bad(format!("{} bytes, over {MAX_DESCRIPTOR}", bytes.len())));
         }
-        let d: Descriptor = postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
-        if !KINDS.contains(&d.kind.as_str()) {
-            return Err(bad(format!("unknown kind {:?}", d.kind)));
-        }
-        if ElementType::parse(&d.dtype).is_none() {
-            return Err(bad(format!("unknown dtype {:?}", d.dtype)));
-        }
-        Ok(d)
+        postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))
     }
 }
 
@@ -63,6 +90,7 @@ impl Descriptor {
 pub struct DescriptorFrame;
 
 impl DescriptorFrame {
+    /// The frame of `d` carrying `data` (empty unless the all-reduce is small).
     pub fn encode(d: &Descriptor, data: &[u8]) -> Vec<u8> {
         let desc = d.encode();
         let mut out = Vec::with_capacity(2 + desc.len() + data.len());
@@ -104,14 +132,14 @@ impl DescriptorFrame {
 impl Descriptor {
     /// Whether the rank's data rides with the descriptor (invariant 6).
     pub(super) fn carries_data(&self) -> bool {
-        self.kind == "all_reduce" && all_reduce_is_small(self.bytes as usize)
+        self.kind == CollectiveKind::AllReduce && all_reduce_is_small(self.bytes as usize)
     }
 
     /// Whether a call of more than one rank would move data through
     /// arenas if every rank offers them (invariant 8): at least a byte,
     /// and neither a barrier nor a small all-reduce.
     pub(super) fn wants_arenas(&self) -> bool {
-        self.bytes > 0 && self.kind != "barrier" && !self.carries_data()
+        self.bytes > 0 && self.kind != CollectiveKind::Barrier && !self.carries_data()
     }
 
     /// How a call of `n` ranks that agreed on this descriptor runs (with
@@ -119,9 +147,9 @@ impl Descriptor {
     pub(super) fn algorithm(&self, n: usize, shared: bool) -> &'static str {
         if n == 1 {
             "local"
-        } else if self.kind == "barrier" {
+        } else if self.kind == CollectiveKind::Barrier {
             "descriptors"
-        } else if self.kind == "exchange" {
+        } else if self.kind == CollectiveKind::Exchange {
             "point_to_point"
         } else if self.carries_data() {
             "small"
@@ -130,15 +158,6 @@ impl Descriptor {
         } else {
             "ring"
         }
-    }
-
-    /// The kind as a static label (descriptors are validated on decode and
-    /// built from literals here).
-    pub(super) fn kind_label(&self) -> &'static str {
-        KINDS
-            .into_iter()
-            .find(|k| *k == self.kind)
-            .unwrap_or("unknown")
     }
 
     /// The same call, whatever the ranks' paths (invariants 2 and 8).
@@ -168,16 +187,16 @@ impl std::fmt::Display for Descriptor {
 }
 
 pub(super) fn descriptor(
-    kind: &str,
+    kind: CollectiveKind,
     op: Option<ReduceOp>,
     dtype: ElementType,
     bytes: usize,
     root: Option<u32>,
 ) -> Descriptor {
     Descriptor {
-        kind: kind.into(),
+        kind,
         op,
-        dtype: dtype.name().into(),
+        dtype,
         bytes: bytes as u64,
         root,
         shared: false,
@@ -192,7 +211,7 @@ mod tests {
     #[test]
     fn descriptors_round_trip_and_bad_ones_are_refused() {
         let d = descriptor(
-            "all_reduce",
+            CollectiveKind::AllReduce,
             Some(ReduceOp::Mean),
             ElementType::BF16,
             64,
@@ -215,26 +234,33 @@ mod tests {
             in_place.to_string(),
             "all_reduce mean in place of 64 bytes of bf16"
         );
-        let mut bad = d.clone();
-        bad.kind = "all_to_all".into();
-        assert!(Descriptor::decode(&bad.encode()).is_err());
-        bad = d.clone();
-        bad.dtype = "f8".into();
-        assert!(Descriptor::decode(&bad.encode()).is_err());
+        // An unknown kind or dtype byte refuses the descriptor.
+        let mut bad = d.encode();
+        bad[0] = 6;
+        assert!(Descriptor::decode(&bad).is_err(), "kind");
+        let mut bad = d.encode();
+        bad[3] = 99;
+        assert!(Descriptor::decode(&bad).is_err(), "dtype");
         assert!(Descriptor::decode(&[0xff; 5]).is_err());
         assert!(Descriptor::decode(&vec![0; MAX_DESCRIPTOR + 1]).is_err());
     }
 
     #[test]
     fn frames_carry_data_only_for_a_small_all_reduce() {
-        let small = descriptor("all_reduce", Some(ReduceOp::Sum), ElementType::F32, 8, None);
+        let small = descriptor(
+            CollectiveKind::AllReduce,
+            Some(ReduceOp::Sum),
+            ElementType::F32,
+            8,
+            None,
+        );
         let frame = DescriptorFrame::encode(&small, &[1; 8]);
         let (d, data) = DescriptorFrame::decode(&frame).unwrap();
         assert_eq!((d, data), (small.clone(), &[1u8; 8][..]));
         // Data of the wrong length, or data where none belongs, is refused.
         assert!(DescriptorFrame::decode(&DescriptorFrame::encode(&small, &[1; 4])).is_err());
         let big = descriptor(
-            "all_reduce",
+            CollectiveKind::AllReduce,
             Some(ReduceOp::Sum),
             ElementType::F32,
             1 << 20,
@@ -242,7 +268,7 @@ mod tests {
         );
         assert!(DescriptorFrame::decode(&DescriptorFrame::encode(&big, &[1; 8])).is_err());
         assert!(DescriptorFrame::decode(&DescriptorFrame::encode(&big, &[])).is_ok());
-        let barrier = descriptor("barrier", None, ElementType::U8, 0, None);
+        let barrier = descriptor(CollectiveKind::Barrier, None, ElementType::U8, 0, None);
         assert!(DescriptorFrame::decode(&DescriptorFrame::encode(&barrier, &[])).is_ok());
         // Truncated frames.
         assert!(DescriptorFrame::decode(&[5]).is_err());

@@ -94,6 +94,7 @@ mod buffer;
 mod call;
 mod descriptor;
 mod ring;
+mod tag;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -102,7 +103,7 @@ use futures::future::try_join_all;
 use tessel_pjrt::ElementType;
 
 pub use buffer::CollectiveBuffer;
-pub use descriptor::{Descriptor, DescriptorFrame};
+pub use descriptor::{CollectiveKind, Descriptor, DescriptorFrame};
 
 use crate::endpoint::{Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
@@ -112,15 +113,7 @@ use arenas::Arenas;
 use buffer::Storage;
 use call::Call;
 use descriptor::descriptor;
-
-/// Tag phases (2 bits).
-const PHASE_DESCRIPTOR: u64 = 0;
-const PHASE_REDUCE: u64 = 1;
-const PHASE_GATHER: u64 = 2;
-const PHASE_ABORT: u64 = 3;
-/// Most ring steps (10 bits) and chunks per message group (12 bits).
-const MAX_STEPS: usize = 1 << 10;
-const MAX_CHUNKS: usize = 1 << 12;
+use tag::{Phase, Tag, MAX_CHUNKS, MAX_STEPS};
 
 /// Tuning and limits of a communicator.
 #[derive(Debug, Clone)]
@@ -204,10 +197,12 @@ impl Communicator {
         })
     }
 
+    /// This rank's index.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
+    /// How many ranks.
     pub fn size(&self) -> usize {
         self.members.len()
     }
@@ -221,7 +216,13 @@ impl Communicator {
         data: Vec<u8>,
     ) -> Result<Vec<u8>> {
         check_reducible(dtype)?;
-        let d = self.offer_arenas(descriptor("all_reduce", Some(op), dtype, data.len(), None));
+        let d = self.offer_arenas(descriptor(
+            CollectiveKind::AllReduce,
+            Some(op),
+            dtype,
+            data.len(),
+            None,
+        ));
         if self.size() > 1 && all_reduce_is_small(data.len()) {
             return self.small_all_reduce(d, op, dtype, data).await;
         }
@@ -248,7 +249,7 @@ impl Communicator {
     /// and the size is over the small all-reduce's and within
     /// `max_arena_bytes` (and the folder has room), else private.
     pub fn buffer(&self, len: usize) -> CollectiveBuffer {
-        let call = descriptor("all_reduce", None, ElementType::U8, len, None);
+        let call = descriptor(CollectiveKind::AllReduce, None, ElementType::U8, len, None);
         if len <= self.cfg.max_arena_bytes && self.arenas_apply(&call) {
             match ShmArena::create(self.endpoint.shm_dir(), len) {
                 Ok(a) => {
@@ -284,7 +285,7 @@ impl Communicator {
                 dtype.name()
             )));
         }
-        let mut d = descriptor("all_reduce", Some(op), dtype, len, None);
+        let mut d = descriptor(CollectiveKind::AllReduce, Some(op), dtype, len, None);
         d.in_place = true;
         d.shared = self.arenas_apply(&d) && buf.is_shared();
         let result = if self.size() > 1 && all_reduce_is_small(len) {
@@ -315,7 +316,7 @@ impl Communicator {
     ) -> Result<Vec<u8>> {
         check_reducible(dtype)?;
         let d = self.offer_arenas(descriptor(
-            "reduce_scatter",
+            CollectiveKind::ReduceScatter,
             Some(op),
             dtype,
             data.len(),
@@ -327,7 +328,13 @@ impl Communicator {
 
     /// Concatenates every rank's `data` in rank order (equal sizes).
     pub async fn all_gather(&mut self, dtype: ElementType, data: &[u8]) -> Result<Vec<u8>> {
-        let d = self.offer_arenas(descriptor("all_gather", None, dtype, data.len(), None));
+        let d = self.offer_arenas(descriptor(
+            CollectiveKind::AllGather,
+            None,
+            dtype,
+            data.len(),
+            None,
+        ));
         self.run(d, |call| call.all_gather(dtype, data)).await
     }
 
@@ -345,7 +352,13 @@ impl Communicator {
                 self.size()
             )));
         }
-        let d = self.offer_arenas(descriptor("broadcast", None, dtype, data.len(), Some(root)));
+        let d = self.offer_arenas(descriptor(
+            CollectiveKind::Broadcast,
+            None,
+            dtype,
+            data.len(),
+            Some(root),
+        ));
         self.run(d, |call| call.broadcast(root as usize, dtype, data))
             .await
     }
@@ -380,9 +393,9 @@ impl Communicator {
             return Err(e);
         }
         let from = from.to_vec();
-        let d = descriptor("exchange", None, ElementType::U8, 0, None);
+        let d = descriptor(CollectiveKind::Exchange, None, ElementType::U8, 0, None);
         self.run(d, |call| async move {
-            let tag = call.tag(PHASE_REDUCE, 0, 0);
+            let tag = call.tag(Phase::Reduce, 0, 0);
             let sent = try_join_all(
                 sends
                     .iter()
@@ -397,7 +410,13 @@ impl Communicator {
 
     /// Returns once every rank has entered it.
     pub async fn barrier(&mut self) -> Result<()> {
-        let d = self.offer_arenas(descriptor("barrier", None, ElementType::U8, 0, None));
+        let d = self.offer_arenas(descriptor(
+            CollectiveKind::Barrier,
+            None,
+            ElementType::U8,
+            0,
+            None,
+        ));
         self.run(d, |_| async { Ok(()) }).await
     }
 
@@ -484,7 +503,7 @@ impl Communicator {
             endpoint: self.endpoint.clone(),
             members: self.members.clone(),
             rank: self.rank,
-            base: (u64::from(self.group) << 48) | ((seq & 0xff_ffff) << 24),
+            base: Tag::call(self.group, seq),
             deadline: Instant::now() + self.cfg.timeout,
             timeout: self.cfg.timeout,
             chunk_bytes: self.cfg.chunk_bytes,
@@ -507,7 +526,7 @@ impl Communicator {
             }
             Err(e) => Err(e),
         };
-        let kind = d.kind_label();
+        let kind = d.kind.name();
         match &result {
             Ok(_) => {
                 metrics::histogram!("tessel_collective_seconds", "kind" => kind, "algorithm" => algorithm)
@@ -527,8 +546,7 @@ impl Communicator {
             ) {
                 tell_others(&endpoint, &members, rank, base, &reason);
             }
-            let prefix = base >> 24;
-            endpoint.discard(move |tag| tag >> 24 == prefix);
+            endpoint.discard(move |tag| base.holds(tag));
             self.broken = Some(reason);
         }
         result
@@ -540,7 +558,7 @@ fn tell_others(
     endpoint: &Arc<TransferEndpoint>,
     members: &[Peer],
     rank: usize,
-    base: u64,
+    base: Tag,
     reason: &str,
 ) {
     for (r, peer) in members.iter().enumerate() {
@@ -554,7 +572,7 @@ fn tell_others(
             let _ = endpoint
                 .send_to(
                     &peer,
-                    base | (PHASE_ABORT << 22),
+                    base.abort(),
                     ElementType::U8,
                     &[bytes.len() as u64],
                     &bytes,
@@ -599,23 +617,24 @@ mod tests {
             Communicator::new(ep.clone(), vec![peer(1, "here"), other], 0, cfg).unwrap()
         };
         let sum = Some(ReduceOp::Sum);
-        let offered = |c: &Communicator, kind: &str, op: Option<ReduceOp>, bytes: usize| {
-            let d = descriptor(kind, op, ElementType::F32, bytes, None);
-            c.offer_arenas(d).shared
-        };
+        let offered =
+            |c: &Communicator, kind: CollectiveKind, op: Option<ReduceOp>, bytes: usize| {
+                let d = descriptor(kind, op, ElementType::F32, bytes, None);
+                c.offer_arenas(d).shared
+            };
         let ep = endpoint(shm.path());
         let c = comm(&ep, peer(2, "here"), 1 << 20);
-        assert!(offered(&c, "all_reduce", sum, 1 << 20));
-        assert!(offered(&c, "all_gather", None, 8));
+        assert!(offered(&c, CollectiveKind::AllReduce, sum, 1 << 20));
+        assert!(offered(&c, CollectiveKind::AllGather, None, 8));
         let files = || std::fs::read_dir(shm.path()).unwrap().count();
         assert_eq!(files(), 1, "reserved");
         assert!(
-            !offered(&c, "all_reduce", sum, (1 << 20) + 4),
+            !offered(&c, CollectiveKind::AllReduce, sum, (1 << 20) + 4),
             "over the limit"
         );
-        assert!(!offered(&c, "all_reduce", sum, 64), "small");
-        assert!(!offered(&c, "barrier", None, 0));
-        assert!(!offered(&c, "all_gather", None, 0), "empty");
+        assert!(!offered(&c, CollectiveKind::AllReduce, sum, 64), "small");
+        assert!(!offered(&c, CollectiveKind::Barrier, None, 0));
+        assert!(!offered(&c, CollectiveKind::AllGather, None, 0), "empty");
         // In-place buffers (invariant 9): shared where arenas would be.
         let mut buf = c.buffer(1 << 20);
         assert!(buf.is_shared() && buf.len() == 1 << 20, "{buf:?}");
@@ -631,12 +650,17 @@ mod tests {
         drop(c);
         assert_eq!(files(), 0, "removed");
         let elsewhere = comm(&ep, peer(2, "there"), 1 << 30);
-        assert!(!offered(&elsewhere, "all_reduce", sum, 1 << 20));
+        assert!(!offered(
+            &elsewhere,
+            CollectiveKind::AllReduce,
+            sum,
+            1 << 20
+        ));
         assert!(!elsewhere.buffer(1 << 20).is_shared());
         // No room in the folder (here: no folder): the ring, not a failure.
         let gone = endpoint(&shm.path().join("missing"));
         let c = comm(&gone, peer(2, "here"), 1 << 30);
-        assert!(!offered(&c, "all_reduce", sum, 1 << 20));
+        assert!(!offered(&c, CollectiveKind::AllReduce, sum, 1 << 20));
         assert!(!c.buffer(1 << 20).is_shared());
     }
 }

@@ -10,7 +10,7 @@ use tessel_pjrt::ElementType;
 
 use super::arenas::copy_large;
 use super::call::Call;
-use super::{PHASE_GATHER, PHASE_REDUCE};
+use super::tag::Phase;
 use crate::endpoint::Outgoing;
 use crate::error::{Result, TransferError};
 use crate::reduce::{
@@ -85,7 +85,7 @@ impl Call {
     /// (gather phase).
     pub(super) async fn ring_in_place(
         &self,
-        phase: u64,
+        phase: Phase,
         op: Option<ReduceOp>,
         dtype: ElementType,
         buf: &mut [u8],
@@ -129,7 +129,7 @@ impl Call {
         segs: &[Range<usize>],
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
-        self.ring_in_place(PHASE_REDUCE, Some(op), dtype, buf, segs, |s| {
+        self.ring_in_place(Phase::Reduce, Some(op), dtype, buf, segs, |s| {
             reduce_scatter_step(n, r, s)
         })
         .await?;
@@ -147,7 +147,7 @@ impl Call {
         segs: &[Range<usize>],
     ) -> Result<()> {
         let (n, r) = (self.n(), self.rank);
-        self.ring_in_place(PHASE_GATHER, None, dtype, buf, segs, |s| {
+        self.ring_in_place(Phase::Gather, None, dtype, buf, segs, |s| {
             all_gather_step(n, r, s)
         })
         .await
@@ -178,12 +178,12 @@ impl Call {
         for step in 0..n - 1 {
             let (_, recv_seg) = reduce_scatter_step(n, r, step);
             let sends = outgoing.drain(..).enumerate().map(|(k, c)| {
-                self.send_with(next, self.tag(PHASE_REDUCE, step, k), dtype, c, true)
+                self.send_with(next, self.tag(Phase::Reduce, step, k), dtype, c, true)
             });
             let recvs = async {
                 let mut sums = Vec::new();
                 for (k, c) in chunk_ranges(segs[recv_seg].clone(), chunk).enumerate() {
-                    let tag = self.tag(PHASE_REDUCE, step, k);
+                    let tag = self.tag(Phase::Reduce, step, k);
                     let got = self.take_chunk(prev, tag, c.len()).await?;
                     let mut sum = Vec::with_capacity(c.len());
                     combine_pieces_into(op, dtype, &own[c], got.pieces(), &mut sum)?;
@@ -227,13 +227,13 @@ impl Call {
         for step in 0..n - 1 {
             let (send_seg, recv_seg) = all_gather_step(n, r, step);
             let sends = outgoing.iter().enumerate().map(|(k, c)| {
-                let tag = self.tag(PHASE_GATHER, step, k);
+                let tag = self.tag(Phase::Gather, step, k);
                 self.send_with(next, tag, dtype, c.clone(), true)
             });
             let recvs = async {
                 let mut got = Vec::new();
                 for (k, c) in chunk_ranges(segs[recv_seg].clone(), chunk).enumerate() {
-                    let tag = self.tag(PHASE_GATHER, step, k);
+                    let tag = self.tag(Phase::Gather, step, k);
                     let chunk = self.take_chunk(prev, tag, c.len()).await?;
                     got.push(Outgoing::Shared(chunk.into_shared()));
                 }
@@ -305,7 +305,7 @@ impl Call {
             self.fold_own_segment(op, dtype, &peers, &mut data[seg.clone()], seg, None)?;
             self.copy_folded_segments(&peers, data, &segs).await?;
             // Nobody reads this buffer once every peer says so.
-            self.post_to_all(self.tag(PHASE_GATHER, 1, 0), &[]).await?;
+            self.post_to_all(self.tag(Phase::Gather, 1, 0), &[]).await?;
         } else if self.n() > 1 && self.lent_files_arrive() {
             self.reduce_in_place(op, dtype, data, &segs).await?;
             self.gather_in_place(dtype, data, &segs).await?;
@@ -384,7 +384,7 @@ impl Call {
             return Ok(data);
         }
         if self.shared {
-            let (len, tag) = (data.len(), self.tag(PHASE_REDUCE, 0, 0));
+            let (len, tag) = (data.len(), self.tag(Phase::Reduce, 0, 0));
             if self.rank == root {
                 let name =
                     self.fill_arena(len, |arena| copy_large(arena.region_mut(0..len), &data))?;
@@ -408,13 +408,13 @@ impl Call {
             let sends = data
                 .chunks(chunk)
                 .enumerate()
-                .map(|(k, c)| self.send(next, self.tag(PHASE_GATHER, 0, k), dtype, c));
+                .map(|(k, c)| self.send(next, self.tag(Phase::Gather, 0, k), dtype, c));
             try_join_all(sends).await?;
             return Ok(data);
         }
         let mut sends = Vec::new();
         for (k, dst) in data.chunks_mut(chunk).enumerate() {
-            let got = self.recv(prev, self.tag(PHASE_GATHER, 0, k)).await?;
+            let got = self.recv(prev, self.tag(Phase::Gather, 0, k)).await?;
             if got.len() != dst.len() {
                 return Err(TransferError::Mismatch(format!(
                     "rank {prev} sent {} bytes for a {}-byte chunk",
@@ -430,7 +430,7 @@ impl Call {
         let fwd = sends
             .iter()
             .enumerate()
-            .map(|(k, c)| self.send(next, self.tag(PHASE_GATHER, 0, k), dtype, c));
+            .map(|(k, c)| self.send(next, self.tag(Phase::Gather, 0, k), dtype, c));
         try_join_all(fwd).await?;
         Ok(data)
     }

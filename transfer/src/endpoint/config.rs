@@ -16,6 +16,7 @@ pub struct TransferConfig {
     pub max_bytes: u64,
     /// Per-stream and per-connection receive windows.
     pub stream_window: u64,
+    /// The receive window of a connection.
     pub connection_window: u64,
     /// This host's boot id: peers with the same one get the shared-memory
     /// path (invariant 5). `None` disables it.
@@ -105,6 +106,7 @@ impl TransferConfig {
 /// Where a peer listens, which host it runs on, and who it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
+    /// Its endpoint's address.
     pub addr: SocketAddr,
     /// The peer's boot id, when known (same as ours → shared memory).
     pub boot_id: Option<String>,
@@ -114,6 +116,7 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// A peer at `addr` with boot id `boot_id`.
     pub fn new(addr: SocketAddr, boot_id: Option<String>) -> Peer {
         Peer {
             addr,

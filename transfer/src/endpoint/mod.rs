@@ -184,6 +184,7 @@ impl TransferEndpoint {
         })
     }
 
+    /// The bound address.
     pub fn local_addr(&self) -> Result<SocketAddr> {
         self.endpoint
             .local_addr()
@@ -193,6 +194,7 @@ impl TransferEndpoint {
             })
     }
 
+    /// This endpoint's rank.
     pub fn rank(&self) -> u32 {
         self.rank
     }

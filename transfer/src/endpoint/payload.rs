@@ -6,8 +6,11 @@ use tessel_pjrt::ElementType;
 /// An array received from a peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Received {
+    /// The element type.
     pub dtype: ElementType,
+    /// The dimensions.
     pub dims: Vec<u64>,
+    /// The elements' bytes.
     pub data: Vec<u8>,
 }
 

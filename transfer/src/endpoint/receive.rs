@@ -172,7 +172,7 @@ pub(super) async fn receive(
             .await
             .map_err(|e| stream_err(e.to_string()))?;
         let header = TransferHeader::decode(&body, max_bytes)?;
-        let dtype = header.element_type()?;
+        let dtype = header.dtype;
         Ok::<_, TransferError>((header, dtype))
     }
     .await;

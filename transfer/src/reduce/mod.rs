@@ -29,15 +29,21 @@ use crate::error::{Result, TransferError};
 /// A reduction operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ReduceOp {
+    /// The sum.
     Sum,
+    /// The sum divided by the number of ranks.
     Mean,
+    /// The largest.
     Max,
+    /// The smallest.
     Min,
 }
 
 impl ReduceOp {
+    /// Every operator.
     pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
 
+    /// Its name (`sum`, `mean`, `max`, `min`).
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -47,6 +53,7 @@ impl ReduceOp {
         }
     }
 
+    /// The operator named `s`.
     pub fn parse(s: &str) -> Option<ReduceOp> {
         ReduceOp::ALL.into_iter().find(|op| op.name() == s)
     }

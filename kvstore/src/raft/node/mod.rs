@@ -71,14 +71,18 @@ use tessel_net::tls::TlsFiles;
 /// How a replica is set up.
 #[derive(Clone)]
 pub struct ReplicaConfig {
+    /// This replica's Raft id.
     pub id: u64,
+    /// Where it listens (clients and peers).
     pub listen: SocketAddr,
     /// The initial voters (id → address), this replica included. Used once,
     /// to form the cluster on first start.
     pub peers: BTreeMap<u64, SocketAddr>,
+    /// Its log, state machine and snapshots.
     pub data_dir: PathBuf,
     /// `None` means `--insecure`.
     pub tls: Option<TlsFiles>,
+    /// Raft timing ([`ReplicaConfig::default_raft`]).
     pub raft: openraft::Config,
     /// How the Raft log writes ([`LogIo::Direct`] unless the file system
     /// refuses it; `wal` invariant 7).
@@ -106,23 +110,31 @@ impl ReplicaConfig {
 /// Why a replica could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
+    /// The data folder could not be opened or used.
     #[error("storage: {0}")]
     Storage(String),
+    /// The certificates could not be loaded.
     #[error("TLS: {0}")]
     Tls(#[from] tessel_net::tls::TlsError),
+    /// The listening socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
+        /// The address.
         addr: SocketAddr,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
+    /// openraft refused to start.
     #[error("raft: {0}")]
     Raft(String),
 }
 
 /// A running replica.
 pub struct Replica {
+    /// Its Raft id.
     pub id: u64,
+    /// The openraft handle.
     pub raft: Raft<TypeConfig>,
     local: Arc<LocalState<SmTables>>,
     endpoint: quinn::Endpoint,

@@ -6,20 +6,30 @@ use super::*;
 /// The first is a [`SnapshotRecord::Header`], the last an `End`.
 #[derive(Serialize, Deserialize)]
 pub enum SnapshotRecord {
+    /// The first record: what the snapshot covers and the state apart from its tables.
     Header {
+        /// The format's version.
         version: u32,
+        /// openraft's metadata (last log id, membership).
         meta: SnapshotMeta<NodeId, Node>,
+        /// Revision, clock, leases and barriers.
         state: KvState,
     },
+    /// One key-value pair, in key order.
     Pair(KeyValue),
     /// Some of the events of the history record keyed `revision`, the last
     /// revision among them (invariant 5); large records span several.
     Events {
+        /// The history record's key.
         revision: u64,
+        /// Its events.
         events: Vec<Event>,
     },
+    /// The last record, with counts the reader checks.
     End {
+        /// Pairs written.
         pairs: u64,
+        /// Event records written.
         event_records: u64,
     },
 }

@@ -274,6 +274,7 @@ impl Wal {
         result.await.map_err(|_| gone())?
     }
 
+    /// Records the vote and syncs it before returning.
     pub async fn save_vote(&self, vote: Vote<NodeId>) -> io::Result<()> {
         self.write(Record::Vote(vote)).await
     }

@@ -97,8 +97,11 @@ pub enum LogIo {
 /// The vote, committed index and purge point.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogMeta {
+    /// The last vote.
     pub vote: Option<Vote<NodeId>>,
+    /// The last committed log id known.
     pub committed: Option<LogId<NodeId>>,
+    /// The last purged log id.
     pub last_purged: Option<LogId<NodeId>>,
 }
 

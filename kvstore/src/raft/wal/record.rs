@@ -6,9 +6,13 @@ use super::*;
 /// when written (serde encodes both the same).
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Record<E> {
+    /// The whole meta (first record of a segment).
     State(LogMeta),
+    /// A log entry.
     Entry(E),
+    /// The committed log id changed.
     Committed(Option<LogId<NodeId>>),
+    /// The vote changed.
     Vote(Vote<NodeId>),
     /// Entries at and above this index are gone.
     Truncate(u64),
@@ -16,6 +20,7 @@ pub enum Record<E> {
     Purge(LogId<NodeId>),
 }
 
+/// A record as read back.
 pub type ReadRecord = Record<Entry<TypeConfig>>;
 
 pub(super) fn encode(buf: &mut Vec<u8>, record: &Record<&Entry<TypeConfig>>) -> io::Result<u32> {
