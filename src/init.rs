@@ -2,15 +2,12 @@
 //! time.
 //!
 //! Invariants:
-//! 1. Random initializers are counter-based: element `i` (row-major index in
-//!    the *global* array) is a function of `(seed, i)` only. A process
-//!    generates just its block, and the global array is the same whatever
-//!    the number of processes — a job on 4 processes starts from exactly
-//!    the values a job on 1 starts from.
-//! 2. The generator is SplitMix64 over `seed · φ ⊕ splitmix(i)`; uniform
-//!    draws use the top 53 bits; normal draws are Box–Muller over the two
-//!    uniform draws `2i` and `2i+1`. Values are computed in f64 and rounded
-//!    once to the array's type (integers round to nearest, saturating).
+//! 1. Random initializers are counter-based: element `i` of the global array
+//!    is a function of `(seed, i)` only, so a process generates just its
+//!    block and every process count starts from the same values.
+//! 2. SplitMix64 over `seed · φ ⊕ splitmix(i)`; uniform draws take the top
+//!    53 bits, normal draws are Box–Muller over draws `2i` and `2i+1`;
+//!    computed in f64, rounded once to the array's type (integers saturate).
 
 use half::{bf16, f16};
 use tessel_pjrt::{ElementType, HostBuffer};

@@ -2,12 +2,10 @@
 //! certificates, replicas' data dirs (up to a million keys for `bench kv`).
 //!
 //! Invariants:
-//! 1. A folder is `{tmp}/tessel-{what}-{pid}-{random}` and is removed when
-//!    its [`tempfile::TempDir`] is dropped.
-//! 2. A process killed before it could drop one (SIGKILL, a Ctrl-C that
-//!    ends it at once) leaves it behind; the next folder of the same kind
-//!    made on the host removes every such folder whose process no longer
-//!    exists. A live process's folders are never touched.
+//! 1. A folder is `{tmp}/tessel-{what}-{pid}-{random}`, removed when its
+//!    [`tempfile::TempDir`] is dropped.
+//! 2. Folders of processes that died without dropping them are removed by
+//!    the next folder of the same kind on the host; a live one's never.
 
 use std::path::Path;
 

@@ -217,8 +217,8 @@ impl System {
 }
 
 #[cfg(feature = "etcd")]
-async fn start_etcd() -> Result<(tessel_kvstore::etcd::local::LocalEtcd, System)> {
-    let etcd = tessel_kvstore::etcd::local::LocalEtcd::start(3).await?;
+async fn start_etcd() -> Result<(tessel_kvstore::etcd::server::EtcdServers, System)> {
+    let etcd = tessel_kvstore::etcd::server::EtcdServers::start(3).await?;
     let target = Target::Etcd {
         endpoints: etcd.endpoints(),
     };

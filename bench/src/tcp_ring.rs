@@ -10,17 +10,13 @@
 //! one chunk of scratch that is folded into it (reduce-scatter).
 //!
 //! Invariants:
-//! 1. Rank r writes only to rank r+1 and reads only from rank r−1 (mod n),
-//!    over one TCP connection each way. A step's write runs on a thread of
-//!    its own, so send and receive overlap and no rank blocks on a full
-//!    socket buffer that nobody drains.
-//! 2. The steps are the ring's own (`reduce_scatter_step`,
-//!    `all_gather_step`), folding `incoming ⊕ own` with the running value
-//!    on the left. A step starts only once the previous one has ended, as
-//!    it may send what that step folded.
-//! 3. Every read and write has the command's deadline as its socket
-//!    timeout: a rank that dies or stalls fails the others, never hangs
-//!    them.
+//! 1. Rank r writes only to r+1 and reads only from r−1, one TCP connection
+//!    each way; a step's write has its own thread, so no rank blocks on a
+//!    full socket buffer nobody drains.
+//! 2. The steps are the ring's own (`reduce_scatter_step`, `all_gather_step`);
+//!    a step starts only after the previous one ended.
+//! 3. Every read and write has the command's deadline as its socket timeout:
+//!    a rank that dies or stalls fails the others, never hangs them.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

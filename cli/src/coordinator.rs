@@ -49,9 +49,8 @@ pub(crate) struct CoordinatorArgs {
     pub metrics_listen: Option<SocketAddr>,
     /// Threads of the replica's async runtime. Its hot path is serial (the
     /// Raft core, the state machine, the log's writer thread), so more
-    /// threads mostly add wake-ups between them; one measured best with
-    /// replicas sharing a machine's cores (README, Performance). Blocking
-    /// disk work still hands the other tasks to a fresh thread.
+    /// threads mostly add wake-ups between them (docs/performance.md).
+    /// Blocking disk work still hands the other tasks to a fresh thread.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_threads: u16,
     /// How the Raft log reaches the disk: `direct` writes whole blocks

@@ -19,12 +19,11 @@ mod nodes;
 mod program;
 mod worker;
 
-/// mimalloc, not glibc's malloc, for Rust's allocations in every `tessel`
-/// process (the plugin's own C allocations keep glibc's): replicas and
-/// clients allocate per request, and glibc's malloc was a tenth of the
-/// CPU under load (docs/performance.md). Built without transparent huge
-/// pages, which made every touched segment hold 2 MiB. Values handed to
-/// the plugin are freed through our own deleter, never by its `free`.
+/// mimalloc for Rust's allocations (the plugin's C allocations keep
+/// glibc's): replicas and clients allocate per request, where glibc's
+/// malloc costs CPU (docs/performance.md). Built without transparent huge
+/// pages, so a touched segment does not hold 2 MiB. Values handed to the
+/// plugin are freed through our own deleter, never by its `free`.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Output};
 
-use tessel_kvstore::etcd::local::LocalEtcd;
+use tessel_kvstore::etcd::server::EtcdServers;
 
 fn tessel(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tessel"))
@@ -19,7 +19,7 @@ fn stdout(o: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_commands_work_against_etcd() {
-    let etcd = LocalEtcd::start(3).await.unwrap();
+    let etcd = EtcdServers::start(3).await.unwrap();
     let url = etcd.url();
     let kv = |rest: &[&str]| {
         let mut a = vec!["kv", "--kv", url.as_str()];
@@ -92,7 +92,7 @@ async fn workers_and_the_coordinator_run_on_etcd() {
     use tessel_kv::KvStore;
     use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
 
-    let etcd = LocalEtcd::start(3).await.unwrap();
+    let etcd = EtcdServers::start(3).await.unwrap();
     let url = etcd.url();
     let _monitor = spawn(&["coordinator", "--kv", &url]);
     let worker = |id: &str| {

@@ -1,22 +1,14 @@
 //! The worker registry.
 //!
 //! Invariants:
-//! 1. Each registration of a worker id gets the next incarnation (a KV
-//!    counter) and a fresh lease; the alive key names the incarnation that
-//!    holds it. A new incarnation overwrites the alive key, which makes the
-//!    previous one stale.
-//! 2. A stale incarnation is rejected everywhere ([`check_current`]): its
-//!    heartbeat stops at the first compare-and-swap that finds another
-//!    incarnation (or none) in the alive key, and it can join no job.
-//! 3. A worker is alive exactly while its alive key exists; the key lives
-//!    and dies with the lease, so a worker that stops heartbeating is dead
-//!    within its TTL, whatever happened to it.
-//! 4. A live worker sends a keep-alive every heartbeat interval. Each
-//!    keep-alive and each timestamp write is given up after one interval,
-//!    so a replica that died mid-call costs one beat, not the client's
-//!    retry budget: the client sends the next call past it. A timestamp
-//!    write retried by the client after it was applied finds the worker's
-//!    own value, which is not a newer incarnation.
+//! 1. Each registration of a worker id gets the next incarnation and a fresh
+//!    lease; the alive key names the incarnation holding it.
+//! 2. A stale incarnation is refused everywhere ([`check_current`]): its
+//!    heartbeat stops at the first CAS that finds another, and it joins nothing.
+//! 3. A worker is alive exactly while its alive key (bound to its lease)
+//!    exists: one that stops beating is dead within its TTL.
+//! 4. Each keep-alive and timestamp write is given up after one interval, so
+//!    a dead replica costs one beat; a retried write finding its own value wins.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

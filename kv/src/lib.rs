@@ -9,21 +9,21 @@
 //! * [`KvStore`]: the async interface, one for all backends (the
 //!   replicated store and etcd live in `tessel-kvstore`).
 //! * [`state`]: the deterministic state machine every backend applies.
-//! * [`LocalState`]: applied state with the notifications blocking gets,
+//! * [`AppliedState`]: applied state with the notifications blocking gets,
 //!   barrier waits and watches need.
 //! * [`MemoryKv`]: an in-memory test double (never a default).
 //! * [`conformance`]: the behaviour every backend must show; each backend's
 //!   tests run it.
 
+mod applied;
 pub mod conformance;
 mod error;
-mod local;
 mod memory;
 pub mod state;
 mod store;
 
+pub use applied::AppliedState;
 pub use error::{check_path_component, show_key, KvError, Result};
-pub use local::LocalState;
 pub use memory::MemoryKv;
 pub use state::{BarrierStatus, Event, KeyValue, Limits};
 pub use store::{CasOutcome, KvStore, WatchStream};

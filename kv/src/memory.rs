@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::applied::AppliedState;
 use crate::error::{KvError, Result};
-use crate::local::LocalState;
 use crate::state::{KeyValue, KvState, Limits, MemTables, Op, Output, Request, Tables};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 
 /// The in-memory test double. Create it inside a tokio runtime: a task
 /// expires leases and barriers on time.
 pub struct MemoryKv {
-    local: Arc<LocalState<MemTables>>,
+    applied: Arc<AppliedState<MemTables>>,
     epoch: Instant,
 }
 
@@ -27,17 +27,17 @@ impl MemoryKv {
 
     /// An empty store with `limits`.
     pub fn with_limits(limits: Limits) -> MemoryKv {
-        let local = Arc::new(LocalState::new(
+        let applied = Arc::new(AppliedState::new(
             KvState::new(limits, 100_000),
             MemTables::default(),
         ));
         let epoch = Instant::now();
-        tokio::spawn(expiry_task(Arc::downgrade(&local), epoch));
-        MemoryKv { local, epoch }
+        tokio::spawn(expiry_task(Arc::downgrade(&applied), epoch));
+        MemoryKv { applied, epoch }
     }
 
     fn propose(&self, op: Op) -> Result<Output> {
-        self.local.apply(&Request {
+        self.applied.apply(&Request {
             now_ms: now_ms(self.epoch),
             op,
         })
@@ -57,12 +57,12 @@ fn now_ms(epoch: Instant) -> u64 {
 /// Ticks the clock whenever a lease or barrier is due; ends with the store.
 /// It re-plans after every change, since a new lease or barrier may be due
 /// before the deadline it was sleeping towards.
-async fn expiry_task(local: Weak<LocalState<MemTables>>, epoch: Instant) {
-    let Some(mut changes) = local.upgrade().map(|l| l.changes()) else {
+async fn expiry_task(applied: Weak<AppliedState<MemTables>>, epoch: Instant) {
+    let Some(mut changes) = applied.upgrade().map(|l| l.changes()) else {
         return;
     };
     loop {
-        let Some(l) = local.upgrade() else { return };
+        let Some(l) = applied.upgrade() else { return };
         let next = l.read(|s, _| s.next_deadline_ms());
         drop(l);
         // A tick stamped with the deadline expires what is due (state
@@ -80,7 +80,7 @@ async fn expiry_task(local: Weak<LocalState<MemTables>>, epoch: Instant) {
                 continue;
             }
         }
-        let Some(l) = local.upgrade() else { return };
+        let Some(l) = applied.upgrade() else { return };
         let _ = l.apply(&Request {
             now_ms: now_ms(epoch),
             op: Op::Tick,
@@ -118,18 +118,18 @@ impl KvStore for MemoryKv {
     }
 
     async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
-        self.local.read(|s, _| s.limits().check_key(key))?;
-        self.local.get(key, timeout).await
+        self.applied.read(|s, _| s.limits().check_key(key))?;
+        self.applied.get(key, timeout).await
     }
 
     async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>> {
-        self.local
+        self.applied
             .try_get(key)?
             .ok_or_else(|| KvError::NotFound(key.to_vec()))
     }
 
     async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
-        self.local.read(|_, t| t.list(prefix))
+        self.applied.read(|_, t| t.list(prefix))
     }
 
     async fn delete(&self, key: &[u8]) -> Result<u64> {
@@ -167,7 +167,7 @@ impl KvStore for MemoryKv {
     }
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
-        self.local.watch(prefix, from_revision)
+        self.applied.watch(prefix, from_revision)
     }
 
     async fn grant(&self, ttl: Duration) -> Result<u64> {
@@ -201,7 +201,7 @@ impl KvStore for MemoryKv {
         // the grace covers a late tick.
         let deadline = Instant::now() + timeout + Duration::from_secs(1);
         match self
-            .local
+            .applied
             .wait_for(deadline, |s, _| s.barrier(id).and_then(|b| b.outcome(id)))
             .await
         {
@@ -222,7 +222,7 @@ impl KvStore for MemoryKv {
     }
 
     async fn revision(&self) -> Result<u64> {
-        Ok(self.local.read(|s, _| s.revision()))
+        Ok(self.applied.read(|s, _| s.revision()))
     }
 }
 

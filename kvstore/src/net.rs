@@ -6,18 +6,10 @@
 //!    connection and the server keep serving every other stream.
 //! 2. At most one connection per peer address is kept; a closed one is
 //!    replaced on the next call.
-//! 3. A one-frame stream is read to its end when the sender's end has
-//!    arrived with the frame (the sender finishes right after writing, so
-//!    it usually travels in the same packet). A stream dropped before its
-//!    end is read sends STOP_SENDING, since quinn cannot tell it from one
-//!    whose data is still in flight: a spurious frame for the peer to
-//!    handle on every request.
-//! 4. A call gives up on a peer that has sent nothing for [`SILENCE`]
-//!    while the call waits, instead of waiting for the connection's idle
-//!    timeout: a killed process sends no close, and a live one answers our
-//!    keep-alives within its ACK delay. The connection stays (a busy but
-//!    live peer loses only this call, which the caller retries); the idle
-//!    timeout closes it if the peer is really gone.
+//! 3. A one-frame stream is read to its end when the end arrived with the
+//!    frame; one dropped earlier sends STOP_SENDING.
+//! 4. A call gives up on a peer silent for [`SILENCE`] (a killed process
+//!    sends no close); the connection stays until its idle timeout.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessel_kv::{conformance, KvError, KvStore};
-use tessel_kvstore::etcd::local::LocalEtcd;
+use tessel_kvstore::etcd::server::EtcdServers;
 use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
 
 async fn client(endpoints: &[String]) -> EtcdKv {
@@ -18,14 +18,14 @@ async fn client(endpoints: &[String]) -> EtcdKv {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_backend_passes_the_conformance_suite() {
-    let etcd = LocalEtcd::start(3).await.unwrap();
+    let etcd = EtcdServers::start(3).await.unwrap();
     let kv = client(&etcd.endpoints()).await;
     conformance::run_all(&kv).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_get_through_one_member_is_woken_by_a_put_through_another() {
-    let etcd = LocalEtcd::start(3).await.unwrap();
+    let etcd = EtcdServers::start(3).await.unwrap();
     let on_1 = client(&[etcd.endpoint(1)]).await;
     let on_2 = client(&[etcd.endpoint(2)]).await;
     let (got, put) = tokio::join!(on_1.get(b"wake/k", Duration::from_secs(10)), async {
@@ -38,7 +38,7 @@ async fn a_blocking_get_through_one_member_is_woken_by_a_put_through_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
-    let mut etcd = LocalEtcd::start(3).await.unwrap();
+    let mut etcd = EtcdServers::start(3).await.unwrap();
     let kv = Arc::new(client(&etcd.endpoints()).await);
     let writer = {
         let kv = kv.clone();
@@ -87,7 +87,7 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
 /// its lease, and its id can then hold a new barrier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decided_barrier_is_forgotten_after_its_retention() {
-    let etcd = LocalEtcd::start(3).await.unwrap();
+    let etcd = EtcdServers::start(3).await.unwrap();
     let opts = EtcdOptions {
         barrier_retention: Duration::from_secs(1),
         ..EtcdOptions::default()

@@ -106,7 +106,7 @@ async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
     let states: Vec<_> = replicas
         .iter()
         .map(|r| {
-            let local = r.local();
+            let local = r.applied();
             (local.state(), local.read(|_, t| t.list(b"")).unwrap())
         })
         .collect();

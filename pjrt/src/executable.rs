@@ -1,16 +1,13 @@
 //! Compiled programs and their execution.
 //!
 //! Invariants:
-//! 1. A [`LoadedExecutable`] owns its `PJRT_LoadedExecutable*` and destroys
-//!    it exactly once, after every [`Execution`] made from it has handed out
-//!    its outputs (executions hold the executable alive).
-//! 2. Every output buffer and completion event the plugin returns is
-//!    wrapped (and so destroyed) even when a later step fails.
-//! 3. No two executions in one process share a launch id while both could
-//!    be running. Plugins key the rendezvous of a collective's participants
-//!    on it (the CPU plugin's `RunId` is the launch id), so two clients
-//!    running the same collective program at once with equal ids would join
-//!    each other's all-reduce; the plugin then aborts the process.
+//! 1. A [`LoadedExecutable`] destroys its handle exactly once, after every
+//!    [`Execution`] made from it handed out its outputs.
+//! 2. Every output buffer and event the plugin returns is wrapped (and so
+//!    destroyed) even when a later step fails.
+//! 3. No two executions that could run at once share a launch id: plugins
+//!    key a collective's rendezvous on it, and a shared id joins two
+//!    clients' all-reduces (the plugin then aborts the process).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

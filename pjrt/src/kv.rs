@@ -5,10 +5,9 @@
 //! callbacks. This module bridges them to the [`KeyValueStore`] trait.
 //!
 //! Invariants:
-//! 1. No panic crosses the FFI boundary: each trampoline runs the store
-//!    inside `catch_unwind`, returns an `INTERNAL` PJRT error instead, and
-//!    keeps the panic payload in the [`KvBridge`] so the Rust caller that
-//!    made the C call can re-raise it once C returns (git2-rs's model).
+//! 1. No panic crosses the FFI boundary: each trampoline runs the store in
+//!    `catch_unwind`, returns `INTERNAL`, and keeps the payload in the
+//!    [`KvBridge`] for the Rust caller to re-raise (git2-rs's model).
 //! 2. Errors keep their meaning: [`KvError::NotFound`] becomes `NOT_FOUND`,
 //!    `DeadlineExceeded` becomes `DEADLINE_EXCEEDED`, and so on.
 //! 3. Keys and values are bytes; nothing assumes UTF-8.

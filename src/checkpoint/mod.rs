@@ -12,21 +12,17 @@
 //! each process on the worker that ran it where it can.
 //!
 //! Invariants:
-//! 1. A checkpoint is complete only when its record is in the KV
-//!    (`jobs/{job}/checkpoints/{step}`). Process 0 writes it after every
-//!    process's blocks (and copies) are fsynced: the all-gather of their
-//!    digests is that barrier. Blocks without a record are never loaded.
-//! 2. A record names the spec (SHA-256), each array's sharding, every
-//!    block file's digest and the workers holding each process's blocks;
-//!    a restore checks every file against its digest.
-//! 3. A new attempt restores exactly one step everywhere: process 0 picks
-//!    the newest record of the spec and broadcasts it. If some process's
-//!    blocks are on no worker of the attempt, every process fails with
-//!    the same error naming them and their hosts.
-//! 4. Shared or not is decided at each attempt's start: every process
-//!    writes a probe file and reports whether it sees all of them.
-//! 5. Retention: the newest [`KEEP`] records stay; after each checkpoint
-//!    process 0 broadcasts them and every process prunes its folder.
+//! 1. A checkpoint counts only once its record is in the KV; process 0
+//!    writes it after the all-gather of every process's block digests, which
+//!    follows their fsync. Blocks without a record are never loaded.
+//! 2. A record names the spec's SHA-256, each array's sharding, every block's
+//!    digest and the workers holding copies; a restore checks every digest.
+//! 3. An attempt restores the one step process 0 broadcasts, or every process
+//!    fails with the same error naming the blocks no worker of it holds.
+//! 4. Shared or not is decided at each attempt's start: every process writes
+//!    a probe file and reports whether it sees all of them.
+//! 5. The newest [`KEEP`] records stay; after each checkpoint process 0
+//!    broadcasts them and every process prunes its folder.
 
 mod disk;
 mod protocol;

@@ -13,7 +13,7 @@ use tessel_transfer::Communicator;
 use super::disk::CheckpointDir;
 use super::record::{retained, sources, Blocks, CheckpointRecord, Holder, KEEP};
 use crate::job::CheckpointSpec;
-use crate::plan::{LocalArray, PlanError};
+use crate::plan::{PlanError, ProcessBlock};
 
 /// Bytes of a digest as it travels in the all-gather (hex text).
 const DIGEST_LEN: usize = 64;
@@ -135,7 +135,7 @@ impl Checkpoints {
         kv: &dyn KvStore,
         comm: &mut Communicator,
         written: &[String],
-    ) -> Result<Option<(u64, Vec<(String, LocalArray)>)>, PlanError> {
+    ) -> Result<Option<(u64, Vec<(String, ProcessBlock)>)>, PlanError> {
         let chosen = if self.process == 0 {
             self.newest(kv)
                 .await?
@@ -209,7 +209,7 @@ impl Checkpoints {
                     .map_err(|e| PlanError::Checkpoint(format!("step {step}, `{name}`: {e}")))?;
                 Ok((
                     name,
-                    LocalArray {
+                    ProcessBlock {
                         value,
                         sharding: sharding.clone(),
                     },
@@ -349,7 +349,7 @@ impl Checkpoints {
         kv: &dyn KvStore,
         comm: &mut Communicator,
         step: u64,
-        arrays: &[(&str, &LocalArray)],
+        arrays: &[(&str, &ProcessBlock)],
     ) -> Result<(), PlanError> {
         let blocks: Vec<(String, Vec<u8>)> = arrays
             .iter()

@@ -49,20 +49,13 @@
 //!    and every file it names exists (and programs parse).
 //! 2. The mesh covers exactly `processes × devices_per_process` devices and
 //!    every split dimension divides evenly over its axis.
-//! 3. Every `execute` step passes, per parameter, an array whose dtype and
-//!    process-local shape equal the program's parameter type, and its
-//!    outputs are declared arrays whose process-local types equal the
-//!    program's results. The local shape an input has is the one it has
-//!    at that point of the plan, as the runner lays it out: `reshard` and
-//!    `all_gather` change it, an `execute` output has its declared
-//!    sharding; the plan is followed twice, since a step starts with the
-//!    layouts the step before it left (after two passes they repeat).
+//! 3. Every `execute` step's inputs and outputs have the program's types as
+//!    laid out at that point of the plan (the plan is followed twice, since a
+//!    step starts with the layouts the previous one left).
 //! 4. Errors name the field (`plan[1].inputs[2]`, `arrays.w.shape`) and
 //!    all of them are reported at once.
-//! 5. Every name a worker may turn into a path follows [`crate::names`]:
-//!    arrays and programs; the checkpoint folder is absolute. (The files a
-//!    spec names are read where it is validated, relative to its folder
-//!    or absolute, and travel in the bundle; no worker writes them.)
+//! 5. Every name a worker may turn into a path follows [`crate::names`]; the
+//!    checkpoint folder is absolute. Spec files travel in the bundle.
 
 mod spec;
 mod validate;

@@ -22,7 +22,7 @@ mod process;
 mod run;
 
 pub use bundle::{JobBundle, MAX_BUNDLE, MAX_FETCHABLE};
-pub use process::{scalar_f64, written_arrays, LocalArray, PlanTimings, ProcessPlan};
+pub use process::{scalar_f64, written_arrays, PlanTimings, ProcessBlock, ProcessPlan};
 pub use run::{run_job_process, PlanRunner, ProcessResult, StepReport};
 
 use tessel_coordinator::jobs::FailureKind;

@@ -16,7 +16,7 @@ use crate::program::{CompiledProgram, ProgramSource};
 
 /// A process's block of an array and how it is laid out now.
 #[derive(Debug, Clone)]
-pub struct LocalArray {
+pub struct ProcessBlock {
     /// The process's block.
     pub value: HostBuffer,
     /// Its current layout.
@@ -55,7 +55,7 @@ pub struct ProcessPlan {
     steps: std::sync::Arc<[PlanStep]>,
     process: usize,
     programs: BTreeMap<String, CompiledProgram>,
-    arrays: BTreeMap<String, LocalArray>,
+    arrays: BTreeMap<String, ProcessBlock>,
     /// Where its time went.
     pub timings: PlanTimings,
 }
@@ -127,7 +127,7 @@ impl ProcessPlan {
     }
 
     /// This process's block of array `name`.
-    pub fn array(&self, name: &str) -> Option<&LocalArray> {
+    pub fn array(&self, name: &str) -> Option<&ProcessBlock> {
         self.arrays.get(name)
     }
 
@@ -141,7 +141,7 @@ impl ProcessPlan {
         ProcessPlan::block_of(&self.job, name, sharding, self.process)
     }
 
-    fn initial_block(&self, name: &str) -> Result<LocalArray, PlanError> {
+    fn initial_block(&self, name: &str) -> Result<ProcessBlock, PlanError> {
         let spec = &self.job.spec.arrays[name];
         let err = |reason: String| PlanError::Array {
             array: name.to_owned(),
@@ -160,7 +160,7 @@ impl ProcessPlan {
             }
             init => crate::init::generate(init, ty, &spec.shape, block).map_err(err)?,
         };
-        Ok(LocalArray {
+        Ok(ProcessBlock {
             value,
             sharding: spec.sharding.clone(),
         })
@@ -200,7 +200,7 @@ impl ProcessPlan {
                     for (name, value) in outputs.iter().zip(results) {
                         let sharding = self.job.spec.arrays[name].sharding.clone();
                         self.arrays
-                            .insert(name.clone(), LocalArray { value, sharding });
+                            .insert(name.clone(), ProcessBlock { value, sharding });
                     }
                     self.timings.compute_s += started.elapsed().as_secs_f64();
                 }
@@ -284,7 +284,7 @@ impl ProcessPlan {
         };
         self.arrays.insert(
             array.to_owned(),
-            LocalArray {
+            ProcessBlock {
                 value,
                 sharding: to,
             },
@@ -358,7 +358,7 @@ impl ProcessPlan {
 
     /// Replaces arrays with restored blocks, checking each against the
     /// block this process holds under the recorded sharding.
-    pub fn restore(&mut self, blocks: Vec<(String, LocalArray)>) -> Result<(), String> {
+    pub fn restore(&mut self, blocks: Vec<(String, ProcessBlock)>) -> Result<(), String> {
         for (name, a) in blocks {
             let spec = self
                 .job

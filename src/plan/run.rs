@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    written_arrays, JobBundle, LocalArray, PlanError, PlanTimings, ProcessPlan, MAX_FETCHABLE,
+    written_arrays, JobBundle, PlanError, PlanTimings, ProcessBlock, ProcessPlan, MAX_FETCHABLE,
 };
 
 /// One report: the step it followed and the scalars.
@@ -97,7 +97,7 @@ pub async fn run_job_process(
         if let Some(c) = &checkpoints {
             if (step + 1) % c.every == 0 && step + 1 < spec.steps {
                 let t = Instant::now();
-                let blocks: Vec<(&str, &LocalArray)> = written
+                let blocks: Vec<(&str, &ProcessBlock)> = written
                     .iter()
                     .map(|n| (n.as_str(), plan.array(n).expect("declared")))
                     .collect();

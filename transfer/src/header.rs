@@ -5,20 +5,15 @@
 //! raw bytes (tensors never go through serde).
 //!
 //! Invariants:
-//! 1. A header is accepted only if its dtype is known (one byte,
-//!    [`crate::dtype`]), its dimensions give
-//!    exactly `byte_len` bytes without overflow, and `byte_len` is within
-//!    the receiver's limit; only then is anything allocated.
+//! 1. A header is accepted only with a known dtype ([`crate::dtype`]) and
+//!    dims giving exactly `byte_len` bytes (no overflow) within the
+//!    receiver's limit; only then is anything allocated.
 //! 2. Decoding never panics and never allocates more than the frame.
-//! 3. `lent` marks a payload that goes straight to a waiting taker (a
-//!    collective's ring chunk). With `shm`, the file is read in place and
-//!    acknowledged once its reader is done (shm invariant 3); on the
-//!    stream, the receiver may keep the bytes in the buffers they arrived
-//!    in instead of copying them into one (endpoint invariant 9).
-//! 4. `part` comes only without `shm`, with 2 to
-//!    [`MAX_PARTS`](crate::stripe::MAX_PARTS) parts and an index below their
-//!    count: the stream carries that part of a striped payload (see
-//!    [`crate::stripe`]); dtype, dims and `byte_len` describe the whole.
+//! 3. `lent` marks a ring chunk for a waiting taker: read in place (shm
+//!    invariant 3) or kept in the pieces it arrived in (endpoint invariant 9).
+//! 4. `part` comes only without `shm`, with 2 to [`MAX_PARTS`](crate::stripe::MAX_PARTS)
+//!    parts and an index below their count; dtype, dims and `byte_len`
+//!    describe the whole payload ([`crate::stripe`]).
 
 use serde::{Deserialize, Serialize};
 use tessel_pjrt::ElementType;

@@ -4,8 +4,8 @@
 //! On the CPU plugin a host-to-device copy allocates the device buffer with
 //! the C allocator. glibc serves allocations above 32 MiB with a fresh
 //! `mmap` and returns them to the kernel on free, so every large transfer
-//! page-faults its whole destination: measured here, a 64 MiB host-to-device
-//! copy took 46 ms instead of 8.7 ms. [`retain_large_allocations`] keeps such
+//! page-faults its whole destination (docs/performance.md has the cost).
+//! [`retain_large_allocations`] keeps such
 //! blocks in the heap for reuse, trading resident memory for transfer speed,
 //! as the pooled host allocators of GPU runtimes do. It changes the whole
 //! process, so it is opt-in: the `tessel` binary calls it at start-up.

@@ -3,29 +3,16 @@
 //! the page cache) and names it in the header; the receiver reads it.
 //!
 //! Invariants:
-//! 1. A file belongs to its sender (`tessel-{pid}-{n}`, `n` from one
-//!    counter for every pool of the process, since a worker holds one
-//!    endpoint per job) and serves one
-//!    transfer at a time; after the receiver's acknowledgement it goes back
-//!    to the sender's pool and is overwritten in place by a later payload
-//!    of the same length (no page allocation on the hot path).
-//! 2. A file whose transfer failed is removed, the pool keeps at most
-//!    [`MAX_FREE`] files, and dropping the pool removes them: no file
-//!    outlives its process. Files of processes that died without dropping
-//!    their pool are removed by the next pool created on the host.
-//! 3. A lent payload (header `lent`) is not copied out: the receiver maps
-//!    the file read-only (`ShmMapping`) and its consumer reads (reduces)
-//!    the bytes where the sender wrote them. The sender neither writes nor
-//!    shortens the file until the acknowledgement, which the receiver sends
-//!    only once the mapping is dropped, so the mapped bytes never change
-//!    under a reader and never shrink away from it.
-//! 4. An arena (`ShmArena`) is a communicator's standing file: mapped
-//!    read-write by its owner and read-only by its peers (`PeerArena`) for
-//!    the communicator's life, so a collective between processes of one
-//!    host faults no pages and maps nothing after its first call. Its
-//!    length never changes (a larger need gets a new file). Who may touch
-//!    which bytes when is the collectives' protocol (collective
-//!    invariant 8); the mappings only ever hand out the ranges asked for.
+//! 1. A file (`tessel-{pid}-{n}`) belongs to its sender and serves one
+//!    transfer at a time; acknowledged, it returns to the sender's pool and
+//!    is overwritten in place by a later payload of the same length.
+//! 2. No file outlives its process: failed transfers' files are removed, the
+//!    pool keeps at most [`MAX_FREE`], and the next pool sweeps dead pids'.
+//! 3. A lent file is mapped read-only by the receiver; the sender neither
+//!    writes nor shortens it until the acknowledgement, sent once unmapped.
+//! 4. An arena (`ShmArena`) is a communicator's standing file, mapped for its
+//!    life and never resized; who touches which bytes when is collective
+//!    invariant 8, and mappings hand out only the ranges asked for.
 
 // The one module of this crate with `unsafe`: mapping files (`mmap`,
 // `munmap`) and reserving their pages (`posix_fallocate`).

@@ -4,21 +4,14 @@
 //! each connection from one task).
 //!
 //! Invariants:
-//! 1. Part `i` of `n` carries bytes `part_range(len, i, n)` of the payload;
-//!    the parts tile it, in order, without gaps or overlap.
-//! 2. The first part to arrive creates the assembly: one buffer of the
-//!    whole length (its header was validated first, header invariant 1),
-//!    split into one disjoint piece per part. Each part fills its own
-//!    piece; once every piece is full they are joined where they lie (no
-//!    copy) and the whole is delivered once, like an unstriped payload.
-//! 3. A part whose header differs from its assembly's in anything but the
-//!    index, or that repeats an index, abandons the assembly; so does a part
-//!    whose stream fails or whose sender stops waiting. An abandoned
-//!    assembly's buffer is freed and its other parts are refused.
-//! 4. Every part is acknowledged only once the whole is delivered (or
-//!    refused): a sender's completed send still means delivered, and a
-//!    sender that gives up stops its parts' streams, which abandons the
-//!    assembly, so nothing is left behind.
+//! 1. Part `i` of `n` carries bytes `part_range(len, i, n)`; the parts tile
+//!    the payload in order, without gaps or overlap.
+//! 2. The first part allocates the whole buffer (header validated first) as
+//!    disjoint pieces; full pieces are joined where they lie, delivered once.
+//! 3. A part that disagrees with its assembly or repeats an index, a failed
+//!    stream or a sender that stops waiting abandons the assembly (freed).
+//! 4. Every part is acknowledged only once the whole is delivered or
+//!    refused: a completed send still means delivered.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

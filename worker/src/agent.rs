@@ -1,13 +1,9 @@
 //! The per-host agent: registration, heartbeat, and its job processes.
 //!
 //! Invariants (2-7 are those of `process.rs`, one job process):
-//! 1. A worker registers once per start, and again, as a new incarnation,
-//!    whenever it loses its registration through no rival: its lease
-//!    expired while it was cut off, say. Then it first stops the job
-//!    processes of the lost incarnation (they may no longer act: the
-//!    monitor already failed their jobs), so nothing runs for a stale
-//!    incarnation. It stops for good only when another live process took
-//!    its id, or on shutdown (which revokes its lease).
+//! 1. A worker lost through no rival (say its lease expired while cut off)
+//!    stops its old incarnation's processes, then registers again; it stops
+//!    for good only when another live process took its id, or on shutdown.
 
 use std::collections::HashSet;
 use std::path::PathBuf;

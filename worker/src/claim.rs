@@ -1,12 +1,9 @@
 //! Taking a worker id: refused while another live process holds it.
 //!
 //! Invariants:
-//! 1. A worker id is taken only when no live process holds it: its alive
-//!    key is absent, or its holder ran on this boot of this host and its
-//!    process is gone (a crash and restart), or the holder wrote no
-//!    heartbeat for its whole TTL.
-//! 2. A holder that beats while we watch keeps the id; we refuse to start
-//!    and name it, so a mistaken second worker never evicts the first.
+//! 1. A worker id is taken only when no live process holds it: no alive key,
+//!    or its holder ran on this boot and is gone, or it beat not for a TTL.
+//! 2. A holder that beats while we watch keeps the id; we refuse and name it.
 
 use std::time::{Duration, Instant};
 

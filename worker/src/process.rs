@@ -2,25 +2,17 @@
 //! topology, barrier, plan, and the wait for the job's end.
 //!
 //! Invariants (the agent's, continued):
-//! 2. Each job process gets its own PJRT client (the per-node client) whose
-//!    KV callbacks are bound to that job's namespace; the client lives until
-//!    the job is done or failed.
-//! 3. Every job process publishes a digest of the global topology it holds,
-//!    then whether its transfer layer is connected (invariant 5), and
-//!    records any failure event it observed, so the submitter (and tests)
-//!    can check what each process saw.
-//! 4. PJRT calls that may block — client creation and destruction, where a
-//!    plugin may call back into the KV and wait — run on blocking threads,
-//!    never on the async runtime's workers.
-//! 5. Each job process binds its own transfer endpoint (rank = process
-//!    index), publishes its address in its local topology, and passes a
-//!    barrier with every other process of the job over the transfer layer
-//!    (mutual TLS; shared memory on the same host) after the exchange.
-//! 6. A job with a plan (`jobs/{job}/spec`) runs it once the barrier has
-//!    passed; a process that finishes publishes its result, one that fails
-//!    fails the job with the failure's kind (a lost peer, or the job's own
-//!    error). A failure elsewhere or the job's end (cancellation) stops the
-//!    plan at its next await.
+//! 2. Each job process gets its own PJRT client with KV callbacks bound to
+//!    the job's namespace, living until the job is done or failed.
+//! 3. Every job process publishes the digest of its global topology, then its
+//!    transfer readiness (5), and records any failure it observed.
+//! 4. PJRT calls that may block (client creation and destruction, which may
+//!    call back into the KV) run on blocking threads.
+//! 5. Each job process binds its own transfer endpoint (rank = process index)
+//!    and passes a barrier with every other process after the exchange.
+//! 6. A plan runs once the barrier passed; a finished process publishes its
+//!    result, a failed one fails the job with its kind; a failure elsewhere
+//!    or cancellation stops the plan at its next await.
 //! 7. An assignment whose attempt already ended (`done`) is withdrawn, not
 //!    run: a worker that comes back never reruns an old attempt.
 

@@ -14,29 +14,21 @@
 //! commits it and then carries out what the new state asks for.
 //!
 //! Invariants:
-//! 1. The whole scheduler state is one KV value (`sched/state`), replaced
-//!    only by compare-and-swap from the bytes a pass read: passes of
-//!    several coordinators (or of a deposed one) never interleave, so a
-//!    device is never given to two jobs and no transition is lost. A job
-//!    survives any coordinator's death with the KV.
-//! 2. Gang scheduling: a job is placed all at once — one process per
-//!    worker, on alive workers with `devices_per_process` free devices —
-//!    or stays Pending with the reason visible.
-//! 3. Attempt `a` of job `id` runs as instance `id@a` (its own KV
-//!    namespace: topology, transfer ids, results); a restart is a new
-//!    attempt, so nothing of the lost one is reused.
-//! 4. Side effects (the instance's bundle, assignments, the `done` key,
-//!    events) follow a committed state and are idempotent: a pass that
-//!    dies after its commit is completed by the next one.
-//! 5. Every transition appends one event (`sched/jobs/{id}/events/{seq}`,
-//!    inserted, so it is written once), in the order of the transitions.
-//! 6. A failure a restart may cure (a lost worker or peer) restarts the job
-//!    while restarts remain; the job's own errors fail it. A Restarting job
-//!    is placed again only once each worker of the failed attempt is known
-//!    lost or alive ([`settle`]; at most [`MAX_SETTLE_MS`]), so the new
-//!    attempt never lands on a worker whose lease has yet to expire.
-//! 7. An attempt that ends leaves nothing for workers to run: its `done`
-//!    key is written and its assignments and memberships are removed.
+//! 1. The whole state is one KV value (`sched/state`) replaced only by CAS
+//!    from the bytes a pass read: passes never interleave, a device is never
+//!    given twice, and the scheduler survives any coordinator's death.
+//! 2. Gang scheduling: a job is placed all at once (one process per worker
+//!    with enough free devices and its plugin) or stays Pending with a reason.
+//! 3. Attempt `a` of job `id` runs as instance `id@a`, its own KV namespace:
+//!    nothing of a lost attempt is reused.
+//! 4. Side effects (bundle, assignments, `done`, events) follow a committed
+//!    state and are idempotent: the next pass completes a dead one's.
+//! 5. Every transition appends one event, inserted once, in transition order.
+//! 6. A lost worker or peer restarts the job while restarts remain, placed only
+//!    once each old worker is known lost or alive ([`settle`], at most
+//!    [`MAX_SETTLE_MS`]); the job's own errors fail it.
+//! 7. An ended attempt leaves nothing to run: `done` written, assignments and
+//!    memberships removed.
 mod pass;
 
 use std::collections::BTreeMap;

@@ -2,28 +2,19 @@
 //! order, so replicas that apply the same requests hold the same state.
 //!
 //! Invariants:
-//! 1. Determinism: `apply` depends only on the state and the request. Time
-//!    enters only as `Request::now_ms`, stamped by the proposer; the state's
-//!    clock never goes backwards (`clock = max(clock, now_ms)`).
-//! 2. Every request that changes data advances `revision` by exactly one;
-//!    all events it produces carry that revision. Requests that fail or
-//!    change nothing leave it unchanged.
-//! 3. A key attached to a lease is deleted in the same step that expires or
+//! 1. Determinism: `apply` depends only on the state and the request; time
+//!    enters only as `Request::now_ms`, and the clock never goes backwards.
+//! 2. A request that changes data advances `revision` by exactly one, and all
+//!    its events carry it; one that fails or changes nothing leaves it.
+//! 3. A key attached to a lease is deleted in the step that expires or
 //!    revokes the lease.
-//! 4. A barrier passes once all its participants arrived, fails once its
-//!    deadline passes or it is cancelled, and never changes outcome after.
-//!    A decided barrier is kept until [`BARRIER_RETENTION_MS`] after its
-//!    deadline (late arrivals get its outcome), then forgotten, so the
-//!    state, which is persisted whole with every batch, does not grow with
-//!    every barrier ever held; an arrival after that starts a new barrier.
-//! 5. User errors are results, never panics: `apply` returns
-//!    `Err(KvError)` and leaves the state untouched.
-//! 6. A lease never ends before its TTL has passed since its grant or last
-//!    keep-alive. Stamps are wall-clock milliseconds rounded down, so a
-//!    keep-alive stamped `t` may have been sent as late as `t + 0.999`:
-//!    the lease lives through millisecond `t + ttl` (its `expires_at_ms`)
-//!    and ends with the first request stamped after it, which
-//!    [`KvState::next_deadline_ms`] reports as the time to tick.
+//! 4. A barrier passes once all arrived, fails at its deadline or cancel, and
+//!    never changes outcome; it is forgotten [`BARRIER_RETENTION_MS`] later.
+//! 5. User errors are results, never panics: `apply` returns `Err(KvError)`
+//!    and leaves the state untouched.
+//! 6. A lease lives through millisecond `t + ttl` after a grant or keep-alive
+//!    stamped `t` (stamps round down) and ends with the first request stamped
+//!    after it ([`KvState::next_deadline_ms`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 

@@ -8,33 +8,22 @@
 //! * `{ns}b/{hex(id)}/outcome`: `passed` or `failed:{reason}`.
 //!
 //! Invariants:
-//! 1. Revisions are etcd's: one per etcd write, cluster-wide and monotonic,
-//!    so they also advance for barrier bookkeeping and for other users of
-//!    the same etcd.
-//! 2. A blocking get reads at revision R and, if the key is missing, watches
-//!    from R + 1: a put between the read and the watch is replayed, never
-//!    lost.
-//! 3. A barrier's outcome is written once, by a transaction that succeeds
-//!    only while no outcome exists; everyone returns the stored outcome, so
-//!    every participant sees the same result (timeouts and cancels included).
-//!    Barrier deadlines are the first arrival's wall clock plus its timeout.
-//! 4. Sizes are checked against [`Limits`] before anything is sent; etcd's
-//!    own `--max-request-bytes` (1.5 MiB by default) must be raised above
-//!    the value limit (tessel's tests use 10 MiB).
-//! 5. etcd lease TTLs are whole seconds with a server-side minimum; a TTL is
-//!    rounded up to the next second.
-//! 6. A call that meets a transport error or `Unavailable` is retried (with
-//!    the same write ambiguity as [`crate::raft::client::RaftKv`]) until
-//!    its deadline.
-//! 7. A barrier's keys share one etcd lease of its timeout plus
-//!    [`EtcdOptions::barrier_retention`], granted by whoever writes its
-//!    first key (the first arrival, or a cancel before any); when the lease
-//!    expires etcd deletes them all, so barriers do not pile up and the id
-//!    can start a new barrier, as the state machine forgets a decided
-//!    barrier (`state` invariant 4). A barrier forgotten while a call
-//!    arrives is started afresh, once.
+//! 1. Revisions are etcd's: cluster-wide and monotonic, advanced also by
+//!    barrier bookkeeping and other users of the same etcd.
+//! 2. A blocking get reads at revision R and watches from R + 1 if the key
+//!    is missing: a put in between is replayed, never lost.
+//! 3. A barrier's outcome is written once by a create-only transaction, and
+//!    everyone returns the stored outcome: all participants see the same.
+//! 4. Sizes are checked against [`Limits`] before anything is sent (etcd's
+//!    `--max-request-bytes` must exceed the value limit).
+//! 5. Lease TTLs are rounded up to whole seconds.
+//! 6. Transport errors and `Unavailable` are retried until the deadline,
+//!    with [`crate::raft::client::RaftKv`]'s write ambiguity.
+//! 7. A barrier's keys share one lease of its timeout plus
+//!    [`EtcdOptions::barrier_retention`], so etcd forgets a barrier as the
+//!    state machine does (`state` invariant 4).
 
-pub mod local;
+pub mod server;
 
 mod barrier;
 

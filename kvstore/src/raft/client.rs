@@ -2,21 +2,15 @@
 //! replica.
 //!
 //! Invariants:
-//! 1. A request that meets a transport error or `Unavailable` (no leader,
-//!    leadership moving) is retried on the next replica with a short backoff
-//!    until its deadline; every other answer is final.
-//! 2. A write retried after a transport error may have been applied once
-//!    already (the classic ambiguity of any replicated store). Inserts and
-//!    compare-and-swaps are safe to retry in the sense that a duplicate
-//!    reports `AlreadyExists` / `Mismatch` rather than writing twice.
-//! 3. A watch that loses its replica resumes from the revision after the
-//!    last event it delivered, so no event is lost or repeated.
-//! 4. Requests go to the leader directly when its address is among the
-//!    client's: before the first request, and again after any retry, the
-//!    client asks the replica it would use which replica leads and moves
-//!    to it. Otherwise (the leader is missing from the list, or the answer
-//!    is stale) a follower forwards, one hop slower; correctness never
-//!    depends on the hint.
+//! 1. A transport error or `Unavailable` is retried on the next replica with
+//!    backoff until the deadline; every other answer is final.
+//! 2. A retried write may have been applied once already; inserts and CAS
+//!    then report `AlreadyExists` / `Mismatch` rather than write twice.
+//! 3. A watch that loses its replica resumes after the last event it
+//!    delivered: no event lost or repeated.
+//! 4. Requests go to the leader directly when its address is known (asked
+//!    before the first request and after each retry); else a follower
+//!    forwards. Correctness never depends on the hint.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -3,47 +3,22 @@
 //! state machine (`sm`) in `state.redb` and snapshot files beside it.
 //!
 //! Invariants:
-//! 1. Nothing is acknowledged before it is on disk: `save_vote`,
-//!    `truncate` and `purge` return, and `append` calls its flush
-//!    callback, only once their records are synced.
+//! 1. Nothing is acknowledged before it is on disk: `save_vote`, `truncate`
+//!    and `purge` return, and `append` reports its flush, once synced (but 5).
 //! 2. The state machine is durable in its own file up to a batch boundary
-//!    (see [`super::sm`]); on start openraft re-applies the committed
-//!    entries after its applied id (it reads the saved committed index).
+//!    ([`super::sm`]); on start openraft re-applies committed entries after it.
 //! 3. Entries are keyed by index; `truncate` removes `>= index`, `purge`
 //!    removes `<= index` and records the purged id.
-//! 4. The committed index is written with the next append, in the same
-//!    sync, not on its own: openraft saves it between a write's quorum and
-//!    its apply, where a sync of its own cost one on every write. After a
-//!    crash it may read back older than it was, never newer, so a
-//!    restarted replica applies less at start and learns the rest from the
-//!    leader; it never applies an entry that was not committed.
-//! 5. `append` returns once its entries are queued and readable; the log's
-//!    writer thread syncs them and then reports the flush, except as in 7.
-//! 7. The leader's own entries are reported flushed as soon as they are
-//!    queued, so that openraft (0.9 awaits the report before anything
-//!    else, replication included) sends them to the followers while the
-//!    leader's sync runs: the leader's sync and the followers' overlap
-//!    instead of following one another. Own entries are those whose
-//!    leader id is this replica's committed vote for itself; a follower
-//!    saves the leader's vote before it appends, so it never takes this
-//!    path. openraft may then count the leader in a quorum before its
-//!    entries are on its disk, so nothing may act on such a commit until
-//!    they are, and [`LogSynced`] (how far the log really is on disk)
-//!    holds it back:
-//!    - (7a) the state machine applies an entry, and so answers its
-//!      client, only once it is synced here (the followers' copies were
-//!      synced before they answered, so it is then on a majority of
-//!      disks);
-//!    - (7b) the commit index sent to followers is bounded by it, so no
-//!      follower applies what is not on a majority of disks;
-//!    - (7c) the committed index saved here is written after the entries
-//!      it covers (4), so it is never ahead of them after a crash;
-//!    - (7d) a replica that opens with a committed vote for itself saves
-//!      it again as an uncommitted one before openraft reads it. openraft
-//!      0.9 would otherwise resume leading that term at once and could
-//!      write new entries under the same log ids as ones a follower
-//!      already holds but this replica lost in the crash; it now holds an
-//!      election for a new term.
+//! 4. The committed index rides with the next append's sync, never alone:
+//!    after a crash it reads back older than it was, never newer.
+//! 5. The leader's own entries are reported flushed once queued, so its sync
+//!    overlaps the followers' (ARCHITECTURE.md, "The Raft log"); until synced
+//!    ([`LogSynced`]) nothing acts on a commit that counted them:
+//!    - (5a) the state machine applies (and answers) only synced entries;
+//!    - (5b) the commit index sent to followers is bounded by the synced one;
+//!    - (5c) the committed index saved is never ahead of its entries (4);
+//!    - (5d) a replica reopening with a committed vote for itself saves it
+//!      uncommitted, so it holds an election instead of resuming the term.
 
 // openraft's storage traits fix the error type (`StorageError`, ~224
 // bytes); the helpers here return it too rather than convert twice.
@@ -92,7 +67,7 @@ pub async fn open(
     io: LogIo,
 ) -> StorageResult<(LogStore, StateMachineStore)> {
     let wal = Wal::open_with_io(&dir.join(LOG_DIR), io).map_err(write_logs_err)?;
-    // Invariant 7d.
+    // Invariant 5d.
     if let Some(vote) = wal.meta().vote {
         if vote.is_committed() && vote.leader_id().voted_for() == Some(id) {
             let uncommitted = Vote::new(vote.leader_id().term, id);
@@ -113,7 +88,7 @@ pub async fn open(
     Ok((log, sm))
 }
 
-/// How far the log is on disk (invariant 7): the last entry of the newest
+/// How far the log is on disk (invariant 5): the last entry of the newest
 /// append whose sync completed, or the log's failure, after which nothing
 /// more will be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +97,7 @@ enum Synced {
     Failed,
 }
 
-/// A view of how far the log is on disk (invariant 7a, 7b).
+/// A view of how far the log is on disk (invariant 5a, 5b).
 #[derive(Clone)]
 pub struct LogSynced(watch::Receiver<Synced>);
 
@@ -146,7 +121,7 @@ impl LogSynced {
         }
     }
 
-    /// `committed`, or the last entry on disk if that is older (7b).
+    /// `committed`, or the last entry on disk if that is older (5b).
     pub fn bound(&self, committed: Option<LogId<NodeId>>) -> Option<LogId<NodeId>> {
         match *self.0.borrow() {
             Synced::Through(last) => committed.min(last),
@@ -159,7 +134,7 @@ impl LogSynced {
 #[derive(Clone)]
 pub struct LogStore {
     wal: Wal,
-    /// This replica's id: whose entries are its own (invariant 7).
+    /// This replica's id: whose entries are its own (invariant 5).
     id: NodeId,
     synced: Arc<watch::Sender<Synced>>,
     /// The committed index openraft reported, not yet written
@@ -168,13 +143,13 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    /// How far this log is on disk (invariant 7).
+    /// How far this log is on disk (invariant 5).
     pub fn synced(&self) -> LogSynced {
         LogSynced(self.synced.subscribe())
     }
 
     /// Whether `entries` are this replica's own, as leader of the term it
-    /// voted itself into (invariant 7).
+    /// voted itself into (invariant 5).
     fn own(&self, entries: &[Entry<TypeConfig>]) -> bool {
         self.wal.meta().vote.is_some_and(|vote| {
             vote.is_committed()
@@ -308,7 +283,7 @@ mod tests {
             let dir = tempfile::tempdir().map_err(write_logs_err)?;
             let (log, mut sm) = open(dir.path(), 1, KvState::default(), LogIo::Direct).await?;
             // The suite applies entries it never appended to the log, which
-            // a replica never does (invariant 7a is tested below).
+            // a replica never does (invariant 5a is tested below).
             sm.apply_without_waiting_for_the_log();
             Ok((dir, log, sm))
         }
@@ -385,7 +360,7 @@ mod tests {
             .await
             .unwrap();
         let synced = log.synced();
-        let local = sm.local();
+        let applied = sm.applied();
         log.save_vote(&Vote::new_committed(2, 1)).await.unwrap();
         let own = put(2, 1, 1, b"own");
         let release = log.wal.pause();
@@ -397,10 +372,10 @@ mod tests {
         let apply = tokio::spawn(async move { sm.apply([own]).await.map(|_| sm) });
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!apply.is_finished(), "applied before it was on disk");
-        assert_eq!(local.try_get(b"own").unwrap(), None);
+        assert_eq!(applied.try_get(b"own").unwrap(), None);
         drop(release);
         let _sm = apply.await.unwrap().unwrap();
-        assert_eq!(local.try_get(b"own").unwrap(), Some(b"v".to_vec()));
+        assert_eq!(applied.try_get(b"own").unwrap(), Some(b"v".to_vec()));
         let on_disk = Some(LogId::new(openraft::CommittedLeaderId::new(2, 1), 1));
         assert_eq!(synced.bound(Some(put(2, 1, 9, b"x").log_id)), on_disk);
 
@@ -425,7 +400,7 @@ mod tests {
         );
     }
 
-    /// Invariant 7d: a replica that opens with a committed vote for itself
+    /// Invariant 5d: a replica that opens with a committed vote for itself
     /// holds an election instead of resuming the term; anyone else's
     /// committed vote is kept as it was.
     #[tokio::test]
@@ -491,6 +466,6 @@ mod tests {
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
         let (applied, _) = sm.applied_state().await.unwrap();
         assert_eq!(applied.map(|l| l.index), Some(1));
-        assert_eq!(sm.local().try_get(b"k").unwrap(), Some(b"v".to_vec()));
+        assert_eq!(sm.applied().try_get(b"k").unwrap(), Some(b"v".to_vec()));
     }
 }

@@ -4,12 +4,11 @@
 //! Invariants:
 //! 1. Every chain is verified by rustls's WebPKI verifiers against the
 //!    cluster CA (as the name `tessel`, which every certificate carries).
-//! 2. A server is accepted only in the role the client expects: a
-//!    coordinator whose certificate also names the address it was dialed
-//!    at, or the worker the client means to reach. A client is accepted
-//!    by a server only in a role the server serves.
-//! 3. The cluster-wide certificate passes every role check (it is any
-//!    node); a certificate with a malformed identity passes none.
+//! 2. A server passes only in the role the client expects (a coordinator
+//!    also naming the dialed address, or the worker meant); a client only in
+//!    a role the server serves.
+//! 3. The cluster-wide certificate passes every role check; a malformed
+//!    identity passes none.
 
 use std::sync::Arc;
 

@@ -26,9 +26,8 @@ const STREAMING_COPY_MIN: usize = 1 << 20;
 /// copies (an input into the arena, peers' folded segments out of theirs)
 /// write megabytes that this rank does not read again during the call, so
 /// reading each destination line into the cache first is wasted memory
-/// traffic, and on two cores shared by four ranks memory traffic is the
-/// call's time: a 4-process in-place all-reduce of 64 MiB measured 48–50
-/// → 41–43 ms (README, performance).
+/// traffic, and with ranks sharing cores memory traffic is the call's
+/// time (docs/performance.md).
 pub(super) fn copy_large(dst: &mut [u8], src: &[u8]) {
     match src.len() >= STREAMING_COPY_MIN {
         true => crate::memory::copy_streaming(dst, src),

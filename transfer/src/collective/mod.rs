@@ -1,93 +1,35 @@
 //! Collectives over a group of processes, one [`TransferEndpoint`] each:
 //! ring all-reduce (reduce-scatter then all-gather, chunk-pipelined),
-//! all-gather, reduce-scatter, broadcast and barrier. When every member
-//! runs on this host they skip the ring and read each other's arenas in
-//! shared memory instead (invariant 8).
-//!
-//! Every collective starts with a ring all-gather of a small
-//! [`Descriptor`] (what the rank is about to do: kind, operator, dtype,
-//! bytes, root): only neighbours connect. It doubles as the barrier. An
-//! all-reduce of at most [`SMALL_ALL_REDUCE`](crate::reduce::SMALL_ALL_REDUCE) bytes sends its data along
-//! with the descriptor ([`DescriptorFrame`]) and reduces locally once every
-//! rank's data has arrived: `n - 1` hops instead of `3(n - 1)`, which is
-//! what a step of data-parallel training on small models waits for.
+//! all-gather, reduce-scatter, broadcast, barrier and exchange. When every
+//! member runs on this host they read each other's arenas in shared memory
+//! instead (invariant 8). Every call starts with a ring all-gather of a small
+//! [`Descriptor`], which doubles as the barrier; a small all-reduce rides in
+//! it ([`DescriptorFrame`]). ARCHITECTURE.md, "Collectives", has the steps.
 //!
 //! Invariants:
-//! 1. Every rank calls the same collectives in the same order; the `n`th
-//!    call on a communicator uses sequence number `n` in all its tags, so
-//!    messages of different calls never meet.
-//! 2. Before any data moves, every rank holds every rank's descriptor; if
-//!    they differ, every rank fails with the same [`TransferError::Mismatch`]
-//!    (built from the full list in rank order) and nothing else is sent.
-//! 3. One deadline per call. A rank that fails (deadline, lost peer) tells
-//!    every other rank (`abort` messages), which fail at once with
-//!    [`TransferError::Aborted`] instead of waiting out their deadline.
-//! 4. A failed call hands out nothing (input buffers are taken by value and
-//!    dropped) and breaks the communicator: later calls fail with
-//!    [`TransferError::Broken`] and its waiting messages are discarded.
-//! 5. Float results follow the order documented in [`crate::reduce`], so
-//!    they equal [`crate::reduce::reference_reduce`] bit for bit.
-//! 6. Whether an all-reduce is small depends only on its descriptor, so
-//!    ranks whose descriptors agree use the same algorithm; ranks whose
-//!    descriptors differ still complete the descriptor ring (a frame is
-//!    forwarded whole) and fail with the same `Mismatch`.
-//! 7. Only the ring's chunks are lent to same-host peers (read in place,
-//!    acknowledged once reduced or copied: endpoint invariant 5): a ring
-//!    step sends and receives at once, so every lent chunk has a taker
-//!    that is not itself waiting on a send. Descriptors, aborts and the
-//!    other sends are stored copies, since their sender may wait on them
-//!    before it receives.
-//! 8. Between processes of one host, all-reduce, reduce-scatter,
-//!    all-gather and broadcast of at least one byte (an all-reduce: over
-//!    the small size) use arenas (shm invariant 4) instead of the ring. Each
-//!    descriptor says whether its rank reaches every member through shared
-//!    memory and holds an arena of the call's size (reserved before the
-//!    descriptor is sent; over `max_arena_bytes`, or no room in the folder:
-//!    no); the arenas are used only when all say so (the flag is left out
-//!    of invariant 2's comparison), so every rank picks the same algorithm.
-//!    A rank writes its input into its arena and posts the arena's name to
-//!    every peer (a broadcast: the root alone); peers read what they need
-//!    straight from the arenas. An all-reduce folds its own segment in the
-//!    ring's order ([`fold_onto`]: results equal the ring's bit for bit)
-//!    into its data and its arena, posts a second time, and then copies the
-//!    other ranks' folded segments. An owner writes its arena only after
-//!    the call's descriptor exchange, which no rank completes before every
-//!    rank has left the previous call, and before its first post, except
-//!    its folded segment, which nobody reads before the second post: bytes
-//!    never change under a reader.
-//! 9. An in-place all-reduce ([`Communicator::all_reduce_in_place`]) runs
-//!    on a [`CollectiveBuffer`], which lives in shared memory when every
-//!    member is on this host ([`Communicator::buffer`]): peers then read
-//!    the caller's bytes where the caller wrote them, with invariant 8's
-//!    steps minus the copy in (the buffer is posted instead of an arena).
-//!    Its descriptor says `in_place` (compared under invariant 2, since
-//!    the two kinds of all-reduce end differently), and the call ends with
-//!    a third post, after which no peer reads the buffer any more: only
-//!    then may the caller write it again. A failed call replaces the
-//!    buffer's storage with zeroed memory, so that neither the caller nor
-//!    a peer still reading the old bytes sees a partial result, and what
-//!    the caller writes next never reaches a peer of the broken call.
-//! 10. The ring copies nothing of its own between receiving a chunk and
-//!     sending it on (endpoint invariant 9). The reduce-scatter folds a
-//!     received chunk, in the pieces it arrived in, with the rank's input
-//!     into fresh memory ([`combine_pieces_into`]) and sends that at the
-//!     next step as it is; the all-gather keeps what arrives and sends it
-//!     on as it is. The input is read, never written, while the ring runs:
-//!     every segment is written once into the result at the end, which
-//!     for [`Communicator::all_reduce`] is the input's own memory once the
-//!     stream has let go of it. The first send is the input itself
-//!     (shared when the caller handed it over, else copied by the
-//!     stream). The exception: a rank whose previous rank runs on this
-//!     host works in place, as every ring did before. Its chunks arrive as
-//!     lent files whose senders wait until the mapping is dropped, so they
-//!     must be folded or copied out at once, and folding or copying them
-//!     straight into the caller's buffer is the one copy they need.
-//! 11. A rank may leave a call before its peers have opened its arena by
-//!     name, and grows its arena for the next call before that call's
-//!     descriptor exchange. So a replaced arena is kept (retired) until
-//!     the next replacement: by then this rank has passed a descriptor
-//!     exchange, which no peer completes before leaving the call that
-//!     used the retired arena.
+//! 1. Every rank calls the same collectives in the same order; call `n` uses
+//!    sequence `n` in all its tags ([`tag::Tag`]), so calls never meet.
+//! 2. Before data moves every rank holds every descriptor; if they differ,
+//!    every rank fails with the same [`TransferError::Mismatch`], nothing sent.
+//! 3. One deadline per call; a failing rank sends `abort` to all, and they
+//!    fail at once with [`TransferError::Aborted`].
+//! 4. A failed call hands out nothing and breaks the communicator: later
+//!    calls fail with [`TransferError::Broken`].
+//! 5. Float results follow [`crate::reduce`]'s order, so they equal
+//!    [`crate::reduce::reference_reduce`] bit for bit.
+//! 6. The algorithm depends only on the descriptors: ranks that agree pick
+//!    the same one; ranks that differ still finish the descriptor ring.
+//! 7. Only the ring's chunks are lent to same-host peers (endpoint invariant
+//!    5): a ring step sends and receives at once, so every loan has a taker.
+//! 8. Same-host calls use arenas (shm invariant 4) only when every descriptor
+//!    offers one; an owner writes its arena only between the call's descriptor
+//!    exchange and its post (its folded segment: before the second post).
+//! 9. An in-place all-reduce's [`CollectiveBuffer`] may be written again only
+//!    after the call's third post; a failed call gives it zeroed storage.
+//! 10. The ring copies nothing between receiving a chunk and sending it on
+//!     (endpoint invariant 9); the input is only read while the ring runs.
+//! 11. A replaced arena is retired until the next replacement, since a peer
+//!     may still open the old one by name until it passes a descriptor exchange.
 
 mod arenas;
 mod buffer;

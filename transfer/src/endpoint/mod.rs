@@ -7,52 +7,27 @@
 //!
 //! Invariants:
 //! 1. Nothing is allocated for a payload before its header is validated
-//!    against the receiver's limit (header invariant 1); a refused stream is
-//!    reset and the endpoint keeps serving every other stream.
-//! 2. QUIC flow control is the backpressure: the receiver reads the payload
-//!    into its final buffer as it arrives, so a slow receiver slows the
-//!    sender, and neither side buffers more than the windows.
-//! 3. Received arrays wait in a mailbox keyed by (sender rank, tag) until
-//!    a `recv` takes them; each is delivered once, in arrival order.
+//!    (header invariant 1); a refused stream is reset, the rest keep serving.
+//! 2. QUIC flow control is the backpressure: the payload is read into its
+//!    final buffer as it arrives, and neither side buffers beyond the windows.
+//! 3. Received arrays wait in a mailbox keyed by (sender rank, tag), each
+//!    delivered once, in arrival order.
 //! 4. Every call has a deadline; connections to a peer are reused.
-//! 5. Same-host path: to a peer with our boot id (unless `force_network`),
-//!    the sender writes the payload to a file of the shared-memory folder
-//!    (tmpfs, see [`crate::shm`]) and sends only the header naming it; the
-//!    receiver checks the name and the file's length against the validated
-//!    header and reads it before acknowledging. A collective's ring lends
-//!    its files instead ([`TransferEndpoint::send_with`], shm invariant 3):
-//!    the receiver maps the file, its consumer reduces or copies straight
-//!    from the mapping, and the acknowledgement waits until it is done.
-//! 6. Datagram sizes: a connection to a peer on this host (loopback address
-//!    or our boot id) may grow its datagrams to `max_udp_payload` (64 KiB
-//!    on loopback) and sends them one per system call; a connection to
-//!    another host batches datagrams with segmentation offload and never
-//!    exceeds [`GSO_MAX_UDP_PAYLOAD`], so no batch can pass the kernel's
-//!    64 KiB limit for one GSO send.
-//! 7. Spare buffers: a payload of at least [`MIN_SPARE`] bytes is read into
-//!    a buffer handed back with [`TransferEndpoint::recycle`] when one fits
-//!    (capacity from the length to twice it), else into fresh memory;
-//!    spares never hold more than `spare_bytes` in all. Fresh memory costs
-//!    a page fault and the zeroing of every page (a fifth of a 1 GiB
-//!    transfer's CPU here); a loop that receives the same sizes every step
-//!    pays that once. [`TransferEndpoint::recv_buffer`] recycles by itself.
-//! 8. Several connections: up to `connections_per_peer` connections to each
-//!    peer, opened as needed; transfers take them in turn, and a network
-//!    payload of at least `stripe_bytes` travels as one part per connection
-//!    (header field `part`, [`crate::stripe`]), so that different threads
-//!    seal and open its packets at once (quinn drives each connection from
-//!    one task).
-//! 9. No copies of our own on the network path of a lent payload (a
-//!    collective's ring chunk): the sender may hand over shared pieces
-//!    ([`Outgoing::Shared`]), which quinn keeps until they are
-//!    acknowledged instead of copying them into its send buffer, and the
-//!    receiver delivers the pieces `read_chunk` hands out
-//!    ([`Payload::Pieces`]) instead of copying them into one buffer. The
-//!    ring reduces straight from the pieces and sends them on as they
-//!    are.
-//! 10. With certificates, an endpoint admits only workers (the cluster-wide
-//!     certificate passes), and a sender verifies that the peer's
-//!     certificate names the worker its [`Peer`] says it runs on.
+//! 5. To a peer with our boot id the payload goes through a shared-memory
+//!    file named in the header ([`crate::shm`]); a lent one is read in place
+//!    and acknowledged once the receiver's mapping is dropped.
+//! 6. Datagrams towards this host may grow to `max_udp_payload`, one per
+//!    system call; towards other hosts they stay within
+//!    [`GSO_MAX_UDP_PAYLOAD`], so no GSO batch passes the kernel's 64 KiB.
+//! 7. A payload of at least [`MIN_SPARE`] bytes reuses a recycled buffer
+//!    that fits; spares never hold more than `spare_bytes` in all.
+//! 8. Up to `connections_per_peer` connections per peer, taken in turn; a
+//!    network payload of at least `stripe_bytes` travels as one part each.
+//! 9. A lent payload on the network is sent and delivered as shared pieces,
+//!    never copied into one buffer by us ([`Outgoing::Shared`], [`Payload::Pieces`]).
+//! 10. With certificates an endpoint admits only workers, and a sender checks
+//!     that the peer's certificate names the worker its [`Peer`] runs on.
+
 mod config;
 mod mailbox;
 mod payload;
@@ -86,9 +61,8 @@ pub const ALPN: &[u8] = b"tessel-transfer";
 /// The largest UDP payload a connection with segmentation offload may use.
 /// quinn hands the socket up to 10 datagrams per GSO send and Linux refuses
 /// a send above 64 KiB in all (`EMSGSIZE`, which quinn drops silently as if
-/// it were a lost MTU probe): with a larger MTU every batch of a transfer
-/// was lost, black-hole detection fell back to 1,200 bytes, and 1 GiB moved
-/// at 0.43 GB/s on loopback.
+/// it were a lost MTU probe): with a larger MTU every batch is lost and
+/// black-hole detection falls back to 1,200-byte datagrams.
 pub const GSO_MAX_UDP_PAYLOAD: u16 = 6_500;
 
 /// Smallest buffer worth keeping as a spare (invariant 7).

@@ -1,36 +1,21 @@
 //! One replica: storage, openraft, the QUIC server, and request routing.
 //!
 //! Invariants:
-//! 1. Client requests are served by the leader. A follower forwards a
-//!    request once, marked [`WireRequest::Forwarded`]; a forwarded request
-//!    is never forwarded again, so stale views of the leader cannot bounce a
-//!    request around. A replica that cannot serve answers `Unavailable` and
-//!    the client tries another.
-//! 2. Reads start with `ensure_linearizable`: the leader confirms its
-//!    leadership with a quorum and waits until it has applied everything
-//!    committed before that point. It also waits until it has applied its
-//!    whole log as of its first read in the term (the read floor): the
-//!    committed index is saved lazily (storage invariant 4), and a leader
-//!    that resumed its term with an older committed index (as openraft
-//!    0.9 does after a restart; storage invariant 7d now holds an election
-//!    instead) would make openraft's check alone compare against a
-//!    committed index older than the writes it acknowledged. A leader
-//!    never drops its own log, so the wait ends while it leads; when it
-//!    stops leading the read fails and the client tries another replica.
+//! 1. Client requests are served by the leader; a follower forwards one once,
+//!    marked [`WireRequest::Forwarded`], never again; a replica that cannot
+//!    serve answers `Unavailable` and the client tries another.
+//! 2. A read waits for `ensure_linearizable` and for the read floor (the
+//!    leader's whole log as of its first read in the term), so it never sees
+//!    less than the leader acknowledged (ARCHITECTURE.md, "Reads").
 //! 3. Time in requests is the leader's wall clock; only the leader proposes
 //!    `Tick`s, when a lease or barrier is due.
-//! 4. A leader's first write of its term (a client's or a tick) is preceded
-//!    by `RenewLeases`, so leases never expire for the time between the old
-//!    leader's death and the new leader's election, when nobody could renew
-//!    them. While the renewal fails, client writes answer `Unavailable`
-//!    (the client tries again) and ticks wait.
-//! 5. Client writes that arrive while earlier proposals are in flight are
-//!    proposed together as one log entry (group commit: one append, one
-//!    fsync per replica), applied in arrival order, each with its own
-//!    result and revision.
-//! 6. Every request is authorized by the identity in its connection's
-//!    certificate before anything else ([`crate::authz`]); a follower
-//!    checks the client's, the leader trusts only coordinators' relays.
+//! 4. A leader's first write of its term is preceded by `RenewLeases`, so no
+//!    lease expires for the leaderless gap; until it commits, client writes
+//!    answer `Unavailable` and ticks wait.
+//! 5. Writes arriving while a proposal is in flight form the next one (group
+//!    commit), applied in arrival order, each with its own result and revision.
+//! 6. Every request is authorized by its connection's certificate first
+//!    ([`crate::authz`]); the leader trusts only coordinators' relays.
 
 mod network;
 mod proposer;
@@ -64,8 +49,8 @@ use crate::raft::wal::LogIo;
 use crate::raft::{storage, Proposal, TypeConfig};
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
 use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
+use tessel_kv::AppliedState;
 use tessel_kv::KvError;
-use tessel_kv::LocalState;
 use tessel_net::tls::TlsFiles;
 
 /// How a replica is set up.
@@ -136,7 +121,7 @@ pub struct Replica {
     pub id: u64,
     /// The openraft handle.
     pub raft: Raft<TypeConfig>,
-    local: Arc<LocalState<SmTables>>,
+    applied: Arc<AppliedState<SmTables>>,
     endpoint: quinn::Endpoint,
 }
 
@@ -149,7 +134,7 @@ impl Replica {
             .await
             .map_err(|e| ReplicaError::Storage(e.to_string()))?;
         let log_synced = log.synced();
-        let local = sm.local();
+        let applied = sm.applied();
         let (server_cfg, client_cfg) = match &cfg.tls {
             Some(t) => (
                 t.server_config(wire::ALPN, tessel_net::tls::Accept::AnyRole)?,
@@ -194,7 +179,7 @@ impl Replica {
         let handler = Arc::new(ReplicaHandler {
             id: cfg.id,
             raft: raft.clone(),
-            local: local.clone(),
+            applied: applied.clone(),
             client,
             leases_renewed: leases_renewed.clone(),
             proposer: Proposer::start(raft.clone()),
@@ -203,7 +188,7 @@ impl Replica {
         tokio::spawn(net::serve(endpoint.clone(), handler));
         tokio::spawn(tick_when_due(
             raft.clone(),
-            local.clone(),
+            applied.clone(),
             cfg.id,
             leases_renewed,
         ));
@@ -226,7 +211,7 @@ impl Replica {
         Ok(Replica {
             id: cfg.id,
             raft,
-            local,
+            applied,
             endpoint,
         })
     }
@@ -237,8 +222,8 @@ impl Replica {
     }
 
     /// This replica's applied state.
-    pub fn local(&self) -> Arc<LocalState<SmTables>> {
-        self.local.clone()
+    pub fn applied(&self) -> Arc<AppliedState<SmTables>> {
+        self.applied.clone()
     }
 
     /// Stops Raft and the server.
@@ -257,13 +242,13 @@ fn wall_ms() -> u64 {
 /// Invariant 3: the leader proposes a `Tick` when something is due.
 async fn tick_when_due(
     raft: Raft<TypeConfig>,
-    local: Arc<LocalState<SmTables>>,
+    applied: Arc<AppliedState<SmTables>>,
     id: u64,
     leases_renewed: Arc<AtomicU64>,
 ) {
-    let mut changes = local.changes();
+    let mut changes = applied.changes();
     loop {
-        let next = local.read(|s, _| s.next_deadline_ms());
+        let next = applied.read(|s, _| s.next_deadline_ms());
         let wait = match next {
             Some(ms) => Duration::from_millis(ms.saturating_sub(wall_ms())),
             None => Duration::from_secs(1),
@@ -277,7 +262,7 @@ async fn tick_when_due(
             }
         }
         let leader = raft.metrics().borrow().current_leader;
-        let due = local
+        let due = applied
             .read(|s, _| s.next_deadline_ms())
             .is_some_and(|ms| ms <= wall_ms());
         if leader == Some(id)
@@ -302,7 +287,7 @@ async fn tick_when_due(
 struct ReplicaHandler {
     id: u64,
     raft: Raft<TypeConfig>,
-    local: Arc<LocalState<SmTables>>,
+    applied: Arc<AppliedState<SmTables>>,
     client: PeerClient,
     leases_renewed: Arc<AtomicU64>,
     proposer: Proposer,
@@ -405,7 +390,7 @@ impl ReplicaHandler {
             }
         }
         let (revision, keys) = self
-            .local
+            .applied
             .read(|s, t| (s.revision(), t.count().unwrap_or(0)));
         ReplicaStatus {
             id: self.id,
@@ -599,7 +584,7 @@ impl ReplicaHandler {
         let response = match req {
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
-                let checked = match self.local.read(|s, _| s.limits().check_op(&op)) {
+                let checked = match self.applied.read(|s, _| s.limits().check_op(&op)) {
                     Ok(()) => renew_leases_once_per_term(&self.raft, &self.leases_renewed).await,
                     invalid => invalid,
                 };
@@ -619,7 +604,7 @@ impl ReplicaHandler {
             ClientRequest::Get { key, timeout_ms } => {
                 let r = match self.linearizable().await {
                     Ok(()) => {
-                        self.local
+                        self.applied
                             .get(&key, Duration::from_millis(timeout_ms))
                             .await
                     }
@@ -630,22 +615,22 @@ impl ReplicaHandler {
             ClientRequest::TryGet { key } => WireResponse::Value(
                 self.linearizable()
                     .await
-                    .and_then(|()| self.local.try_get(&key)?.ok_or(KvError::NotFound(key))),
+                    .and_then(|()| self.applied.try_get(&key)?.ok_or(KvError::NotFound(key))),
             ),
             ClientRequest::List { prefix } => WireResponse::List(
                 self.linearizable()
                     .await
-                    .and_then(|()| self.local.read(|_, t| t.list(&prefix))),
+                    .and_then(|()| self.applied.read(|_, t| t.list(&prefix))),
             ),
             ClientRequest::Revision => WireResponse::Revision(
                 self.linearizable()
                     .await
-                    .map(|()| self.local.read(|s, _| s.revision())),
+                    .map(|()| self.applied.read(|s, _| s.revision())),
             ),
             ClientRequest::WaitBarrier { id, timeout_ms } => {
                 let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
                 let decided = self
-                    .local
+                    .applied
                     .wait_for(deadline, |s, _| {
                         s.barrier(&id)
                             .filter(|b| !matches!(b, BarrierStatus::Waiting { .. }))
@@ -663,7 +648,7 @@ impl ReplicaHandler {
                 if let Err(e) = self.linearizable().await {
                     return reply(send, &WireResponse::Event(Err(e))).await;
                 }
-                let mut events = match self.local.watch(&prefix, from) {
+                let mut events = match self.applied.watch(&prefix, from) {
                     Ok(s) => s,
                     Err(e) => return reply(send, &WireResponse::Event(Err(e))).await,
                 };

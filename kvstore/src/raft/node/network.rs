@@ -7,7 +7,7 @@ use super::*;
 #[derive(Clone)]
 pub(super) struct Network {
     pub(super) client: PeerClient,
-    /// Bounds the commit index sent to followers (storage invariant 7b).
+    /// Bounds the commit index sent to followers (storage invariant 5b).
     pub(super) log_synced: storage::LogSynced,
 }
 
@@ -76,7 +76,7 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        // Storage invariant 7b: followers apply only what is on this disk.
+        // Storage invariant 5b: followers apply only what is on this disk.
         rpc.leader_commit = self.log_synced.bound(rpc.leader_commit);
         // Entries that would not fit one frame: ask openraft for fewer.
         let fits = entries_within(&rpc.entries, crate::wire::MAX_FRAME / 2);

@@ -8,10 +8,9 @@ use super::*;
 pub(super) const MAX_PROPOSAL_REQUESTS: usize = 1024;
 pub(super) const MAX_PROPOSAL_BYTES: usize = 1 << 20;
 /// Proposals in flight at once. One: the leader's own log sync overlaps
-/// the followers' (storage invariant 7), so a second proposal in flight
-/// overlapped little and halved the batches, and each proposal costs
-/// every replica a log write and two AppendEntries round trips (README,
-/// Performance: 64 clients ~9 % more puts/s with one, interleaved).
+/// the followers' (storage invariant 5), so a second proposal overlaps
+/// little and halves the batches, while each proposal costs every replica
+/// a log write and two AppendEntries round trips (docs/performance.md).
 pub(super) const PROPOSALS_IN_FLIGHT: usize = 1;
 
 pub(super) type Waiter = tokio::sync::oneshot::Sender<Result<Output, KvError>>;

@@ -1,58 +1,27 @@
 //! The replicated state machine on disk: key-value pairs and recent events
 //! in a redb file of their own (`state.redb`), snapshots as files streamed
-//! from it. A replica's memory grows with the number of keys only by the
-//! key filter's bits (invariant 8; ~10 bits per key).
+//! from it. A replica's memory grows with its keys only by the key filter
+//! (invariant 8). ARCHITECTURE.md, "The state machine", tells how it flows.
 //!
 //! Invariants:
-//! 1. Applied batches collect in an in-memory overlay (bounded by
-//!    `FLUSH_BYTES`/`FLUSH_ENTRIES`, at most `FLUSH_INTERVAL` old at the end
-//!    of a batch unless a flush is in flight, invariant 6) that reads
-//!    consult first. A flush writes the overlay, the
-//!    [`KvState`], the applied log id and the membership in one redb
-//!    transaction: after a crash the file is at a batch boundary, and
-//!    openraft re-applies the committed entries after its applied id from
-//!    the log.
-//! 2. Flushes commit without fsync (`Durability::None`); the first one
-//!    after [`DURABLE_INTERVAL`] and the one before a snapshot is taken
-//!    commit with fsync (which also lets redb reuse freed pages). Openraft
-//!    purges the log only up to a snapshot, so what the log no longer holds
-//!    is durable here; a crash costs at most the re-application of the
-//!    entries since the last fsync.
-//! 3. A snapshot is built from one read transaction, streamed to a file
-//!    record by record (memory stays bounded by one record), fsynced and
-//!    renamed into place; the current snapshot is always complete.
-//! 4. A received snapshot is checked record by record (frame sizes against
-//!    this replica's limits, the header against the announced meta, the
-//!    trailer's counts); a bad one installs nothing. A good one replaces
-//!    the tables in one transaction, committed under the state's lock.
-//! 5. The history table holds the events of each flush as one record keyed
-//!    by the last revision in it (one insert per flush, not one per
-//!    revision), so a record with key `k` holds only revisions `<= k` and
-//!    above the previous record's key. Reads from a revision start at the
-//!    first key at or above it and filter by revision; forgetting below a
-//!    revision drops the records whose key is below it. Files written with
-//!    one record per revision are the special case of one revision a flush.
-//!    Snapshots carry records under the same keys.
-//! 6. A due flush runs on a thread of its own while batches keep applying
-//!    into a new live overlay; at most one is in flight, so flushes commit
-//!    in order. Reads consult the live overlay, then the one in flight,
-//!    then the tables as they were before it (read transactions opened
-//!    when the previous flush was adopted, so its writes are never seen
-//!    twice). A batch waits for the flush in flight only when the live
-//!    overlay is full, and a synchronous flush (before a snapshot) or an
-//!    installed snapshot waits for it first.
-//! 7. An entry is applied only once the log holds it on disk, when the
-//!    log says how far that is ([`StateMachineStore::apply_when_synced`];
-//!    storage invariant 7a): a leader's own entries may be committed in
-//!    openraft's view before they are.
-//! 8. Every key in the tables is in the [`KeyFilter`]: it is built from the
-//!    tables on opening and after a snapshot replaced them, and every key
-//!    written to the live overlay goes into it. A read below the overlays
-//!    of a key the filter does not hold answers "absent" without a lookup.
-//!    Removed keys stay in the filter; once it holds more than twice the
-//!    keys of the tables (plus [`key_filter::MIN_CAPACITY`]), the next
-//!    flush's thread builds a new one from the tables it committed, and
-//!    adopting the flush adds the live overlay's keys to it.
+//! 1. Applied batches collect in an overlay that reads consult first; a flush
+//!    writes it with the [`KvState`], applied log id and membership in one
+//!    transaction, so after a crash the file is at a batch boundary.
+//! 2. Flushes skip fsync except the first after [`DURABLE_INTERVAL`] and the
+//!    one before a snapshot; the log is purged only up to a snapshot, so what
+//!    the log no longer holds is durable here.
+//! 3. A snapshot is streamed from one read transaction to a file, fsynced and
+//!    renamed into place: the current snapshot is always complete.
+//! 4. A received snapshot is checked record by record (sizes, header, counts);
+//!    a bad one installs nothing, a good one replaces the tables in one commit.
+//! 5. The history table keys each flush's events by its last revision: record
+//!    `k` holds revisions `<= k` and above the previous key.
+//! 6. At most one flush is in flight (on its own thread), so flushes commit in
+//!    order; reads see the live overlay, the one in flight, then the tables.
+//! 7. An entry is applied only once the log holds it on disk
+//!    ([`StateMachineStore::apply_when_synced`]; storage invariant 5a).
+//! 8. Every key in the tables is in the [`KeyFilter`] (no false negatives);
+//!    a key it does not hold is absent below the overlays.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
@@ -77,7 +46,7 @@ use crate::raft::key_filter::{self, KeyFilter};
 use crate::raft::storage::LogSynced;
 use crate::raft::{Response, TypeConfig};
 use tessel_kv::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
-use tessel_kv::LocalState;
+use tessel_kv::AppliedState;
 use tessel_kv::{KvError, Result};
 
 type NodeId = u64;

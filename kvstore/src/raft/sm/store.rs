@@ -2,17 +2,17 @@
 
 use super::*;
 
-/// The replicated state machine: a [`LocalState`] over `state.redb` plus
+/// The replicated state machine: a [`AppliedState`] over `state.redb` plus
 /// what Raft needs.
 pub struct StateMachineStore {
     pub(super) db: Arc<Database>,
     pub(super) dir: PathBuf,
-    pub(super) local: Arc<LocalState<SmTables>>,
+    pub(super) shared: Arc<AppliedState<SmTables>>,
     pub(super) limits: Limits,
     pub(super) applied: Option<LogId<NodeId>>,
     pub(super) membership: StoredMembership<NodeId, Node>,
     pub(super) snapshots_built: u64,
-    /// How far the log is on disk, where a log says (invariant 7).
+    /// How far the log is on disk, where a log says (storage invariant 5).
     pub(super) log_synced: Option<LogSynced>,
 }
 
@@ -49,7 +49,7 @@ impl StateMachineStore {
         drop(txn);
         let db = Arc::new(db);
         Ok(StateMachineStore {
-            local: Arc::new(LocalState::new(
+            shared: Arc::new(AppliedState::new(
                 state,
                 SmTables::new(db.clone()).map_err(|e| sm_err(ErrorVerb::Read, e))?,
             )),
@@ -63,7 +63,7 @@ impl StateMachineStore {
         })
     }
 
-    /// Applies entries only once `log` has them on disk (invariant 7).
+    /// Applies entries only once `log` has them on disk (storage invariant 5).
     pub fn apply_when_synced(&mut self, log: LogSynced) {
         self.log_synced = Some(log);
     }
@@ -76,8 +76,8 @@ impl StateMachineStore {
     }
 
     /// The applied state, for reads and waits.
-    pub fn local(&self) -> Arc<LocalState<SmTables>> {
-        self.local.clone()
+    pub fn applied(&self) -> Arc<AppliedState<SmTables>> {
+        self.shared.clone()
     }
 }
 
@@ -171,13 +171,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             _ => &[],
         });
         let apply = || {
-            self.local.apply_batch(requests, |state, tables| {
+            self.shared.apply_batch(requests, |state, tables| {
                 tables.end_batch(state, applied, &membership)
             })
         };
         // Waiting for a flush in flight (a full overlay): let the runtime
         // move this worker's other tasks elsewhere meanwhile.
-        let results = if self.local.read(|_, t| t.may_wait()) {
+        let results = if self.shared.read(|_, t| t.may_wait()) {
             outside_the_runtime(apply)
         } else {
             apply()
@@ -202,14 +202,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // then fails and openraft reports it.
         let (applied, membership) = (self.applied, self.membership.clone());
         let txn = self
-            .local
+            .shared
             .update(|state, tables| tables.flush(state, applied, &membership, true))
             .ok()
             .and_then(|()| self.db.begin_read().ok());
         SnapshotBuilder {
             dir: self.dir.clone(),
             txn,
-            state: self.local.state(),
+            state: self.shared.state(),
             applied: self.applied,
             membership: self.membership.clone(),
             id: self.snapshots_built,
@@ -242,7 +242,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let file = snapshot.into_std().await;
         // A flush still in flight would commit its overlay over the
         // snapshot's tables.
-        outside_the_runtime(|| self.local.update(|_, tables| tables.adopt_flush(true)))
+        outside_the_runtime(|| self.shared.update(|_, tables| tables.adopt_flush(true)))
             .map_err(bad)?;
         let copy = snapshot_path(&self.dir).with_extension("tmp");
         let loaded = {
@@ -255,7 +255,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .map_err(|e| snap_err(Some(meta), ErrorVerb::Write, e))?
             .map_err(bad)?;
         let (applied, membership) = (meta.last_log_id, meta.last_membership.clone());
-        self.local
+        self.shared
             .update(|s, tables| {
                 commit_with_state(txn, &state, applied, &membership, true)?;
                 tables.discard()?;

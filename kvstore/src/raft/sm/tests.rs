@@ -53,15 +53,15 @@ fn requests() -> Vec<Request> {
 }
 
 /// The same state, pairs and retained events.
-fn assert_same(local: &LocalState<SmTables>, mem: &MemState) {
-    assert_eq!(local.state(), mem.state);
-    assert_eq!(local.read(|_, t| t.list(b"")).unwrap(), mem.list(b""));
-    assert_eq!(local.read(|_, t| t.count()).unwrap(), mem.len() as u64);
+fn assert_same(applied: &AppliedState<SmTables>, mem: &MemState) {
+    assert_eq!(applied.state(), mem.state);
+    assert_eq!(applied.read(|_, t| t.list(b"")).unwrap(), mem.list(b""));
+    assert_eq!(applied.read(|_, t| t.count()).unwrap(), mem.len() as u64);
     // From every retained revision: a flushed record may begin below
     // the revision asked for (invariant 5).
     for from in mem.state.compacted_below()..=mem.state.revision() + 1 {
         assert_eq!(
-            local.read(|s, t| s.events_since(t, from, b"")).unwrap(),
+            applied.read(|s, t| s.events_since(t, from, b"")).unwrap(),
             mem.events_since(from, b"").unwrap(),
             "events from revision {from}"
         );
@@ -73,14 +73,14 @@ async fn redb_tables_agree_with_memory_tables_batch_by_batch() {
     let dir = tempfile::tempdir().unwrap();
     let initial = KvState::new(Limits::default(), 50);
     let sm = StateMachineStore::open(dir.path(), initial).unwrap();
-    let local = sm.local();
+    let applied = sm.applied();
     let mut mem = MemState::new(Limits::default(), 50);
     let reqs = requests();
     let mut rest = reqs.as_slice();
     let mut size = 1;
     while !rest.is_empty() {
         let (batch, tail) = rest.split_at(size.min(rest.len()));
-        let got = local
+        let got = applied
             .apply_batch(batch, |state, t| {
                 // Some batches stay in the overlay, some are flushed
                 // (with or without fsync, at once or on the flush
@@ -99,7 +99,7 @@ async fn redb_tables_agree_with_memory_tables_batch_by_batch() {
             .unwrap();
         let want: Vec<_> = batch.iter().map(|r| mem.apply(r).0).collect();
         assert_eq!(got, want);
-        assert_same(&local, &mem);
+        assert_same(&applied, &mem);
         rest = tail;
         size = size % 9 + 1;
     }
@@ -115,7 +115,7 @@ async fn a_snapshot_installs_the_same_state_and_survives_reopening() {
     let mut mem = MemState::new(Limits::default(), 50);
     for r in requests() {
         leader
-            .local()
+            .applied()
             .apply_batch([&r], |state, t| {
                 t.end_batch(state, None, &StoredMembership::default())
             })
@@ -136,23 +136,23 @@ async fn a_snapshot_installs_the_same_state_and_survives_reopening() {
         let mut bad = follower.begin_receiving_snapshot().await.unwrap();
         bad.write_all(&bytes[..bytes.len() - 3]).await.unwrap();
         assert!(follower.install_snapshot(&snap.meta, bad).await.is_err());
-        assert_eq!(follower.local().read(|_, t| t.count()).unwrap(), 0);
+        assert_eq!(follower.applied().read(|_, t| t.count()).unwrap(), 0);
         let mut good = follower.begin_receiving_snapshot().await.unwrap();
         good.write_all(&bytes).await.unwrap();
         follower.install_snapshot(&snap.meta, good).await.unwrap();
-        assert_same(&follower.local(), &mem);
+        assert_same(&follower.applied(), &mem);
         let current = follower.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, snap.meta);
     }
     let reopened = StateMachineStore::open(b.path(), initial()).unwrap();
-    assert_same(&reopened.local(), &mem);
+    assert_same(&reopened.applied(), &mem);
 }
 
 #[tokio::test]
 async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
     let dir = tempfile::tempdir().unwrap();
     let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
-    let local = sm.local();
+    let applied = sm.applied();
     let put = |key: String| Request {
         now_ms: 0,
         op: Op::Put {
@@ -166,7 +166,7 @@ async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
         t.end_batch(state, None, &StoredMembership::default())
     };
     let kept: Vec<_> = (0..500).map(|i| put(format!("kept/{i}"))).collect();
-    local.apply_batch(&kept, flush_now).unwrap();
+    applied.apply_batch(&kept, flush_now).unwrap();
     // Rounds of keys written and removed again, flushed on the flush
     // thread: the filter keeps the removed keys until it is rebuilt.
     let mut largest = 0;
@@ -183,10 +183,10 @@ async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
         // Kept, and in the live overlay when the flush of the round
         // before, which may have rebuilt the filter, is adopted.
         batch.push(put(format!("late/{round}")));
-        local.apply_batch(&batch, flush_now).unwrap();
-        largest = largest.max(local.read(|_, t| t.filter.inserted()));
+        applied.apply_batch(&batch, flush_now).unwrap();
+        largest = largest.max(applied.read(|_, t| t.filter.inserted()));
     }
-    let (inserted, count) = local.read(|_, t| (t.filter.inserted(), t.count().unwrap()));
+    let (inserted, count) = applied.read(|_, t| (t.filter.inserted(), t.count().unwrap()));
     assert_eq!(count, 500 + 90);
     assert!(largest > 2 * 500 + key_filter::MIN_CAPACITY, "{largest}");
     assert!(
@@ -195,7 +195,7 @@ async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
     );
     // No key the tables hold is missing from the rebuilt filter, and
     // reads still find every kept key and none of the removed ones.
-    local.read(|_, t| {
+    applied.read(|_, t| {
         for i in 0..500 {
             let key = format!("kept/{i}");
             assert!(t.filter.may_contain(key.as_bytes()));
@@ -208,9 +208,9 @@ async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
         assert!(t.get(b"churn/3/7").unwrap().is_none());
     });
     // And after reopening, from the file alone.
-    drop((local, sm));
+    drop((applied, sm));
     let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
-    let reopened = sm.local().read(|_, t| t.filter.inserted());
+    let reopened = sm.applied().read(|_, t| t.filter.inserted());
     assert_eq!(reopened, 500 + 90);
 }
 

@@ -1,56 +1,29 @@
 //! The Raft log as a write-ahead log of its own: segment files in `log/`
-//! under the data directory, appended to and `fdatasync`ed, as etcd's WAL
-//! does. A log append is one `write` and one `fdatasync` of the new bytes
-//! (0.15–0.2 ms on this machine's disk), where a redb commit rewrote the
-//! B-tree path, the allocator state and the header (0.4–0.55 ms).
+//! under the data directory, appended to and synced, as etcd's WAL does: one
+//! write and one sync per append, where a B-tree commit rewrites more
+//! (docs/performance.md). ARCHITECTURE.md, "The Raft log", has the format.
 //!
 //! Invariants:
-//! 1. A record is `[length: u32 LE][crc32 of the payload: u32 LE][payload]`,
-//!    the payload a postcard [`Record`] of at most [`MAX_RECORD`] bytes. A
-//!    segment is [`MAGIC`], then a [`Record::State`] (the vote, committed
-//!    index and purge point when it was created), then records. Replaying
-//!    the segments in order rebuilds the log, the vote, the committed index
-//!    and the purge point.
-//! 2. Nothing is acknowledged before it is on disk: a write's records are
-//!    written and `sync_data`ed before its callback runs or its caller hears
-//!    back; a new segment's file and directory entry are synced before
-//!    anything is written to it.
-//! 3. Only the last segment may end in an invalid record (a write that
-//!    never completed, hence never acknowledged): opening cuts the last
-//!    segment at its first invalid record. An invalid record in an earlier
-//!    segment is corruption, and opening refuses.
-//! 4. Segments are deleted oldest first, and only when every entry in them
-//!    is purged and a newer segment exists (it starts with the state they
-//!    held).
-//! 5. One writer thread owns every write, in the order they were issued.
-//!    An entry is readable from the moment [`Wal::append`] queues it: it
-//!    stays in memory until its record is on disk, after which recent
-//!    entries stay cached up to [`CACHE_BYTES`] and older ones are read
-//!    back from their segment. The cached entries are always the log's
-//!    newest (appends add at the end, eviction takes the oldest), so an
-//!    entry at or above the first cached index is in memory. Appends that
-//!    queue up behind a sync are written and synced together.
-//! 6. After a failed write or sync the log takes no more writes: part of
-//!    the failed bytes may be on disk, and a shorter write over them could
-//!    leave a whole, never acknowledged record behind it. Reopening cuts
-//!    them (invariant 3).
-//! 7. With direct I/O ([`LogIo::Direct`], the default where the file
-//!    system takes `O_DIRECT`), a write goes to disk as whole
-//!    [`BLOCK`]-byte blocks through a descriptor opened with `O_DIRECT |
-//!    O_DSYNC`: the segment's last partial block is written again, the new
-//!    records after it and zeros up to the block's end, so one `pwrite`
-//!    both writes and syncs, past the page cache. A record header that is
-//!    all zeros, with only zeros after it to the end of the file, is that
-//!    padding and ends the segment's records; zeros with anything else
-//!    after them are an invalid record (invariant 3). Where `O_DIRECT` is
-//!    refused (tmpfs), writes are buffered and `sync_data`ed.
-//! 8. With direct I/O the last segment is zero-filled ahead of its records
-//!    (up to [`ZERO_AHEAD`] bytes past them, at most to the segment's
-//!    size), after a write's callbacks have run, so that a write lands on
-//!    blocks the file already has: `O_DSYNC` then syncs the data alone,
-//!    with no journal commit for a new size or new blocks. The zeros read
-//!    as the padding of invariant 7; a segment is cut on opening only when
-//!    it ends in an invalid record, so reopening keeps them.
+//! 1. A record is `[len: u32 LE][crc32: u32 LE][postcard Record]`; a segment is
+//!    [`MAGIC`], a [`Record::State`], then records. Replaying the segments in
+//!    order rebuilds the log, vote, committed index and purge point.
+//! 2. Nothing is acknowledged before it is on disk: records are synced before
+//!    a write's callback runs; a new segment and its directory entry first.
+//! 3. Only the last segment may end in an invalid record (a write never
+//!    acknowledged): opening cuts it there; anywhere else, opening refuses.
+//! 4. Segments are deleted oldest first, only when every entry in them is
+//!    purged and a newer segment (starting with their state) exists.
+//! 5. One writer thread owns every write, in issue order. An entry is readable
+//!    once queued; the cache always holds the newest entries (up to
+//!    [`CACHE_BYTES`]), older ones are read back from their segment.
+//! 6. After a failed write or sync the log takes no more writes (a shorter
+//!    write over partial bytes could leave a whole unacknowledged record).
+//! 7. With [`LogIo::Direct`] a write is whole [`BLOCK`]s through `O_DIRECT |
+//!    O_DSYNC`, zero-padded; a zero header followed only by zeros ends the
+//!    records, zeros followed by anything else are invalid (3).
+//! 8. With direct I/O the last segment is zero-filled up to [`ZERO_AHEAD`]
+//!    past its records after a write's callbacks, so a write needs no journal
+//!    commit for a new size; the zeros read as 7's padding.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};

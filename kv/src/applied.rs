@@ -2,16 +2,12 @@
 //! backend that answers reads, blocking gets, barrier waits and watches.
 //!
 //! Invariants:
-//! 1. No lost wake-up: a waiter subscribes to change notifications before it
-//!    first looks at the state, so a change applied in between is either
-//!    seen by the look or wakes the wait.
-//! 2. A watcher sees every event with revision >= its start exactly once, in
-//!    revision order: it subscribes to live events before reading history
-//!    and skips live events at or below the last historical revision.
-//! 3. Live events are published once per applied batch, shared: a watcher
-//!    wakes once per batch and copies only the events under its prefix,
-//!    so an event costs each other watcher a prefix comparison, not a
-//!    copy and a wake-up.
+//! 1. No lost wake-up: a waiter subscribes before it first looks at the
+//!    state, so a change in between is seen by the look or wakes the wait.
+//! 2. A watcher sees every event from its start revision exactly once, in
+//!    order: it subscribes before reading history and skips replayed ones.
+//! 3. Live events are published once per batch, shared: a watcher wakes once
+//!    per batch and copies only the events under its prefix.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,18 +33,18 @@ type Published = Arc<[Event]>;
 const WATCH_BACKLOG_BATCHES: usize = 1024;
 
 /// Applied state plus notifications.
-pub struct LocalState<S> {
+pub struct AppliedState<S> {
     inner: Mutex<Inner<S>>,
     revision: watch::Sender<u64>,
     events: broadcast::Sender<Published>,
 }
 
-impl<S: TablesMut + Send> LocalState<S> {
+impl<S: TablesMut + Send> AppliedState<S> {
     /// Serves `state` over `store`.
-    pub fn new(state: KvState, store: S) -> LocalState<S> {
+    pub fn new(state: KvState, store: S) -> AppliedState<S> {
         let (revision, _) = watch::channel(state.revision());
         let (events, _) = broadcast::channel(WATCH_BACKLOG_BATCHES);
-        LocalState {
+        AppliedState {
             inner: Mutex::new(Inner { state, store }),
             revision,
             events,
@@ -229,7 +225,7 @@ impl LiveEvents {
     }
 }
 
-impl LocalState<MemTables> {
+impl AppliedState<MemTables> {
     /// Applies one request (memory cannot fail).
     pub fn apply(&self, req: &Request) -> Result<Output> {
         self.apply_batch([req], |_, _| Ok(()))?
@@ -244,8 +240,8 @@ mod tests {
     use crate::state::{Limits, Op};
     use futures::FutureExt;
 
-    fn local() -> LocalState<MemTables> {
-        LocalState::new(
+    fn applied() -> AppliedState<MemTables> {
+        AppliedState::new(
             KvState::new(Limits::default(), 100_000),
             MemTables::default(),
         )
@@ -266,7 +262,7 @@ mod tests {
     /// exactly the events under its own, once each, in revision order.
     #[tokio::test]
     async fn a_watcher_gets_only_its_prefix_from_shared_batches() {
-        let l = local();
+        let l = applied();
         l.apply(&put("a/0")).unwrap();
         let mut a = l.watch(b"a/", 1).unwrap();
         let mut b = l.watch(b"b/", 1).unwrap();
@@ -297,7 +293,7 @@ mod tests {
     /// again, and the watch ends there.
     #[tokio::test]
     async fn a_watcher_that_falls_behind_is_told_to_watch_again() {
-        let l = local();
+        let l = applied();
         let mut w = l.watch(b"k/", 1).unwrap();
         for i in 0..=WATCH_BACKLOG_BATCHES {
             l.apply(&put(&format!("k/{i}"))).unwrap();

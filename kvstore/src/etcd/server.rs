@@ -38,7 +38,7 @@ const PORT_TAKEN: &str = "address already in use";
 const LOG_TAIL_LINES: usize = 5;
 
 /// N `etcd` processes forming one cluster.
-pub struct LocalEtcd {
+pub struct EtcdServers {
     members: Vec<Member>,
     dir: tempfile::TempDir,
     initial_cluster: String,
@@ -69,9 +69,9 @@ pub fn etcd_binary() -> Result<PathBuf> {
         })
 }
 
-impl LocalEtcd {
+impl EtcdServers {
     /// Starts `n` members and waits until every one answers.
-    pub async fn start(n: usize) -> Result<LocalEtcd> {
+    pub async fn start(n: usize) -> Result<EtcdServers> {
         let mut attempt = 1;
         loop {
             let last = attempt == START_ATTEMPTS;
@@ -85,7 +85,7 @@ impl LocalEtcd {
 
     /// One attempt; `None` when a member found its port taken, unless this
     /// is the `last` attempt (then that is an error like any other).
-    async fn start_once(n: usize, last: bool) -> Result<Option<LocalEtcd>> {
+    async fn start_once(n: usize, last: bool) -> Result<Option<EtcdServers>> {
         let binary = etcd_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("tessel-etcd-")
@@ -105,7 +105,7 @@ impl LocalEtcd {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = LocalEtcd {
+        let mut cluster = EtcdServers {
             members,
             dir,
             initial_cluster,
@@ -285,7 +285,7 @@ impl LocalEtcd {
     }
 }
 
-impl Drop for LocalEtcd {
+impl Drop for EtcdServers {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
             self.kill(i);
