@@ -1,6 +1,9 @@
 //! `tessel bench job`: a job spec (by default the MLP demo) on a fresh local
-//! cluster, its step time and where it goes; with `--jax PYTHON`, the same
-//! model, data layout and global batch in JAX over gloo, in the same run.
+//! cluster, its step time, where it goes and the bytes a step copies
+//! between host and device; with `--jax PYTHON`, the same model, data
+//! layout and global batch in JAX in the same run: over gloo, one process
+//! per tessel process, or for a one-process global program, one jitted
+//! step over the same devices.
 
 use std::path::PathBuf;
 
@@ -27,9 +30,19 @@ pub struct BenchJobArgs {
     /// with this Python, which must have `jax` installed.
     #[arg(long, value_name = "PYTHON")]
     pub jax: Option<PathBuf>,
+    /// Copy every program's outputs to the host and back each step (how
+    /// plans ran before arrays stayed on their devices): the baseline for
+    /// the device-resident figure.
+    #[arg(long)]
+    pub host_staged: bool,
+    /// A create option of the workers' plugin clients (`tessel worker
+    /// --plugin-option`); repeat for several.
+    #[arg(long = "plugin-option", value_name = "NAME=VALUE")]
+    pub plugin_option: Vec<String>,
 }
 
 const JAX_MLP: &str = include_str!("../jax/mlp.py");
+const JAX_MLP_GLOBAL: &str = include_str!("../jax/mlp_global.py");
 
 /// Runs the benchmark and prints its table.
 pub async fn run(args: BenchJobArgs) -> Result<()> {
@@ -37,10 +50,20 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
     job.spec.steps = args.steps;
     let job = job.spec.validate(&job.files)?;
     let s = &job.spec;
+    let global = s.programs.values().any(|p| p.global);
     let plugin = locate::resolve(Some(&s.plugin))?;
     let mut tessel_ms = Vec::new();
     for _ in 0..args.repeat {
         let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
+        cluster.worker_args = args
+            .plugin_option
+            .iter()
+            .flat_map(|o| ["--plugin-option".to_owned(), o.clone()])
+            .collect();
+        if args.host_staged {
+            // The workers inherit it.
+            std::env::set_var(tessel::plan::HOST_STAGED_ENV, "1");
+        }
         cluster.start_coordinators(3)?;
         let kv = cluster.client()?;
         cluster.start_workers(
@@ -70,7 +93,7 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
         let last = results[0].last_report.as_ref().map(|r| r.values.clone());
         println!(
             "{}",
-            json!({"figure": "job_step", "system": "tessel", "spec": s.name,
+            json!({"figure": "job_step", "system": if args.host_staged { "tessel-host-staged" } else { "tessel" }, "spec": s.name,
                    "processes": s.processes, "devices_per_process": s.devices_per_process,
                    "steps": t.steps, "step_ms": (step_ms * 1000.0).round() / 1000.0,
                    "steps_per_s": (1e3 / step_ms).round(),
@@ -78,6 +101,9 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
                              "coordination": share(t.coordination_s),
                              "other": share(t.loop_s - t.compute_s - t.collective_s - t.coordination_s)},
                    "compile_s": (t.compile_s * 1000.0).round() / 1000.0,
+                   "host_device_bytes": {"first_step": t.first_step_bytes,
+                                         "later_step_max": t.later_step_bytes_max,
+                                         "total": t.to_device_bytes + t.to_host_bytes},
                    "final": last})
         );
         tessel_ms.push(step_ms);
@@ -85,20 +111,28 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
     let Some(python) = &args.jax else {
         return Ok(());
     };
-    if s.devices_per_process != 1 {
-        bail!("the JAX peer runs one device per process; use a spec with devices_per_process = 1");
-    }
+    let (script, processes, system) = match (global, s.processes, s.devices_per_process) {
+        (true, 1, n) => (JAX_MLP_GLOBAL, 1, format!("jax-jit-{n}-devices")),
+        (false, n, 1) => (JAX_MLP, n, "jax-gloo".to_owned()),
+        _ => bail!(
+            "the JAX peers run one device per process (gloo) or one process's devices (a global \
+             program); this spec is {} × {}",
+            s.processes,
+            s.devices_per_process
+        ),
+    };
     let data = std::path::absolute(args.spec.parent().unwrap_or(std::path::Path::new(".")))?;
     let mut jax_ms = Vec::new();
     for _ in 0..args.repeat {
         let out = crate::jax::run_group(
             python,
-            JAX_MLP,
-            s.processes,
+            script,
+            processes,
             &[
                 data.display().to_string(),
                 args.steps.to_string(),
                 "20".into(),
+                s.devices_per_process.to_string(),
             ],
         )?;
         let step_ms = out
@@ -107,7 +141,7 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
             .fold(0.0, f64::max);
         println!(
             "{}",
-            json!({"figure": "job_step", "system": "jax-gloo", "processes": s.processes,
+            json!({"figure": "job_step", "system": system, "processes": s.processes,
                    "steps": args.steps, "step_ms": (step_ms * 1000.0).round() / 1000.0,
                    "steps_per_s": (1e3 / step_ms).round(),
                    "final": {"loss": out[0]["loss"], "accuracy": out[0]["accuracy"]}})

@@ -107,6 +107,42 @@ fn data_parallel_training_matches_one_device() {
     }
 }
 
+/// One training-step program over four devices of one process (the
+/// all-reduce inside the program, no all_reduce step) ends with the
+/// parameters one device reaches over the same batches, within 1e-4 (as
+/// above); its arrays stay on the devices: after the first step a step
+/// copies at most the two reported scalars between host and device.
+#[test]
+fn a_global_program_over_four_devices_matches_one_device_and_keeps_its_arrays_there() {
+    let dir = tempfile::tempdir().unwrap();
+    run_local(&example("reference.toml"), &dir.path().join("ref"));
+    let spec = example("../mlp-global-spmd/job.toml");
+    let stdout = run_local(&spec, &dir.path().join("global"));
+    let (accuracy, loss) = final_values(&stdout);
+    assert!(
+        loss < 0.3 && accuracy > 0.9,
+        "loss {loss}, accuracy {accuracy}"
+    );
+    for p in ["w1", "b1", "w2", "b2"] {
+        let a = load(&dir.path().join("global").join(format!("{p}.npy")));
+        let b = load(&dir.path().join("ref").join(format!("{p}.npy")));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "{p} differs by {worst}");
+    }
+    let traffic = stdout
+        .lines()
+        .find(|l| l.contains("host↔device"))
+        .unwrap_or_else(|| panic!("no traffic line in\n{stdout}"));
+    assert!(
+        traffic.contains("then at most 8 B a step"),
+        "only the reports' two f32 scalars cross after the first step: {traffic}"
+    );
+}
+
 /// A plan that gathers a split array, computes on the whole of it, and
 /// splits the result again, on 2 processes: every process sees the whole
 /// input in order, and the blocks the result is cut into gather back to

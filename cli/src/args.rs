@@ -177,6 +177,11 @@ pub(crate) struct PluginArg {
     /// of a PJRT plugin library. Default: $TESSEL_PJRT_PLUGIN, else cpu.
     #[arg(long, value_name = "NAME|PATH")]
     pub plugin: Option<String>,
+    /// A create option of the plugin's clients, typed as the plugin checks
+    /// it: `memory_fraction=0.8` (a float), `preallocate=false`,
+    /// `visible_devices=[0,1]`, `allocator=platform`; repeat for several.
+    #[arg(long = "plugin-option", value_name = "NAME=VALUE")]
+    pub plugin_option: Vec<String>,
 }
 
 impl PluginArg {
@@ -199,5 +204,30 @@ impl PluginArg {
 
     pub(crate) fn load(&self) -> Result<Plugin> {
         Ok(Plugin::load(&self.path()?)?)
+    }
+
+    /// The `--plugin-option`s, typed.
+    pub(crate) fn options(&self) -> Result<Vec<tessel::pjrt::NamedValue>> {
+        self.plugin_option
+            .iter()
+            .map(|o| {
+                let (name, value) = o
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--plugin-option `{o}`: expected NAME=VALUE"))?;
+                tessel::job::check_plugin_option_name(name)
+                    .map_err(|e| anyhow::anyhow!("--plugin-option `{o}`: {e}"))?;
+                let v = tessel::job::PluginOption::parse(value)
+                    .map_err(|e| anyhow::anyhow!("--plugin-option `{o}`: {e}"))?;
+                Ok(tessel::pjrt::NamedValue::new(name, v.to_value()))
+            })
+            .collect()
+    }
+
+    /// The options as `tessel worker` arguments.
+    pub(crate) fn option_args(&self) -> Vec<String> {
+        self.plugin_option
+            .iter()
+            .flat_map(|o| ["--plugin-option".to_owned(), o.clone()])
+            .collect()
     }
 }

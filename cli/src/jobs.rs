@@ -174,6 +174,21 @@ fn summarize(job: &ValidatedJob, results: &[ProcessResult]) {
             1e3 * t.coordination_s / steps,
             share(t.coordination_s),
         );
+        println!(
+            "             host↔device {} in the first step, then at most {} a step ({} in all)",
+            bytes(t.first_step_bytes),
+            bytes(t.later_step_bytes_max),
+            bytes(t.to_device_bytes + t.to_host_bytes),
+        );
+    }
+}
+
+/// `n` bytes for people.
+fn bytes(n: u64) -> String {
+    match n {
+        0..1024 => format!("{n} B"),
+        1024..1_048_576 => format!("{:.1} KiB", n as f64 / 1024.0),
+        _ => format!("{:.1} MiB", n as f64 / 1_048_576.0),
     }
 }
 

@@ -63,7 +63,9 @@ pub(crate) async fn local(args: LocalArgs) -> Result<()> {
         Some(path) => Some(tessel::job::JobSpec::load(path)?),
         None => None,
     };
+    args.plugin.options()?; // refuse a malformed option before starting anything
     let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
+    cluster.worker_args = args.plugin.option_args();
     let result = tokio::select! {
         r = async {
             match &job {

@@ -23,15 +23,16 @@ pub(crate) fn run(
         .iter()
         .map(|s| parse_arg(s))
         .collect::<Result<Vec<_>>>()?;
-    let plugin = plugin.load()?;
+    let loaded = plugin.load()?;
     let request = RunRequest {
         program: code,
         devices,
         partitions,
         args,
+        options: plugin.options()?,
     };
     let outputs =
-        run_program(&plugin, &request).with_context(|| format!("running {}", program.display()))?;
+        run_program(&loaded, &request).with_context(|| format!("running {}", program.display()))?;
     for (i, o) in outputs.iter().enumerate() {
         println!(
             "output {i}: {}{:?} = {}",

@@ -126,6 +126,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         transfer_ip,
         transfer_tls: tls,
         checkpoint_roots: args.checkpoint_root.clone(),
+        plugin_options: args.plugin.options()?,
     };
     let w = Worker::start(kv, cfg, Arc::new(tessel::plan::PlanRunner)).await?;
     // Launchers, benchmarks and tests read this line.

@@ -329,6 +329,39 @@ fn validate_accepts_the_example_job_and_names_every_bad_field() {
 }
 
 #[test]
+fn a_global_program_across_processes_is_refused_on_cpu_plugins() {
+    let out = ok(&tessel(&["validate", "examples/mlp-global-spmd/job.toml"]));
+    assert!(out.contains("is valid"), "{out}");
+    let err = fails(&tessel(&[
+        "validate",
+        "examples/mlp-global-spmd/job-4x1.toml",
+    ]));
+    assert!(
+        err.contains("programs.step.global: plugin `cpu` cannot run one program across processes")
+            && err.contains("all_reduce"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plugin_options_are_checked_before_anything_runs() {
+    for (option, words) in [
+        ("memory_fraction", "expected NAME=VALUE"),
+        ("Bad=1", "lowercase"),
+        ("num_nodes=2", "set by tessel"),
+        ("visible_devices=[0,x]", "not an integer"),
+    ] {
+        let err = fails(&tessel(&[
+            "run",
+            "examples/linear-regression/train.mlir",
+            "--plugin-option",
+            option,
+        ]));
+        assert!(err.contains(words), "{option}: {err}");
+    }
+}
+
+#[test]
 fn compare_checks_type_shape_and_tolerance() {
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, v: &[f32], dims: &[i64]| {

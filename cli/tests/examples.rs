@@ -30,6 +30,7 @@ fn linear_regression_over_four_devices_converges() {
             devices: None,
             partitions: None,
             args: vec![npy("w0.npy"), npy("x.npy"), npy("y.npy")],
+            options: Vec::new(),
         },
     )
     .unwrap();

@@ -108,6 +108,12 @@ pub fn process_failure_seen(job: &str, index: u32) -> String {
     format!("jobs/{job}/processes/{index:05}/failure_seen")
 }
 
+/// A process's host and slice (`"{slice} {hostname}"`), published before
+/// its client exists for plugins that need every host first (libtpu).
+pub fn process_host(job: &str, index: u32) -> String {
+    format!("jobs/{job}/processes/{index:05}/host")
+}
+
 /// The job's bundle: its spec text and the files it names.
 pub fn job_spec(job: &str) -> String {
     format!("jobs/{job}/spec")

@@ -40,6 +40,11 @@ pub const KNOWN_PLUGINS: &[KnownPlugin] = &[
         ],
     },
     KnownPlugin {
+        name: "tpu",
+        package: "libtpu",
+        files: &["libtpu/libtpu.so"],
+    },
+    KnownPlugin {
         name: "cpu-lammps",
         package: "lammps-jax-pjrt-cpu",
         files: &["lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"],
@@ -51,6 +56,9 @@ pub const KNOWN_PLUGINS: &[KnownPlugin] = &[
     },
 ];
 
+/// The environment variable that names libtpu's library, overriding the
+/// wheel for the name `tpu`.
+pub const TPU_LIBRARY_ENV: &str = "TPU_LIBRARY_PATH";
 /// The environment variable naming the default plugin.
 pub const PLUGIN_ENV: &str = "TESSEL_PJRT_PLUGIN";
 /// The environment variable naming the project-local plugin folder.
@@ -66,6 +74,18 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
         .map(str::to_owned)
         .or(env)
         .unwrap_or_else(|| "cpu".to_owned());
+    // libtpu's own override, as JAX honours it.
+    if spec == "tpu" {
+        if let Some(p) = std::env::var_os(TPU_LIBRARY_ENV).map(PathBuf::from) {
+            if p.is_file() {
+                return Ok(p);
+            }
+            return Err(Error::InvalidArgument(format!(
+                "{TPU_LIBRARY_ENV}={} is not a file",
+                p.display()
+            )));
+        }
+    }
     let Some(known) = KNOWN_PLUGINS.iter().find(|k| k.name == spec) else {
         let path = PathBuf::from(&spec);
         if path.is_file() {

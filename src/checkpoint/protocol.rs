@@ -349,11 +349,11 @@ impl Checkpoints {
         kv: &dyn KvStore,
         comm: &mut Communicator,
         step: u64,
-        arrays: &[(&str, &ProcessBlock)],
+        arrays: &[(&str, &tessel_pjrt::HostBuffer, &crate::job::ShardingSpec)],
     ) -> Result<(), PlanError> {
         let blocks: Vec<(String, Vec<u8>)> = arrays
             .iter()
-            .map(|(n, a)| (n.to_string(), crate::array::write_npy(&a.value)))
+            .map(|(n, a, _)| (n.to_string(), crate::array::write_npy(a)))
             .collect();
         let digests = blocking(|| self.dir.write_blocks(step, self.process, &blocks))?;
         let n = self.n;
@@ -403,7 +403,7 @@ impl Checkpoints {
                 shared: self.shared,
                 arrays: arrays
                     .iter()
-                    .map(|(name, a)| (name.to_string(), a.sharding.clone()))
+                    .map(|(name, _, sharding)| (name.to_string(), (*sharding).clone()))
                     .collect(),
                 blocks: (0..n)
                     .map(|p| Blocks {

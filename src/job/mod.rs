@@ -56,8 +56,13 @@
 //!    all of them are reported at once.
 //! 5. Every name a worker may turn into a path follows [`crate::names`]; the
 //!    checkpoint folder is absolute. Spec files travel in the bundle.
+//! 6. A global program takes and returns global arrays; the pieces its
+//!    shardings give a process's devices lie in (results: cover) that
+//!    process's block, and a CPU plugin runs it only with one process.
 
+mod global;
 mod spec;
 mod validate;
 
+pub use global::{check_plugin_option_name, single_process_refusal, SINGLE_PROCESS_PLUGINS};
 pub use spec::*;

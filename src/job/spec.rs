@@ -45,6 +45,76 @@ pub struct JobSpec {
     /// How many times a failed attempt is restarted.
     #[serde(default)]
     pub max_restarts: u32,
+    /// Create options of every process's plugin client, with the types the
+    /// plugin checks (`memory_fraction = 0.8` is a float, `preallocate =
+    /// false` a bool, `visible_devices = [0]` an integer list). They add
+    /// to, and override, the worker's `--plugin-option`s.
+    #[serde(default)]
+    pub plugin_options: BTreeMap<String, PluginOption>,
+}
+
+/// A plugin create option's value, typed as the plugin checks it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PluginOption {
+    /// `true` or `false`.
+    Bool(bool),
+    /// A whole number (64 bits).
+    Int(i64),
+    /// A number with a point (sent as a 32-bit float).
+    Float(f64),
+    /// Text.
+    Text(String),
+    /// A list of whole numbers.
+    Ints(Vec<i64>),
+}
+
+impl PluginOption {
+    /// The PJRT named value.
+    pub fn to_value(&self) -> tessel_pjrt::Value {
+        use tessel_pjrt::Value;
+        match self {
+            PluginOption::Bool(b) => Value::Bool(*b),
+            PluginOption::Int(i) => Value::Int64(*i),
+            PluginOption::Float(f) => Value::Float(*f as f32),
+            PluginOption::Text(t) => Value::String(t.clone()),
+            PluginOption::Ints(v) => Value::Int64List(v.clone()),
+        }
+    }
+
+    /// Parses `--plugin-option NAME=VALUE`'s value: `true`/`false`, an
+    /// integer, a number with `.` or an exponent, `[1,2]`, else text
+    /// (quote it, `"8"`, to send digits as text).
+    pub fn parse(text: &str) -> Result<PluginOption, String> {
+        let t = text.trim();
+        if let Some(inner) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            return inner
+                .split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(|x| {
+                    x.parse::<i64>()
+                        .map_err(|_| format!("`{x}` in `{t}` is not an integer"))
+                })
+                .collect::<Result<_, _>>()
+                .map(PluginOption::Ints);
+        }
+        if let Some(q) = t.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+            return Ok(PluginOption::Text(q.to_owned()));
+        }
+        Ok(match t {
+            "true" => PluginOption::Bool(true),
+            "false" => PluginOption::Bool(false),
+            _ if t.parse::<i64>().is_ok() => PluginOption::Int(t.parse().expect("checked")),
+            _ if t.parse::<f64>().is_ok()
+                && !t.eq_ignore_ascii_case("nan")
+                && !t.to_ascii_lowercase().contains("inf") =>
+            {
+                PluginOption::Float(t.parse().expect("checked"))
+            }
+            _ => PluginOption::Text(t.to_owned()),
+        })
+    }
 }
 
 fn one() -> u32 {
@@ -67,6 +137,12 @@ pub struct ProgramSpec {
     /// SPMD partitions over a process's devices (default: all of them).
     #[serde(default)]
     pub partitions: Option<u32>,
+    /// One program over every device of every process (partitions = the
+    /// job's devices, in mesh order), its collectives the plugin's own.
+    /// Its signature takes the global arrays. CPU plugins run it only in a
+    /// job of one process.
+    #[serde(default)]
+    pub global: bool,
 }
 
 /// A named array.

@@ -49,6 +49,11 @@ impl Validation {
             self.err("steps", "at least 1");
         }
         self.check_mesh(s);
+        for name in s.plugin_options.keys() {
+            if let Err(e) = super::global::check_plugin_option_name(name) {
+                self.err(format!("plugin_options.{name}"), e);
+            }
+        }
         for (name, p) in &s.programs {
             self.check_program(s, name, p, base);
         }
@@ -119,7 +124,21 @@ impl Validation {
             self.err(format!("{field}.replicas"), "at least 1");
         }
         let partitions = p.partitions.unwrap_or(s.devices_per_process);
-        if partitions == 0 || p.replicas * partitions > s.devices_per_process {
+        if p.global {
+            if p.partitions.is_some() || p.replicas != 1 {
+                self.err(
+                    format!("{field}.global"),
+                    "a global program runs one partition per device of the job: leave out partitions and replicas",
+                );
+            }
+            if s.processes > 1 && super::global::SINGLE_PROCESS_PLUGINS.contains(&s.plugin.as_str())
+            {
+                self.err(
+                    format!("{field}.global"),
+                    super::global::single_process_refusal(&s.plugin),
+                );
+            }
+        } else if partitions == 0 || p.replicas * partitions > s.devices_per_process {
             self.err(
                 format!("{field}.partitions"),
                 format!(
@@ -136,11 +155,45 @@ impl Validation {
             Err(e) => self.err(format!("{field}.file"), e),
             Ok(text) => match parse_signature(&text) {
                 Ok(sig) => {
+                    if p.global {
+                        self.check_global_signature(s, &field, &sig);
+                    }
                     self.signatures.insert(name.to_owned(), sig);
                     self.files.insert(path.clone(), text.into_bytes());
                 }
                 Err(e) => self.err(format!("{field}.file"), format!("{}: {e}", path.display())),
             },
+        }
+    }
+
+    /// A global program's partition count and Shardy meshes against the job.
+    fn check_global_signature(&mut self, s: &JobSpec, field: &str, sig: &Signature) {
+        let devices = s.processes as usize * s.devices_per_process as usize;
+        if let Some(n) = sig.num_partitions {
+            if n != devices {
+                self.err(
+                    format!("{field}.file"),
+                    format!("mhlo.num_partitions = {n}, the job has {devices} devices"),
+                );
+            }
+        }
+        for (mesh, axes) in &sig.meshes {
+            if *axes != self.mesh {
+                let show = |a: &[(String, usize)]| {
+                    a.iter()
+                        .map(|(n, k)| format!("{n}={k}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                self.err(
+                    format!("{field}.file"),
+                    format!(
+                        "mesh @{mesh} is `{}`, the job's mesh is `{}`",
+                        show(axes),
+                        show(&self.mesh)
+                    ),
+                );
+            }
         }
     }
 
@@ -273,7 +326,14 @@ impl Validation {
     /// process-local type as the runner will have it; an error that only
     /// the second pass finds says so.
     fn check_plan(&mut self, s: &JobSpec) {
-        let mut current = self.local_types.clone();
+        let mut current = Layouts {
+            types: self.local_types.clone(),
+            shardings: s
+                .arrays
+                .iter()
+                .map(|(n, a)| (n.clone(), a.sharding.clone()))
+                .collect(),
+        };
         for (i, step) in s.plan.iter().enumerate() {
             self.check_step(s, i, step, &mut current);
         }
@@ -297,13 +357,7 @@ impl Validation {
 
     /// One step against `current` (each array's local type at this point
     /// of the plan), which it updates.
-    fn check_step(
-        &mut self,
-        s: &JobSpec,
-        i: usize,
-        step: &PlanStep,
-        current: &mut BTreeMap<String, TensorType>,
-    ) {
+    fn check_step(&mut self, s: &JobSpec, i: usize, step: &PlanStep, current: &mut Layouts) {
         let field = format!("plan[{i}]");
         let known = |a: &str| s.arrays.contains_key(a);
         match step {
@@ -322,6 +376,7 @@ impl Validation {
                 let Some(sig) = self.signatures.get(program).cloned() else {
                     return; // its file was already reported
                 };
+                let global = s.programs[program].global;
                 if inputs.len() != sig.parameters.len() {
                     self.err(
                         format!("{field}.inputs"),
@@ -339,7 +394,14 @@ impl Validation {
                             element_type: ElementType::S32,
                             dims: vec![],
                         }
-                    } else if let Some(t) = current.get(name) {
+                    } else if let (true, Some(t), Some(a)) =
+                        (global, current.types.get(name), s.arrays.get(name))
+                    {
+                        TensorType {
+                            element_type: t.element_type,
+                            dims: a.shape.clone(),
+                        }
+                    } else if let Some(t) = current.types.get(name) {
                         t.clone()
                     } else {
                         if !known(name) {
@@ -347,14 +409,18 @@ impl Validation {
                         }
                         continue;
                     };
+                    let per = if global { "globally" } else { "per process" };
                     if got != param.ty {
                         self.err(
                             at,
                             format!(
-                                "`{name}` is {got} per process, `{program}` parameter {} ({}) is {}",
+                                "`{name}` is {got} {per}, `{program}` parameter {} ({}) is {}",
                                 j, param.name, param.ty
                             ),
                         );
+                    } else if global && !BUILTINS.contains(&name.as_str()) {
+                        let sharding = current.shardings[name].clone();
+                        self.check_global_value(s, &at, &sig, j, false, &param.ty, &sharding);
                     }
                 }
                 if outputs.len() != sig.results.len() {
@@ -369,23 +435,36 @@ impl Validation {
                 }
                 for (j, (name, result)) in outputs.iter().zip(&sig.results).enumerate() {
                     let at = format!("{field}.outputs[{j}]");
-                    match self.local_types.get(name) {
+                    let declared = match (global, self.local_types.get(name), s.arrays.get(name)) {
+                        (true, Some(t), Some(a)) => Some(TensorType {
+                            element_type: t.element_type,
+                            dims: a.shape.clone(),
+                        }),
+                        (_, t, _) => t.cloned(),
+                    };
+                    let per = if global { "globally" } else { "per process" };
+                    match declared {
                         None if !known(name) => self.err(
                             at,
                             format!("unknown array `{name}` (declare it under [arrays])"),
                         ),
-                        Some(t) if *t != result.ty => self.err(
+                        Some(t) if t != result.ty => self.err(
                             at,
                             format!(
-                                "`{name}` is {t} per process, `{program}` result {j} is {}",
+                                "`{name}` is {t} {per}, `{program}` result {j} is {}",
                                 result.ty
                             ),
                         ),
+                        Some(t) if global => {
+                            let sharding = s.arrays[name].sharding.clone();
+                            self.check_global_value(s, &at, &sig, j, true, &t, &sharding);
+                        }
                         _ => {}
                     }
                     // The runner gives an output its declared sharding.
-                    if let Some(t) = self.local_types.get(name) {
-                        current.insert(name.clone(), t.clone());
+                    if let (Some(t), Some(a)) = (self.local_types.get(name), s.arrays.get(name)) {
+                        current.types.insert(name.clone(), t.clone());
+                        current.shardings.insert(name.clone(), a.sharding.clone());
                     }
                 }
             }
@@ -406,14 +485,14 @@ impl Validation {
             }
             PlanStep::AllGather { array } => match s.arrays.get(array) {
                 None => self.err(format!("{field}.array"), format!("unknown array `{array}`")),
-                Some(a) => relayout(current, array, a.shape.clone()),
+                Some(a) => current.relayout(array, a.shape.clone(), ShardingSpec::Replicated),
             },
             PlanStep::Reshard { array, sharding } => match s.arrays.get(array) {
                 None => self.err(format!("{field}.array"), format!("unknown array `{array}`")),
                 Some(a) => {
                     let at = format!("{field}.sharding");
                     match self.local_shape(s, &at, &a.shape, sharding) {
-                        Some(local) => relayout(current, array, local),
+                        Some(local) => current.relayout(array, local, sharding.clone()),
                         None => self.err(
                             at,
                             format!("cannot reshard `{array}` to {}", sharding.describe()),
@@ -425,10 +504,63 @@ impl Validation {
     }
 }
 
-/// `array` now has the process-local `dims` (its dtype stays).
-fn relayout(current: &mut BTreeMap<String, TensorType>, array: &str, dims: Vec<i64>) {
-    if let Some(t) = current.get_mut(array) {
-        t.dims = dims;
+/// Each array's process-local type and layout at a point of the plan.
+struct Layouts {
+    types: BTreeMap<String, TensorType>,
+    shardings: BTreeMap<String, ShardingSpec>,
+}
+
+impl Layouts {
+    /// `array` now has the process-local `dims` (its dtype stays) under
+    /// `sharding`.
+    fn relayout(&mut self, array: &str, dims: Vec<i64>, sharding: ShardingSpec) {
+        if let Some(t) = self.types.get_mut(array) {
+            t.dims = dims;
+            self.shardings.insert(array.to_owned(), sharding);
+        }
+    }
+}
+
+impl Validation {
+    /// A global program's parameter (or result) `j` of type `ty` against
+    /// the array's layout `sharding` (invariant 6).
+    #[allow(clippy::too_many_arguments)]
+    fn check_global_value(
+        &mut self,
+        s: &JobSpec,
+        at: &str,
+        sig: &Signature,
+        j: usize,
+        result: bool,
+        ty: &TensorType,
+        sharding: &ShardingSpec,
+    ) {
+        let devices = s.processes as usize * s.devices_per_process as usize;
+        let v = if result {
+            &sig.results[j]
+        } else {
+            &sig.parameters[j]
+        };
+        let tiling = match crate::program::sharding::Tiling::from_annotation(
+            v.sharding.as_ref(),
+            ty.dims.len(),
+            devices,
+            &sig.meshes,
+        ) {
+            Ok(t) => t,
+            Err(e) => return self.err(at, e.to_string()),
+        };
+        if let Err(e) = super::global::check_pieces(
+            &self.mesh,
+            s.processes as usize,
+            s.devices_per_process as usize,
+            &ty.dims,
+            &tiling,
+            sharding,
+            result,
+        ) {
+            self.err(at, e);
+        }
     }
 }
 

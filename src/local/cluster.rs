@@ -25,6 +25,8 @@ pub struct LocalCluster {
     pub addrs: Vec<SocketAddr>,
     /// `--checkpoint-root` of every worker started from now on.
     pub checkpoint_roots: Vec<PathBuf>,
+    /// More arguments for every worker (`--plugin-option`s).
+    pub worker_args: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -41,6 +43,7 @@ impl LocalCluster {
             coordinators: Vec::new(),
             addrs: Vec::new(),
             checkpoint_roots: Vec::new(),
+            worker_args: Vec::new(),
             dir,
         })
     }
@@ -79,6 +82,7 @@ impl LocalCluster {
         for root in &self.checkpoint_roots {
             cmd.arg("--checkpoint-root").arg(root);
         }
+        cmd.args(&self.worker_args);
         cmd
     }
 

@@ -3,10 +3,13 @@
 //! A [`JobBundle`] is what travels to the workers (`jobs/{job}/spec`): the
 //! spec's text and the files it names. Each process validates it again,
 //! compiles the programs for its local devices, initialises its block of
-//! every array ([`crate::init`]) and runs the plan `steps` times. Arrays
-//! live on the host between steps as process-local blocks; `execute` splits
-//! them over the process's devices by the program's own sharding
-//! annotations, the collectives run over the job's [`Communicator`](tessel_transfer::Communicator).
+//! every array ([`crate::init`]) and runs the plan `steps` times. Between
+//! steps an array stays where the last step left it ([`resident`]): on the
+//! devices as a program's pieces, or on the host after a collective.
+//! `execute` places its inputs by the program's own sharding annotations,
+//! over the process's devices or, for a global program, as this process's
+//! part of one program over every device of the job; the collectives run
+//! over the job's [`Communicator`](tessel_transfer::Communicator).
 //!
 //! Invariants:
 //! 1. Every process holds, for each array, the block its devices cover
@@ -18,11 +21,15 @@
 //!    the run with that error, naming the step (`plan[i]`) and the array.
 
 mod bundle;
+mod execute;
 mod process;
+pub mod resident;
 mod run;
 
 pub use bundle::{JobBundle, MAX_BUNDLE, MAX_FETCHABLE};
-pub use process::{scalar_f64, written_arrays, PlanTimings, ProcessBlock, ProcessPlan};
+pub use process::{
+    scalar_f64, written_arrays, PlanTimings, ProcessBlock, ProcessPlan, HOST_STAGED_ENV,
+};
 pub use run::{run_job_process, PlanRunner, ProcessResult, StepReport};
 
 use tessel_coordinator::jobs::FailureKind;

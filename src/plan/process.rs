@@ -1,7 +1,6 @@
 //! One process's state while it runs a job's plan: its blocks of every
 //! array, its compiled programs, and the steps.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -9,12 +8,21 @@ use serde::{Deserialize, Serialize};
 use tessel_pjrt::{Client, ElementType, HostBuffer};
 use tessel_transfer::{Communicator, ReduceOp};
 
+use super::execute::{self, Held, Input, View};
+use super::resident::{Slot, Traffic};
 use super::PlanError;
 use crate::job::{JobSpec, PlanStep, ShardingSpec, ValidatedJob, BUILTINS};
 use crate::layout::{concat_dim, process_block, shard_index, slice_dim};
-use crate::program::{CompiledProgram, ProgramSource};
+use crate::program::{plugin_devices, CompiledProgram, ProgramSource};
 
-/// A process's block of an array and how it is laid out now.
+/// With this environment variable set to `1`, a worker's plans copy every
+/// program's outputs back to the host and drop them from the devices, as
+/// every step did before arrays stayed there: the baseline of `tessel bench
+/// job --host-staged`.
+pub const HOST_STAGED_ENV: &str = "TESSEL_HOST_STAGED";
+
+/// A process's block of an array on the host, and how it is laid out
+/// (what a checkpoint restores).
 #[derive(Debug, Clone)]
 pub struct ProcessBlock {
     /// The process's block.
@@ -46,6 +54,21 @@ pub struct PlanTimings {
     pub loop_s: f64,
     /// Wall time of the whole run.
     pub run_s: f64,
+    /// Bytes copied host → device in the run (programs' inputs).
+    #[serde(default)]
+    pub to_device_bytes: u64,
+    /// Bytes copied device → host (collectives, reports, checkpoints, the
+    /// final arrays).
+    #[serde(default)]
+    pub to_host_bytes: u64,
+    /// Bytes either way in the first step run (arrays first placed on
+    /// their devices).
+    #[serde(default)]
+    pub first_step_bytes: u64,
+    /// The most bytes either way in any later step, its report and
+    /// checkpoint included.
+    #[serde(default)]
+    pub later_step_bytes_max: u64,
 }
 
 /// One process's state while it runs a job's plan.
@@ -55,18 +78,25 @@ pub struct ProcessPlan {
     steps: std::sync::Arc<[PlanStep]>,
     process: usize,
     programs: BTreeMap<String, CompiledProgram>,
-    arrays: BTreeMap<String, ProcessBlock>,
+    arrays: BTreeMap<String, Held>,
+    /// Bytes copied between host and device so far.
+    traffic: Traffic,
+    /// [`HOST_STAGED_ENV`] is set: every step copies its arrays in and out.
+    host_staged: bool,
     /// Where its time went.
     pub timings: PlanTimings,
 }
 
 impl ProcessPlan {
     /// Compiles every program on `client` and initialises this process's
-    /// blocks. Blocking (compiles).
+    /// blocks. `mesh_devices` are the job's devices in mesh order as
+    /// `(process, local hardware id)`, where global programs run.
+    /// Blocking (compiles).
     pub fn prepare(
         job: ValidatedJob,
         process: usize,
         client: &Client,
+        mesh_devices: &[(u32, i32)],
     ) -> Result<ProcessPlan, PlanError> {
         let s = &job.spec;
         if process >= s.processes as usize {
@@ -93,10 +123,13 @@ impl ProcessPlan {
                 source,
             };
             let source = ProgramSource::parse(&job.files[&p.file]).map_err(compile_err)?;
-            let partitions = p.partitions.unwrap_or(s.devices_per_process) as usize;
-            let partitions = source.partitions(Some(partitions)).map_err(compile_err)?;
-            let compiled =
-                CompiledProgram::compile(client, source, partitions).map_err(compile_err)?;
+            let compiled = if p.global {
+                global_program(client, source, s, mesh_devices).map_err(compile_err)?
+            } else {
+                let partitions = p.partitions.unwrap_or(s.devices_per_process) as usize;
+                let partitions = source.partitions(Some(partitions)).map_err(compile_err)?;
+                CompiledProgram::compile(client, source, partitions).map_err(compile_err)?
+            };
             programs.insert(name.clone(), compiled);
         }
         let compile_s = started.elapsed().as_secs_f64();
@@ -107,6 +140,8 @@ impl ProcessPlan {
             process,
             programs,
             arrays: BTreeMap::new(),
+            traffic: Traffic::default(),
+            host_staged: std::env::var_os(HOST_STAGED_ENV).is_some_and(|v| v == "1"),
             timings: PlanTimings {
                 compile_s,
                 ..PlanTimings::default()
@@ -126,9 +161,34 @@ impl ProcessPlan {
         &self.job.spec
     }
 
-    /// This process's block of array `name`.
-    pub fn array(&self, name: &str) -> Option<&ProcessBlock> {
-        self.arrays.get(name)
+    /// Bytes copied between host and device so far.
+    pub fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+
+    /// Brings `names` to the host (copying from the devices what is only
+    /// there), for [`Self::host_value`].
+    pub fn download(&mut self, names: &[String]) -> Result<(), PlanError> {
+        for n in names {
+            let held = self
+                .arrays
+                .get_mut(n)
+                .ok_or_else(|| PlanError::Other(format!("no array `{n}`")))?;
+            held.slot
+                .host(&mut self.traffic)
+                .map_err(|reason| PlanError::Array {
+                    array: n.clone(),
+                    reason,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// This process's block of `name` on the host, once
+    /// [`Self::download`]ed, and its layout.
+    pub fn host_value(&self, name: &str) -> Option<(&HostBuffer, &ShardingSpec)> {
+        let held = self.arrays.get(name)?;
+        Some((held.slot.host_if_there()?, &held.sharding))
     }
 
     /// The block `(dim, lo, hi)` of the global array this process holds
@@ -141,7 +201,7 @@ impl ProcessPlan {
         ProcessPlan::block_of(&self.job, name, sharding, self.process)
     }
 
-    fn initial_block(&self, name: &str) -> Result<ProcessBlock, PlanError> {
+    fn initial_block(&self, name: &str) -> Result<Held, PlanError> {
         let spec = &self.job.spec.arrays[name];
         let err = |reason: String| PlanError::Array {
             array: name.to_owned(),
@@ -160,8 +220,8 @@ impl ProcessPlan {
             }
             init => crate::init::generate(init, ty, &spec.shape, block).map_err(err)?,
         };
-        Ok(ProcessBlock {
-            value,
+        Ok(Held {
+            slot: Slot::on_host(value),
             sharding: spec.sharding.clone(),
         })
     }
@@ -187,33 +247,51 @@ impl ProcessPlan {
                     outputs,
                 } => {
                     let started = Instant::now();
-                    let args = inputs
+                    let inputs = inputs
                         .iter()
                         .map(|n| self.input(n, step))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(fail)?;
-                    let args: Vec<&HostBuffer> = args.iter().map(|a| a.as_ref()).collect();
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let outputs = outputs
+                        .iter()
+                        .map(|n| {
+                            let a = &self.job.spec.arrays[n];
+                            let ty = ElementType::parse(&a.dtype).expect("validated dtype");
+                            let dims = self.block_dims(n, &a.sharding)?;
+                            Ok((n.clone(), a.sharding.clone(), ty, dims))
+                        })
+                        .collect::<Result<Vec<_>, PlanError>>()?;
+                    let global = self.job.spec.programs[program].global;
+                    let (job, process) = (&self.job, self.process);
+                    let view = |name: &str, sharding: &ShardingSpec, block: &[i64]| {
+                        view_of(job, process, global, name, sharding, block)
+                    };
                     let prog = &self.programs[program];
                     // PJRT blocks: keep it off the runtime's other tasks.
-                    let results = tokio::task::block_in_place(|| prog.execute(client, &args))
-                        .map_err(|e| fail(format!("`{program}`: {e}")))?;
-                    for (name, value) in outputs.iter().zip(results) {
-                        let sharding = self.job.spec.arrays[name].sharding.clone();
-                        self.arrays
-                            .insert(name.clone(), ProcessBlock { value, sharding });
-                    }
+                    tokio::task::block_in_place(|| {
+                        execute::run(
+                            prog,
+                            client,
+                            &mut self.arrays,
+                            &mut self.traffic,
+                            &inputs,
+                            &outputs,
+                            &view,
+                            self.host_staged,
+                        )
+                    })
+                    .map_err(|e| fail(format!("`{program}`: {e}")))?;
                     self.timings.compute_s += started.elapsed().as_secs_f64();
                 }
                 PlanStep::AllReduce { array, reduce } => {
                     let started = Instant::now();
                     let op = ReduceOp::parse(reduce)
                         .ok_or_else(|| fail(format!("unknown reduction `{reduce}`")))?;
-                    let local = self.arrays.get_mut(array).expect("validated name");
+                    let held = self.arrays.get_mut(array).expect("validated name");
                     if comm.size() > 1 {
-                        let ty = local.value.element_type();
-                        let dims = local.value.dims().to_vec();
-                        let bytes = std::mem::replace(&mut local.value, HostBuffer::scalar(0u8))
-                            .into_bytes();
+                        let value = held.slot.host(&mut self.traffic).map_err(fail)?;
+                        let ty = value.element_type();
+                        let dims = value.dims().to_vec();
+                        let bytes = value.bytes().to_vec();
                         let reduced = comm.all_reduce(op, ty, bytes).await.map_err(|source| {
                             PlanError::Collective {
                                 what: format!(
@@ -222,8 +300,10 @@ impl ProcessPlan {
                                 source,
                             }
                         })?;
-                        local.value = HostBuffer::from_bytes(ty, &dims, reduced)
-                            .map_err(|e| fail(e.to_string()))?;
+                        held.slot.set_host(
+                            HostBuffer::from_bytes(ty, &dims, reduced)
+                                .map_err(|e| fail(e.to_string()))?,
+                        );
                     }
                     self.timings.collective_s += started.elapsed().as_secs_f64();
                 }
@@ -247,22 +327,29 @@ impl ProcessPlan {
         Ok(())
     }
 
-    /// An `execute` input: a built-in scalar, or the array itself (not a
-    /// copy).
-    fn input(&self, name: &str, step: u64) -> Result<Cow<'_, HostBuffer>, String> {
+    /// An `execute` input: a built-in scalar, or an array.
+    fn input(&self, name: &str, step: u64) -> Result<Input, PlanError> {
         let per = self.job.spec.devices_per_process as usize;
-        let scalar = |v: usize| Ok(Cow::Owned(HostBuffer::scalar(v as i32)));
+        let scalar = |v: usize| Ok(Input::Scalar(v as i32));
         match name {
             "$step" => scalar(step as usize),
             "$process" => scalar(self.process),
             "$shard" => scalar(shard_index(&self.job.mesh, per, self.process)),
-            _ if BUILTINS.contains(&name) => Err(format!("unknown built-in `{name}`")),
-            _ => self
-                .arrays
-                .get(name)
-                .map(|a| Cow::Borrowed(&a.value))
-                .ok_or_else(|| format!("no array `{name}`")),
+            _ if BUILTINS.contains(&name) => {
+                Err(PlanError::Other(format!("unknown built-in `{name}`")))
+            }
+            _ if self.arrays.contains_key(name) => Ok(Input::Array(name.to_owned())),
+            _ => Err(PlanError::Other(format!("no array `{name}`"))),
         }
+    }
+
+    /// The shape of this process's block of `name` under `sharding`.
+    fn block_dims(&self, name: &str, sharding: &ShardingSpec) -> Result<Vec<i64>, PlanError> {
+        let mut dims = self.job.spec.arrays[name].shape.clone();
+        if let Some((d, lo, hi)) = self.block(name, sharding).map_err(PlanError::Other)? {
+            dims[d] = (hi - lo) as i64;
+        }
+        Ok(dims)
     }
 
     /// Lays `array` out as `to`: slicing needs nothing from the others,
@@ -284,8 +371,8 @@ impl ProcessPlan {
         };
         self.arrays.insert(
             array.to_owned(),
-            ProcessBlock {
-                value,
+            Held {
+                slot: Slot::on_host(value),
                 sharding: to,
             },
         );
@@ -294,40 +381,39 @@ impl ProcessPlan {
 
     /// The global value of `array` (every process calls it together).
     pub async fn gather(
-        &self,
+        &mut self,
         array: &str,
         comm: &mut Communicator,
     ) -> Result<HostBuffer, PlanError> {
-        let local = self
-            .arrays
-            .get(array)
-            .ok_or_else(|| PlanError::Other(format!("no array `{array}`")))?;
-        let ShardingSpec::Split { dim, .. } = local.sharding else {
-            return Ok(local.value.clone());
+        self.download(&[array.to_owned()])?;
+        let held = &self.arrays[array];
+        let value = held.slot.host_if_there().expect("downloaded");
+        let ShardingSpec::Split { dim, .. } = held.sharding else {
+            return Ok(value.clone());
         };
-        let ty = local.value.element_type();
+        let ty = value.element_type();
         let all = if comm.size() > 1 {
-            comm.all_gather(ty, local.value.bytes())
+            comm.all_gather(ty, value.bytes())
                 .await
                 .map_err(|source| PlanError::Collective {
                     what: format!("all-gather of `{array}`"),
                     source,
                 })?
         } else {
-            local.value.bytes().to_vec()
+            value.bytes().to_vec()
         };
         // One block per distinct position, in order (processes that share
         // a position along the split axis hold the same block).
-        let piece = local.value.bytes().len();
+        let piece = value.bytes().len();
         let mut blocks: BTreeMap<usize, HostBuffer> = BTreeMap::new();
         for p in 0..comm.size() {
-            let (_, lo, _) = ProcessPlan::block_of(&self.job, array, &local.sharding, p)
+            let (_, lo, _) = ProcessPlan::block_of(&self.job, array, &held.sharding, p)
                 .map_err(PlanError::Other)?
                 .expect("split");
             if let std::collections::btree_map::Entry::Vacant(e) = blocks.entry(lo) {
                 let bytes = all[p * piece..(p + 1) * piece].to_vec();
                 e.insert(
-                    HostBuffer::from_bytes(ty, local.value.dims(), bytes)
+                    HostBuffer::from_bytes(ty, value.dims(), bytes)
                         .map_err(|e| PlanError::Other(e.to_string()))?,
                 );
             }
@@ -378,18 +464,82 @@ impl ProcessPlan {
                     spec.dtype
                 ));
             }
-            self.arrays.insert(name, a);
+            self.arrays.insert(
+                name,
+                Held {
+                    slot: Slot::on_host(a.value),
+                    sharding: a.sharding,
+                },
+            );
         }
         Ok(())
     }
 
-    /// The scalars to report, as f64.
-    pub fn scalars(&self, names: &[String]) -> BTreeMap<String, f64> {
-        names
+    /// The scalars to report, as f64 (copied from the devices).
+    pub fn scalars(&mut self, names: &[String]) -> Result<BTreeMap<String, f64>, PlanError> {
+        self.download(names)?;
+        Ok(names
             .iter()
-            .filter_map(|n| Some((n.clone(), scalar_f64(&self.arrays.get(n)?.value)?)))
-            .collect()
+            .filter_map(|n| Some((n.clone(), scalar_f64(self.host_value(n)?.0)?)))
+            .collect())
     }
+}
+
+/// What a program sees of `name` (process block `block` under `sharding`):
+/// the block itself, or for a global program the global array, with the
+/// block's offset in it.
+fn view_of(
+    job: &ValidatedJob,
+    process: usize,
+    global: bool,
+    name: &str,
+    sharding: &ShardingSpec,
+    block: &[i64],
+) -> View {
+    let mut offset = vec![0; block.len()];
+    if !global {
+        return View {
+            dims: block.to_vec(),
+            offset,
+        };
+    }
+    if let Ok(Some((d, lo, _))) = ProcessPlan::block_of(job, name, sharding, process) {
+        offset[d] = lo as i64;
+    }
+    View {
+        dims: job.spec.arrays[name].shape.clone(),
+        offset,
+    }
+}
+
+/// Compiles a global program over the job's devices in mesh order.
+fn global_program(
+    client: &Client,
+    source: ProgramSource,
+    spec: &JobSpec,
+    mesh_devices: &[(u32, i32)],
+) -> Result<CompiledProgram, crate::program::RunError> {
+    let bad = |m: String| crate::program::RunError::Arguments(m);
+    if spec.processes > 1 && client.platform_name()? == "cpu" {
+        return Err(bad(format!(
+            "plugin `{}` runs no program across processes (CPU plugins have no cross-process \
+             collectives): run a global program with processes = 1, or per-process programs \
+             and all_reduce steps",
+            spec.plugin
+        )));
+    }
+    let partitions = spec.processes as usize * spec.devices_per_process as usize;
+    source.partitions(Some(partitions))?;
+    if mesh_devices.len() != partitions {
+        return Err(bad(format!(
+            "the job's topology has {} devices, the mesh {partitions}",
+            mesh_devices.len()
+        )));
+    }
+    let assignment =
+        crate::program::global::device_assignment(mesh_devices, &plugin_devices(client)?)
+            .map_err(bad)?;
+    CompiledProgram::compile_global(client, source, &assignment)
 }
 
 /// The arrays a plan writes (outputs of `execute`, targets of

@@ -6,9 +6,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    written_arrays, JobBundle, PlanError, PlanTimings, ProcessBlock, ProcessPlan, MAX_FETCHABLE,
-};
+use super::{written_arrays, JobBundle, PlanError, PlanTimings, ProcessPlan, MAX_FETCHABLE};
 
 /// One report: the step it followed and the scalars.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -53,7 +51,14 @@ pub async fn run_job_process(
     let comm = process.communicator;
     let started = Instant::now();
     let text = job.text.clone();
-    let mut plan = tokio::task::block_in_place(|| ProcessPlan::prepare(job, index, client))?;
+    let mesh_devices: Vec<(u32, i32)> = process
+        .topology
+        .devices
+        .iter()
+        .map(|d| (d.process_index, d.local_hardware_id))
+        .collect();
+    let mut plan =
+        tokio::task::block_in_place(|| ProcessPlan::prepare(job, index, client, &mesh_devices))?;
     tracing::info!(
         job = process.job,
         process = index,
@@ -93,31 +98,41 @@ pub async fn run_job_process(
         // A plan without collectives never waits: yield once a step so the
         // worker can stop it (failure elsewhere, cancellation).
         tokio::task::yield_now().await;
+        let before = plan.traffic().total();
         plan.run_step(client, step, comm).await?;
         if let Some(c) = &checkpoints {
             if (step + 1) % c.every == 0 && step + 1 < spec.steps {
                 let t = Instant::now();
-                let blocks: Vec<(&str, &ProcessBlock)> = written
+                plan.download(&written)?;
+                let blocks: Vec<_> = written
                     .iter()
-                    .map(|n| (n.as_str(), plan.array(n).expect("declared")))
+                    .map(|n| {
+                        let (value, sharding) = plan.host_value(n).expect("downloaded");
+                        (n.as_str(), value, sharding)
+                    })
                     .collect();
                 c.save(&*process.kv, comm, step, &blocks).await?;
                 plan.timings.checkpoint_s += t.elapsed().as_secs_f64();
             }
         }
-        let (Some(r), Some(reporter)) = (&spec.report, &reporter) else {
-            continue;
-        };
-        if (step + 1) % r.every == 0 || step + 1 == spec.steps {
-            let t = Instant::now();
-            let report = StepReport {
-                step,
-                values: plan.scalars(&r.arrays),
-                unix_ms: tessel_coordinator::keys::unix_ms(),
-            };
-            reporter.send(&report);
-            last_report = Some(report);
-            plan.timings.coordination_s += t.elapsed().as_secs_f64();
+        if let (Some(r), Some(reporter)) = (&spec.report, &reporter) {
+            if (step + 1) % r.every == 0 || step + 1 == spec.steps {
+                let t = Instant::now();
+                let report = StepReport {
+                    step,
+                    values: plan.scalars(&r.arrays)?,
+                    unix_ms: tessel_coordinator::keys::unix_ms(),
+                };
+                reporter.send(&report);
+                last_report = Some(report);
+                plan.timings.coordination_s += t.elapsed().as_secs_f64();
+            }
+        }
+        let bytes = plan.traffic().total() - before;
+        if step == first_step {
+            plan.timings.first_step_bytes = bytes;
+        } else {
+            plan.timings.later_step_bytes_max = plan.timings.later_step_bytes_max.max(bytes);
         }
     }
     plan.timings.loop_s = loop_started.elapsed().as_secs_f64();
@@ -150,6 +165,8 @@ pub async fn run_job_process(
         }
     }
     plan.timings.run_s = started.elapsed().as_secs_f64();
+    plan.timings.to_device_bytes = plan.traffic().to_device;
+    plan.timings.to_host_bytes = plan.traffic().to_host;
     Ok(ProcessResult {
         process: process.process_index,
         timings: plan.timings,
@@ -174,5 +191,19 @@ impl tessel_worker::JobRunner for PlanRunner {
                 message: e.to_string(),
             })?;
         Ok(serde_json::to_vec(&r).expect("encodes"))
+    }
+
+    fn client_options(
+        &self,
+        spec: &[u8],
+    ) -> Result<Vec<tessel_pjrt::NamedValue>, tessel_worker::JobError> {
+        let (_, job) =
+            JobBundle::decode(spec).map_err(|e| tessel_worker::JobError::job(e.to_string()))?;
+        Ok(job
+            .spec
+            .plugin_options
+            .iter()
+            .map(|(name, v)| tessel_pjrt::NamedValue::new(name.clone(), v.to_value()))
+            .collect())
     }
 }

@@ -50,6 +50,13 @@ pub struct TensorType {
     pub dims: Vec<i64>,
 }
 
+impl TensorType {
+    /// Bytes of one value of this type.
+    pub fn byte_len(&self) -> usize {
+        self.dims.iter().product::<i64>().max(0) as usize * self.element_type.size()
+    }
+}
+
 impl std::fmt::Display for TensorType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}{:?}", self.element_type, self.dims)
@@ -80,6 +87,9 @@ pub struct Value {
     pub ty: TensorType,
     /// Its sharding, if annotated.
     pub sharding: Option<ShardingAnnotation>,
+    /// A parameter the program lets the runtime reuse for a result
+    /// (`tf.aliasing_output` or `jax.buffer_donor = true`).
+    pub donated: bool,
 }
 
 /// The signature of `@main` and the module attributes around it.
@@ -122,6 +132,7 @@ pub fn parse_signature(text: &str) -> Result<Signature, MlirError> {
             },
             ty,
             sharding,
+            donated: is_donated(rest),
         });
     }
     let rest = after[close + 1..].trim_start();
@@ -154,6 +165,7 @@ pub fn parse_signature(text: &str) -> Result<Signature, MlirError> {
             name: format!("result {i}"),
             ty,
             sharding,
+            donated: false,
         });
     }
     let module_head = &text[..main];
@@ -268,6 +280,12 @@ fn top_level_find(s: &str, c: char) -> Option<usize> {
         }
     }
     None
+}
+
+/// Whether a parameter's attributes donate its buffer.
+fn is_donated(param: &str) -> bool {
+    let attrs = top_level_find(param.trim(), '{').map_or("", |i| &param.trim()[i..]);
+    attrs.contains("tf.aliasing_output") || attrs.contains("jax.buffer_donor = true")
 }
 
 /// `tensor<...> {attrs}` → type and sharding.

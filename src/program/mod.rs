@@ -3,10 +3,12 @@
 //! and running it ([`run_program`], [`CompiledProgram`]) — what `tessel
 //! run` does, and what a job's `execute` step runs.
 
+pub mod global;
 pub mod mlir;
 mod run;
 pub mod sharding;
 
 pub use run::{
-    client_with_devices, run_program, CompiledProgram, ProgramSource, RunError, RunRequest,
+    client_with_devices, plugin_devices, run_program, CompiledProgram, ProgramSource, RunError,
+    RunRequest,
 };

@@ -97,25 +97,23 @@ impl Tiling {
             .collect()
     }
 
-    /// The block of `global` held by `partition`.
-    pub fn shard(&self, global: &HostBuffer, partition: usize) -> Option<HostBuffer> {
-        let tile = self.tile_dims(global.dims())?;
+    /// Where `partition`'s tile of an array of shape `dims` starts, and its
+    /// shape.
+    pub fn tile(&self, dims: &[i64], partition: usize) -> Option<(Vec<i64>, Vec<i64>)> {
+        let tile = self.tile_dims(dims)?;
         let coord = self.coords.get(partition)?;
-        let start: Vec<i64> = coord
+        let start = coord
             .iter()
             .zip(&tile)
             .map(|(&c, &t)| c as i64 * t)
             .collect();
-        let mut out =
-            Vec::with_capacity(global.bytes().len() / self.tiles.iter().product::<usize>().max(1));
-        copy_block(
-            global.dims(),
-            &tile,
-            &start,
-            global.element_type().size(),
-            |src, len| out.extend_from_slice(&global.bytes()[src..src + len]),
-        );
-        HostBuffer::from_bytes(global.element_type(), &tile, out).ok()
+        Some((start, tile))
+    }
+
+    /// The block of `global` held by `partition`.
+    pub fn shard(&self, global: &HostBuffer, partition: usize) -> Option<HostBuffer> {
+        let (start, tile) = self.tile(global.dims(), partition)?;
+        extract(global, &start, &tile)
     }
 
     /// Reassembles the global array of shape `dims` from per-partition
@@ -152,6 +150,48 @@ impl Tiling {
         }
         HostBuffer::from_bytes(ty, dims, out).ok()
     }
+}
+
+/// The block of `a` at `start` with shape `shape`; `None` when it does not
+/// lie inside `a`.
+pub fn extract(a: &HostBuffer, start: &[i64], shape: &[i64]) -> Option<HostBuffer> {
+    let dims = a.dims();
+    let inside = start.len() == dims.len()
+        && shape.len() == dims.len()
+        && (0..dims.len())
+            .all(|d| start[d] >= 0 && shape[d] >= 0 && start[d] + shape[d] <= dims[d]);
+    if !inside {
+        return None;
+    }
+    if start.iter().all(|&s| s == 0) && shape == dims {
+        return Some(a.clone());
+    }
+    let size = a.element_type().size();
+    let mut out = Vec::with_capacity(shape.iter().product::<i64>() as usize * size);
+    copy_block(dims, shape, start, size, |src, len| {
+        out.extend_from_slice(&a.bytes()[src..src + len])
+    });
+    HostBuffer::from_bytes(a.element_type(), shape, out).ok()
+}
+
+/// Writes `tile` into `out`, the bytes of an array of shape `dims` and
+/// `tile`'s element type, at `start`; false when it does not fit.
+pub fn insert(out: &mut [u8], dims: &[i64], start: &[i64], tile: &HostBuffer) -> bool {
+    let shape = tile.dims();
+    let size = tile.element_type().size();
+    let fits = start.len() == dims.len()
+        && shape.len() == dims.len()
+        && (0..dims.len()).all(|d| start[d] >= 0 && start[d] + shape[d] <= dims[d])
+        && out.len() == dims.iter().product::<i64>() as usize * size;
+    if !fits {
+        return false;
+    }
+    let mut offset = 0;
+    copy_block(dims, shape, start, size, |dst, len| {
+        out[dst..dst + len].copy_from_slice(&tile.bytes()[offset..offset + len]);
+        offset += len;
+    });
+    true
 }
 
 /// Calls `f(byte offset in the global array, byte length)` for each

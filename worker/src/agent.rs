@@ -49,6 +49,8 @@ pub struct WorkerConfig {
     pub transfer_tls: Option<tessel_net::tls::TlsFiles>,
     /// Folders under which jobs may keep checkpoints on this host.
     pub checkpoint_roots: Vec<PathBuf>,
+    /// Create options of every client of the plugin (`--plugin-option`).
+    pub plugin_options: Vec<tessel_pjrt::NamedValue>,
 }
 
 /// What the probe client found.
@@ -77,8 +79,15 @@ pub struct Worker {
     pub(crate) runner: Arc<dyn JobRunner>,
 }
 
-pub(crate) fn client_options(platform: &str, devices: Option<usize>) -> ClientOptions {
+pub(crate) fn client_options(
+    platform: &str,
+    devices: Option<usize>,
+    extra: &[tessel_pjrt::NamedValue],
+) -> ClientOptions {
     let mut o = ClientOptions::default();
+    for nv in extra {
+        o = o.option(nv.name.clone(), nv.value.clone());
+    }
     if platform == "cpu" {
         if let Some(n) = devices {
             o = o.option("cpu_device_count", n as i64);
@@ -88,16 +97,20 @@ pub(crate) fn client_options(platform: &str, devices: Option<usize>) -> ClientOp
 }
 
 /// Loads the plugin and probes its devices, on a blocking thread.
-async fn probe(path: PathBuf, devices: Option<usize>) -> Result<(Plugin, PluginFacts)> {
+async fn probe(
+    path: PathBuf,
+    devices: Option<usize>,
+    options: Vec<tessel_pjrt::NamedValue>,
+) -> Result<(Plugin, PluginFacts)> {
     tokio::task::spawn_blocking(move || -> Result<_> {
         let plugin = Plugin::load(&path)?;
         // The platform decides the options, so probe without any first
         // unless a CPU device count is asked for.
-        let probe = Client::create(&plugin, ClientOptions::default())?;
+        let probe = Client::create(&plugin, client_options("", None, &options))?;
         let platform = probe.platform_name()?;
         let probe = if platform == "cpu" && devices.is_some() {
             drop(probe);
-            Client::create(&plugin, client_options(&platform, devices))?
+            Client::create(&plugin, client_options(&platform, devices, &options))?
         } else {
             probe
         };
@@ -162,7 +175,8 @@ impl Worker {
         keys::check_id("worker id", &cfg.worker_id)?;
         check_identity(&cfg)?;
         let load_started = std::time::Instant::now();
-        let (plugin, facts) = probe(cfg.plugin.clone(), cfg.devices).await?;
+        let (plugin, facts) =
+            probe(cfg.plugin.clone(), cfg.devices, cfg.plugin_options.clone()).await?;
         let plugin_load = load_started.elapsed();
         let plugin_ready_unix_ms = keys::unix_ms();
         let host = HostFacts::read();

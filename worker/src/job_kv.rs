@@ -6,8 +6,8 @@
 //! worker thread (the worker creates clients in `spawn_blocking`).
 //!
 //! Invariants:
-//! 1. Every key the plugin uses lives under `jobs/{job}/pjrt/`, so jobs
-//!    never see each other's keys, and deleting a job deletes them.
+//! 1. Every key the plugin uses lives under `jobs/{job}/pjrt/`, `job` the
+//!    attempt's instance (`ID@A`): attempts never see each other's keys.
 //! 2. `put` is an insert, as in XLA's coordination service: a second put of
 //!    the same key is AlreadyExists.
 
@@ -59,10 +59,12 @@ fn to_pjrt(e: KvError, timeout: Duration) -> PjrtKvError {
 impl KeyValueStore for JobKv {
     fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>, PjrtKvError> {
         let k = self.key(key);
-        tracing::debug!(key = %tessel_kv::show_key(&k), ?timeout, "pjrt kv_get");
-        self.runtime
+        let got = self
+            .runtime
             .block_on(self.kv.get(&k, timeout))
-            .map_err(|e| to_pjrt(e, timeout))
+            .map_err(|e| to_pjrt(e, timeout));
+        tracing::debug!(key = %tessel_kv::show_key(&k), ?timeout, bytes = got.as_ref().map_or(0, Vec::len), ok = got.is_ok(), "pjrt kv_get");
+        got
     }
 
     fn try_get(&self, key: &[u8]) -> Result<Vec<u8>, PjrtKvError> {
@@ -74,7 +76,7 @@ impl KeyValueStore for JobKv {
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), PjrtKvError> {
         let k = self.key(key);
-        tracing::debug!(key = %tessel_kv::show_key(&k), "pjrt kv_put");
+        tracing::debug!(key = %tessel_kv::show_key(&k), bytes = value.len(), "pjrt kv_put");
         self.runtime
             .block_on(self.kv.insert(&k, value))
             .map(drop)
@@ -114,5 +116,36 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         b.put(b"late", b"v").unwrap();
         assert_eq!(t.join().unwrap().unwrap(), b"v");
+    }
+
+    /// What XLA refuses with "Different local topology for node N has been
+    /// set previously" cannot happen: a restarted attempt writes the
+    /// plugin's topology and clique ids (binary) into a fresh namespace.
+    #[test]
+    fn each_attempt_gets_a_fresh_namespace_for_binary_plugin_values() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let kv: Arc<dyn KvStore> = rt.block_on(async { Arc::new(MemoryKv::new()) });
+        let first = JobKv::new(kv.clone(), "mlp.3@1", rt.handle().clone());
+        let second = JobKv::new(kv.clone(), "mlp.3@2", rt.handle().clone());
+        let clique: Vec<u8> = (0..128u8).map(|i| i.wrapping_mul(37)).collect();
+        let key = b"root_process: 0; clique: 0,1";
+        first
+            .put(b"local_topology/cuda/0", &[0, 1, 2, 0xff])
+            .unwrap();
+        first.put(key, &clique).unwrap();
+        assert_eq!(
+            second.try_get(b"local_topology/cuda/0"),
+            Err(PjrtKvError::NotFound)
+        );
+        second.put(b"local_topology/cuda/0", &[9, 9]).unwrap();
+        assert_eq!(first.try_get(key).unwrap(), clique, "binary-safe");
+        assert_eq!(
+            second.try_get(b"local_topology/cuda/0").unwrap(),
+            vec![9, 9]
+        );
     }
 }

@@ -12,6 +12,7 @@
 //!   registering again after a loss, following assignments.
 //! * [`claim`]: taking a worker id only when no live process holds it.
 //! * `process`: one job process, from client to result.
+//! * [`tpu`]: the environment libtpu reads to join a multi-host slice.
 
 pub mod agent;
 pub mod claim;
@@ -20,6 +21,7 @@ pub mod host;
 pub mod job_kv;
 mod process;
 pub mod runner;
+pub mod tpu;
 
 pub use agent::{topology_digest, Worker, WorkerConfig};
 pub use error::{Result, WorkerError};

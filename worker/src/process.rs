@@ -278,7 +278,22 @@ impl Worker {
 
     async fn job_client(&self, a: &JobAssignment) -> Result<Client> {
         let plugin = self.plugin.clone();
-        let mut options = client_options(&self.facts.platform, self.cfg.devices);
+        // The job's own options override the worker's, name by name.
+        let mut named = self.cfg.plugin_options.clone();
+        match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
+            Ok(spec) => {
+                for nv in self.runner.client_options(&spec)? {
+                    named.retain(|o| o.name != nv.name);
+                    named.push(nv);
+                }
+            }
+            Err(KvError::NotFound(_)) => {}
+            Err(e) => return Err(kv_err("reading the job's spec")(e)),
+        }
+        let mut options = client_options(&self.facts.platform, self.cfg.devices, &named);
+        if self.facts.platform == "tpu" {
+            self.set_tpu_env(a).await?;
+        }
         if self.facts.platform != "cpu" {
             // Plugins that exchange topology themselves (CUDA) do it through
             // the job's namespace.
@@ -296,6 +311,33 @@ impl Worker {
             .await
             .map_err(|e| WorkerError::Internal(e.to_string()))?
             .map_err(WorkerError::from)
+    }
+
+    /// libtpu reads the slice's hosts from its environment when the client
+    /// is created: exchange them, then set it (`tpu` invariant 1).
+    async fn set_tpu_env(&self, a: &JobAssignment) -> Result<()> {
+        let mine = crate::tpu::TpuHost {
+            hostname: self.host.hostname.clone(),
+            slice: self.cfg.slice_index.unwrap_or(0),
+        };
+        let hosts = crate::tpu::exchange_hosts(
+            &*self.kv,
+            &a.job,
+            a.process_index,
+            a.num_processes,
+            &mine,
+            Duration::from_millis(a.topology_timeout_ms),
+        )
+        .await?;
+        let env =
+            crate::tpu::tpu_env(&hosts, a.process_index as usize).map_err(WorkerError::Config)?;
+        for (k, v) in env {
+            tracing::info!(job = %a.job, var = %k, value = %v, "libtpu environment");
+            // The worker runs one TPU job process at a time (the chips are
+            // the process's), and libtpu reads these only at client creation.
+            std::env::set_var(k, v);
+        }
+        Ok(())
     }
 
     async fn describe(&self, client: &Client, a: &JobAssignment) -> Result<LocalTopology> {

@@ -64,4 +64,11 @@ pub trait JobRunner: Send + Sync {
     /// (stored at `jobs/{job}/processes/{i}/result`), or why it failed
     /// (which fails the job for every process).
     async fn run(&self, process: JobProcess<'_>) -> Result<Vec<u8>, JobError>;
+
+    /// The plugin create options a job's spec (the bytes at
+    /// `jobs/{job}/spec`) asks for; they add to, and override, the
+    /// worker's own.
+    fn client_options(&self, _spec: &[u8]) -> Result<Vec<tessel_pjrt::NamedValue>, JobError> {
+        Ok(Vec::new())
+    }
 }
