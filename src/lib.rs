@@ -29,6 +29,7 @@
 //!     devices: None,
 //!     partitions: None,
 //!     args: vec![array::parse_literal("f32[2,2]=1,2,3,4")?, array::parse_literal("f32[2,2]=1,0,0,1")?],
+//!     options: Vec::new(),
 //! };
 //! let outputs = program::run_program(&plugin, &request)?;
 //! println!("{}", array::format_array(&outputs[0]));

@@ -206,21 +206,29 @@ impl PluginArg {
         Ok(Plugin::load(&self.path()?)?)
     }
 
-    /// The `--plugin-option`s, typed.
-    pub(crate) fn options(&self) -> Result<Vec<tessel::pjrt::NamedValue>> {
+    /// The `--plugin-option`s, typed; `num_nodes` and `node_id` only with
+    /// `nodes` (`tessel run`, where no worker sets them).
+    pub(crate) fn options_with(&self, nodes: bool) -> Result<Vec<tessel::pjrt::NamedValue>> {
         self.plugin_option
             .iter()
             .map(|o| {
                 let (name, value) = o
                     .split_once('=')
                     .ok_or_else(|| anyhow::anyhow!("--plugin-option `{o}`: expected NAME=VALUE"))?;
-                tessel::job::check_plugin_option_name(name)
-                    .map_err(|e| anyhow::anyhow!("--plugin-option `{o}`: {e}"))?;
+                if !(nodes && ["num_nodes", "node_id"].contains(&name)) {
+                    tessel::job::check_plugin_option_name(name)
+                        .map_err(|e| anyhow::anyhow!("--plugin-option `{o}`: {e}"))?;
+                }
                 let v = tessel::job::PluginOption::parse(value)
                     .map_err(|e| anyhow::anyhow!("--plugin-option `{o}`: {e}"))?;
                 Ok(tessel::pjrt::NamedValue::new(name, v.to_value()))
             })
             .collect()
+    }
+
+    /// The `--plugin-option`s of a worker's clients, typed.
+    pub(crate) fn options(&self) -> Result<Vec<tessel::pjrt::NamedValue>> {
+        self.options_with(false)
     }
 
     /// The options as `tessel worker` arguments.

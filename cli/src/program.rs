@@ -29,7 +29,7 @@ pub(crate) fn run(
         devices,
         partitions,
         args,
-        options: plugin.options()?,
+        options: plugin.options_with(true)?,
     };
     let outputs =
         run_program(&loaded, &request).with_context(|| format!("running {}", program.display()))?;

@@ -348,7 +348,7 @@ fn plugin_options_are_checked_before_anything_runs() {
     for (option, words) in [
         ("memory_fraction", "expected NAME=VALUE"),
         ("Bad=1", "lowercase"),
-        ("num_nodes=2", "set by tessel"),
+        ("cpu_device_count=2", "set by tessel"),
         ("visible_devices=[0,x]", "not an integer"),
     ] {
         let err = fails(&tessel(&[
