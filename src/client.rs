@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -100,6 +101,17 @@ pub enum JobUpdate {
     Report(StepReport),
 }
 
+/// A piece of a command job's process output: whole lines, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogChunk {
+    /// The process (its rank).
+    pub process: u32,
+    /// Its place among the process's chunks.
+    pub seq: u64,
+    /// The lines, each ending in a newline.
+    pub text: String,
+}
+
 /// A connection to a tessel cluster's coordinators.
 #[derive(Clone)]
 pub struct Client {
@@ -135,8 +147,8 @@ impl Client {
         let s = &job.spec;
         let submission = scheduler::Submission {
             name: s.name.clone(),
-            processes: s.processes,
-            devices_per_process: s.devices_per_process,
+            processes: s.placements(),
+            devices_per_process: s.devices_per_placement(),
             plugin: s.plugin.clone(),
             max_restarts: s.max_restarts,
         };
@@ -279,6 +291,44 @@ impl Client {
             }),
             Err(e) => Err(kv_err("reading the array")(e)),
         }
+    }
+
+    /// The logs of a command job's attempt (default: its current one), in
+    /// order per process, from chunk `after[p] + 1` on for process `p`
+    /// (everything kept, when absent); the attempt read.
+    pub async fn logs(
+        &self,
+        id: &str,
+        attempt: Option<u32>,
+        process: Option<u32>,
+        after: &BTreeMap<u32, u64>,
+    ) -> Result<(u32, Vec<LogChunk>), ClientError> {
+        let attempt = match attempt {
+            Some(a) => a,
+            None => self.job(id).await?.attempt,
+        };
+        let prefix = keys::job_logs(id, attempt, process);
+        let mut chunks: Vec<LogChunk> = self
+            .kv
+            .list(prefix.as_bytes())
+            .await
+            .map_err(kv_err("reading the job's logs"))?
+            .into_iter()
+            .filter_map(|p| {
+                let key = String::from_utf8_lossy(&p.key).into_owned();
+                let mut parts = key.rsplit('/');
+                let seq: u64 = parts.next()?.parse().ok()?;
+                let process: u32 = parts.next()?.parse().ok()?;
+                let new = after.get(&process).is_none_or(|&last| seq > last);
+                new.then(|| LogChunk {
+                    process,
+                    seq,
+                    text: String::from_utf8_lossy(&p.value).into_owned(),
+                })
+            })
+            .collect();
+        chunks.sort_by_key(|c| (c.process, c.seq));
+        Ok((attempt, chunks))
     }
 
     /// The key-value store this client talks to.

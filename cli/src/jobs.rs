@@ -110,7 +110,7 @@ pub(crate) async fn run_scheduled(
     Ok((id, results))
 }
 
-fn state_line(id: &str, e: &tessel_coordinator::scheduler::JobEvent) -> String {
+pub(crate) fn state_line(id: &str, e: &tessel_coordinator::scheduler::JobEvent) -> String {
     let why = e
         .reason
         .as_ref()
@@ -224,7 +224,7 @@ pub(crate) struct FetchArgs {
     pub target: crate::args::KvTargetArgs,
 }
 
-async fn client(target: &crate::args::KvTargetArgs) -> Result<Client> {
+pub(crate) async fn client(target: &crate::args::KvTargetArgs) -> Result<Client> {
     let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(target.connect().await?);
     Ok(Client::from_store(kv))
 }

@@ -69,6 +69,9 @@ pub(crate) async fn local(args: LocalArgs) -> Result<()> {
     let result = tokio::select! {
         r = async {
             match &job {
+                Some(job) if job.spec.is_command() => {
+                    crate::logs::run_command_local(&mut cluster, args.coordinators, job).await
+                }
                 Some(job) => crate::jobs::run_on_local(&mut cluster, &args, job).await,
                 None => run_local(&mut cluster, &args).await,
             }

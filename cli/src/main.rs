@@ -14,6 +14,7 @@ mod coordinator;
 mod jobs;
 mod kv;
 mod local;
+mod logs;
 mod metrics_http;
 mod nodes;
 mod program;
@@ -66,6 +67,8 @@ enum Command {
     Cancel(jobs::JobIdArgs),
     /// Write an array a finished job's plan wrote to a `.npy` file.
     Fetch(jobs::FetchArgs),
+    /// A command job's output, each line prefixed with its process.
+    Logs(logs::LogsArgs),
     /// Benchmarks (JSON lines on stdout).
     Bench {
         #[command(subcommand)]
@@ -217,6 +220,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Job(args) => runtime()?.block_on(jobs::job(args)),
         Command::Cancel(args) => runtime()?.block_on(jobs::cancel(args)),
         Command::Fetch(args) => runtime()?.block_on(jobs::fetch(args)),
+        Command::Logs(args) => runtime()?.block_on(logs::logs(args)),
         Command::Cluster { command } => runtime()?.block_on(cluster::cluster(command)),
         Command::Bench {
             command: BenchCommand::Kv(args),

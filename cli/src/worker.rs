@@ -50,6 +50,11 @@ pub(crate) struct WorkerArgs {
     /// checkpoint fail on this worker, saying so.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_root: Vec<PathBuf>,
+    /// Where command jobs' attempts get their folders (the job's files,
+    /// the working directory); default: a folder under the system's temp
+    /// folder named after the worker.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
 }
 
 /// The local address of the route to `target` (no packet is sent).
@@ -80,6 +85,20 @@ fn transfer_ip(args: &WorkerArgs) -> Result<std::net::IpAddr> {
     outbound_ip(target)
 }
 
+/// What command jobs' processes are told about the cluster: the
+/// coordinators (or etcd) and the TLS folder, as this worker reaches them.
+fn command_env(args: &WorkerArgs) -> Result<Vec<(String, String)>> {
+    let mut env = vec![(
+        "TESSEL_COORDINATORS".to_owned(),
+        args.target.service()?.to_string(),
+    )];
+    if let Some(dir) = &args.target.tls.tls_dir {
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        env.push(("TESSEL_TLS_DIR".to_owned(), dir.display().to_string()));
+    }
+    Ok(env)
+}
+
 pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
     let metrics = crate::metrics_http::serve_if(args.metrics_listen).await?;
     for root in &args.checkpoint_root {
@@ -102,7 +121,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
     let transfer_ip = transfer_ip(&args)?;
     let tls = args.target.tls.load()?;
     // Default id: the name in this worker's certificate, else the hostname.
-    let worker_id = match (args.worker_id, tls.as_ref().map(|t| t.identity())) {
+    let worker_id = match (args.worker_id.clone(), tls.as_ref().map(|t| t.identity())) {
         (Some(id), _) => id,
         (
             None,
@@ -114,7 +133,6 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         (None, _) => tessel_worker::HostFacts::read().hostname,
     };
     let cfg = WorkerConfig {
-        worker_id,
         plugin_name,
         plugin,
         devices: args.devices,
@@ -127,6 +145,12 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         transfer_tls: tls,
         checkpoint_roots: args.checkpoint_root.clone(),
         plugin_options: args.plugin.options()?,
+        work_dir: args
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("tessel-worker-{worker_id}"))),
+        command_env: command_env(&args)?,
+        worker_id,
     };
     let w = Worker::start(kv, cfg, Arc::new(tessel::plan::PlanRunner)).await?;
     // Launchers, benchmarks and tests read this line.

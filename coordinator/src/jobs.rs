@@ -30,8 +30,11 @@ pub enum FailureKind {
     PeerLost,
     /// The job's own error: a program that does not compile or fails, a
     /// bad bundle, ranks that disagree, a checkpoint that cannot be
-    /// restored.
+    /// restored, a command that cannot be started.
     Job,
+    /// A process of a command job exited with a non-zero code or a
+    /// signal: restarted while restarts remain, as torchrun does.
+    Exited,
 }
 
 impl FailureKind {

@@ -73,6 +73,32 @@ pub fn job_member(job: &str, worker: &str) -> String {
     format!("jobs/{job}/members/{worker}")
 }
 
+/// The log chunks of process `process` of attempt `attempt` of job `id`
+/// (a command job's output), or of every process with `None`.
+pub fn job_logs(id: &str, attempt: u32, process: Option<u32>) -> String {
+    match process {
+        Some(p) => format!("jobs/{id}/logs/{attempt:05}/{p:05}/"),
+        None => format!("jobs/{id}/logs/{attempt:05}/"),
+    }
+}
+
+/// One log chunk (see [`job_logs`]), numbered from 0 in order.
+pub fn job_log(id: &str, attempt: u32, process: u32, seq: u64) -> String {
+    format!("jobs/{id}/logs/{attempt:05}/{process:05}/{seq:010}")
+}
+
+/// Where process 0 of a command job's attempt publishes the rendezvous
+/// address its processes meet at (`host jax_port torch_port`).
+pub fn job_rendezvous(job: &str) -> String {
+    format!("jobs/{job}/rendezvous")
+}
+
+/// A drain request for a worker: no new placements, and its running
+/// processes are told to checkpoint and stop (the value: why).
+pub fn drain(worker: &str) -> String {
+    format!("workers/{worker}/drain")
+}
+
 /// A job's first failure (written once).
 pub fn job_failure(job: &str) -> String {
     format!("jobs/{job}/failure")

@@ -59,10 +59,30 @@
 //! 6. A global program takes and returns global arrays; the pieces its
 //!    shardings give a process's devices lie in (results: cover) that
 //!    process's block, and a CPU plugin runs it only with one process.
+//! 7. A command job (`command = [...]`) has no plan fields; its processes
+//!    divide over workers evenly, its files are plain relative paths that
+//!    travel in the bundle, and its `env` sets none of tessel's variables.
+//!
+//! A command job runs an existing script as the job's processes:
+//!
+//! ```toml
+//! name = "train"
+//! processes = 4
+//! processes_per_worker = 1
+//! command = ["python3", "train.py", "--steps", "500"]
+//! files = ["train.py"]          # shipped; or workdir = "/srv/project" on every host
+//! max_restarts = 3
+//! [env]
+//! XLA_FLAGS = "--xla_force_host_platform_device_count=1"
+//! [checkpoint]
+//! dir = "/var/lib/tessel/checkpoints/train"   # TESSEL_CHECKPOINT_DIR
+//! ```
 
+mod command;
 mod global;
 mod spec;
 mod validate;
 
+pub use command::SET_BY_TESSEL;
 pub use global::{check_plugin_option_name, single_process_refusal, SINGLE_PROCESS_PLUGINS};
 pub use spec::*;

@@ -27,15 +27,42 @@ pub struct JobSpec {
     #[serde(default = "default_plugin")]
     pub plugin: String,
     /// Named axes, outermost first: `"data=4"`, `"data=2,model=2"`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mesh: String,
     /// Programs by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub programs: BTreeMap<String, ProgramSpec>,
     /// Arrays by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub arrays: BTreeMap<String, ArraySpec>,
     /// How many times the plan runs.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub steps: u64,
     /// What one step does, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub plan: Vec<PlanStep>,
+    /// A command job instead of a plan: the program and its arguments,
+    /// started `processes` times (`["python3", "train.py"]`), in the
+    /// environment JAX and torchrun scripts expect ([`crate::job`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// A command job's processes per worker (each worker runs this many;
+    /// it divides `processes`).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub processes_per_worker: u32,
+    /// A command job's files, relative to the spec's folder: shipped with
+    /// the job (within the bundle's limit) into each attempt's folder on
+    /// every host, where the command runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<PathBuf>,
+    /// Instead of `files`: an absolute folder that exists on every host
+    /// (a shared file system, or the image), where the command runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<PathBuf>,
+    /// Milliseconds between SIGTERM and SIGKILL when a command job's
+    /// processes are stopped.
+    #[serde(default = "default_grace", skip_serializing_if = "is_default_grace")]
+    pub stop_grace_ms: u64,
     /// Scalars to report while it runs.
     #[serde(default)]
     pub report: Option<ReportSpec>,
@@ -49,8 +76,55 @@ pub struct JobSpec {
     /// plugin checks (`memory_fraction = 0.8` is a float, `preallocate =
     /// false` a bool, `visible_devices = [0]` an integer list). They add
     /// to, and override, the worker's `--plugin-option`s.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugin_options: BTreeMap<String, PluginOption>,
+    /// A command job's environment variables (tessel's own are added and
+    /// cannot be set here).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+impl JobSpec {
+    /// Whether it runs a command rather than a plan.
+    pub fn is_command(&self) -> bool {
+        !self.command.is_empty()
+    }
+
+    /// What the scheduler places: one per worker. A plan job's processes,
+    /// or a command job's `processes / processes_per_worker`.
+    pub fn placements(&self) -> u32 {
+        if self.is_command() {
+            self.processes / self.processes_per_worker.max(1)
+        } else {
+            self.processes
+        }
+    }
+
+    /// Devices each placement needs.
+    pub fn devices_per_placement(&self) -> u32 {
+        if self.is_command() {
+            self.devices_per_process * self.processes_per_worker
+        } else {
+            self.devices_per_process
+        }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// Ten seconds, torchrun's default too.
+fn default_grace() -> u64 {
+    10_000
+}
+
+fn is_default_grace(ms: &u64) -> bool {
+    *ms == default_grace()
 }
 
 /// A plugin create option's value, typed as the plugin checks it.
@@ -304,7 +378,9 @@ pub struct ReportSpec {
 pub struct CheckpointSpec {
     /// The folder (absolute).
     pub dir: PathBuf,
-    /// Checkpoint every this many steps.
+    /// Checkpoint every this many steps (a plan's; a command job's
+    /// processes get `dir` as `TESSEL_CHECKPOINT_DIR` and choose).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub every: u64,
 }
 

@@ -26,6 +26,10 @@ impl Validation {
         });
     }
 
+    pub(super) fn err_at(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.err(field, message);
+    }
+
     pub(super) fn check(&mut self, s: &JobSpec, base: &dyn SpecFiles) {
         // Letters, digits, `-` and `_`: the scheduler derives ids from it
         // (`NAME.N`, attempts `NAME.N@A`) that no name can collide with.
@@ -45,6 +49,11 @@ impl Validation {
         if s.devices_per_process == 0 {
             self.err("devices_per_process", "at least 1");
         }
+        if s.is_command() {
+            self.check_command(s, base);
+            return;
+        }
+        self.refuse_command_fields(s);
         if s.steps == 0 {
             self.err("steps", "at least 1");
         }

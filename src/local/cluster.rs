@@ -78,7 +78,10 @@ impl LocalCluster {
             .arg("--tls-dir")
             .arg(self.tls_dir())
             .args(["--plugin", plugin, "--devices", &devices.to_string()])
-            .args(["--worker-id", id]);
+            .args(["--worker-id", id])
+            // Command jobs' folders go with the cluster's.
+            .arg("--work-dir")
+            .arg(self.dir.path().join("work").join(id));
         for root in &self.checkpoint_roots {
             cmd.arg("--checkpoint-root").arg(root);
         }

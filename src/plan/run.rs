@@ -193,6 +193,30 @@ impl tessel_worker::JobRunner for PlanRunner {
         Ok(serde_json::to_vec(&r).expect("encodes"))
     }
 
+    fn command(
+        &self,
+        spec: &[u8],
+    ) -> Result<Option<tessel_worker::CommandLaunch>, tessel_worker::JobError> {
+        let (_, job) =
+            JobBundle::decode(spec).map_err(|e| tessel_worker::JobError::job(e.to_string()))?;
+        let s = &job.spec;
+        if !s.is_command() {
+            return Ok(None);
+        }
+        Ok(Some(tessel_worker::CommandLaunch {
+            argv: s.command.clone(),
+            env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            workdir: s.workdir.clone(),
+            files: job.files.into_iter().collect(),
+            processes: s.processes,
+            processes_per_worker: s.processes_per_worker,
+            devices_per_process: s.devices_per_process,
+            checkpoint_dir: s.checkpoint.as_ref().map(|c| c.dir.clone()),
+            stop_grace: std::time::Duration::from_millis(s.stop_grace_ms),
+            max_restarts: s.max_restarts,
+        }))
+    }
+
     fn client_options(
         &self,
         spec: &[u8],

@@ -9,6 +9,9 @@
 //!    `process × local + i` (XLA numbers them by fabric and proximity).
 //! 2. Every device of the plugin that the job's topology names is used
 //!    exactly once; a topology device the plugin does not show is an error.
+//! 3. Another process's devices may have no local hardware id (PJRT gives
+//!    -1 where it is not addressable): those are matched by rank, the
+//!    process's k-th device by plugin id taking its k-th local id.
 
 /// A device as the plugin's client lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,9 +34,28 @@ pub fn device_assignment(
     let mut used = vec![false; plugin.len()];
     let mut out = Vec::with_capacity(mesh_devices.len());
     for (g, &(process, local)) in mesh_devices.iter().enumerate() {
-        let found = plugin
-            .iter()
-            .position(|d| d.process_index == process as i32 && d.local_hardware_id == local);
+        let p = process as i32;
+        let mine: Vec<usize> = (0..plugin.len())
+            .filter(|&i| plugin[i].process_index == p)
+            .collect();
+        let found = if mine.iter().all(|&i| plugin[i].local_hardware_id >= 0) {
+            mine.into_iter()
+                .find(|&i| plugin[i].local_hardware_id == local)
+        } else {
+            // Invariant 3: by rank among the process's devices.
+            let mut locals: Vec<i32> = mesh_devices
+                .iter()
+                .filter(|(q, _)| *q == process)
+                .map(|&(_, l)| l)
+                .collect();
+            locals.sort_unstable();
+            let mut by_id = mine;
+            by_id.sort_by_key(|&i| plugin[i].id);
+            locals
+                .iter()
+                .position(|&l| l == local)
+                .and_then(|k| by_id.get(k).copied())
+        };
         match found {
             Some(i) if !used[i] => {
                 used[i] = true;
@@ -66,6 +88,20 @@ mod tests {
             process_index,
             local_hardware_id,
         }
+    }
+
+    #[test]
+    fn devices_of_other_processes_without_local_ids_are_matched_by_rank() {
+        // One GPU per process: the other process's device is not
+        // addressable here and has no local hardware id.
+        let plugin = [dev(1, 1, -1), dev(0, 0, 0)];
+        let mesh = [(0, 0), (1, 0)];
+        assert_eq!(device_assignment(&mesh, &plugin), Ok(vec![0, 1]));
+        let plugin = [dev(4, 1, -1), dev(6, 1, -1), dev(0, 0, 0), dev(2, 0, 1)];
+        let mesh = [(0, 0), (0, 1), (1, 0), (1, 1)];
+        assert_eq!(device_assignment(&mesh, &plugin), Ok(vec![0, 2, 4, 6]));
+        // A process with fewer devices than the mesh gives it.
+        assert!(device_assignment(&[(0, 0), (1, 0), (1, 1), (1, 2)], &plugin).is_err());
     }
 
     #[test]

@@ -51,6 +51,12 @@ pub struct WorkerConfig {
     pub checkpoint_roots: Vec<PathBuf>,
     /// Create options of every client of the plugin (`--plugin-option`).
     pub plugin_options: Vec<tessel_pjrt::NamedValue>,
+    /// Where command jobs' attempts get their folders (`--work-dir`).
+    pub work_dir: PathBuf,
+    /// Variables every command job's processes get besides the job's:
+    /// how to reach the coordinators (`TESSEL_COORDINATORS`,
+    /// `TESSEL_TLS_DIR`).
+    pub command_env: Vec<(String, String)>,
 }
 
 /// What the probe client found.

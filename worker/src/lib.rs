@@ -13,9 +13,12 @@
 //! * [`claim`]: taking a worker id only when no live process holds it.
 //! * `process`: one job process, from client to result.
 //! * [`tpu`]: the environment libtpu reads to join a multi-host slice.
+//! * [`command`]: command jobs (a training script as the job's processes,
+//!   supervised as a gang).
 
 pub mod agent;
 pub mod claim;
+pub mod command;
 mod error;
 pub mod host;
 pub mod job_kv;
@@ -24,6 +27,7 @@ pub mod runner;
 pub mod tpu;
 
 pub use agent::{topology_digest, Worker, WorkerConfig};
+pub use command::CommandLaunch;
 pub use error::{Result, WorkerError};
 pub use host::HostFacts;
 pub use job_kv::JobKv;

@@ -137,7 +137,12 @@ impl Worker {
     /// Fails the job with `e` unless it already failed, and records the
     /// job's first failure as the one this process saw (invariant 3).
     /// Bounded: a worker cut off from the coordinators gives up.
-    async fn record_failure(&self, a: &JobAssignment, reg: &Registration, e: &WorkerError) {
+    pub(crate) async fn record_failure(
+        &self,
+        a: &JobAssignment,
+        reg: &Registration,
+        e: &WorkerError,
+    ) {
         let failure = JobFailure {
             worker: Some(reg.worker_id.clone()),
             incarnation: Some(reg.incarnation),
@@ -172,6 +177,9 @@ impl Worker {
         comm: &mut Option<Communicator>,
     ) -> Result<()> {
         jobs::join_job(&*self.kv, &a.job, reg).await?;
+        if let Some(launch) = self.command_of(a).await? {
+            return self.run_command(a, reg, launch).await;
+        }
         let client = &*client.insert(self.job_client(a).await?);
         let endpoint = Arc::new(TransferEndpoint::bind(
             SocketAddr::new(self.cfg.transfer_ip, 0),
@@ -276,6 +284,15 @@ impl Worker {
         Ok(())
     }
 
+    /// The command a command job's spec names, if it is one.
+    async fn command_of(&self, a: &JobAssignment) -> Result<Option<crate::CommandLaunch>> {
+        match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
+            Ok(spec) => Ok(self.runner.command(&spec)?),
+            Err(KvError::NotFound(_)) => Ok(None),
+            Err(e) => Err(kv_err("reading the job's spec")(e)),
+        }
+    }
+
     async fn job_client(&self, a: &JobAssignment) -> Result<Client> {
         let plugin = self.plugin.clone();
         // The job's own options override the worker's, name by name.
@@ -370,7 +387,7 @@ impl Worker {
     }
 
     /// Returns the job's failure event once there is one.
-    async fn job_failed(&self, job: &str) -> Result<JobFailure> {
+    pub(crate) async fn job_failed(&self, job: &str) -> Result<JobFailure> {
         loop {
             if let Some(f) =
                 jobs::wait_for_failure(&*self.kv, job, Duration::from_secs(3600)).await?
@@ -381,7 +398,7 @@ impl Worker {
     }
 
     /// Returns once the job's `done` key exists.
-    async fn job_done(&self, job: &str) -> Result<()> {
+    pub(crate) async fn job_done(&self, job: &str) -> Result<()> {
         let done = keys::job_done(job);
         loop {
             match self
@@ -397,7 +414,7 @@ impl Worker {
     }
 
     /// Waits for `done`, or for a failure event, which it records.
-    async fn wait_for_end(&self, a: &JobAssignment, reg: &Registration) -> Result<()> {
+    pub(crate) async fn wait_for_end(&self, a: &JobAssignment, reg: &Registration) -> Result<()> {
         tokio::select! {
             d = self.job_done(&a.job) => d?,
             f = self.job_failed(&a.job) => {

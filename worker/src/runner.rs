@@ -71,4 +71,11 @@ pub trait JobRunner: Send + Sync {
     fn client_options(&self, _spec: &[u8]) -> Result<Vec<tessel_pjrt::NamedValue>, JobError> {
         Ok(Vec::new())
     }
+
+    /// The command a command job's spec (the bytes at `jobs/{job}/spec`)
+    /// runs, or `None` for a job with a plan: the worker then starts the
+    /// command's processes instead of a PJRT client ([`crate::command`]).
+    fn command(&self, _spec: &[u8]) -> Result<Option<crate::CommandLaunch>, JobError> {
+        Ok(None)
+    }
 }

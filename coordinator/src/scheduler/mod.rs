@@ -29,6 +29,8 @@
 //!    [`MAX_SETTLE_MS`]); the job's own errors fail it.
 //! 7. An ended attempt leaves nothing to run: `done` written, assignments and
 //!    memberships removed.
+//! 8. Restarts back off ([`restart_backoff_ms`]); a process's non-zero exit
+//!    restarts like a lost worker.
 mod pass;
 
 use std::collections::BTreeMap;
@@ -222,6 +224,16 @@ pub struct Submission {
 /// that stopped beating has expired.
 pub const MAX_SETTLE_MS: u64 = 30_000;
 
+/// How long the `restarts`-th restart waits after its attempt failed
+/// (invariant 8): the first at once, then 1 s doubling up to 30 s, so a
+/// job that fails at start cannot storm the cluster.
+pub fn restart_backoff_ms(restarts: u32) -> u64 {
+    match restarts {
+        0 | 1 => 0,
+        r => 1000u64.saturating_mul(1 << (r - 2).min(5)).min(30_000),
+    }
+}
+
 /// The workers of a failed attempt, as a restart sees them (invariant 6).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settled {
@@ -380,8 +392,12 @@ impl SchedulerState {
                 // Invariant 6: wait until the lost attempt's workers are
                 // known alive or lost, so the new one avoids the lost.
                 JobState::Restarting
-                    if obs.settled.done
-                        || now >= job.updated_unix_ms.saturating_add(MAX_SETTLE_MS) =>
+                    if (obs.settled.done
+                        || now >= job.updated_unix_ms.saturating_add(MAX_SETTLE_MS))
+                        && now
+                            >= job
+                                .updated_unix_ms
+                                .saturating_add(restart_backoff_ms(job.restarts)) =>
                 {
                     let why = match obs.settled.lost.as_slice() {
                         [] if obs.settled.done => "no worker was lost".to_owned(),

@@ -356,3 +356,51 @@ fn placement_keeps_processes_where_they_ran_and_respects_the_plugin() {
     }
     assert!(place(&j, &gpu, &BTreeMap::new()).is_ok(), "by platform");
 }
+
+#[test]
+fn a_process_that_exits_restarts_the_job_with_growing_back_off() {
+    assert_eq!(
+        (1..=8).map(restart_backoff_ms).collect::<Vec<_>>(),
+        [0, 1000, 2000, 4000, 8000, 16000, 30000, 30000]
+    );
+    let mut s = SchedulerState::default();
+    let id = s.submit(&sub("cmd", 1, 3), 0);
+    let w = workers(1, 1);
+    let exited = Observed {
+        failure: Some(JobFailure {
+            kind: crate::jobs::FailureKind::Exited,
+            reason: "process 0 exited with code 3".into(),
+            ..lost("w0")
+        }),
+        ..Default::default()
+    };
+    let mut now = 10;
+    s.advance(&BTreeMap::new(), &w, now);
+    for restart in 1..=3u32 {
+        now += 1;
+        let e = s.advance(&obs(&id, exited.clone()), &w, now);
+        assert_eq!(e[0].1.to, JobState::Restarting);
+        let failed_at = now;
+        let wait = restart_backoff_ms(restart);
+        if wait > 0 {
+            // Settled, but the back-off has not passed: it stays.
+            assert!(s
+                .advance(&obs(&id, settled(&[])), &w, failed_at + wait - 1)
+                .is_empty());
+        }
+        now = failed_at + wait;
+        let e = s.advance(&obs(&id, settled(&[])), &w, now);
+        assert_eq!(e[0].1.to, JobState::Pending, "restart {restart}");
+        s.advance(&BTreeMap::new(), &w, now);
+        assert_eq!(s.jobs[0].attempt, restart + 1);
+    }
+    // Past max_restarts the exit fails it, naming the exit.
+    let e = s.advance(&obs(&id, exited), &w, now + 1);
+    assert_eq!(e[0].1.to, JobState::Failed);
+    assert!(e[0]
+        .1
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("exited with code 3"));
+}

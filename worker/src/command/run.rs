@@ -1,0 +1,272 @@
+//! One placement of a command job: its folder, the rendezvous, the
+//! processes, and the wait for the attempt's end (module invariants 2-4).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tessel_coordinator::jobs::{FailureKind, JobAssignment};
+use tessel_coordinator::{keys, scheduler, Registration};
+use tessel_kv::KvError;
+use tokio::sync::mpsc;
+
+use super::env::{process_env, Placement, Rendezvous};
+use super::gang::{describe, Gang};
+use super::logs::{Shipper, Tails};
+use super::CommandLaunch;
+use crate::agent::Worker;
+use crate::error::{Result, WorkerError};
+use crate::process::kv_err;
+use crate::runner::JobError;
+
+/// How long a failed process's last lines may take to arrive.
+const TAIL_WAIT: Duration = Duration::from_secs(1);
+
+/// The file a preemption notice is written to, in the attempt's folder.
+pub(crate) const PREEMPT_FILE: &str = ".tessel-preempt";
+
+/// The attempt's attempt number (`ID@A` → A; 1 for a bare id).
+fn attempt_of(instance: &str) -> u32 {
+    instance
+        .split_once('@')
+        .and_then(|(_, a)| a.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Writes the shipped files under `dir`, each confined to it.
+fn write_files(dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> std::io::Result<()> {
+    for (rel, bytes) in files {
+        // The spec's validation allows only plain relative paths; checked
+        // again here, where a path would be created.
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(std::io::Error::other(format!(
+                "{} is not a plain relative path",
+                rel.display()
+            )));
+        }
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, bytes)?;
+    }
+    Ok(())
+}
+
+impl Worker {
+    /// Runs this worker's processes of a command job's attempt and waits
+    /// for the attempt to end.
+    pub(crate) async fn run_command(
+        &self,
+        a: &JobAssignment,
+        reg: &Registration,
+        launch: CommandLaunch,
+    ) -> Result<()> {
+        let instance = &a.job;
+        let job_id = scheduler::job_of_instance(instance).to_owned();
+        let attempt = attempt_of(instance);
+        let folder = self.cfg.work_dir.join(instance);
+        let _cleanup = RemoveOnDrop(folder.clone());
+        std::fs::create_dir_all(&folder)
+            .and_then(|()| write_files(&folder, &launch.files))
+            .map_err(|e| {
+                WorkerError::Job(JobError::job(format!(
+                    "writing the job's files into {}: {e}",
+                    folder.display()
+                )))
+            })?;
+        let dir = launch.workdir.clone().unwrap_or_else(|| folder.clone());
+        if !dir.is_dir() {
+            return Err(WorkerError::Job(JobError::job(format!(
+                "workdir {} does not exist on worker `{}`",
+                dir.display(),
+                self.cfg.worker_id
+            ))));
+        }
+        let rendezvous = self.rendezvous(a).await?;
+        let preempt = folder.join(PREEMPT_FILE);
+        let placement = Placement {
+            job_id: &job_id,
+            attempt,
+            group: a.process_index,
+            worker: &self.cfg.worker_id,
+            platform: &self.facts.platform,
+            work_dir: &folder.display().to_string(),
+            preempt_file: &preempt.display().to_string(),
+            extra: &self.cfg.command_env,
+        };
+        let envs = (0..launch.processes_per_worker)
+            .map(|local| process_env(&launch, &placement, &rendezvous, local))
+            .collect();
+        let first_rank = a.process_index * launch.processes_per_worker;
+        let shipper = Shipper::new(self.kv.clone(), &job_id, attempt, first_rank);
+        let tails = shipper.tails();
+        let (lines, rx) = mpsc::channel(1024);
+        let shipping = tokio::spawn(shipper.run(rx));
+        let started = Instant::now();
+        let (mut gang, readers) = Gang::spawn(&launch.argv, envs, &dir, launch.stop_grace, &lines)
+            .map_err(|e| WorkerError::Job(JobError::job(e.0)))?;
+        drop(lines);
+        tracing::info!(job = %instance, processes = launch.processes_per_worker, first_rank, "command started");
+        self.kv
+            .put(
+                keys::process_transfer_ready(instance, a.process_index).as_bytes(),
+                format!("{:.1}", started.elapsed().as_secs_f64() * 1e3).as_bytes(),
+            )
+            .await
+            .map_err(kv_err("publishing readiness"))?;
+        let outcome = self
+            .supervise(a, reg, &mut gang, &tails, first_rank, started)
+            .await;
+        gang.stop().await;
+        // Let the last lines reach the store before the attempt's folder goes.
+        for r in readers {
+            let _ = tokio::time::timeout(TAIL_WAIT, r).await;
+        }
+        let _ = tokio::time::timeout(TAIL_WAIT * 2, shipping).await;
+        outcome
+    }
+
+    /// Watches the gang until every process exited 0 (then publishes the
+    /// result and waits for the attempt's end), one failed (then fails the
+    /// job), or the job ended or failed elsewhere.
+    async fn supervise(
+        &self,
+        a: &JobAssignment,
+        reg: &Registration,
+        gang: &mut Gang,
+        tails: &Tails,
+        first_rank: u32,
+        started: Instant,
+    ) -> Result<()> {
+        let mut codes = Vec::new();
+        while !gang.is_empty() {
+            tokio::select! {
+                exit = gang.next_exit() => {
+                    let Some((local, status)) = exit else { break };
+                    let status = status.map_err(|e| WorkerError::Internal(format!("waiting for a process: {e}")))?;
+                    if status.success() {
+                        codes.push(0);
+                        continue;
+                    }
+                    // Its last lines may still be in the pipe.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let tail = tails
+                        .lock()
+                        .expect("not poisoned")
+                        .get(&local)
+                        .map(|t| t.iter().map(|l| format!("\n  | {l}")).collect::<String>())
+                        .unwrap_or_default();
+                    let e = WorkerError::Job(JobError {
+                        kind: FailureKind::Exited,
+                        message: format!(
+                            "process {} {}{}",
+                            first_rank + local,
+                            describe(status),
+                            if tail.is_empty() { String::new() } else { format!("; its last lines:{tail}") }
+                        ),
+                    });
+                    // Recorded before the others stop, so every other
+                    // placement hears of it at once.
+                    self.record_failure(a, reg, &e).await;
+                    return Err(e);
+                }
+                f = self.job_failed(&a.job) => {
+                    f?;
+                    gang.stop().await;
+                    return self.wait_for_end(a, reg).await;
+                }
+                d = self.job_done(&a.job) => {
+                    d?;
+                    tracing::info!(job = %a.job, "job ended; stopping its processes");
+                    gang.stop().await;
+                    return self.wait_for_end(a, reg).await;
+                }
+            }
+        }
+        let result = serde_json::json!({
+            "exit_codes": codes,
+            "seconds": started.elapsed().as_secs_f64(),
+        });
+        self.kv
+            .put(
+                keys::process_result(&a.job, a.process_index).as_bytes(),
+                result.to_string().as_bytes(),
+            )
+            .await
+            .map_err(kv_err("publishing the processes' result"))?;
+        self.wait_for_end(a, reg).await
+    }
+
+    /// Placement 0 picks two free ports on its host and publishes them;
+    /// the others read them, within the topology deadline.
+    async fn rendezvous(&self, a: &JobAssignment) -> Result<Rendezvous> {
+        let key = keys::job_rendezvous(&a.job);
+        if a.process_index == 0 {
+            let port = || -> Result<u16> {
+                let l = std::net::TcpListener::bind((self.cfg.transfer_ip, 0))
+                    .map_err(|e| WorkerError::Internal(format!("choosing a port: {e}")))?;
+                Ok(l.local_addr()
+                    .map_err(|e| WorkerError::Internal(e.to_string()))?
+                    .port())
+            };
+            // Both listeners closed before either port is handed out; the
+            // kernel does not hand a just-closed port out again at once.
+            let r = Rendezvous {
+                host: self.cfg.transfer_ip.to_string(),
+                jax_port: port()?,
+                torch_port: port()?,
+            };
+            match self.kv.insert(key.as_bytes(), r.encode().as_bytes()).await {
+                Ok(_) => return Ok(r),
+                // A worker that came back to the same attempt: keep the first.
+                Err(KvError::AlreadyExists(_)) => {}
+                Err(e) => return Err(kv_err("publishing the rendezvous")(e)),
+            }
+        }
+        let timeout = Duration::from_millis(a.topology_timeout_ms);
+        let bytes = self
+            .kv
+            .get(key.as_bytes(), timeout)
+            .await
+            .map_err(kv_err("waiting for process 0's rendezvous address"))?;
+        Rendezvous::decode(&String::from_utf8_lossy(&bytes)).ok_or_else(|| {
+            WorkerError::Internal(format!(
+                "bad rendezvous value {:?}",
+                String::from_utf8_lossy(&bytes)
+            ))
+        })
+    }
+}
+
+/// Removes an attempt's folder when its placement ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_land_inside_the_folder_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        write_files(dir.path(), &[("a/b.py".into(), b"x".to_vec())]).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("a/b.py")).unwrap(), b"x");
+        for bad in ["../escape", "/etc/passwd", "a/../../x", "./a"] {
+            assert!(
+                write_files(dir.path(), &[(bad.into(), b"x".to_vec())]).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(attempt_of("j.1@3"), 3);
+        assert_eq!(attempt_of("j.1"), 1);
+    }
+}
