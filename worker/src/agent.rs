@@ -83,6 +83,9 @@ pub struct Worker {
     /// none (invariant 1).
     registration: watch::Sender<Option<Registration>>,
     pub(crate) runner: Arc<dyn JobRunner>,
+    /// Per command job: held while this worker runs its processes of any
+    /// attempt, so a new attempt starts only once the last one's stopped.
+    pub(crate) gangs: crate::command::GangLocks,
 }
 
 pub(crate) fn client_options(
@@ -212,6 +215,7 @@ impl Worker {
             info,
             registration: watch::Sender::new(Some(reg)),
             runner,
+            gangs: Default::default(),
         })
     }
 

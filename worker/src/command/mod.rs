@@ -18,6 +18,8 @@
 //!    process: SIGTERM to its group, SIGKILL after the stop grace.
 //! 4. A command that cannot start (missing program or folder) is the job's
 //!    own error: restarting would fail the same way.
+//! 5. On one worker, an attempt's processes start only after the previous
+//!    attempt's have stopped.
 //!
 //! [`FailureKind::Exited`]: tessel_coordinator::jobs::FailureKind::Exited
 
@@ -26,8 +28,13 @@ mod gang;
 mod logs;
 mod run;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// One lock per command job id (module invariant 5).
+pub(crate) type GangLocks = Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>;
 
 /// A command job's processes as one worker runs them: what
 /// [`crate::JobRunner::command`] reads from a job's spec.

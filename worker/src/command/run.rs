@@ -2,6 +2,7 @@
 //! processes, and the wait for the attempt's end (module invariants 2-4).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessel_coordinator::jobs::{FailureKind, JobAssignment};
@@ -68,6 +69,43 @@ impl Worker {
         let instance = &a.job;
         let job_id = scheduler::job_of_instance(instance).to_owned();
         let attempt = attempt_of(instance);
+        // Invariant 5: an earlier attempt's processes here stop within
+        // their grace (and a little for the reaping).
+        let lock = self
+            .gangs
+            .lock()
+            .expect("not poisoned")
+            .entry(job_id.clone())
+            .or_default()
+            .clone();
+        let _turn = tokio::time::timeout(
+            launch.stop_grace + Duration::from_secs(5),
+            lock.clone().lock_owned(),
+        )
+        .await
+        .map_err(|_| {
+            WorkerError::Internal(format!(
+                "the processes of an earlier attempt of {job_id} did not stop"
+            ))
+        })?;
+        let outcome = self.run_attempt(a, reg, launch, &job_id, attempt).await;
+        let mut gangs = self.gangs.lock().expect("not poisoned");
+        // The map's and this function's: nobody else waits for the job.
+        if Arc::strong_count(&lock) == 2 {
+            gangs.remove(&job_id);
+        }
+        outcome
+    }
+
+    async fn run_attempt(
+        &self,
+        a: &JobAssignment,
+        reg: &Registration,
+        launch: CommandLaunch,
+        job_id: &str,
+        attempt: u32,
+    ) -> Result<()> {
+        let instance = &a.job;
         let folder = self.cfg.work_dir.join(instance);
         let _cleanup = RemoveOnDrop(folder.clone());
         std::fs::create_dir_all(&folder)
@@ -89,7 +127,7 @@ impl Worker {
         let rendezvous = self.rendezvous(a).await?;
         let preempt = folder.join(PREEMPT_FILE);
         let placement = Placement {
-            job_id: &job_id,
+            job_id,
             attempt,
             group: a.process_index,
             worker: &self.cfg.worker_id,
@@ -102,7 +140,7 @@ impl Worker {
             .map(|local| process_env(&launch, &placement, &rendezvous, local))
             .collect();
         let first_rank = a.process_index * launch.processes_per_worker;
-        let shipper = Shipper::new(self.kv.clone(), &job_id, attempt, first_rank);
+        let shipper = Shipper::new(self.kv.clone(), job_id, attempt, first_rank);
         let tails = shipper.tails();
         let (lines, rx) = mpsc::channel(1024);
         let shipping = tokio::spawn(shipper.run(rx));
