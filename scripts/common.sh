@@ -67,3 +67,19 @@ install_debian() {
     exit 1
   fi
 }
+
+# install_jax: a project-local virtual environment with JAX 0.10.2 (CPU) in
+# .tessel/jax; prints nothing when it is there. The launch tests run their
+# JAX example with it, and the benchmarks compare against it.
+JAX_PYTHON="$ROOT/.tessel/jax/bin/python3"
+install_jax() {
+  if [[ -x $JAX_PYTHON ]] && "$JAX_PYTHON" -c 'import jax; assert jax.__version__ == "0.10.2"' 2>/dev/null; then
+    return 0
+  fi
+  say "installing JAX 0.10.2 into .tessel/jax"
+  python3 -m venv "$ROOT/.tessel/jax" 2>/dev/null || {
+    install_debian python3-venv:/usr/lib/python3/dist-packages/ensurepip
+    python3 -m venv "$ROOT/.tessel/jax"
+  }
+  "$JAX_PYTHON" -m pip install --quiet --upgrade "jax[cpu]==0.10.2"
+}

@@ -53,6 +53,9 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Registered workers: state, incarnation, last heartbeat.
     Workers(nodes::WorkersArgs),
+    /// Drain a worker: no new placements; its running attempts checkpoint
+    /// and move (`--undo` to take placements again).
+    Drain(nodes::DrainArgs),
     /// A job's global device topology.
     Topology(nodes::TopologyArgs),
     /// Start coordinators and workers as processes on this machine.
@@ -213,6 +216,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Kv(args) => runtime()?.block_on(kv::kv(args)),
         Command::Worker(args) => runtime()?.block_on(worker::worker(args)),
         Command::Workers(args) => runtime()?.block_on(nodes::workers(args)),
+        Command::Drain(args) => runtime()?.block_on(nodes::drain(args)),
         Command::Topology(args) => runtime()?.block_on(nodes::topology(args)),
         Command::Local(args) => runtime()?.block_on(local::local(args)),
         Command::Submit(args) => runtime()?.block_on(jobs::submit(args)),

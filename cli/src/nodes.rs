@@ -19,11 +19,43 @@ pub(crate) struct WorkersArgs {
     pub target: KvTargetArgs,
 }
 
+/// `tessel drain WORKER [--undo] [--reason TEXT]`.
+#[derive(Args)]
+pub(crate) struct DrainArgs {
+    /// The worker's id.
+    pub worker: String,
+    /// Why (shown to the job's processes in their notice).
+    #[arg(long, default_value = "tessel drain")]
+    pub reason: String,
+    /// Take placements again.
+    #[arg(long)]
+    pub undo: bool,
+    #[command(flatten)]
+    pub target: KvTargetArgs,
+}
+
+/// Marks a worker drained: no new placements there, and every attempt it
+/// runs gets a preemption notice (plans checkpoint at an agreed step and
+/// resume elsewhere; command jobs' processes find their notice file).
+pub(crate) async fn drain(args: DrainArgs) -> Result<()> {
+    keys::check_id("worker id", &args.worker)?;
+    let kv = args.target.connect().await?;
+    let key = keys::drain(&args.worker);
+    if args.undo {
+        kv.delete(key.as_bytes()).await?;
+        println!("worker `{}` takes placements again", args.worker);
+    } else {
+        kv.put(key.as_bytes(), args.reason.as_bytes()).await?;
+        println!("worker `{}` drained: {}", args.worker, args.reason);
+    }
+    Ok(())
+}
+
 pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
     let kv = args.target.connect().await?;
     let now = keys::unix_ms();
     println!(
-        "{:<16} {:<6} {:>5} {:>15} {:<20} {:>7}  {:<28} JOBS",
+        "{:<16} {:<7} {:>5} {:>15} {:<20} {:>7}  {:<28} JOBS",
         "WORKER", "STATE", "INC", "LAST HEARTBEAT", "HOST", "PID", "DEVICES"
     );
     for w in list_workers(&*kv).await? {
@@ -40,6 +72,10 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
             ),
             WorkerState::Dead => ("dead", "-".into()),
         };
+        let state = match (&w.state, &w.drained) {
+            (WorkerState::Alive { .. }, Some(_)) => "drained",
+            _ => state,
+        };
         let devices: Vec<String> = w
             .record
             .info
@@ -48,7 +84,7 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
             .map(|d| format!("{}×{}", d.count, d.kind))
             .collect();
         println!(
-            "{:<16} {:<6} {:>5} {:>15} {:<20} {:>7}  {:<28} {}",
+            "{:<16} {:<7} {:>5} {:>15} {:<20} {:>7}  {:<28} {}",
             w.record.info.worker_id,
             state,
             w.record.incarnation,

@@ -55,6 +55,12 @@ pub(crate) struct WorkerArgs {
     /// folder named after the worker.
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
+    /// On SIGTERM (or `tessel drain`), how long command jobs' processes
+    /// have between the preemption notice (the file at
+    /// `$TESSEL_PREEMPT_FILE`) and SIGTERM; plan jobs checkpoint at their
+    /// next agreed step instead.
+    #[arg(long, default_value_t = 10_000)]
+    pub preempt_grace_ms: u64,
 }
 
 /// The local address of the route to `target` (no packet is sent).
@@ -150,6 +156,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join(format!("tessel-worker-{worker_id}"))),
         command_env: command_env(&args)?,
+        preempt_grace: Duration::from_millis(args.preempt_grace_ms),
         worker_id,
     };
     let w = Worker::start(kv, cfg, Arc::new(tessel::plan::PlanRunner)).await?;

@@ -93,6 +93,19 @@ pub fn job_rendezvous(job: &str) -> String {
     format!("jobs/{job}/rendezvous")
 }
 
+/// A request that a running attempt checkpoint and stop (a preemption
+/// notice): `"{grace_ms} {reason}"`. Plan processes checkpoint at a step
+/// they agree on; command processes find their notice file.
+pub fn job_suspend(job: &str) -> String {
+    format!("jobs/{job}/suspend")
+}
+
+/// The step at which a suspended plan's processes checkpoint and stop,
+/// chosen by process 0.
+pub fn job_suspend_step(job: &str) -> String {
+    format!("jobs/{job}/suspend_step")
+}
+
 /// A drain request for a worker: no new placements, and its running
 /// processes are told to checkpoint and stop (the value: why).
 pub fn drain(worker: &str) -> String {

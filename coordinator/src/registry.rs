@@ -350,6 +350,9 @@ pub struct WorkerStatus {
     pub alive_revision: u64,
     /// Jobs the worker joined (and has not left).
     pub jobs: Vec<String>,
+    /// Why it is drained (`tessel drain`, or its preemption): no new
+    /// placements go there.
+    pub drained: Option<String>,
 }
 
 /// Every registered worker, by id.
@@ -361,6 +364,7 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
     let mut records: BTreeMap<String, WorkerRecord> = BTreeMap::new();
     let mut alive: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
     let mut jobs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut drained: BTreeMap<String, String> = BTreeMap::new();
     for pair in all {
         let Ok(key) = std::str::from_utf8(&pair.key) else {
             continue;
@@ -379,6 +383,11 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
             if let Some((inc, t)) = keys::parse_alive_value(&pair.value) {
                 alive.insert(worker.into(), (inc, t, pair.mod_revision));
             }
+        } else if what == "drain" {
+            drained.insert(
+                worker.into(),
+                String::from_utf8_lossy(&pair.value).into_owned(),
+            );
         } else if let Some(job) = what.strip_prefix("jobs/") {
             jobs.entry(worker.into()).or_default().push(job.into());
         }
@@ -401,6 +410,7 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
                 state,
                 alive_revision,
                 jobs: jobs.remove(&id).unwrap_or_default(),
+                drained: drained.remove(&id),
             }
         })
         .collect())

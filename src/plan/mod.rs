@@ -25,6 +25,7 @@ mod execute;
 mod process;
 pub mod resident;
 mod run;
+pub mod suspend;
 
 pub use bundle::{JobBundle, MAX_BUNDLE, MAX_FETCHABLE};
 pub use process::{
@@ -95,6 +96,23 @@ pub enum PlanError {
     /// A checkpoint could not be written or restored.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// Stopped after checkpointing at `step` for a preemption notice; the
+    /// job resumes from there.
+    #[error("suspended at step {step} for a preemption notice: {reason}")]
+    Suspended {
+        /// The step checkpointed.
+        step: u64,
+        /// The notice's reason.
+        reason: String,
+    },
+    /// The suspend step was learnt too late ([`suspend`] invariant 2).
+    #[error("step {step}: the suspend step {at} had already passed; restarting from the newest periodic checkpoint")]
+    SuspendMissed {
+        /// Where this process was.
+        step: u64,
+        /// The step chosen.
+        at: u64,
+    },
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -107,6 +125,7 @@ impl PlanError {
         match self {
             PlanError::Collective { source, .. } if source.is_peer_loss() => FailureKind::PeerLost,
             PlanError::Kv { .. } => FailureKind::PeerLost,
+            PlanError::Suspended { .. } | PlanError::SuspendMissed { .. } => FailureKind::PeerLost,
             _ => FailureKind::Job,
         }
     }

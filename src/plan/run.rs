@@ -93,6 +93,7 @@ pub async fn run_job_process(
     let reporter = (index == 0 && spec.report.is_some())
         .then(|| crate::report::Reporter::start(process.kv.clone(), job_id.clone()));
     let mut last_report = None;
+    let suspension = super::suspend::Suspension::follow(process.kv.clone(), process.job);
     let loop_started = Instant::now();
     for step in first_step..spec.steps {
         // A plan without collectives never waits: yield once a step so the
@@ -100,19 +101,11 @@ pub async fn run_job_process(
         tokio::task::yield_now().await;
         let before = plan.traffic().total();
         plan.run_step(client, step, comm).await?;
+        let mut saved = false;
         if let Some(c) = &checkpoints {
             if (step + 1) % c.every == 0 && step + 1 < spec.steps {
-                let t = Instant::now();
-                plan.download(&written)?;
-                let blocks: Vec<_> = written
-                    .iter()
-                    .map(|n| {
-                        let (value, sharding) = plan.host_value(n).expect("downloaded");
-                        (n.as_str(), value, sharding)
-                    })
-                    .collect();
-                c.save(&*process.kv, comm, step, &blocks).await?;
-                plan.timings.checkpoint_s += t.elapsed().as_secs_f64();
+                save_checkpoint(&mut plan, c, &*process.kv, comm, step, &written).await?;
+                saved = true;
             }
         }
         if let (Some(r), Some(reporter)) = (&spec.report, &reporter) {
@@ -126,6 +119,51 @@ pub async fn run_job_process(
                 reporter.send(&report);
                 last_report = Some(report);
                 plan.timings.coordination_s += t.elapsed().as_secs_f64();
+            }
+        }
+        if let Some(reason) = suspension.requested() {
+            let at = match suspension.step() {
+                Some(at) => Some(at),
+                None if index == 0 && checkpoints.is_some() => {
+                    let per = loop_started.elapsed().as_secs_f64() / (step - first_step + 1) as f64;
+                    match super::suspend::suspend_step(
+                        step,
+                        std::time::Duration::from_secs_f64(per),
+                        spec.steps,
+                    ) {
+                        Some(at) => Some(
+                            suspension
+                                .choose(&*process.kv, process.job, at)
+                                .await
+                                .map_err(|source| PlanError::Kv {
+                                    what: "choosing the suspend step".into(),
+                                    source,
+                                })?,
+                        ),
+                        None => None,
+                    }
+                }
+                None => None,
+            };
+            match (&checkpoints, at) {
+                // Nothing to resume from: stop now, the job restarts.
+                (None, _) => return Err(PlanError::Suspended { step, reason }),
+                (Some(c), Some(at)) if at == step => {
+                    if !saved {
+                        save_checkpoint(&mut plan, c, &*process.kv, comm, step, &written).await?;
+                    }
+                    tracing::info!(
+                        job = process.job,
+                        process = index,
+                        step,
+                        "suspended after a checkpoint"
+                    );
+                    return Err(PlanError::Suspended { step, reason });
+                }
+                (Some(_), Some(at)) if at < step => {
+                    return Err(PlanError::SuspendMissed { step, at });
+                }
+                _ => {}
             }
         }
         let bytes = plan.traffic().total() - before;
@@ -173,6 +211,30 @@ pub async fn run_job_process(
         last_report,
         reports_dropped,
     })
+}
+
+/// Writes this process's blocks of every array the plan writes as the
+/// checkpoint of `step`.
+async fn save_checkpoint(
+    plan: &mut ProcessPlan,
+    c: &crate::checkpoint::Checkpoints,
+    kv: &dyn tessel_kv::KvStore,
+    comm: &mut tessel_transfer::Communicator,
+    step: u64,
+    written: &[String],
+) -> Result<(), PlanError> {
+    let t = Instant::now();
+    plan.download(written)?;
+    let blocks: Vec<_> = written
+        .iter()
+        .map(|n| {
+            let (value, sharding) = plan.host_value(n).expect("downloaded");
+            (n.as_str(), value, sharding)
+        })
+        .collect();
+    c.save(kv, comm, step, &blocks).await?;
+    plan.timings.checkpoint_s += t.elapsed().as_secs_f64();
+    Ok(())
 }
 
 /// The [`tessel_worker::JobRunner`] the `tessel worker` command uses.

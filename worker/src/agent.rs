@@ -51,6 +51,9 @@ pub struct WorkerConfig {
     pub checkpoint_roots: Vec<PathBuf>,
     /// Create options of every client of the plugin (`--plugin-option`).
     pub plugin_options: Vec<tessel_pjrt::NamedValue>,
+    /// After a preemption notice, how long command jobs' processes have
+    /// to checkpoint before SIGTERM (`--preempt-grace-ms`).
+    pub preempt_grace: Duration,
     /// Where command jobs' attempts get their folders (`--work-dir`).
     pub work_dir: PathBuf,
     /// Variables every command job's processes get besides the job's:
@@ -65,6 +68,18 @@ pub(crate) struct PluginFacts {
     pub(crate) platform: String,
     version: String,
     devices: Vec<WorkerDevice>,
+}
+
+/// Beyond the preemption grace, for processes to stop and records to land.
+const STOP_MARGIN: Duration = Duration::from_secs(15);
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A registered worker.
@@ -245,6 +260,8 @@ impl Worker {
         let me = Arc::new(self);
         tokio::pin!(shutdown);
         let running: Arc<Mutex<HashSet<String>>> = Default::default();
+        let drain = tokio::spawn(me.clone().follow_drain(running.clone()));
+        let _drain = AbortOnDrop(drain);
         loop {
             let reg = me.registration();
             let mut heartbeat = Heartbeat::start(me.kv.clone(), reg.clone(), me.cfg.liveness);
@@ -254,6 +271,20 @@ impl Worker {
                 lost = heartbeat.lost() => lost,
                 r = &mut assignments => return r,
                 () = &mut shutdown => {
+                    // Preemption invariant 2: the notice, then time to act
+                    // on it, with the lease still held.
+                    if !running.lock().expect("not poisoned").is_empty() {
+                        let drain = keys::drain(&reg.worker_id);
+                        let drained = me.kv.try_get(drain.as_bytes()).await.is_ok();
+                        let why = format!("worker `{}` is stopping (SIGTERM)", reg.worker_id);
+                        me.notify(&running, &why).await;
+                        me.wait_for_processes(&running, me.cfg.preempt_grace + STOP_MARGIN).await;
+                        // A drain of its own making ends with it; an
+                        // operator's stays for the next start.
+                        if !drained {
+                            let _ = me.kv.delete(drain.as_bytes()).await;
+                        }
+                    }
                     heartbeat.stop();
                     me.registration.send_replace(None);
                     me.wait_for_processes(&running, Duration::from_secs(5)).await;

@@ -13,6 +13,7 @@
 //! * [`claim`]: taking a worker id only when no live process holds it.
 //! * `process`: one job process, from client to result.
 //! * [`tpu`]: the environment libtpu reads to join a multi-host slice.
+//! * [`preempt`]: preemption notices and drains.
 //! * [`command`]: command jobs (a training script as the job's processes,
 //!   supervised as a gang).
 
@@ -22,6 +23,7 @@ pub mod command;
 mod error;
 pub mod host;
 pub mod job_kv;
+pub mod preempt;
 mod process;
 pub mod runner;
 pub mod tpu;

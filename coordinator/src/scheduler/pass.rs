@@ -139,7 +139,7 @@ async fn observe_settled(
 fn capacity(registry: &[WorkerStatus]) -> Vec<WorkerCapacity> {
     registry
         .iter()
-        .filter(|w| matches!(w.state, WorkerState::Alive { .. }))
+        .filter(|w| matches!(w.state, WorkerState::Alive { .. }) && w.drained.is_none())
         .map(|w| {
             let info = &w.record.info;
             let mut plugins = vec![info.plugin.clone()];

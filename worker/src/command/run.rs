@@ -157,7 +157,7 @@ impl Worker {
             .await
             .map_err(kv_err("publishing readiness"))?;
         let outcome = self
-            .supervise(a, reg, &mut gang, &tails, first_rank, started)
+            .supervise(a, reg, &mut gang, &tails, first_rank, started, &preempt)
             .await;
         gang.stop().await;
         // Let the last lines reach the store before the attempt's folder goes.
@@ -170,7 +170,10 @@ impl Worker {
 
     /// Watches the gang until every process exited 0 (then publishes the
     /// result and waits for the attempt's end), one failed (then fails the
-    /// job), or the job ended or failed elsewhere.
+    /// job), a preemption notice came (the notice file, then SIGTERM after
+    /// its grace; the attempt restarts), or the job ended or failed
+    /// elsewhere.
+    #[allow(clippy::too_many_arguments)]
     async fn supervise(
         &self,
         a: &JobAssignment,
@@ -179,13 +182,31 @@ impl Worker {
         tails: &Tails,
         first_rank: u32,
         started: Instant,
+        preempt_file: &Path,
     ) -> Result<()> {
         let mut codes = Vec::new();
+        let mut notice: Option<(tokio::time::Instant, String)> = None;
+        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
         while !gang.is_empty() {
             tokio::select! {
+                n = self.notice(&a.job), if notice.is_none() => {
+                    let (grace, reason) = n;
+                    tracing::info!(job = %a.job, reason, grace_ms = grace.as_millis() as u64, "preemption notice");
+                    if let Err(e) = std::fs::write(preempt_file, format!("{reason}\n")) {
+                        tracing::warn!(error = %e, "could not write the preemption notice");
+                    }
+                    notice = Some((tokio::time::Instant::now() + grace, reason));
+                }
+                () = tokio::time::sleep_until(notice.as_ref().map_or(far, |n| n.0)), if notice.is_some() => {
+                    gang.stop().await;
+                }
                 exit = gang.next_exit() => {
                     let Some((local, status)) = exit else { break };
                     let status = status.map_err(|e| WorkerError::Internal(format!("waiting for a process: {e}")))?;
+                    if notice.is_some() {
+                        // Checkpointed and gone, as asked: not a failure.
+                        continue;
+                    }
                     if status.success() {
                         codes.push(0);
                         continue;
@@ -224,6 +245,21 @@ impl Worker {
                     return self.wait_for_end(a, reg).await;
                 }
             }
+        }
+        if let Some((deadline, reason)) = notice {
+            // Processes elsewhere may still be checkpointing: the attempt
+            // ends at the notice's deadline, not at the first gang done.
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                _ = self.job_failed(&a.job) => return self.wait_for_end(a, reg).await,
+                _ = self.job_done(&a.job) => return self.wait_for_end(a, reg).await,
+            }
+            let e = WorkerError::Job(JobError {
+                kind: FailureKind::PeerLost,
+                message: format!("suspended for a preemption notice: {reason}"),
+            });
+            self.record_failure(a, reg, &e).await;
+            return Err(e);
         }
         let result = serde_json::json!({
             "exit_codes": codes,
