@@ -1,8 +1,8 @@
-//! tessel's benchmarks, run by `tessel bench kv|bootstrap|transfer|job`,
+//! tessel's benchmarks, run by `tessel bench kv|bootstrap|transfer|job|launch`,
 //! each side by side with its peer in one run (etcd, JAX over gloo, plain
 //! TCP), printing JSON lines; and their helpers.
 //!
-//! * [`kv`], [`bootstrap`], [`transfer`], [`job`]: the benchmarks.
+//! * [`kv`], [`bootstrap`], [`transfer`], [`job`], [`launch`]: the benchmarks.
 //! * [`rank_group`] and [`transfer_rank`]: processes of the hidden `tessel
 //!   transfer-rank` command driven over stdin/stdout (also used by the
 //!   process-level collective tests).
@@ -14,6 +14,7 @@ pub mod bootstrap;
 pub mod jax;
 pub mod job;
 pub mod kv;
+pub mod launch;
 pub mod rank_group;
 pub mod tcp_ring;
 pub mod transfer;

@@ -138,6 +138,9 @@ enum BenchCommand {
     /// A job's step time on a local cluster (default: the MLP demo), and
     /// the same training in JAX over gloo.
     Job(tessel_bench::job::BenchJobArgs),
+    /// Command jobs as a launcher: start and restart of 4 Python
+    /// processes, against spawning them directly and JAX's start-up.
+    Launch(tessel_bench::launch::BenchLaunchArgs),
 }
 
 #[derive(Subcommand)]
@@ -246,6 +249,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Job(args),
         } => runtime()?.block_on(tessel_bench::job::run(args)),
+        Command::Bench {
+            command: BenchCommand::Launch(args),
+        } => runtime()?.block_on(tessel_bench::launch::run(args)),
         Command::Validate { spec } => program::validate_spec(&spec),
         Command::Compare { a, b, atol } => program::compare_arrays(&a, &b, atol),
         Command::TransferRank(args) => runtime()?.block_on(tessel_bench::transfer_rank::run(args)),

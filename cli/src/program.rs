@@ -50,6 +50,23 @@ pub(crate) fn run(
 pub(crate) fn validate_spec(path: &Path) -> Result<()> {
     let v = tessel::job::JobSpec::load(path)?;
     let s = &v.spec;
+    if s.is_command() {
+        println!(
+            "{}: command job `{}` is valid — {} processes ({} per worker) of `{}`, {} files shipped ({} bytes){}",
+            path.display(),
+            s.name,
+            s.processes,
+            s.processes_per_worker,
+            s.command.join(" "),
+            v.files.len(),
+            v.files.values().map(Vec::len).sum::<usize>(),
+            s.workdir
+                .as_ref()
+                .map(|d| format!(", runs in {}", d.display()))
+                .unwrap_or_default()
+        );
+        return Ok(());
+    }
     println!(
         "{}: job `{}` is valid — {} processes × {} devices, mesh {}, {} steps of {} operations",
         path.display(),
