@@ -2,7 +2,7 @@
 //! job's processes, in the conventions JAX, torchrun and tessel define,
 //! and supervises them as a gang.
 //!
-//! * [`env`] (pure): every variable a process gets.
+//! * [`mod@env`] (pure): every variable a process gets.
 //! * `gang`: starting, watching and stopping the processes.
 //! * `logs`: their output, shipped to the key-value service in bounded
 //!   chunks, and the last lines kept for a failure's summary.
