@@ -93,11 +93,13 @@ async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
 }
 
 pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
-    let metrics = crate::metrics_http::serve_if(args.metrics_listen).await?;
+    let ready = crate::metrics_http::Readiness::new();
+    let metrics = crate::metrics_http::serve_if(args.metrics_listen, &ready).await?;
     if let Some(url) = &args.kv {
         let etcd = Endpoints::parse_etcd(url).map_err(anyhow::Error::msg)?;
         let kv: std::sync::Arc<dyn KvStore> =
             std::sync::Arc::from(crate::args::connect_etcd(&etcd).await?);
+        ready.set(Ok(()));
         Ready::Attached {
             kv: format!("etcd://{etcd}"),
             metrics,
@@ -149,6 +151,13 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     };
     let replica = Replica::start(cfg).await?;
     let addr = replica.local_addr()?;
+    let leader = replica.leader_probe();
+    let probe = tokio::spawn(async move {
+        loop {
+            ready.set(leader().map(|_| ()).ok_or_else(|| "no leader known".into()));
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    });
     if let Some(join) = &args.join {
         let join = Endpoints::parse(join).map_err(anyhow::Error::msg)?;
         let kv = RaftKv::connect(join.resolve()?, tls.as_ref())?;
@@ -174,6 +183,7 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     wait_for_signal().await;
     monitor.abort();
     scheduler.abort();
+    probe.abort();
     tracing::info!(id, "replica shutting down");
     replica.shutdown().await;
     Ok(())

@@ -11,6 +11,7 @@ mod args;
 mod certs;
 mod cluster;
 mod coordinator;
+mod identity;
 mod jobs;
 mod kv;
 mod local;
@@ -53,6 +54,16 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Registered workers: state, incarnation, last heartbeat.
     Workers(nodes::WorkersArgs),
+    /// Probe a coordinator's or worker's health at its `--metrics-listen`
+    /// address (exit 0 when healthy; with `--ready`, when ready).
+    Health {
+        /// `HOST:PORT` of its `--metrics-listen`.
+        addr: String,
+        /// Ask whether it is ready (a replica that knows a leader, a
+        /// worker that holds its lease), not only alive.
+        #[arg(long)]
+        ready: bool,
+    },
     /// Drain a worker: no new placements; its running attempts checkpoint
     /// and move (`--undo` to take placements again).
     Drain(nodes::DrainArgs),
@@ -220,6 +231,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Worker(args) => runtime()?.block_on(worker::worker(args)),
         Command::Workers(args) => runtime()?.block_on(nodes::workers(args)),
         Command::Drain(args) => runtime()?.block_on(nodes::drain(args)),
+        Command::Health { addr, ready } => runtime()?.block_on(metrics_http::probe(&addr, ready)),
         Command::Topology(args) => runtime()?.block_on(nodes::topology(args)),
         Command::Local(args) => runtime()?.block_on(local::local(args)),
         Command::Submit(args) => runtime()?.block_on(jobs::submit(args)),

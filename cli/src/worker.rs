@@ -106,7 +106,8 @@ fn command_env(args: &WorkerArgs) -> Result<Vec<(String, String)>> {
 }
 
 pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
-    let metrics = crate::metrics_http::serve_if(args.metrics_listen).await?;
+    let ready = crate::metrics_http::Readiness::new();
+    let metrics = crate::metrics_http::serve_if(args.metrics_listen, &ready).await?;
     for root in &args.checkpoint_root {
         if !root.is_absolute() {
             bail!(
@@ -174,6 +175,19 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         .announce()
     };
     announce(&w.registration(), false);
+    let mut registered = w.registration_watch();
+    tokio::spawn(async move {
+        loop {
+            let state = match &*registered.borrow_and_update() {
+                Some(r) => Ok(tracing::debug!(incarnation = r.incarnation, "ready")),
+                None => Err("holds no lease (registering)".to_owned()),
+            };
+            ready.set(state);
+            if registered.changed().await.is_err() {
+                return;
+            }
+        }
+    });
     w.run(wait_for_signal(), |reg| announce(reg, true)).await?;
     Ok(())
 }

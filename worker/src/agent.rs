@@ -234,6 +234,11 @@ impl Worker {
         })
     }
 
+    /// Follows this worker's registration: `None` while it holds no lease.
+    pub fn registration_watch(&self) -> watch::Receiver<Option<Registration>> {
+        self.registration.subscribe()
+    }
+
     /// The current registration.
     pub fn registration(&self) -> Registration {
         self.registration

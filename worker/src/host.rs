@@ -5,14 +5,17 @@
 pub struct HostFacts {
     /// The host's name.
     pub hostname: String,
-    /// Equal for every process of one boot of one machine; distinguishes
-    /// hosts that share a hostname and reboots of one host.
+    /// Equal for every process of one boot of one machine that shares its
+    /// `/dev/shm`; distinguishes hosts that share a hostname, reboots of
+    /// one host, and containers of one host (each has its own `/dev/shm`,
+    /// so shared memory between them is not an option).
     pub boot_id: String,
 }
 
 impl HostFacts {
-    /// Reads `/proc/sys/kernel/{hostname,random/boot_id}`;
-    /// `TESSEL_BOOT_ID` overrides the boot id (to simulate hosts in tests).
+    /// Reads `/proc/sys/kernel/{hostname,random/boot_id}` and the device
+    /// of `/dev/shm` (`BOOT/shm-DEV`); `TESSEL_BOOT_ID` overrides the boot
+    /// id (to simulate hosts in tests).
     pub fn read() -> HostFacts {
         let read = |p: &str| {
             std::fs::read_to_string(p)
@@ -23,7 +26,11 @@ impl HostFacts {
         let boot_id = std::env::var("TESSEL_BOOT_ID")
             .ok()
             .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| read("/proc/sys/kernel/random/boot_id"));
+            .unwrap_or_else(|| {
+                use std::os::unix::fs::MetadataExt;
+                let shm = std::fs::metadata("/dev/shm").map_or(0, |m| m.dev());
+                format!("{}/shm-{shm:x}", read("/proc/sys/kernel/random/boot_id"))
+            });
         HostFacts {
             hostname: if hostname.is_empty() {
                 "localhost".into()

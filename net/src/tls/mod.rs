@@ -150,7 +150,10 @@ impl TlsFiles {
     pub fn load(dir: &Path) -> Result<TlsFiles, TlsError> {
         check_folder(dir)?;
         let key_path = dir.join(KEY);
-        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|_| TlsError::Pem {
+        // Read first, so that an unreadable key (its owner, its mode) says
+        // so instead of looking malformed.
+        let pem = std::fs::read(&key_path).map_err(io_err(&key_path))?;
+        let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|_| TlsError::Pem {
             path: key_path,
             what: "private key",
         })?;

@@ -221,6 +221,13 @@ impl Replica {
         self.endpoint.local_addr()
     }
 
+    /// A handle that tells the leader this replica knows of, if any (its
+    /// readiness), for as long as the replica runs.
+    pub fn leader_probe(&self) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
+        let metrics = self.raft.metrics();
+        move || metrics.borrow().current_leader
+    }
+
     /// This replica's applied state.
     pub fn applied(&self) -> Arc<AppliedState<SmTables>> {
         self.applied.clone()

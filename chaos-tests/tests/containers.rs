@@ -1,0 +1,323 @@
+//! The Compose deployment as real containers on a private Docker network
+//! (`deploy/compose/`, the image from `scripts/image --plugins cpu`): the
+//! demo to success against the single-device reference, and faults as a
+//! user's cluster sees them: `docker kill` of the coordinator leader,
+//! `docker stop` of a worker, `docker network disconnect` of a worker.
+//! Needs the Docker Engine, docker-compose and `$TESSEL_IMAGE`
+//! (`./scripts/test` builds it). Everything the test starts is removed
+//! when it ends, however it ends.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessel::client::Client;
+use tessel::job::{JobSpec, ValidatedJob};
+use tessel_chaos_tests::tessel_bin;
+use tessel_coordinator::keys;
+use tessel_coordinator::scheduler::JobState;
+use tessel_kv::KvStore;
+use tessel_kvstore::raft::client::RaftKv;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A Compose project, taken down with its volumes and network when
+/// dropped.
+struct Project {
+    name: String,
+    net: String,
+    dir: tempfile::TempDir,
+    image: String,
+}
+
+impl Project {
+    fn compose(&self) -> Command {
+        let mut c = Command::new("docker-compose");
+        c.current_dir(repo().join("deploy/compose"))
+            .args(["-p", &self.name])
+            .env("TESSEL_IMAGE", &self.image)
+            .env("NET", &self.net)
+            .env("TLS", self.dir.path().join("tls"))
+            .env("JOBDIR", self.dir.path().join("job"));
+        c
+    }
+
+    fn container(&self, service: &str) -> String {
+        format!("{}_{service}_1", self.name)
+    }
+
+    fn docker(&self, args: &[&str]) -> String {
+        run(Command::new("docker").args(args))
+    }
+
+    fn addrs(&self) -> Vec<std::net::SocketAddr> {
+        (1..=3)
+            .map(|i| format!("{}.1{i}:7000", self.net).parse().unwrap())
+            .collect()
+    }
+
+    fn client(&self) -> RaftKv {
+        let tls = tessel_net::tls::TlsFiles::load(&self.dir.path().join("tls/submit")).unwrap();
+        RaftKv::connect(self.addrs(), Some(&tls)).unwrap()
+    }
+
+    /// Starts the project: certificates, then every service but the
+    /// submitter (`with_submit`: it too).
+    fn up(image: &str, with_submit: bool) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(
+            &repo().join("examples/mlp-data-parallel"),
+            &dir.path().join("job"),
+        );
+        let pid = std::process::id();
+        let p = Project {
+            name: format!("tesseltest{pid}"),
+            net: format!("10.{}.{}", 200 + pid % 50, pid % 250),
+            dir,
+            image: image.to_owned(),
+        };
+        run(Command::new(repo().join("deploy/compose/certs"))
+            .env("TESSEL_IMAGE", &p.image)
+            .env("NET", &p.net)
+            .env("TLS", p.dir.path().join("tls")));
+        let mut c = p.compose();
+        c.args(["up", "-d"]);
+        if !with_submit {
+            c.args(["worker-1", "worker-2", "worker-3"]);
+        }
+        run(&mut c);
+        p
+    }
+}
+
+impl Drop for Project {
+    fn drop(&mut self) {
+        let _ = self
+            .compose()
+            .args(["down", "-v", "--remove-orphans", "-t", "5"])
+            .output();
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn image() -> String {
+    let image = std::env::var("TESSEL_IMAGE").unwrap_or_else(|_| "tessel:0.1.0-cpu".into());
+    let ok = Command::new("docker")
+        .args(["image", "inspect", &image])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "no image {image}: run scripts/image --plugins cpu (./scripts/test does)"
+    );
+    image
+}
+
+/// The 2 × 2 demo with checkpoints and restarts, for the fault tests.
+fn faulty_job(project: &Project, steps: u64) -> ValidatedJob {
+    let dir = project.dir.path().join("job");
+    let text = std::fs::read_to_string(dir.join("job-2x2.toml")).unwrap();
+    let mut spec = JobSpec::from_toml(&text, "job-2x2.toml".as_ref()).unwrap();
+    spec.steps = steps;
+    spec.max_restarts = 2;
+    spec.checkpoint = Some(tessel::job::CheckpointSpec {
+        dir: "/data/ckpt/mlp".into(),
+        every: 100,
+    });
+    spec.validate_in(&dir).unwrap()
+}
+
+async fn params(client: &Client, id: &str) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for p in ["w1", "b1", "w2", "b2"] {
+        out.push(client.fetch(id, p).await.unwrap().bytes().to_vec());
+    }
+    out
+}
+
+async fn leader(kv: &RaftKv) -> u64 {
+    for _ in 0..200 {
+        for (_, s) in kv.cluster_status().await {
+            if let Ok(s) = s {
+                if s.state == "Leader" {
+                    return s.id;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no leader");
+}
+
+/// `docker-compose up` runs the demo to success (the submitter exits 0),
+/// and the parameters equal the single-device reference within 1e-4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_cluster_runs_the_demo_to_the_single_device_result() {
+    let p = Project::up(&image(), true);
+    let started = Instant::now();
+    let code = p.docker(&["wait", &p.container("submit")]);
+    assert_eq!(
+        code.trim(),
+        "0",
+        "the submitter failed: {}",
+        run(p.compose().args(["logs", "--no-color", "submit"]))
+    );
+    eprintln!(
+        "compose: up → the demo's job succeeded in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let client = Client::from_store(Arc::new(p.client()) as Arc<dyn KvStore>);
+    let id = client.list().await.unwrap()[0].id.clone();
+    let out = p.dir.path().join("ref");
+    run(Command::new(tessel_bin())
+        .arg("local")
+        .arg(repo().join("examples/mlp-data-parallel/reference.toml"))
+        .arg("--out")
+        .arg(&out));
+    for name in ["w1", "b1", "w2", "b2"] {
+        let got = tessel::array::to_f64(&client.fetch(&id, name).await.unwrap());
+        let want = tessel::array::to_f64(
+            &tessel::array::read_npy(&std::fs::read(out.join(format!("{name}.npy"))).unwrap())
+                .unwrap(),
+        );
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(diff < 1e-4, "{name}: {diff}");
+    }
+}
+
+/// Faults by container mid-job: `docker kill` of the coordinator leader
+/// (the job succeeds on its first attempt), `docker stop` of a worker
+/// (graceful: its process checkpoints and the job restarts elsewhere before
+/// its TTL could pass), `docker network disconnect` of a worker (lost
+/// within TTL + 1 s, restarted from its checkpoint); each ends with the
+/// parameters of an undisturbed run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_faults_end_with_the_undisturbed_result() {
+    let p = Project::up(&image(), false);
+    let kv = p.client();
+    let client = Client::from_store(Arc::new(p.client()) as Arc<dyn KvStore>);
+    let job = faulty_job(&p, 1500);
+    let calm = client.submit(&job).await.unwrap();
+    let end = client.wait(&calm).await.unwrap();
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    let want = params(&client, &calm).await;
+
+    // The coordinator leader killed.
+    let id = client.submit(&job).await.unwrap();
+    kv.get(
+        keys::job_report(&id, 299).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let l = leader(&kv).await;
+    p.docker(&["kill", &p.container(&format!("coordinator-{l}"))]);
+    let end = client.wait(&id).await.unwrap();
+    assert_eq!(
+        (end.state, end.attempt),
+        (JobState::Succeeded, 1),
+        "{:?}",
+        end.reason
+    );
+    assert_eq!(params(&client, &id).await, want);
+    run(p.compose().args(["up", "-d", &format!("coordinator-{l}")]));
+
+    // A worker stopped (SIGTERM): it restarts before the TTL (3 s) could
+    // have declared the worker lost.
+    let id = client.submit(&job).await.unwrap();
+    kv.get(
+        keys::job_report(&id, 299).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let victim = client.job(&id).await.unwrap().placement[0].clone();
+    let stopped = Instant::now();
+    p.docker(&["stop", "-t", "30", &p.container(&victim)]);
+    let end = client.wait(&id).await.unwrap();
+    assert_eq!(
+        (end.state, end.restarts),
+        (JobState::Succeeded, 1),
+        "{:?}",
+        end.reason
+    );
+    assert!(!end.placement.contains(&victim));
+    assert_eq!(params(&client, &id).await, want);
+    eprintln!(
+        "docker stop of a worker: job done {:.1} s later",
+        stopped.elapsed().as_secs_f64()
+    );
+    run(p.compose().args(["up", "-d", &victim]));
+
+    // A worker cut off from the network.
+    let id = client.submit(&job).await.unwrap();
+    kv.get(
+        keys::job_report(&id, 299).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let victim = client.job(&id).await.unwrap().placement[1].clone();
+    let network = format!("{}_tessel", p.name);
+    p.docker(&["network", "disconnect", &network, &p.container(&victim)]);
+    let end = client.wait(&id).await.unwrap();
+    assert_eq!(
+        (end.state, end.restarts),
+        (JobState::Succeeded, 1),
+        "{:?}",
+        end.reason
+    );
+    assert!(!end.placement.contains(&victim));
+    assert_eq!(params(&client, &id).await, want);
+}
+
+/// An image started with neither `--tls-dir` nor `--insecure` refuses to
+/// start, saying why in one line.
+#[test]
+fn a_container_without_tls_or_insecure_refuses_to_start() {
+    let out = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            &image(),
+            "coordinator",
+            "--id",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "/data/r",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tls-dir") && err.contains("--insecure"),
+        "{err}"
+    );
+}
