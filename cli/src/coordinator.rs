@@ -17,11 +17,16 @@ use crate::args::{resolve, Endpoints, TlsArgs};
 
 #[derive(Args)]
 pub(crate) struct CoordinatorArgs {
-    /// This replica's id (never reuse the id of a removed replica).
-    #[arg(long, required_unless_present = "kv")]
+    /// This replica's id (never reuse the id of a removed replica);
+    /// default: from the environment (`identity`: a Kubernetes index or
+    /// StatefulSet ordinal, or `SLURM_PROCID`, plus 1).
+    #[arg(long)]
     pub id: Option<u64>,
+    /// Print the identity this replica derived, and where from, then exit.
+    #[arg(long)]
+    pub print_identity: bool,
     /// Address to listen on; port 0 picks a free port (printed on start).
-    #[arg(long, value_name = "HOST:PORT", required_unless_present = "kv")]
+    #[arg(long, value_name = "HOST:PORT", required_unless_present_any = ["kv", "print_identity"])]
     pub listen: Option<SocketAddr>,
     /// Attach to an etcd cluster (`etcd://HOST:PORT[,..]`) instead of
     /// running a replica: only the coordinator's failure monitor runs here.
@@ -34,7 +39,7 @@ pub(crate) struct CoordinatorArgs {
     /// Join the cluster that the replica at ADDR belongs to.
     #[arg(long, value_name = "ADDR", conflicts_with = "peers")]
     pub join: Option<String>,
-    #[arg(long, value_name = "DIR", required_unless_present = "kv")]
+    #[arg(long, value_name = "DIR", required_unless_present_any = ["kv", "print_identity"])]
     pub data_dir: Option<PathBuf>,
     /// Take a snapshot (and compact the log) every N entries.
     #[arg(long, default_value_t = 20_000)]
@@ -112,9 +117,14 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         scheduler.abort();
         return Ok(());
     }
-    let (Some(id), Some(listen), Some(data_dir)) = (args.id, args.listen, args.data_dir.clone())
-    else {
-        bail!("give --id, --listen and --data-dir, or --kv etcd://…");
+    let (id, source) = crate::identity::replica_id(args.id, &crate::identity::process_env)
+        .map_err(anyhow::Error::msg)?;
+    if args.print_identity {
+        println!("replica id {id} (from {source})");
+        return Ok(());
+    }
+    let (Some(listen), Some(data_dir)) = (args.listen, args.data_dir.clone()) else {
+        bail!("give --listen and --data-dir, or --kv etcd://…");
     };
     let tls = args.tls.load()?;
     if let Some(t) = &tls {

@@ -61,6 +61,9 @@ pub(crate) struct WorkerArgs {
     /// next agreed step instead.
     #[arg(long, default_value_t = 10_000)]
     pub preempt_grace_ms: u64,
+    /// Print the identity this worker derived, and where from, then exit.
+    #[arg(long)]
+    pub print_identity: bool,
 }
 
 /// The local address of the route to `target` (no packet is sent).
@@ -105,7 +108,37 @@ fn command_env(args: &WorkerArgs) -> Result<Vec<(String, String)>> {
     Ok(env)
 }
 
+/// The worker id: the flag, else its certificate's name, else the
+/// hostname (unique per pod or host); and where it came from.
+fn worker_identity(
+    args: &WorkerArgs,
+    tls: Option<&tessel_net::tls::TlsFiles>,
+) -> (String, &'static str) {
+    match (args.worker_id.clone(), tls.map(|t| t.identity())) {
+        (Some(id), _) => (id, "--worker-id"),
+        (
+            None,
+            Some(tessel_net::tls::Identity::Node {
+                role: tessel_net::tls::Role::Worker,
+                name,
+            }),
+        ) => (name.clone(), "its certificate"),
+        (None, _) => (tessel_worker::HostFacts::read().hostname, "the hostname"),
+    }
+}
+
 pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
+    if args.print_identity {
+        let tls = args.target.tls.load()?;
+        let (id, source) = worker_identity(&args, tls.as_ref());
+        println!("worker id {id} (from {source})");
+        match crate::identity::env_index(&crate::identity::process_env) {
+            Ok(Some(i)) => println!("index {} (from {})", i.index, i.source),
+            Ok(None) => println!("index: none in the environment"),
+            Err(e) => println!("index: {e}"),
+        }
+        return Ok(());
+    }
     let ready = crate::metrics_http::Readiness::new();
     let metrics = crate::metrics_http::serve_if(args.metrics_listen, &ready).await?;
     for root in &args.checkpoint_root {
@@ -128,17 +161,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
     let transfer_ip = transfer_ip(&args)?;
     let tls = args.target.tls.load()?;
     // Default id: the name in this worker's certificate, else the hostname.
-    let worker_id = match (args.worker_id.clone(), tls.as_ref().map(|t| t.identity())) {
-        (Some(id), _) => id,
-        (
-            None,
-            Some(tessel_net::tls::Identity::Node {
-                role: tessel_net::tls::Role::Worker,
-                name,
-            }),
-        ) => name.clone(),
-        (None, _) => tessel_worker::HostFacts::read().hostname,
-    };
+    let (worker_id, _) = worker_identity(&args, tls.as_ref());
     let cfg = WorkerConfig {
         plugin_name,
         plugin,
