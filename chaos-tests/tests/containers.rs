@@ -321,3 +321,105 @@ fn a_container_without_tls_or_insecure_refuses_to_start() {
         "{err}"
     );
 }
+
+/// Host firewall rules between containers (the bridge's traffic passes
+/// `DOCKER-USER`), deleted when dropped.
+struct Cut(Vec<Vec<String>>);
+
+impl Cut {
+    fn between(a: &str, others: &[String]) -> Cut {
+        let mut rules = Vec::new();
+        for o in others {
+            for (s, d) in [(a, o.as_str()), (o.as_str(), a)] {
+                let rule: Vec<String> = ["DOCKER-USER", "-s", s, "-d", d, "-j", "DROP"]
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect();
+                run(Command::new("iptables").arg("-I").args(&rule));
+                rules.push(rule);
+            }
+        }
+        Cut(rules)
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        for r in &self.0 {
+            let _ = Command::new("iptables").arg("-D").args(r).output();
+        }
+    }
+}
+
+/// The coordinator leader cut off from the other two for 15 s while a
+/// client writes: writes go on through the majority, and after the heal
+/// every replica's applied index agrees and no acknowledged write is lost;
+/// then `docker restart` of every coordinator brings the cluster back from
+/// its volumes with every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_and_a_restart_of_every_coordinator_lose_no_acknowledged_write() {
+    let p = Project::up(&image(), false);
+    let kv = p.client();
+    let l = leader(&kv).await;
+    let ip = |i: u64| format!("{}.1{i}", p.net);
+    let others: Vec<String> = (1..=3).filter(|&i| i != l).map(ip).collect();
+    let mut acked = Vec::new();
+    {
+        let _cut = Cut::between(&ip(l), &others);
+        let until = Instant::now() + Duration::from_secs(15);
+        let mut n = 0u64;
+        while Instant::now() < until {
+            let key = format!("partition/{n:06}");
+            n += 1;
+            if tokio::time::timeout(Duration::from_secs(3), kv.put(key.as_bytes(), b"v"))
+                .await
+                .is_ok_and(|r| r.is_ok())
+            {
+                acked.push(key);
+            }
+        }
+    }
+    assert!(
+        acked.len() > 10,
+        "writes stopped during the partition: {} acknowledged",
+        acked.len()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let applied: Vec<Option<u64>> = kv
+            .cluster_status()
+            .await
+            .into_iter()
+            .map(|(_, s)| s.ok().and_then(|s| s.applied))
+            .collect();
+        if applied.iter().all(|a| a.is_some() && *a == applied[0]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "applied indexes disagree: {applied:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for key in &acked {
+        assert_eq!(
+            kv.try_get(key.as_bytes()).await.unwrap(),
+            b"v",
+            "{key} lost"
+        );
+    }
+    let names: Vec<String> = (1..=3)
+        .map(|i| p.container(&format!("coordinator-{i}")))
+        .collect();
+    let mut restart = vec!["restart", "-t", "10"];
+    restart.extend(names.iter().map(String::as_str));
+    p.docker(&restart);
+    leader(&kv).await;
+    for key in &acked {
+        assert_eq!(
+            kv.try_get(key.as_bytes()).await.unwrap(),
+            b"v",
+            "{key} lost across the restart"
+        );
+    }
+}
