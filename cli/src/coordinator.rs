@@ -13,7 +13,7 @@ use tessel_kvstore::raft::client::RaftKv;
 use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
 use tessel_kvstore::raft::wal::LogIo;
 
-use crate::args::{resolve, Endpoints, TlsArgs};
+use crate::args::{Endpoints, TlsArgs};
 
 #[derive(Args)]
 pub(crate) struct CoordinatorArgs {
@@ -25,17 +25,21 @@ pub(crate) struct CoordinatorArgs {
     /// Print the identity this replica derived, and where from, then exit.
     #[arg(long)]
     pub print_identity: bool,
-    /// Address to listen on; port 0 picks a free port (printed on start).
+    /// Address to listen on (`0.0.0.0:7000`, an IP, or a DNS name this
+    /// host's address has, looked up until it resolves); port 0 picks a
+    /// free port (printed on start).
     #[arg(long, value_name = "HOST:PORT", required_unless_present_any = ["kv", "print_identity"])]
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<String>,
     /// Attach to an etcd cluster (`etcd://HOST:PORT[,..]`) instead of
     /// running a replica: only the coordinator's failure monitor runs here.
     #[arg(long, value_name = "URL", conflicts_with_all = ["id", "listen", "peers", "join", "data_dir"])]
     pub kv: Option<String>,
     /// Initial voters, `1=HOST:PORT,2=HOST:PORT,...`, used to form a new
-    /// cluster on first start (this replica included).
+    /// cluster on first start (this replica included). HOST may be a DNS
+    /// name (a headless service's pods): it is looked up whenever a link to
+    /// the peer is made, and a name that does not resolve yet is retried.
     #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
-    pub peers: Vec<(u64, SocketAddr)>,
+    pub peers: Vec<(u64, String)>,
     /// Join the cluster that the replica at ADDR belongs to.
     #[arg(long, value_name = "ADDR", conflicts_with = "peers")]
     pub join: Option<String>,
@@ -76,7 +80,7 @@ fn parse_log_io(s: &str) -> Result<LogIo, String> {
     }
 }
 
-fn parse_peer(s: &str) -> Result<(u64, SocketAddr), String> {
+fn parse_peer(s: &str) -> Result<(u64, String), String> {
     let (id, addr) = s
         .split_once('=')
         .ok_or_else(|| format!("`{s}`: expected ID=HOST:PORT"))?;
@@ -84,8 +88,36 @@ fn parse_peer(s: &str) -> Result<(u64, SocketAddr), String> {
         .trim()
         .parse()
         .map_err(|_| format!("`{s}`: bad replica id"))?;
-    let addr = resolve(addr).map_err(|e| format!("`{s}`: {e}"))?;
-    Ok((id, addr))
+    let addr = addr.trim();
+    tessel_kvstore::net::check_host_port(addr).map_err(|e| format!("`{s}`: {e}"))?;
+    Ok((id, addr.to_owned()))
+}
+
+/// `--listen`: an address, or a name looked up until it resolves (a pod's
+/// own DNS record may appear a little after the pod starts).
+async fn listen_addr(listen: &str) -> Result<SocketAddr> {
+    if let Ok(a) = listen.parse() {
+        return Ok(a);
+    }
+    tessel_kvstore::net::check_host_port(listen)
+        .map_err(|e| anyhow::anyhow!("--listen {listen}: {e}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        match tokio::net::lookup_host(listen).await.map(|mut a| a.next()) {
+            Ok(Some(a)) => return Ok(a),
+            r => {
+                let why = match r {
+                    Err(e) => e.to_string(),
+                    _ => "no address".into(),
+                };
+                if std::time::Instant::now() > deadline {
+                    bail!("--listen {listen} does not resolve: {why}");
+                }
+                tracing::warn!(listen, why, "--listen does not resolve yet; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
@@ -123,9 +155,10 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         println!("replica id {id} (from {source})");
         return Ok(());
     }
-    let (Some(listen), Some(data_dir)) = (args.listen, args.data_dir.clone()) else {
+    let (Some(listen), Some(data_dir)) = (args.listen.clone(), args.data_dir.clone()) else {
         bail!("give --listen and --data-dir, or --kv etcd://…");
     };
+    let listen = listen_addr(&listen).await?;
     let tls = args.tls.load()?;
     if let Some(t) = &tls {
         use tessel_net::tls::{Identity, Role};
@@ -146,7 +179,7 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let mut raft = ReplicaConfig::default_raft();
     raft.snapshot_policy = openraft_snapshot_policy(args.snapshot_every);
     raft.max_in_snapshot_log_to_keep = args.keep_log_entries;
-    let peers: BTreeMap<u64, SocketAddr> = args.peers.iter().copied().collect();
+    let peers: BTreeMap<u64, String> = args.peers.iter().cloned().collect();
     if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&id) {
         bail!("--peers must include this replica (id {id})");
     }
@@ -183,9 +216,20 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     }
     .announce();
     // The coordinator's failure monitor, through this replica (every
-    // replica runs one; their writes are idempotent inserts).
+    // replica runs one; their writes are idempotent inserts). Bound to
+    // every address, it is dialed on the loopback (its certificate must
+    // then name 127.0.0.1 or ::1).
+    let own = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    };
     let monitor_kv: std::sync::Arc<dyn KvStore> =
-        std::sync::Arc::new(RaftKv::connect(vec![addr], tls.as_ref())?);
+        std::sync::Arc::new(RaftKv::connect(vec![own], tls.as_ref())?);
     let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv.clone()));
     // The scheduler too: passes commit by compare-and-swap of one value,
     // so replicas' passes never interleave.

@@ -202,7 +202,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
     tokio::spawn(async move {
         loop {
             let state = match &*registered.borrow_and_update() {
-                Some(r) => Ok(tracing::debug!(incarnation = r.incarnation, "ready")),
+                Some(_) => Ok(()),
                 None => Err("holds no lease (registering)".to_owned()),
             };
             ready.set(state);

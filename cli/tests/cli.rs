@@ -470,3 +470,60 @@ fn a_coordinator_serves_its_metrics() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// A coordinator whose peer's name does not resolve stays up, says so and
+/// keeps retrying; with no quorum it is alive but not ready, and `tessel
+/// health` tells the two apart. A single replica becomes ready.
+#[test]
+fn an_unresolvable_peer_is_retried_and_readiness_follows_the_leader() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let start = |peers: &str, data: &str| {
+        let stderr = dir.path().join(format!("{data}.err"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessel"))
+            .args(["coordinator", "--id", "1", "--listen", "127.0.0.1:0"])
+            .args(["--peers", peers, "--insecure"])
+            .args(["--metrics-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join(data))
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let line = BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .next()
+            .expect("a readiness line")
+            .unwrap();
+        let Some(tessel::local::Ready::Coordinator {
+            metrics: Some(metrics),
+            ..
+        }) = tessel::local::Ready::parse(&line)
+        else {
+            panic!("not a coordinator's readiness line: {line}");
+        };
+        (child, metrics.to_string(), stderr)
+    };
+    let (mut lonely, metrics, stderr) = start("1=127.0.0.1:0,2=no-such-peer.invalid:7000", "a");
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert!(lonely.try_wait().unwrap().is_none(), "it keeps running");
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(
+        log.contains("cannot resolve no-such-peer.invalid:7000"),
+        "{log}"
+    );
+    ok(&tessel(&["health", &metrics]));
+    let err = fails(&tessel(&["health", &metrics, "--ready"]));
+    assert!(err.contains("not ready: no leader known"), "{err}");
+    lonely.kill().unwrap();
+    let (mut alone, metrics, _) = start("1=127.0.0.1:0", "b");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !tessel(&["health", &metrics, "--ready"]).status.success() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a lone replica never became ready"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    alone.kill().unwrap();
+}

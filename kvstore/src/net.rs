@@ -30,6 +30,14 @@ use tessel_net::tls::{peer_identity, server_name, Identity};
 /// Transport failures.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum NetError {
+    /// A peer's `HOST:PORT` does not resolve (it is retried later).
+    #[error("cannot resolve {target}: {reason}")]
+    Resolve {
+        /// The peer as configured.
+        target: String,
+        /// Why.
+        reason: String,
+    },
     /// The connection could not be made.
     #[error("cannot connect to {addr}: {reason}")]
     Connect {
@@ -161,6 +169,17 @@ pub fn endpoint(
 pub struct PeerClient {
     endpoint: Endpoint,
     conns: Arc<Mutex<HashMap<SocketAddr, Connection>>>,
+    /// The DNS name each address was resolved from: dialed as the server
+    /// name, which the peer's certificate must name.
+    names: Arc<Mutex<HashMap<SocketAddr, String>>>,
+}
+
+/// `HOST:PORT` with a port, `HOST` a DNS name or an IP (`[v6]:port`).
+pub fn check_host_port(target: &str) -> Result<(), String> {
+    match target.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err("expected HOST:PORT".into()),
+    }
 }
 
 impl PeerClient {
@@ -169,7 +188,32 @@ impl PeerClient {
         PeerClient {
             endpoint,
             conns: Arc::default(),
+            names: Arc::default(),
         }
+    }
+
+    /// The address `target` (`HOST:PORT`) names now: an IP as is, a DNS
+    /// name looked up (and remembered as the name to dial it by).
+    pub async fn resolve(&self, target: &str) -> Result<SocketAddr, NetError> {
+        if let Ok(a) = target.parse::<SocketAddr>() {
+            return Ok(a);
+        }
+        let unresolved = |reason: String| NetError::Resolve {
+            target: target.to_owned(),
+            reason,
+        };
+        check_host_port(target).map_err(unresolved)?;
+        let addr = tokio::net::lookup_host(target)
+            .await
+            .map_err(|e| unresolved(e.to_string()))?
+            .next()
+            .ok_or_else(|| unresolved("no address".into()))?;
+        let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+        self.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, host.trim_matches(['[', ']']).to_owned());
+        Ok(addr)
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<Connection, NetError> {
@@ -183,9 +227,16 @@ impl PeerClient {
                 return Ok(c.clone());
             }
         }
+        let name = self
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+            .cloned()
+            .unwrap_or_else(|| server_name(addr));
         let connecting = self
             .endpoint
-            .connect(addr, &server_name(addr))
+            .connect(addr, &name)
             .map_err(|e| NetError::Connect {
                 addr,
                 reason: e.to_string(),

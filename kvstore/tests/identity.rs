@@ -35,7 +35,7 @@ async fn one_replica(dir: &Path, tls: &TlsFiles) -> (Replica, SocketAddr) {
     let replica = Replica::start(ReplicaConfig {
         id: 1,
         listen: any,
-        peers: BTreeMap::from([(1, any)]),
+        peers: BTreeMap::from([(1, any.to_string())]),
         data_dir: dir.join("r1"),
         tls: Some(tls.clone()),
         raft: ReplicaConfig::default_raft(),
@@ -141,7 +141,7 @@ async fn clients_accept_only_the_coordinator_at_the_dialed_address() {
         let replica = Replica::start(ReplicaConfig {
             id: 1,
             listen: any,
-            peers: BTreeMap::from([(1, any)]),
+            peers: BTreeMap::from([(1, any.to_string())]),
             data_dir: sub,
             tls: Some(server),
             raft: ReplicaConfig::default_raft(),

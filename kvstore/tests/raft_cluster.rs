@@ -26,7 +26,7 @@ async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<So
             id,
             listen: any_port,
             peers: if id == 1 {
-                BTreeMap::from([(1, any_port)])
+                BTreeMap::from([(1, any_port.to_string())])
             } else {
                 BTreeMap::new()
             },

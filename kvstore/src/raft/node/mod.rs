@@ -60,9 +60,10 @@ pub struct ReplicaConfig {
     pub id: u64,
     /// Where it listens (clients and peers).
     pub listen: SocketAddr,
-    /// The initial voters (id → address), this replica included. Used once,
-    /// to form the cluster on first start.
-    pub peers: BTreeMap<u64, SocketAddr>,
+    /// The initial voters (id → `HOST:PORT`, a DNS name or an IP), this
+    /// replica included. Used once, to form the cluster on first start;
+    /// names are resolved again whenever a link to the peer is (re)made.
+    pub peers: BTreeMap<u64, String>,
     /// Its log, state machine and snapshots.
     pub data_dir: PathBuf,
     /// `None` means `--insecure`.
@@ -157,8 +158,8 @@ impl Replica {
         // With port 0, this replica's entry in the peer list is its real address.
         let mut peers = cfg.peers.clone();
         if let Some(a) = peers.get_mut(&cfg.id) {
-            if a.port() == 0 {
-                *a = bound;
+            if a.parse::<SocketAddr>().is_ok_and(|a| a.port() == 0) {
+                *a = bound.to_string();
             }
         }
         let client = PeerClient::new(endpoint.clone());
@@ -199,7 +200,7 @@ impl Replica {
         if !initialized && !peers.is_empty() {
             let members: BTreeMap<u64, BasicNode> = peers
                 .iter()
-                .map(|(id, a)| (*id, BasicNode::new(a.to_string())))
+                .map(|(id, a)| (*id, BasicNode::new(a.clone())))
                 .collect();
             // Every replica of a new cluster initializes with the same voters;
             // the identical first log entry makes that safe, and a replica
@@ -430,14 +431,18 @@ impl ReplicaHandler {
         match leader {
             Some(l) if l == self.id => self.serve(req, send).await,
             Some(l) if !forwarded => {
-                let addr = self
+                let target = self
                     .raft
                     .metrics()
                     .borrow()
                     .membership_config
                     .membership()
                     .get_node(&l)
-                    .and_then(|n| n.addr.parse::<SocketAddr>().ok());
+                    .map(|n| n.addr.clone());
+                let addr = match target {
+                    Some(t) => self.client.resolve(&t).await.ok(),
+                    None => None,
+                };
                 match addr {
                     Some(addr) => self.forward(addr, req, send).await,
                     None => {
@@ -495,7 +500,7 @@ impl ReplicaHandler {
     }
 
     async fn add_replica(&self, id: u64, addr: String) -> Result<(), KvError> {
-        addr.parse::<SocketAddr>()
+        crate::net::check_host_port(&addr)
             .map_err(|e| KvError::InvalidArgument(format!("replica address {addr:?}: {e}")))?;
         let voters: std::collections::BTreeSet<u64> = self
             .raft

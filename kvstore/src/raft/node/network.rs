@@ -14,9 +14,16 @@ pub(super) struct Network {
 pub(super) struct PeerLink {
     pub(super) client: PeerClient,
     pub(super) target: u64,
-    pub(super) addr: Result<SocketAddr, String>,
+    /// The peer's `HOST:PORT` as in the membership.
+    pub(super) host_port: String,
+    /// Where it resolved, and when; looked up again after [`RESOLVE_TTL`]
+    /// or a failed call (a rescheduled pod keeps its name, not its IP).
+    pub(super) resolved: std::sync::Mutex<Option<(SocketAddr, std::time::Instant)>>,
     pub(super) log_synced: storage::LogSynced,
 }
+
+/// How long a peer's resolved address is trusted.
+const RESOLVE_TTL: Duration = Duration::from_secs(5);
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerLink;
@@ -26,10 +33,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             client: self.client.clone(),
             log_synced: self.log_synced.clone(),
             target,
-            addr: node
-                .addr
-                .parse()
-                .map_err(|e| format!("bad address {:?}: {e}", node.addr)),
+            host_port: node.addr.clone(),
+            resolved: std::sync::Mutex::new(None),
         }
     }
 }
@@ -48,19 +53,31 @@ impl PeerLink {
     where
         E: std::error::Error,
     {
-        let addr = self
-            .addr
-            .clone()
-            .map_err(|e| RPCError::Network(NetworkError::new(&LinkError(e))))?;
-        self.client
-            .call(addr, &req, option.hard_ttl())
-            .await
-            .map_err(|e| match e {
-                NetError::Connect { .. } | NetError::Timeout { .. } => {
-                    RPCError::Unreachable(Unreachable::new(&e))
-                }
-                other => RPCError::Network(NetworkError::new(&other)),
-            })
+        let cached = *self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        let addr = match cached {
+            Some((a, at)) if at.elapsed() < RESOLVE_TTL => a,
+            _ => {
+                let a = self
+                    .client
+                    .resolve(&self.host_port)
+                    .await
+                    .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+                *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((a, std::time::Instant::now()));
+                a
+            }
+        };
+        let result = self.client.call(addr, &req, option.hard_ttl()).await;
+        if result.is_err() {
+            // Look the name up again before the next try.
+            *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        result.map_err(|e| match e {
+            NetError::Connect { .. } | NetError::Timeout { .. } => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            other => RPCError::Network(NetworkError::new(&other)),
+        })
     }
 
     pub(super) fn unexpected<E: std::error::Error>(r: WireResponse) -> RPCError<u64, BasicNode, E> {
