@@ -247,7 +247,7 @@ async fn container_faults_end_with_the_undisturbed_result() {
     assert_eq!(params(&client, &id).await, want);
     run(p.compose().args(["up", "-d", &format!("coordinator-{l}")]));
 
-    // A worker stopped (SIGTERM): it restarts before the TTL (3 s) could
+    // A worker stopped (SIGTERM): it restarts before the TTL (5 s) could
     // have declared the worker lost.
     let id = client.submit(&job).await.unwrap();
     kv.get(
