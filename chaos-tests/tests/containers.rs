@@ -296,6 +296,86 @@ async fn container_faults_end_with_the_undisturbed_result() {
     assert_eq!(params(&client, &id).await, want);
 }
 
+/// A worker container whose certificate comes from another CA is refused
+/// by the cluster's coordinators and says so; a coordinator container
+/// whose peers do not resolve stays up, says so and keeps retrying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_certificate_is_refused_and_unresolvable_peers_are_retried() {
+    let p = Project::up(&image(), false);
+    let other = p.dir.path().join("other-ca");
+    run(Command::new(tessel_bin())
+        .args(["certs", "init"])
+        .arg(&other)
+        .args(["--hosts", "intruder"]));
+    run(Command::new("chown")
+        .args(["-R", "10001:10001"])
+        .arg(&other));
+    let network = format!("{}_tessel", p.name);
+    let out = Command::new("timeout")
+        .args(["120", "docker", "run", "--rm", "--network", &network, "-v"])
+        .arg(format!("{}:/tls:ro", other.display()))
+        .args([
+            &p.image,
+            "worker",
+            "--coordinator",
+            "coordinator-1:7000,coordinator-2:7000",
+        ])
+        .args([
+            "--tls-dir",
+            "/tls",
+            "--plugin",
+            "cpu",
+            "--worker-id",
+            "intruder",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a foreign worker started: {err}");
+    assert!(err.contains("cluster's CA"), "{err}");
+    let workers = run(Command::new(tessel_bin())
+        .args([
+            "workers",
+            "--coordinator",
+            &format!("{}.11:7000", p.net),
+            "--tls-dir",
+        ])
+        .arg(p.dir.path().join("tls/submit")));
+    assert!(!workers.contains("intruder"), "{workers}");
+
+    let name = format!("{}-lonely", p.name);
+    p.docker(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        &p.image,
+        "coordinator",
+        "--id",
+        "1",
+        "--listen",
+        "0.0.0.0:7000",
+        "--peers",
+        "1=127.0.0.1:7000,2=nowhere.invalid:7000",
+        "--data-dir",
+        "/data/r",
+        "--insecure",
+    ]);
+    std::thread::sleep(Duration::from_secs(5));
+    let state = p.docker(&["inspect", "-f", "{{.State.Running}}", &name]);
+    let logs = Command::new("docker")
+        .args(["logs", &name])
+        .output()
+        .unwrap();
+    let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+    assert_eq!(state.trim(), "true", "it gave up");
+    let text = String::from_utf8_lossy(&logs.stderr);
+    assert!(
+        text.contains("cannot resolve nowhere.invalid:7000"),
+        "{text}"
+    );
+}
+
 /// An image started with neither `--tls-dir` nor `--insecure` refuses to
 /// start, saying why in one line.
 #[test]
