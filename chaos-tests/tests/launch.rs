@@ -16,6 +16,7 @@ use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::{JobSpec, ValidatedJob};
 use tessel_chaos_tests::{spawn_worker_cmd, tessel_bin, KvCluster, WorkerProc};
+
 use tessel_coordinator::scheduler::{JobEvent, JobState};
 use tessel_kv::KvStore;
 
@@ -507,4 +508,61 @@ async fn bad_commands_fail_with_their_cause_and_exits_restart_with_back_off() {
         "it ignored SIGTERM, yet went in {took:?}"
     );
     assert_eq!(client.wait(&id).await.unwrap().state, JobState::Cancelled);
+}
+
+/// A worker that is PID 1 of its namespace (a container started without
+/// `--init`) reaps the orphans its jobs leave: a script's child that
+/// outlives the script exits and does not stay a zombie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_is_pid_1_reaps_orphaned_grandchildren() {
+    let cluster = KvCluster::start(1, &[]);
+    let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc"])
+        .arg(tessel_bin())
+        .args(["worker", "--coordinator", &coordinators.join(",")])
+        .arg("--tls-dir")
+        .arg(cluster.tls_dir())
+        .args(["--plugin", "cpu", "--devices", "1", "--worker-id", "init"])
+        .arg("--work-dir")
+        .arg(cluster.dir.path().join("work"));
+    let w = spawn_worker_cmd(cmd, "init").unwrap_or_else(|e| panic!("{e}"));
+    // The tessel process is unshare's child, PID 1 inside.
+    let unshare = w.child.pid() as i32;
+    let children = |parent: i32, state: Option<char>| -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter_map(|s| tessel_worker::reaper::parse_stat(&s))
+            .filter(|&(_, pp, st)| pp == parent && state.is_none_or(|want| st == want))
+            .map(|(p, _, _)| p)
+            .collect()
+    };
+    let init = *children(unshare, None)
+        .first()
+        .expect("tessel runs under unshare");
+    let client = Client::from_store(Arc::new(cluster.client()) as Arc<dyn KvStore>);
+    let job = spec(
+        "name = \"orphans\"\nprocesses = 1\ncommand = [\"python3\", \"-c\", \"import subprocess; [subprocess.Popen(['sleep', '0.3']) for _ in range(3)]; print('left three children', flush=True)\"]\n",
+        cluster.dir.path(),
+    );
+    let id = client.submit(&job).await.unwrap();
+    let end = client.wait(&id).await.unwrap();
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    // The sleeps were reparented to PID 1 and exited; within a few scans
+    // no zombie is left under it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let zombies = children(init, Some('Z'));
+        if zombies.is_empty() && Instant::now() > deadline - Duration::from_secs(6) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "zombies left under PID 1: {zombies:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(w);
 }

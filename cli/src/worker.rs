@@ -139,6 +139,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         }
         return Ok(());
     }
+    tessel_worker::reaper::start_if_init();
     let ready = crate::metrics_http::Readiness::new();
     let metrics = crate::metrics_http::serve_if(args.metrics_listen, &ready).await?;
     for root in &args.checkpoint_root {

@@ -14,6 +14,7 @@
 //! * `process`: one job process, from client to result.
 //! * [`tpu`]: the environment libtpu reads to join a multi-host slice.
 //! * [`preempt`]: preemption notices and drains.
+//! * [`reaper`]: orphans reaped when tessel is a container's PID 1.
 //! * [`command`]: command jobs (a training script as the job's processes,
 //!   supervised as a gang).
 
@@ -25,6 +26,7 @@ pub mod host;
 pub mod job_kv;
 pub mod preempt;
 mod process;
+pub mod reaper;
 pub mod runner;
 pub mod tpu;
 

@@ -103,6 +103,7 @@ impl Gang {
                 ))
             })?;
             let pid = child.id().unwrap_or(0) as i32;
+            crate::reaper::own(pid);
             gang.running.push((local, pid));
             if let Some(out) = child.stdout.take() {
                 readers.push(tokio::spawn(logs::forward(out, local, lines.clone())));
@@ -112,7 +113,9 @@ impl Gang {
             }
             let tx = exit_tx.clone();
             tokio::spawn(async move {
-                let _ = tx.send((local, child.wait().await));
+                let status = child.wait().await;
+                crate::reaper::disown(pid);
+                let _ = tx.send((local, status));
             });
         }
         Ok((gang, readers))
