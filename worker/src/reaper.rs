@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! 1. Only a zombie child that no one in this process waits for is reaped:
-//!    not one the worker started itself ([`own`]), and only once it has
+//!    not one the worker started itself (`own`), and only once it has
 //!    stayed a zombie across two scans a second apart (any waiter of ours
 //!    reaps at once).
 //! 2. Nothing runs unless this process is PID 1.
