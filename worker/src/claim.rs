@@ -188,8 +188,18 @@ mod tests {
         tessel_coordinator::registry::check_current(&*kv, "h4", reg.incarnation)
             .await
             .unwrap();
-        // Once it stops beating, its lease expires and the id is free.
+        // Once it stops beating, its lease expires and the id is free
+        // (waiting for the expiry itself: a loaded machine may be late).
         drop(_hb);
+        let alive = tessel_coordinator::keys::alive("h4");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while kv.try_get(alive.as_bytes()).await.is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lease never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         claim(&*kv, "h4", &me).await.unwrap();
     }
 }
