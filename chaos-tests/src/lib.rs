@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod hosts;
 pub mod linearizability;
+pub mod mlp;
 pub mod relay;
 
 use std::collections::BTreeMap;

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessel::client::Client;
-use tessel::job::{JobSpec, ValidatedJob};
+use tessel::job::ValidatedJob;
+use tessel_chaos_tests::mlp::{mlp_job, mlp_params as params};
 use tessel_chaos_tests::tessel_bin;
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
@@ -136,23 +137,7 @@ fn image() -> String {
 /// The 2 × 2 demo with checkpoints and restarts, for the fault tests.
 fn faulty_job(project: &Project, steps: u64) -> ValidatedJob {
     let dir = project.dir.path().join("job");
-    let text = std::fs::read_to_string(dir.join("job-2x2.toml")).unwrap();
-    let mut spec = JobSpec::from_toml(&text, "job-2x2.toml".as_ref()).unwrap();
-    spec.steps = steps;
-    spec.max_restarts = 2;
-    spec.checkpoint = Some(tessel::job::CheckpointSpec {
-        dir: "/data/ckpt/mlp".into(),
-        every: 100,
-    });
-    spec.validate_in(&dir).unwrap()
-}
-
-async fn params(client: &Client, id: &str) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for p in ["w1", "b1", "w2", "b2"] {
-        out.push(client.fetch(id, p).await.unwrap().bytes().to_vec());
-    }
-    out
+    mlp_job(&dir, "job-2x2.toml", steps, 2, "/data/ckpt/mlp".as_ref())
 }
 
 async fn leader(kv: &RaftKv) -> u64 {

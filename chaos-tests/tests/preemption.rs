@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
+use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params as params};
 use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
@@ -46,6 +47,11 @@ fn flags(cluster: &KvCluster, id: &str) -> Vec<String> {
     .collect()
 }
 
+/// The MLP demo with `steps` and checkpoints every 100 steps under `ckpt`.
+fn mlp(steps: u64, max_restarts: u32, ckpt: &Path) -> ValidatedJob {
+    mlp_job(&mlp_dir(), "job.toml", steps, max_restarts, ckpt)
+}
+
 fn workers(cluster: &KvCluster, n: usize) -> Vec<(String, WorkerProc)> {
     (0..n)
         .map(|i| {
@@ -56,28 +62,6 @@ fn workers(cluster: &KvCluster, n: usize) -> Vec<(String, WorkerProc)> {
             (id, w)
         })
         .collect()
-}
-
-/// The MLP demo with `steps` and checkpoints every 100 steps under `ckpt`.
-fn mlp(steps: u64, max_restarts: u32, ckpt: &Path) -> ValidatedJob {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp-data-parallel");
-    let text = std::fs::read_to_string(dir.join("job.toml")).unwrap();
-    let mut spec = JobSpec::from_toml(&text, "job.toml".as_ref()).unwrap();
-    spec.steps = steps;
-    spec.max_restarts = max_restarts;
-    spec.checkpoint = Some(tessel::job::CheckpointSpec {
-        dir: ckpt.to_owned(),
-        every: 100,
-    });
-    spec.validate_in(&dir).unwrap()
-}
-
-async fn params(client: &Client, id: &str) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for p in ["w1", "b1", "w2", "b2"] {
-        out.push(client.fetch(id, p).await.unwrap().bytes().to_vec());
-    }
-    out
 }
 
 /// SIGTERM to one worker of a running MLP job: every process checkpoints

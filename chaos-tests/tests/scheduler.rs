@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
+use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params as params};
 use tessel_chaos_tests::{sample, scrape, spawn_worker, KvCluster, WorkerProc};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::{JobRecord, JobState};
@@ -18,23 +19,10 @@ use tessel_kv::KvStore;
 
 const LIVENESS: [&str; 4] = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
 
-fn example_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp-data-parallel")
-}
-
 /// The MLP demo spec with `steps`, `max_restarts` and checkpoints every
 /// 100 steps under `ckpt` (absolute).
 fn mlp(steps: u64, max_restarts: u32, ckpt: &Path) -> ValidatedJob {
-    let path = example_dir().join("job.toml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let mut spec = JobSpec::from_toml(&text, &path).unwrap();
-    spec.steps = steps;
-    spec.max_restarts = max_restarts;
-    spec.checkpoint = Some(tessel::job::CheckpointSpec {
-        dir: ckpt.to_owned(),
-        every: 100,
-    });
-    spec.validate_in(&example_dir()).unwrap()
+    mlp_job(&mlp_dir(), "job.toml", steps, max_restarts, ckpt)
 }
 
 /// Where the jobs of `cluster` keep checkpoints: every worker's
@@ -75,14 +63,6 @@ async fn wait_state(client: &Client, id: &str, want: JobState, within: Duration)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn params(client: &Client, id: &str) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for p in ["w1", "b1", "w2", "b2"] {
-        out.push(client.fetch(id, p).await.unwrap().bytes().to_vec());
-    }
-    out
 }
 
 /// kill -9 a worker mid-job: the job goes Restarting, runs again as a new
