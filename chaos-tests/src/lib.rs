@@ -5,6 +5,7 @@
 //! test ends.
 
 pub mod cluster;
+pub mod docker;
 pub mod hosts;
 pub mod linearizability;
 pub mod mlp;

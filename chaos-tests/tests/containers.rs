@@ -7,34 +7,20 @@
 //! (`./scripts/test` builds it). Everything the test starts is removed
 //! when it ends, however it ends.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessel::client::Client;
 use tessel::job::ValidatedJob;
+use tessel_chaos_tests::docker::{exit_code, image, repo, run};
 use tessel_chaos_tests::mlp::{mlp_job, mlp_params as params};
 use tessel_chaos_tests::tessel_bin;
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
 use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::RaftKv;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// A Compose project, taken down with its volumes and network when
 /// dropped.
@@ -119,19 +105,6 @@ fn copy_dir(from: &Path, to: &Path) {
     for e in std::fs::read_dir(from).unwrap().flatten() {
         std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
-}
-
-fn image() -> String {
-    let image = std::env::var("TESSEL_IMAGE").unwrap_or_else(|_| "tessel:0.1.0-cpu".into());
-    let ok = Command::new("docker")
-        .args(["image", "inspect", &image])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "no image {image}: run scripts/image --plugins cpu (./scripts/test does)"
-    );
-    image
 }
 
 /// The 2 × 2 demo with checkpoints and restarts, for the fault tests.
@@ -244,6 +217,11 @@ async fn container_faults_end_with_the_undisturbed_result() {
     let victim = client.job(&id).await.unwrap().placement[0].clone();
     let stopped = Instant::now();
     p.docker(&["stop", "-t", "30", &p.container(&victim)]);
+    assert_eq!(
+        exit_code(&p.container(&victim)),
+        0,
+        "a SIGTERM stop is a success"
+    );
     let end = client.wait(&id).await.unwrap();
     assert_eq!(
         (end.state, end.restarts),
@@ -380,12 +358,69 @@ fn a_container_without_tls_or_insecure_refuses_to_start() {
         ])
         .output()
         .unwrap();
-    assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("--tls-dir") && err.contains("--insecure"),
         "{err}"
     );
+}
+
+/// Every coordinator stopped (SIGTERM: each exits 0) and started again at a
+/// new address under its old name, as a rescheduled pod is: the workers,
+/// still running, find them by name and hold their leases, and the
+/// submitter (which names the coordinators too) runs the demo to success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinators_moved_to_new_addresses_are_found_again_by_name() {
+    let p = Project::up(&image(), false);
+    let network = format!("{}_tessel", p.name);
+    let started = |c: &str| p.docker(&["inspect", "-f", "{{.State.StartedAt}}", c]);
+    let workers: Vec<(String, String)> = (1..=3)
+        .map(|i| p.container(&format!("worker-{i}")))
+        .map(|w| (started(&w), w))
+        .collect();
+    let names: Vec<String> = (1..=3)
+        .map(|i| p.container(&format!("coordinator-{i}")))
+        .collect();
+    let mut stop = vec!["stop", "-t", "10"];
+    stop.extend(names.iter().map(String::as_str));
+    p.docker(&stop);
+    for (i, name) in (1..=3).zip(&names) {
+        assert_eq!(exit_code(name), 0, "coordinator-{i} after SIGTERM");
+        p.docker(&["network", "disconnect", &network, name]);
+        let (ip, alias) = (format!("{}.3{i}", p.net), format!("coordinator-{i}"));
+        p.docker(&[
+            "network", "connect", "--ip", &ip, "--alias", &alias, &network, name,
+        ]);
+    }
+    let mut start = vec!["start"];
+    start.extend(names.iter().map(String::as_str));
+    p.docker(&start);
+    let mut up = p.compose();
+    up.args(["up", "-d", "--no-deps", "submit"]);
+    run(&mut up);
+    let submit = p.container("submit");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while p
+        .docker(&["inspect", "-f", "{{.State.Running}}", &submit])
+        .trim()
+        == "true"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the submitter still runs after 240 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        exit_code(&submit),
+        0,
+        "the submitter failed after the move: {}",
+        run(p.compose().args(["logs", "--no-color", "submit"]))
+    );
+    for (before, w) in &workers {
+        assert_eq!(&started(w), before, "{w} was restarted");
+    }
 }
 
 /// Host firewall rules between containers (the bridge's traffic passes

@@ -106,7 +106,7 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
     let leader = c.leader().await;
     let follower = *c.procs.keys().find(|id| **id != leader).unwrap();
     let status_of = |statuses: &[(
-        SocketAddr,
+        String,
         Result<tessel_kvstore::wire::ReplicaStatus, tessel_kv::KvError>,
     )],
                      id: u64| {

@@ -1,7 +1,6 @@
 //! Arguments several commands share: where the cluster is, its TLS
 //! folder, the plugin.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -31,15 +30,6 @@ impl TlsArgs {
             (None, false) => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure"),
         }
     }
-}
-
-/// `HOST:PORT`, resolved now.
-pub(crate) fn resolve(addr: &str) -> Result<SocketAddr> {
-    addr.trim()
-        .to_socket_addrs()
-        .with_context(|| format!("cannot resolve {addr}"))?
-        .next()
-        .with_context(|| format!("{addr} resolves to nothing"))
 }
 
 /// A list of `HOST:PORT` endpoints, checked for form when parsed and
@@ -76,9 +66,12 @@ impl Endpoints {
         Endpoints::parse(rest)
     }
 
-    /// Every endpoint, resolved now.
-    pub(crate) fn resolve(&self) -> Result<Vec<SocketAddr>> {
-        self.0.iter().map(|e| resolve(e)).collect()
+    /// A client of the replicas these name: names are looked up now (one
+    /// must resolve) and again when a replica moves.
+    pub(crate) async fn client(&self, tls: Option<&TlsFiles>) -> Result<RaftKv> {
+        RaftKv::connect_named(&self.0, tls)
+            .await
+            .with_context(|| format!("coordinators {self}"))
     }
 
     /// The first endpoint.
@@ -147,10 +140,9 @@ impl KvTargetArgs {
     pub(crate) async fn connect(&self) -> Result<Box<dyn KvStore>> {
         match self.service()? {
             KvService::Etcd(etcd) => connect_etcd(&etcd).await,
-            KvService::Replicas(list) => Ok(Box::new(RaftKv::connect(
-                list.resolve()?,
-                self.tls.load()?.as_ref(),
-            )?)),
+            KvService::Replicas(list) => {
+                Ok(Box::new(list.client(self.tls.load()?.as_ref()).await?))
+            }
         }
     }
 }

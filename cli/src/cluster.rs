@@ -2,7 +2,6 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use tessel_kvstore::raft::client::RaftKv;
 
 use crate::args::{Endpoints, TlsArgs};
 
@@ -28,12 +27,10 @@ pub(crate) enum ClusterCommand {
 pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
     match cmd {
         ClusterCommand::Status { coordinator, tls } => {
-            let kv = RaftKv::connect(
-                Endpoints::parse(&coordinator)
-                    .map_err(anyhow::Error::msg)?
-                    .resolve()?,
-                tls.load()?.as_ref(),
-            )?;
+            let kv = Endpoints::parse(&coordinator)
+                .map_err(anyhow::Error::msg)?
+                .client(tls.load()?.as_ref())
+                .await?;
             println!(
                 "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  MEMBERS",
                 "REPLICA", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "REVISION"
@@ -49,7 +46,7 @@ pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
                             .collect();
                         println!(
                             "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  {}",
-                            addr.to_string(),
+                            addr,
                             s.id,
                             s.state,
                             opt(s.leader),
@@ -60,7 +57,7 @@ pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
                             members.join(",")
                         );
                     }
-                    Err(e) => println!("{:<22} unreachable: {e}", addr.to_string()),
+                    Err(e) => println!("{:<22} unreachable: {e}", addr),
                 }
             }
             Ok(())
@@ -70,12 +67,10 @@ pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
             tls,
             id,
         } => {
-            let kv = RaftKv::connect(
-                Endpoints::parse(&coordinator)
-                    .map_err(anyhow::Error::msg)?
-                    .resolve()?,
-                tls.load()?.as_ref(),
-            )?;
+            let kv = Endpoints::parse(&coordinator)
+                .map_err(anyhow::Error::msg)?
+                .client(tls.load()?.as_ref())
+                .await?;
             kv.remove_replica(id).await?;
             println!("removed replica {id}");
             Ok(())

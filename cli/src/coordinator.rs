@@ -158,6 +158,7 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let (Some(listen), Some(data_dir)) = (args.listen.clone(), args.data_dir.clone()) else {
         bail!("give --listen and --data-dir, or --kv etcd://…");
     };
+    let listen_name = listen.clone();
     let listen = listen_addr(&listen).await?;
     let tls = args.tls.load()?;
     if let Some(t) = &tls {
@@ -203,7 +204,7 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     });
     if let Some(join) = &args.join {
         let join = Endpoints::parse(join).map_err(anyhow::Error::msg)?;
-        let kv = RaftKv::connect(join.resolve()?, tls.as_ref())?;
+        let kv = join.client(tls.as_ref()).await?;
         kv.add_replica(id, addr)
             .await
             .with_context(|| format!("joining the cluster of {join}"))?;
@@ -218,18 +219,25 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     // The coordinator's failure monitor, through this replica (every
     // replica runs one; their writes are idempotent inserts). Bound to
     // every address, it is dialed on the loopback (its certificate must
-    // then name 127.0.0.1 or ::1).
+    // then name 127.0.0.1 or ::1); listening on a name, by that name (the
+    // certificate names it, not an address the name may have today).
     let own = match addr.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()).to_string()
         }
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()).to_string()
         }
-        _ => addr,
+        _ if listen_name.parse::<SocketAddr>().is_err() => {
+            let host = listen_name
+                .rsplit_once(':')
+                .map_or(&*listen_name, |(h, _)| h);
+            format!("{host}:{}", addr.port())
+        }
+        _ => addr.to_string(),
     };
     let monitor_kv: std::sync::Arc<dyn KvStore> =
-        std::sync::Arc::new(RaftKv::connect(vec![own], tls.as_ref())?);
+        std::sync::Arc::new(RaftKv::connect_named(&[own], tls.as_ref()).await?);
     let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv.clone()));
     // The scheduler too: passes commit by compare-and-swap of one value,
     // so replicas' passes never interleave.

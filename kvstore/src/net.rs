@@ -309,6 +309,60 @@ impl PeerClient {
     }
 }
 
+/// A peer known by its `HOST:PORT`: resolved when first used, and again
+/// after [`RESOLVE_TTL`] or a failed call, so that a peer rescheduled under
+/// the same name (a pod, a container) is found at its new address.
+#[derive(Debug)]
+pub struct NamedPeer {
+    host_port: String,
+    resolved: Mutex<Option<(SocketAddr, std::time::Instant)>>,
+}
+
+/// How long a resolved address is trusted.
+pub const RESOLVE_TTL: Duration = Duration::from_secs(5);
+
+impl NamedPeer {
+    /// The peer at `host_port` (an address, or a DNS name and a port).
+    pub fn new(host_port: impl Into<String>) -> NamedPeer {
+        NamedPeer {
+            host_port: host_port.into(),
+            resolved: Mutex::new(None),
+        }
+    }
+
+    /// `HOST:PORT` as given.
+    pub fn name(&self) -> &str {
+        &self.host_port
+    }
+
+    /// The address it resolved to last, if any.
+    pub fn last(&self) -> Option<SocketAddr> {
+        self.resolved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|(a, _)| a)
+    }
+
+    /// Its address now: the cached one while fresh, else looked up.
+    pub async fn addr(&self, client: &PeerClient) -> Result<SocketAddr, NetError> {
+        let cached = *self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((a, at)) = cached {
+            if at.elapsed() < RESOLVE_TTL {
+                return Ok(a);
+            }
+        }
+        let a = client.resolve(&self.host_port).await?;
+        *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((a, std::time::Instant::now()));
+        Ok(a)
+    }
+
+    /// Looks the name up again before the next call (this one failed).
+    pub fn forget(&self) {
+        *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
 /// Who sent a request: the connection's address and the identity its
 /// certificate carries.
 #[derive(Debug, Clone)]

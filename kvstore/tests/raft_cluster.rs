@@ -65,7 +65,7 @@ async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<So
 }
 
 /// The address of the replica that reports itself leader.
-async fn leader_addr(addrs: &[SocketAddr], tls: &TlsFiles) -> SocketAddr {
+async fn leader_addr(addrs: &[SocketAddr], tls: &TlsFiles) -> String {
     let kv = RaftKv::connect(addrs.to_vec(), Some(tls)).unwrap();
     kv.cluster_status()
         .await

@@ -11,15 +11,18 @@
 //! 4. Requests go to the leader directly when its address is known (asked
 //!    before the first request and after each retry); else a follower
 //!    forwards. Correctness never depends on the hint.
+//! 5. Replicas named by DNS are looked up again after a while and after a
+//!    failed call: a replica rescheduled under its name is found again.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::time::Instant;
 
-use crate::net::{self, PeerClient};
+use crate::net::{self, NamedPeer, PeerClient};
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
 use tessel_kv::state::{KeyValue, Limits, Op, Output};
 use tessel_kv::{CasOutcome, KvStore, WatchStream};
@@ -58,7 +61,7 @@ impl ClientEndpoint {
 
 /// A client of a replicated key-value cluster.
 pub struct RaftKv {
-    addrs: Vec<SocketAddr>,
+    replicas: Arc<[NamedPeer]>,
     limits: Limits,
     client: PeerClient,
     next: AtomicUsize,
@@ -74,17 +77,51 @@ impl RaftKv {
         RaftKv::connect_via(&ClientEndpoint::for_replicas(&addrs, tls)?, addrs)
     }
 
+    /// A client for the replicas at `targets` (`HOST:PORT`, HOST a DNS name
+    /// or an address), looked up now and again later (invariant 5). At
+    /// least one must resolve now: its family picks the endpoint's.
+    pub async fn connect_named(targets: &[String], tls: Option<&TlsFiles>) -> Result<RaftKv> {
+        let mut first = None;
+        let mut why = Vec::new();
+        for t in targets {
+            net::check_host_port(t).map_err(|e| KvError::InvalidArgument(format!("`{t}`: {e}")))?;
+            if first.is_none() {
+                match tokio::net::lookup_host(t.as_str())
+                    .await
+                    .map(|mut a| a.next())
+                {
+                    Ok(Some(a)) => first = Some(a),
+                    Ok(None) => why.push(format!("{t}: no address")),
+                    Err(e) => why.push(format!("{t}: {e}")),
+                }
+            }
+        }
+        let Some(first) = first else {
+            return Err(KvError::Unavailable(format!(
+                "no coordinator address resolves ({})",
+                why.join("; ")
+            )));
+        };
+        let endpoint = ClientEndpoint::for_replicas(&[first], tls)?;
+        RaftKv::with_replicas(&endpoint, targets.iter().map(NamedPeer::new).collect())
+    }
+
     /// A client for the replicas at `addrs` whose connections go through
     /// `endpoint`, beside those of every other client on it. Each client
     /// still has connections of its own.
     pub fn connect_via(endpoint: &ClientEndpoint, addrs: Vec<SocketAddr>) -> Result<RaftKv> {
-        if addrs.is_empty() {
+        let replicas = addrs.iter().map(|a| NamedPeer::new(a.to_string()));
+        RaftKv::with_replicas(endpoint, replicas.collect())
+    }
+
+    fn with_replicas(endpoint: &ClientEndpoint, replicas: Vec<NamedPeer>) -> Result<RaftKv> {
+        if replicas.is_empty() {
             return Err(KvError::InvalidArgument(
                 "no coordinator address given".into(),
             ));
         }
         Ok(RaftKv {
-            addrs,
+            replicas: replicas.into(),
             limits: Limits::default(),
             client: PeerClient::new(endpoint.0.clone()),
             next: AtomicUsize::new(0),
@@ -92,9 +129,9 @@ impl RaftKv {
         })
     }
 
-    /// The replica the next request goes to first.
-    pub fn replica(&self) -> SocketAddr {
-        self.addrs[self.next.load(Ordering::Relaxed) % self.addrs.len()]
+    /// The replica the next request goes to first, as it was given.
+    pub fn replica(&self) -> &str {
+        self.replicas[self.next.load(Ordering::Relaxed) % self.replicas.len()].name()
     }
 
     /// Points `next` at the leader the current replica reports, when its
@@ -102,31 +139,41 @@ impl RaftKv {
     /// skipped, as a request would skip it; otherwise failures leave `next`
     /// alone and the request that follows finds its way by retrying.
     async fn seek_leader(&self) {
-        let i = self.next.load(Ordering::Relaxed) % self.addrs.len();
-        let asked = self.addrs[i];
-        let status = self
-            .client
-            .call(
-                asked,
-                &WireRequest::Client(ClientRequest::Status),
-                tessel_net::tls::IDLE_TIMEOUT,
-            )
-            .await;
+        let i = self.next.load(Ordering::Relaxed) % self.replicas.len();
+        let asked = &self.replicas[i];
+        let status = match asked.addr(&self.client).await {
+            Ok(addr) => {
+                let status = WireRequest::Client(ClientRequest::Status);
+                let r = self
+                    .client
+                    .call(addr, &status, tessel_net::tls::IDLE_TIMEOUT);
+                r.await
+            }
+            Err(e) => Err(e),
+        };
         let s = match status {
             Ok(WireResponse::Status(s)) => s,
             Ok(_) => return,
             Err(_) => {
+                asked.forget();
                 self.next.store(i + 1, Ordering::Relaxed);
                 return;
             }
         };
-        let leader_addr = s.leader.and_then(|l| {
-            s.members
-                .iter()
-                .find(|(id, _)| *id == l)
-                .and_then(|(_, a)| a.parse::<SocketAddr>().ok())
-        });
-        if let Some(i) = leader_addr.and_then(|a| self.addrs.iter().position(|&x| x == a)) {
+        // The membership's address of the leader: one of ours as given
+        // (a DNS name) or as it resolved.
+        let Some(leader) = s
+            .leader
+            .and_then(|l| s.members.iter().find(|(id, _)| *id == l))
+        else {
+            return;
+        };
+        let ip = leader.1.parse::<SocketAddr>().ok();
+        let ours = self
+            .replicas
+            .iter()
+            .position(|r| r.name() == leader.1 || (ip.is_some() && r.last() == ip));
+        if let Some(i) = ours {
             self.next.store(i, Ordering::Relaxed);
         }
     }
@@ -136,13 +183,13 @@ impl RaftKv {
         let deadline = Instant::now() + wait + RETRY_BUDGET;
         let mut last_error = KvError::Unavailable("no replica answered".into());
         let mut backoff = Duration::from_millis(20);
-        if self.addrs.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
+        if self.replicas.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
             self.seek_leader().await;
         }
         while Instant::now() < deadline {
-            for _ in 0..self.addrs.len() {
-                let i = self.next.load(Ordering::Relaxed) % self.addrs.len();
-                let addr = self.addrs[i];
+            for _ in 0..self.replicas.len() {
+                let i = self.next.load(Ordering::Relaxed) % self.replicas.len();
+                let replica = &self.replicas[i];
                 // A dead replica is noticed once it has been silent for
                 // `net::SILENCE` (net invariant 4), by the idle timeout at
                 // the latest (a killed process sends no close).
@@ -151,11 +198,14 @@ impl RaftKv {
                 // gives up (drops this future) on a dead replica moves the
                 // next request on to another one.
                 self.next.store(i + 1, Ordering::Relaxed);
-                match self
-                    .client
-                    .call(addr, &WireRequest::Client(req.clone()), per_call)
-                    .await
-                {
+                let answer = match replica.addr(&self.client).await {
+                    Ok(addr) => {
+                        let req = WireRequest::Client(req.clone());
+                        self.client.call(addr, &req, per_call).await
+                    }
+                    Err(e) => Err(e),
+                };
+                match answer {
                     Ok(resp) => match retryable(&resp) {
                         Some(e) => {
                             self.leader_sought.store(false, Ordering::Relaxed);
@@ -167,6 +217,7 @@ impl RaftKv {
                         }
                     },
                     Err(e) => {
+                        replica.forget();
                         self.leader_sought.store(false, Ordering::Relaxed);
                         last_error = KvError::Unavailable(e.to_string())
                     }
@@ -218,24 +269,29 @@ impl RaftKv {
         }
     }
 
-    /// The status every replica reports (unreachable ones as errors).
-    pub async fn cluster_status(&self) -> Vec<(SocketAddr, Result<ReplicaStatus>)> {
+    /// The status every replica reports (unreachable ones as errors), by
+    /// the name each was given.
+    pub async fn cluster_status(&self) -> Vec<(String, Result<ReplicaStatus>)> {
         let mut out = Vec::new();
-        for &addr in &self.addrs {
-            let r = match self
-                .client
-                .call(
-                    addr,
-                    &WireRequest::Client(ClientRequest::Status),
-                    Duration::from_secs(3),
-                )
-                .await
-            {
+        for replica in self.replicas.iter() {
+            let status = WireRequest::Client(ClientRequest::Status);
+            let answer = match replica.addr(&self.client).await {
+                Ok(addr) => {
+                    self.client
+                        .call(addr, &status, Duration::from_secs(3))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            let r = match answer {
                 Ok(WireResponse::Status(s)) => Ok(s),
                 Ok(other) => Err(unexpected(other)),
-                Err(e) => Err(KvError::Unavailable(e.to_string())),
+                Err(e) => {
+                    replica.forget();
+                    Err(KvError::Unavailable(e.to_string()))
+                }
             };
-            out.push((addr, r));
+            out.push((replica.name().to_owned(), r));
         }
         out
     }
@@ -365,12 +421,12 @@ impl KvStore for RaftKv {
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
         // Check the start is valid now, so a compacted start fails here.
-        let first = open_watch(&self.client, &self.addrs, prefix, from_revision)
+        let first = open_watch(&self.client, &self.replicas, prefix, from_revision)
             .await
             .ok_or_else(|| KvError::Unavailable("no replica accepts the watch".into()))?;
         let state = WatchState {
             client: self.client.clone(),
-            addrs: self.addrs.clone(),
+            replicas: self.replicas.clone(),
             prefix: prefix.to_vec(),
             next_from: from_revision,
             recv: Some(first),
@@ -378,7 +434,7 @@ impl KvStore for RaftKv {
         Ok(futures::stream::unfold(state, |mut st| async move {
             loop {
                 if st.recv.is_none() {
-                    st.recv = open_watch(&st.client, &st.addrs, &st.prefix, st.next_from).await;
+                    st.recv = open_watch(&st.client, &st.replicas, &st.prefix, st.next_from).await;
                     if st.recv.is_none() {
                         let e = KvError::Unavailable("watch: no replica answers".into());
                         return Some((Err(e), st));
@@ -472,7 +528,7 @@ impl KvStore for RaftKv {
 
 struct WatchState {
     client: PeerClient,
-    addrs: Vec<SocketAddr>,
+    replicas: Arc<[NamedPeer]>,
     prefix: Vec<u8>,
     next_from: u64,
     recv: Option<quinn::RecvStream>,
@@ -483,21 +539,25 @@ struct WatchState {
 /// the stream's first frame.
 async fn open_watch(
     client: &PeerClient,
-    addrs: &[SocketAddr],
+    replicas: &[NamedPeer],
     prefix: &[u8],
     from: u64,
 ) -> Option<quinn::RecvStream> {
     let deadline = Instant::now() + RETRY_BUDGET;
     while Instant::now() < deadline {
-        for &addr in addrs {
+        for replica in replicas {
             let req = WireRequest::Client(ClientRequest::Watch {
                 prefix: prefix.to_vec(),
                 from,
             });
+            let Ok(addr) = replica.addr(client).await else {
+                continue;
+            };
             if let Ok((_, mut send, recv)) = client.open(addr, &req).await {
                 let _ = send.finish();
                 return Some(recv);
             }
+            replica.forget();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

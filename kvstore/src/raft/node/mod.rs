@@ -43,7 +43,7 @@ use openraft::raft::{
 use openraft::{BasicNode, Raft, ServerState};
 use quinn::SendStream;
 
-use crate::net::{self, Handler, NetError, PeerClient};
+use crate::net::{self, Handler, NamedPeer, NetError, PeerClient};
 use crate::raft::sm::SmTables;
 use crate::raft::wal::LogIo;
 use crate::raft::{storage, Proposal, TypeConfig};

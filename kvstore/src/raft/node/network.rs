@@ -14,16 +14,12 @@ pub(super) struct Network {
 pub(super) struct PeerLink {
     pub(super) client: PeerClient,
     pub(super) target: u64,
-    /// The peer's `HOST:PORT` as in the membership.
-    pub(super) host_port: String,
-    /// Where it resolved, and when; looked up again after [`RESOLVE_TTL`]
-    /// or a failed call (a rescheduled pod keeps its name, not its IP).
-    pub(super) resolved: std::sync::Mutex<Option<(SocketAddr, std::time::Instant)>>,
+    /// The peer's `HOST:PORT` as in the membership, looked up again after
+    /// a while or a failed call (a rescheduled pod keeps its name, not its
+    /// IP).
+    pub(super) peer: NamedPeer,
     pub(super) log_synced: storage::LogSynced,
 }
-
-/// How long a peer's resolved address is trusted.
-const RESOLVE_TTL: Duration = Duration::from_secs(5);
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerLink;
@@ -33,8 +29,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             client: self.client.clone(),
             log_synced: self.log_synced.clone(),
             target,
-            host_port: node.addr.clone(),
-            resolved: std::sync::Mutex::new(None),
+            peer: NamedPeer::new(node.addr.clone()),
         }
     }
 }
@@ -53,24 +48,14 @@ impl PeerLink {
     where
         E: std::error::Error,
     {
-        let cached = *self.resolved.lock().unwrap_or_else(|p| p.into_inner());
-        let addr = match cached {
-            Some((a, at)) if at.elapsed() < RESOLVE_TTL => a,
-            _ => {
-                let a = self
-                    .client
-                    .resolve(&self.host_port)
-                    .await
-                    .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-                *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((a, std::time::Instant::now()));
-                a
-            }
-        };
+        let addr = self
+            .peer
+            .addr(&self.client)
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         let result = self.client.call(addr, &req, option.hard_ttl()).await;
         if result.is_err() {
-            // Look the name up again before the next try.
-            *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            self.peer.forget();
         }
         result.map_err(|e| match e {
             NetError::Connect { .. } | NetError::Timeout { .. } => {
