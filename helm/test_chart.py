@@ -88,10 +88,12 @@ for n, allowed in [(3, 1), (5, 2), (7, 3)]:
     check(pdb["spec"]["maxUnavailable"] == allowed, f"PDB for {n}: {pdb['spec']}")
     sts = find(objs, "StatefulSet")[0]
     check(sts["spec"]["replicas"] == n and sts["spec"]["podManagementPolicy"] == "Parallel", "statefulset")
-    args = container(sts)["args"]
-    peers = args[args.index("--peers") + 1].split(",")
-    want = [f"{i + 1}=t-tessel-coordinator-{i}.t-tessel-coordinator-peers.{NS}.svc:7000" for i in range(n)]
-    check(peers == want, f"peers for {n}: {peers}")
+    c = container(sts)
+    values = {e["name"]: e.get("value") for e in c.get("env", [])}
+    check("--peers-from-env" in c["args"] and "--peers" not in c["args"], f"peers derived: {c['args']}")
+    check(values.get("TESSEL_REPLICAS") == str(n)
+          and values.get("TESSEL_PEER_DOMAIN") == f"t-tessel-coordinator-peers.{NS}.svc",
+          f"peers' environment for {n}: {values}")
 
 objs = objects([])
 headless = find(objs, "Service", "t-tessel-coordinator-peers")[0]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tessel::identity;
 use tessel::local::Ready;
 use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::RaftKv;
@@ -40,6 +41,13 @@ pub(crate) struct CoordinatorArgs {
     /// the peer is made, and a name that does not resolve yet is retried.
     #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
     pub peers: Vec<(u64, String)>,
+    /// Derive `--peers` from the environment, every replica on the port of
+    /// `--listen`: a StatefulSet's pods (`HOSTNAME`, `TESSEL_REPLICAS`,
+    /// `TESSEL_PEER_DOMAIN`) or a Slurm job step's nodes, one replica per
+    /// node (`SLURM_STEP_NODELIST`, else `SLURM_JOB_NODELIST`; names
+    /// suffixed with `TESSEL_PEER_DOMAIN` when set).
+    #[arg(long, conflicts_with_all = ["peers", "join"])]
+    pub peers_from_env: bool,
     /// Join the cluster that the replica at ADDR belongs to.
     #[arg(long, value_name = "ADDR", conflicts_with = "peers")]
     pub join: Option<String>,
@@ -91,6 +99,16 @@ fn parse_peer(s: &str) -> Result<(u64, String), String> {
     let addr = addr.trim();
     tessel_kvstore::net::check_host_port(addr).map_err(|e| format!("`{s}`: {e}"))?;
     Ok((id, addr.to_owned()))
+}
+
+/// The port of `--listen`, which peers derived from the environment share.
+fn listen_port(listen: &str) -> Result<u16> {
+    match listen.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()) {
+        Some(0) | None => bail!(
+            "--peers-from-env needs a fixed port in --listen (every replica listens on it), not `{listen}`"
+        ),
+        Some(p) => Ok(p),
+    }
 }
 
 /// `--listen`: an address, or a name looked up until it resolves (a pod's
@@ -149,8 +167,20 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         scheduler.abort();
         return Ok(());
     }
-    let (id, source) = crate::identity::replica_id(args.id, &crate::identity::process_env)
-        .map_err(anyhow::Error::msg)?;
+    let env = &identity::process_env;
+    let (id, source) = identity::replica_id(args.id, env)?;
+    let peers: BTreeMap<u64, String> = match (args.peers_from_env, &args.listen) {
+        (false, _) => args.peers.iter().cloned().collect(),
+        (true, Some(listen)) => {
+            let (peers, from) = identity::env_peers(env, listen_port(listen)?)?;
+            if args.print_identity {
+                let list: Vec<String> = peers.iter().map(|(i, a)| format!("{i}={a}")).collect();
+                println!("peers {} (from {from})", list.join(","));
+            }
+            peers
+        }
+        (true, None) => bail!("--peers-from-env takes the port from --listen: give --listen"),
+    };
     if args.print_identity {
         println!("replica id {id} (from {source})");
         return Ok(());
@@ -180,7 +210,6 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let mut raft = ReplicaConfig::default_raft();
     raft.snapshot_policy = openraft_snapshot_policy(args.snapshot_every);
     raft.max_in_snapshot_log_to_keep = args.keep_log_entries;
-    let peers: BTreeMap<u64, String> = args.peers.iter().cloned().collect();
     if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&id) {
         bail!("--peers must include this replica (id {id})");
     }

@@ -11,7 +11,6 @@ mod args;
 mod certs;
 mod cluster;
 mod coordinator;
-mod identity;
 mod jobs;
 mod kv;
 mod local;

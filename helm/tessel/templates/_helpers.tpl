@@ -21,17 +21,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "tessel.worker" -}}{{ include "tessel.fullname" . }}-worker{{- end -}}
 {{- define "tessel.tlsSecret" -}}{{ .Values.tls.existingSecret | default (printf "%s-tls" (include "tessel.fullname" .)) }}{{- end -}}
 
-{{/* 1=NAME-0.PEERS.NS.svc:PORT,2=...: every replica's stable DNS name. */}}
-{{- define "tessel.peers" -}}
-{{- $c := include "tessel.coordinator" . -}}
-{{- $h := include "tessel.coordinatorHeadless" . -}}
-{{- $out := list -}}
-{{- range $i := until (int .Values.coordinators.replicas) -}}
-{{- $out = append $out (printf "%d=%s-%d.%s.%s.svc:%d" (add $i 1) $c $i $h $.Release.Namespace (int $.Values.coordinators.port)) -}}
-{{- end -}}
-{{- join "," $out -}}
-{{- end -}}
-
 {{/* The coordinators as clients dial them. */}}
 {{- define "tessel.coordinatorAddrs" -}}
 {{- $c := include "tessel.coordinator" . -}}
