@@ -328,3 +328,24 @@ impl KvCluster {
         panic!("no leader");
     }
 }
+
+/// Puts `{prefix}/{i:04}` = `i` (little-endian) for `i` in `0..n`, one at a
+/// time, in the background; the `i` of every acknowledged put.
+pub fn write_in_background(
+    kv: std::sync::Arc<RaftKv>,
+    prefix: &str,
+    n: u32,
+) -> tokio::task::JoinHandle<Vec<u32>> {
+    use tessel_kv::KvStore;
+    let prefix = prefix.to_owned();
+    tokio::spawn(async move {
+        let mut acked = Vec::new();
+        for i in 0..n {
+            let key = format!("{prefix}/{i:04}");
+            if kv.put(key.as_bytes(), &i.to_le_bytes()).await.is_ok() {
+                acked.push(i);
+            }
+        }
+        acked
+    })
+}

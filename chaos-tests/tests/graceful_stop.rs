@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessel_chaos_tests::{spawn_worker, KvCluster as Cluster, Signal};
+use tessel_chaos_tests::{spawn_worker, write_in_background, KvCluster as Cluster, Signal};
 use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_kv::KvStore;
 
@@ -26,19 +26,7 @@ fn exit_code(child: &mut tessel::local::Child) -> Option<i32> {
 async fn a_sigterm_stopped_leader_exits_0_and_loses_no_acknowledged_write() {
     let mut c = Cluster::start(3, &[]);
     let kv = Arc::new(c.client());
-    let writer = {
-        let kv = kv.clone();
-        tokio::spawn(async move {
-            let mut acked = Vec::new();
-            for i in 0..400u32 {
-                let key = format!("term/{i:04}");
-                if kv.put(key.as_bytes(), &i.to_le_bytes()).await.is_ok() {
-                    acked.push(i);
-                }
-            }
-            acked
-        })
-    };
+    let writer = write_in_background(kv.clone(), "term", 400);
     tokio::time::sleep(Duration::from_millis(700)).await;
     let old = c.leader().await;
     let p = c.procs.get_mut(&old).unwrap();

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessel_chaos_tests::{KvCluster as Cluster, Signal};
+use tessel_chaos_tests::{write_in_background, KvCluster as Cluster, Signal};
 use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::RaftKv;
 
@@ -35,19 +35,7 @@ async fn writes_and_reads_through_different_replicas_are_linearizable() {
 async fn killing_the_leader_under_write_load_loses_no_acknowledged_write() {
     let mut c = Cluster::start(3, &[]);
     let kv = Arc::new(c.client());
-    let writer = {
-        let kv = kv.clone();
-        tokio::spawn(async move {
-            let mut acked = Vec::new();
-            for i in 0..400u32 {
-                let key = format!("load/{i:04}");
-                if kv.put(key.as_bytes(), &i.to_le_bytes()).await.is_ok() {
-                    acked.push(i);
-                }
-            }
-            acked
-        })
-    };
+    let writer = write_in_background(kv.clone(), "load", 400);
     tokio::time::sleep(Duration::from_millis(700)).await;
     let old = c.leader().await;
     c.procs.get_mut(&old).unwrap().kill();
