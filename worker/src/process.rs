@@ -177,10 +177,19 @@ impl Worker {
         comm: &mut Option<Communicator>,
     ) -> Result<()> {
         jobs::join_job(&*self.kv, &a.job, reg).await?;
-        if let Some(launch) = self.command_of(a).await? {
-            return self.run_command(a, reg, launch).await;
+        // The spec, read once: it says whether this is a command job, the
+        // client's options, and the plan.
+        let spec = match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
+            Ok(spec) => Some(spec),
+            Err(KvError::NotFound(_)) => None,
+            Err(e) => return Err(kv_err("reading the job's spec")(e)),
+        };
+        if let Some(spec) = &spec {
+            if let Some(launch) = self.runner.command(spec)? {
+                return self.run_command(a, reg, launch).await;
+            }
         }
-        let client = &*client.insert(self.job_client(a).await?);
+        let client = &*client.insert(self.job_client(a, spec.as_deref()).await?);
         let endpoint = Arc::new(TransferEndpoint::bind(
             SocketAddr::new(self.cfg.transfer_ip, 0),
             a.process_index,
@@ -227,23 +236,21 @@ impl Worker {
             )
             .await
             .map_err(kv_err("publishing transfer readiness"))?;
-        self.run_plan(a, client, comm, &topology).await?;
+        if let Some(spec) = spec {
+            self.run_plan(a, spec, client, comm, &topology).await?;
+        }
         self.wait_for_end(a, reg).await
     }
 
-    /// Invariant 6: runs the job's plan, if it has one.
+    /// Invariant 6: runs the job's plan (a job without a spec has none).
     async fn run_plan(
         &self,
         a: &JobAssignment,
+        spec: Vec<u8>,
         client: &Client,
         comm: &mut Communicator,
         topology: &GlobalTopology,
     ) -> Result<()> {
-        let spec = match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
-            Ok(spec) => spec,
-            Err(KvError::NotFound(_)) => return Ok(()),
-            Err(e) => return Err(kv_err("reading the job's spec")(e)),
-        };
         let run = self.runner.run(JobProcess {
             job: &a.job,
             process_index: a.process_index,
@@ -284,28 +291,15 @@ impl Worker {
         Ok(())
     }
 
-    /// The command a command job's spec names, if it is one.
-    async fn command_of(&self, a: &JobAssignment) -> Result<Option<crate::CommandLaunch>> {
-        match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
-            Ok(spec) => Ok(self.runner.command(&spec)?),
-            Err(KvError::NotFound(_)) => Ok(None),
-            Err(e) => Err(kv_err("reading the job's spec")(e)),
-        }
-    }
-
-    async fn job_client(&self, a: &JobAssignment) -> Result<Client> {
+    async fn job_client(&self, a: &JobAssignment, spec: Option<&[u8]>) -> Result<Client> {
         let plugin = self.plugin.clone();
         // The job's own options override the worker's, name by name.
         let mut named = self.cfg.plugin_options.clone();
-        match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
-            Ok(spec) => {
-                for nv in self.runner.client_options(&spec)? {
-                    named.retain(|o| o.name != nv.name);
-                    named.push(nv);
-                }
+        if let Some(spec) = spec {
+            for nv in self.runner.client_options(spec)? {
+                named.retain(|o| o.name != nv.name);
+                named.push(nv);
             }
-            Err(KvError::NotFound(_)) => {}
-            Err(e) => return Err(kv_err("reading the job's spec")(e)),
         }
         let mut options = client_options(&self.facts.platform, self.cfg.devices, &named);
         if self.facts.platform == "tpu" {
