@@ -309,12 +309,16 @@ impl PeerClient {
     }
 }
 
-/// A peer known by its `HOST:PORT`: resolved when first used, and again
-/// after [`RESOLVE_TTL`] or a failed call, so that a peer rescheduled under
-/// the same name (a pod, a container) is found at its new address.
+/// A peer known by its `HOST:PORT`: an address is used as is; a DNS name
+/// is resolved when first used, and again after [`RESOLVE_TTL`] or a failed
+/// call, so that a peer rescheduled under the same name (a pod, a
+/// container) is found at its new address.
 #[derive(Debug)]
 pub struct NamedPeer {
     host_port: String,
+    /// `Some` when `host_port` is an address: nothing to look up, no lock
+    /// on the request path.
+    fixed: Option<SocketAddr>,
     resolved: Mutex<Option<(SocketAddr, std::time::Instant)>>,
 }
 
@@ -324,8 +328,10 @@ pub const RESOLVE_TTL: Duration = Duration::from_secs(5);
 impl NamedPeer {
     /// The peer at `host_port` (an address, or a DNS name and a port).
     pub fn new(host_port: impl Into<String>) -> NamedPeer {
+        let host_port = host_port.into();
         NamedPeer {
-            host_port: host_port.into(),
+            fixed: host_port.parse().ok(),
+            host_port,
             resolved: Mutex::new(None),
         }
     }
@@ -335,16 +341,22 @@ impl NamedPeer {
         &self.host_port
     }
 
-    /// The address it resolved to last, if any.
+    /// Its address, or the one its name resolved to last, if any.
     pub fn last(&self) -> Option<SocketAddr> {
-        self.resolved
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map(|(a, _)| a)
+        self.fixed.or_else(|| {
+            self.resolved
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .map(|(a, _)| a)
+        })
     }
 
-    /// Its address now: the cached one while fresh, else looked up.
+    /// Its address now: the fixed one, the cached one while fresh, else
+    /// looked up.
     pub async fn addr(&self, client: &PeerClient) -> Result<SocketAddr, NetError> {
+        if let Some(a) = self.fixed {
+            return Ok(a);
+        }
         let cached = *self.resolved.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((a, at)) = cached {
             if at.elapsed() < RESOLVE_TTL {
@@ -357,9 +369,29 @@ impl NamedPeer {
         Ok(a)
     }
 
+    /// Sends `req` to wherever it is now ([`PeerClient::call`]); a failure
+    /// has the name looked up again before the next call.
+    pub async fn call(
+        &self,
+        client: &PeerClient,
+        req: &WireRequest,
+        timeout: Duration,
+    ) -> Result<WireResponse, NetError> {
+        let result = match self.addr(client).await {
+            Ok(addr) => client.call(addr, req, timeout).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+
     /// Looks the name up again before the next call (this one failed).
     pub fn forget(&self) {
-        *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if self.fixed.is_none() {
+            *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
     }
 }
 

@@ -70,6 +70,9 @@ fn number(env: Env<'_>, name: &str) -> Result<Option<u64>, IdentityError> {
         .transpose()
 }
 
+/// Slurm's rank variable, and the source of an index read from it.
+const SLURM_PROCID: &str = "SLURM_PROCID";
+
 /// The process's index among its peers by rule 2 or 3, if any applies.
 pub fn env_index(env: Env<'_>) -> Result<Option<Index>, IdentityError> {
     if let Some(index) = number(env, "JOB_COMPLETION_INDEX")? {
@@ -83,10 +86,10 @@ pub fn env_index(env: Env<'_>) -> Result<Option<Index>, IdentityError> {
         }
     }
     if env("SLURM_JOB_ID").is_some() {
-        if let Some(index) = number(env, "SLURM_PROCID")? {
+        if let Some(index) = number(env, SLURM_PROCID)? {
             return Ok(Some(Index {
                 index,
-                source: "SLURM_PROCID",
+                source: SLURM_PROCID,
             }));
         }
     }
@@ -128,7 +131,7 @@ pub fn env_peers(
     let ids = |names: &[String]| -> BTreeMap<u64, String> {
         (1..).zip(names.iter().map(|n| host(n))).collect()
     };
-    if index.source != "SLURM_PROCID" {
+    if index.source != SLURM_PROCID {
         // Kubernetes: pods named `<set>-<index>` (a StatefulSet's, and an
         // Indexed Job's hostnames alike), reached through the headless
         // Service that `TESSEL_PEER_DOMAIN` names.

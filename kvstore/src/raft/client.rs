@@ -141,21 +141,12 @@ impl RaftKv {
     async fn seek_leader(&self) {
         let i = self.next.load(Ordering::Relaxed) % self.replicas.len();
         let asked = &self.replicas[i];
-        let status = match asked.addr(&self.client).await {
-            Ok(addr) => {
-                let status = WireRequest::Client(ClientRequest::Status);
-                let r = self
-                    .client
-                    .call(addr, &status, tessel_net::tls::IDLE_TIMEOUT);
-                r.await
-            }
-            Err(e) => Err(e),
-        };
-        let s = match status {
+        let status = WireRequest::Client(ClientRequest::Status);
+        let timeout = tessel_net::tls::IDLE_TIMEOUT;
+        let s = match asked.call(&self.client, &status, timeout).await {
             Ok(WireResponse::Status(s)) => s,
             Ok(_) => return,
             Err(_) => {
-                asked.forget();
                 self.next.store(i + 1, Ordering::Relaxed);
                 return;
             }
@@ -198,14 +189,8 @@ impl RaftKv {
                 // gives up (drops this future) on a dead replica moves the
                 // next request on to another one.
                 self.next.store(i + 1, Ordering::Relaxed);
-                let answer = match replica.addr(&self.client).await {
-                    Ok(addr) => {
-                        let req = WireRequest::Client(req.clone());
-                        self.client.call(addr, &req, per_call).await
-                    }
-                    Err(e) => Err(e),
-                };
-                match answer {
+                let call = WireRequest::Client(req.clone());
+                match replica.call(&self.client, &call, per_call).await {
                     Ok(resp) => match retryable(&resp) {
                         Some(e) => {
                             self.leader_sought.store(false, Ordering::Relaxed);
@@ -217,7 +202,6 @@ impl RaftKv {
                         }
                     },
                     Err(e) => {
-                        replica.forget();
                         self.leader_sought.store(false, Ordering::Relaxed);
                         last_error = KvError::Unavailable(e.to_string())
                     }
@@ -275,21 +259,13 @@ impl RaftKv {
         let mut out = Vec::new();
         for replica in self.replicas.iter() {
             let status = WireRequest::Client(ClientRequest::Status);
-            let answer = match replica.addr(&self.client).await {
-                Ok(addr) => {
-                    self.client
-                        .call(addr, &status, Duration::from_secs(3))
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            let r = match answer {
+            let r = match replica
+                .call(&self.client, &status, Duration::from_secs(3))
+                .await
+            {
                 Ok(WireResponse::Status(s)) => Ok(s),
                 Ok(other) => Err(unexpected(other)),
-                Err(e) => {
-                    replica.forget();
-                    Err(KvError::Unavailable(e.to_string()))
-                }
+                Err(e) => Err(KvError::Unavailable(e.to_string())),
             };
             out.push((replica.name().to_owned(), r));
         }

@@ -48,17 +48,9 @@ impl PeerLink {
     where
         E: std::error::Error,
     {
-        let addr = self
-            .peer
-            .addr(&self.client)
-            .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-        let result = self.client.call(addr, &req, option.hard_ttl()).await;
-        if result.is_err() {
-            self.peer.forget();
-        }
+        let result = self.peer.call(&self.client, &req, option.hard_ttl()).await;
         result.map_err(|e| match e {
-            NetError::Connect { .. } | NetError::Timeout { .. } => {
+            NetError::Resolve { .. } | NetError::Connect { .. } | NetError::Timeout { .. } => {
                 RPCError::Unreachable(Unreachable::new(&e))
             }
             other => RPCError::Network(NetworkError::new(&other)),
