@@ -315,17 +315,7 @@ impl KvCluster {
 
     /// The leader's id, once one is elected (panics after 20 s).
     pub async fn leader(&self) -> u64 {
-        for _ in 0..200 {
-            for (_, s) in self.client().cluster_status().await {
-                if let Ok(s) = s {
-                    if s.state == "Leader" {
-                        return s.id;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("no leader");
+        leader_of(&self.client(), Duration::from_secs(20)).await
     }
 }
 
@@ -348,4 +338,21 @@ pub fn write_in_background(
         }
         acked
     })
+}
+
+/// The id of the replica that `kv` finds reporting itself leader, once one
+/// does (panics after `within`).
+pub async fn leader_of(kv: &RaftKv, within: Duration) -> u64 {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        for (_, s) in kv.cluster_status().await {
+            if let Ok(s) = s {
+                if s.state == "Leader" {
+                    return s.id;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no leader within {within:?}");
 }

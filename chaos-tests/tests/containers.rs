@@ -16,7 +16,7 @@ use tessel::client::Client;
 use tessel::job::ValidatedJob;
 use tessel_chaos_tests::docker::{exit_code, image, repo, run};
 use tessel_chaos_tests::mlp::{mlp_job, mlp_params as params};
-use tessel_chaos_tests::tessel_bin;
+use tessel_chaos_tests::{leader_of, tessel_bin};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
 use tessel_kv::KvStore;
@@ -114,18 +114,7 @@ fn faulty_job(project: &Project, steps: u64) -> ValidatedJob {
 }
 
 async fn leader(kv: &RaftKv) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        for (_, s) in kv.cluster_status().await {
-            if let Ok(s) = s {
-                if s.state == "Leader" {
-                    return s.id;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no leader");
+    leader_of(kv, Duration::from_secs(60)).await
 }
 
 /// `docker-compose up` runs the demo to success (the submitter exits 0),
@@ -168,6 +157,33 @@ async fn the_compose_cluster_runs_the_demo_to_the_single_device_result() {
     }
 }
 
+/// Submits `job` and waits (120 s at most) for its report of step 299:
+/// it is well under way.
+async fn submit_past_step_299(client: &Client, kv: &RaftKv, job: &ValidatedJob) -> String {
+    let id = client.submit(job).await.unwrap();
+    kv.get(
+        keys::job_report(&id, 299).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    id
+}
+
+/// The job succeeded after one restart, away from `victim`, with the
+/// parameters of the undisturbed run.
+async fn moved_and_undisturbed(client: &Client, id: &str, victim: &str, want: &[Vec<u8>]) {
+    let end = client.wait(id).await.unwrap();
+    assert_eq!(
+        (end.state, end.restarts),
+        (JobState::Succeeded, 1),
+        "{:?}",
+        end.reason
+    );
+    assert!(!end.placement.iter().any(|w| w == victim));
+    assert_eq!(params(client, id).await, want);
+}
+
 /// Faults by container mid-job: `docker kill` of the coordinator leader
 /// (the job succeeds on its first attempt), `docker stop` of a worker
 /// (graceful: its process checkpoints and the job restarts elsewhere before
@@ -186,13 +202,7 @@ async fn container_faults_end_with_the_undisturbed_result() {
     let want = params(&client, &calm).await;
 
     // The coordinator leader killed.
-    let id = client.submit(&job).await.unwrap();
-    kv.get(
-        keys::job_report(&id, 299).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
+    let id = submit_past_step_299(&client, &kv, &job).await;
     let l = leader(&kv).await;
     p.docker(&["kill", &p.container(&format!("coordinator-{l}"))]);
     let end = client.wait(&id).await.unwrap();
@@ -207,13 +217,7 @@ async fn container_faults_end_with_the_undisturbed_result() {
 
     // A worker stopped (SIGTERM): it restarts before the TTL (5 s) could
     // have declared the worker lost.
-    let id = client.submit(&job).await.unwrap();
-    kv.get(
-        keys::job_report(&id, 299).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
+    let id = submit_past_step_299(&client, &kv, &job).await;
     let victim = client.job(&id).await.unwrap().placement[0].clone();
     let stopped = Instant::now();
     p.docker(&["stop", "-t", "30", &p.container(&victim)]);
@@ -222,15 +226,7 @@ async fn container_faults_end_with_the_undisturbed_result() {
         0,
         "a SIGTERM stop is a success"
     );
-    let end = client.wait(&id).await.unwrap();
-    assert_eq!(
-        (end.state, end.restarts),
-        (JobState::Succeeded, 1),
-        "{:?}",
-        end.reason
-    );
-    assert!(!end.placement.contains(&victim));
-    assert_eq!(params(&client, &id).await, want);
+    moved_and_undisturbed(&client, &id, &victim, &want).await;
     eprintln!(
         "docker stop of a worker: job done {:.1} s later",
         stopped.elapsed().as_secs_f64()
@@ -238,25 +234,11 @@ async fn container_faults_end_with_the_undisturbed_result() {
     run(p.compose().args(["up", "-d", &victim]));
 
     // A worker cut off from the network.
-    let id = client.submit(&job).await.unwrap();
-    kv.get(
-        keys::job_report(&id, 299).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
+    let id = submit_past_step_299(&client, &kv, &job).await;
     let victim = client.job(&id).await.unwrap().placement[1].clone();
     let network = format!("{}_tessel", p.name);
     p.docker(&["network", "disconnect", &network, &p.container(&victim)]);
-    let end = client.wait(&id).await.unwrap();
-    assert_eq!(
-        (end.state, end.restarts),
-        (JobState::Succeeded, 1),
-        "{:?}",
-        end.reason
-    );
-    assert!(!end.placement.contains(&victim));
-    assert_eq!(params(&client, &id).await, want);
+    moved_and_undisturbed(&client, &id, &victim, &want).await;
 }
 
 /// A worker container whose certificate comes from another CA is refused
