@@ -65,6 +65,9 @@ impl Plugin {
     }
 
     fn load_uncached(path: &Path) -> Result<Plugin> {
+        if crate::libtpu::is_libtpu(path) {
+            crate::libtpu::prepare();
+        }
         // SAFETY: loading a library runs its initializers. A PJRT plugin's
         // initializers only register static state; we trust the path the
         // user named to be a PJRT plugin, and check for its entry point next.
