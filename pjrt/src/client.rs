@@ -8,8 +8,9 @@
 //!    `ClientInner::drop` destroys the client before its fields (the bridge)
 //!    are dropped.
 
-use std::panic::resume_unwind;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::buffer::{Buffer, HostBuffer};
 use crate::compile::{CompileOptions, Program};
@@ -17,15 +18,23 @@ use crate::device::{Device, Memory};
 use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::ffi;
-use crate::kv::{self, KeyValueStore, KvBridge};
+use crate::kv::{self, KeyValueStore, KvBridge, Waits};
 use crate::plugin::{bytes_to_string, Plugin, PluginInner};
 use crate::value::{NamedValue, RawNamedValues, Value};
+
+/// The debug option a mocked multi-node client compiles with.
+const MOCK_NO_SHARDING: (&str, crate::compile::OptionOverride) = (
+    "xla_gpu_shard_autotuning",
+    crate::compile::OptionOverride::Bool(false),
+);
 
 /// Options for [`Client::create`].
 #[derive(Clone, Default)]
 pub struct ClientOptions {
     options: Vec<NamedValue>,
     kv_store: Option<Arc<dyn KeyValueStore>>,
+    kv_wait_limit: Option<Duration>,
+    waits: Arc<Waits>,
 }
 
 impl ClientOptions {
@@ -39,6 +48,14 @@ impl ClientOptions {
     /// Wires the distributed-runtime callbacks to `store`.
     pub fn kv_store(mut self, store: Arc<dyn KeyValueStore>) -> Self {
         self.kv_store = Some(store);
+        self
+    }
+
+    /// No get the plugin makes through the store waits longer than
+    /// `limit`, whatever timeout it asks for: a plugin that waits for a
+    /// key nobody writes gets `DEADLINE_EXCEEDED` instead of hanging.
+    pub fn kv_wait_limit(mut self, limit: Duration) -> Self {
+        self.kv_wait_limit = Some(limit);
         self
     }
 
@@ -58,6 +75,8 @@ pub(crate) struct ClientInner {
     pub(crate) plugin: Plugin,
     pub(crate) raw: *mut ffi::PJRT_Client,
     kv: Option<Box<KvBridge>>,
+    /// Created with `enable_mock_nccl = true` (see [`Client::compile`]).
+    mock_nccl: bool,
 }
 
 // SAFETY: PJRT clients are thread-safe by contract; the bridge is Sync.
@@ -83,8 +102,14 @@ impl Client {
     /// distributed-runtime callbacks call it; a panic inside the store
     /// during creation is re-raised here once the plugin has returned.
     pub fn create(plugin: &Plugin, options: ClientOptions) -> Result<Client> {
+        let mock_nccl = options
+            .options
+            .iter()
+            .any(|o| o.name == "enable_mock_nccl" && o.value == Value::Bool(true));
         let raw_opts = RawNamedValues::new(&options.options);
-        let bridge = options.kv_store.map(KvBridge::new);
+        let bridge = options
+            .kv_store
+            .map(|s| KvBridge::with(s, options.waits.clone(), options.kv_wait_limit));
         let mut args = ffi::PJRT_Client_Create_Args::new();
         args.create_options = raw_opts.as_ptr();
         args.num_options = raw_opts.len();
@@ -106,6 +131,7 @@ impl Client {
                     plugin: plugin.clone(),
                     raw: args.client,
                     kv: bridge,
+                    mock_nccl,
                 }),
             },
             Err(e) => {
@@ -120,6 +146,41 @@ impl Client {
             resume_unwind(p);
         }
         Ok(client)
+    }
+
+    /// [`Client::create`] with a deadline: the plugin runs on a thread of
+    /// its own, and if it has not returned within `limit` that thread is
+    /// abandoned (the client, should it come later, is destroyed there)
+    /// and [`Error::CreateTimedOut`] names the keys the plugin was blocked
+    /// on. A panic in the store is re-raised here.
+    pub fn create_within(
+        plugin: &Plugin,
+        options: ClientOptions,
+        limit: Duration,
+    ) -> Result<Client> {
+        let waits = options.waits.clone();
+        let plugin = plugin.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("pjrt-client-create".into())
+            .spawn(move || {
+                let r = catch_unwind(AssertUnwindSafe(|| Client::create(&plugin, options)));
+                let _ = tx.send(r);
+            })
+            .map_err(|e| {
+                Error::Internal(format!("cannot start a thread for client creation: {e}"))
+            })?;
+        match rx.recv_timeout(limit) {
+            Ok(Ok(r)) => r,
+            Ok(Err(panic)) => resume_unwind(panic),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::CreateTimedOut {
+                after: limit,
+                waiting: waits.keys(),
+            }),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Internal(
+                "the client creation thread ended without an answer".into(),
+            )),
+        }
     }
 
     pub(crate) fn plugin_inner(&self) -> &PluginInner {
@@ -272,8 +333,23 @@ impl Client {
     }
 
     /// Compiles `program` with `options`.
+    ///
+    /// A client that mocks other nodes (`enable_mock_nccl`) compiles with
+    /// XLA's sharded autotuning off: that shares autotuning results through
+    /// the key-value store, and no mocked node ever publishes its share, so
+    /// compiling any multi-device program would wait forever (seen with
+    /// jax-cuda13-pjrt 0.11.2, JAX's own mock mode included).
     pub fn compile(&self, program: &Program, options: &CompileOptions) -> Result<LoadedExecutable> {
         options.validate()?;
+        let mut options = options.clone();
+        if self.inner.mock_nccl
+            && !options
+                .overrides
+                .iter()
+                .any(|(n, _)| n == MOCK_NO_SHARDING.0)
+        {
+            options = options.with_override(MOCK_NO_SHARDING.0, MOCK_NO_SHARDING.1.clone());
+        }
         let encoded = options.encode();
         let format = program.format().as_str();
         let mut raw_program = ffi::PJRT_Program::new();

@@ -90,6 +90,20 @@ pub struct CompileOptions {
     pub use_shardy_partitioner: bool,
     /// `device_assignment[replica][partition]` = global device id.
     pub device_assignment: Option<Vec<Vec<i64>>>,
+    /// XLA debug options for this compilation (`env_option_overrides`),
+    /// by name: what `XLA_FLAGS` would set, for one program only.
+    pub overrides: Vec<(String, OptionOverride)>,
+}
+
+/// The value of one XLA debug option override.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptionOverride {
+    /// A string option.
+    Str(String),
+    /// A boolean option.
+    Bool(bool),
+    /// An integer option.
+    Int(i64),
 }
 
 impl CompileOptions {
@@ -102,7 +116,20 @@ impl CompileOptions {
             use_spmd_partitioning: num_partitions > 1,
             use_shardy_partitioner: false,
             device_assignment: None,
+            overrides: Vec::new(),
         }
+    }
+
+    /// Sets an XLA debug option for this compilation.
+    pub fn with_override(
+        mut self,
+        name: impl Into<String>,
+        value: OptionOverride,
+    ) -> CompileOptions {
+        let name = name.into();
+        self.overrides.retain(|(n, _)| *n != name);
+        self.overrides.push((name, value));
+        self
     }
 
     /// Sets a fixed device assignment, `[replica][partition]`.
@@ -161,6 +188,28 @@ impl CompileOptions {
                 device_assignment,
                 use_shardy_partitioner: self.use_shardy_partitioner,
             }),
+            env_option_overrides: self
+                .overrides
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        proto::OptionOverrideProto {
+                            value: Some(match v {
+                                OptionOverride::Str(s) => {
+                                    proto::override_value::Value::StringField(s.clone())
+                                }
+                                OptionOverride::Bool(b) => {
+                                    proto::override_value::Value::BoolField(*b)
+                                }
+                                OptionOverride::Int(i) => {
+                                    proto::override_value::Value::IntField(*i)
+                                }
+                            }),
+                        },
+                    )
+                })
+                .collect(),
         }
         .encode_to_vec()
     }
@@ -172,6 +221,26 @@ mod proto {
     pub(super) struct CompileOptionsProto {
         #[prost(message, optional, tag = "3")]
         pub executable_build_options: Option<ExecutableBuildOptionsProto>,
+        #[prost(btree_map = "string, message", tag = "7")]
+        pub env_option_overrides: std::collections::BTreeMap<String, OptionOverrideProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct OptionOverrideProto {
+        #[prost(oneof = "override_value::Value", tags = "1, 2, 3")]
+        pub value: Option<override_value::Value>,
+    }
+
+    pub(super) mod override_value {
+        #[derive(Clone, PartialEq, prost::Oneof)]
+        pub(crate) enum Value {
+            #[prost(string, tag = "1")]
+            StringField(String),
+            #[prost(bool, tag = "2")]
+            BoolField(bool),
+            #[prost(int64, tag = "3")]
+            IntField(i64),
+        }
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -240,6 +309,25 @@ mod tests {
             .map(|c| c.replica_device_ids)
             .collect();
         assert_eq!(by_partition, vec![vec![0, 3], vec![1, 4], vec![2, 5]]);
+    }
+
+    #[test]
+    fn overrides_travel_as_env_option_overrides_and_the_last_one_wins() {
+        let opts = CompileOptions::new(1, 2)
+            .with_override("xla_gpu_shard_autotuning", OptionOverride::Bool(true))
+            .with_override("xla_gpu_shard_autotuning", OptionOverride::Bool(false))
+            .with_override("xla_dump_to", OptionOverride::Str("/tmp/d".into()));
+        let decoded = proto::CompileOptionsProto::decode(opts.encode().as_slice()).unwrap();
+        let o = decoded.env_option_overrides;
+        assert_eq!(o.len(), 2);
+        assert_eq!(
+            o["xla_gpu_shard_autotuning"].value,
+            Some(proto::override_value::Value::BoolField(false))
+        );
+        assert_eq!(
+            o["xla_dump_to"].value,
+            Some(proto::override_value::Value::StringField("/tmp/d".into()))
+        );
     }
 
     #[test]

@@ -168,6 +168,18 @@ pub enum Error {
         /// The command that installs it.
         install: String,
     },
+    /// `PJRT_Client_Create` did not return within the caller's limit; the
+    /// plugin goes on, on a thread the caller abandoned.
+    #[error(
+        "the plugin's client creation did not finish within {after:?}; {}",
+        waits_text(waiting)
+    )]
+    CreateTimedOut {
+        /// The limit.
+        after: std::time::Duration,
+        /// The keys the plugin was blocked on when the limit passed.
+        waiting: Vec<String>,
+    },
     /// tessel refused an argument before calling the plugin.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -185,8 +197,23 @@ impl Error {
             Error::PluginNotFound { .. } => ErrorCode::NotFound,
             Error::MissingFunction { .. } => ErrorCode::Unimplemented,
             Error::IncompatibleVersion { .. } => ErrorCode::FailedPrecondition,
+            Error::CreateTimedOut { .. } => ErrorCode::DeadlineExceeded,
             _ => ErrorCode::Internal,
         }
+    }
+}
+
+fn waits_text(keys: &[String]) -> String {
+    if keys.is_empty() {
+        "it was not waiting for a key-value key (it waits on something else: a device, a driver, a peer's network)".into()
+    } else {
+        format!(
+            "it was waiting for {}, which no process has written",
+            keys.iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     }
 }
 

@@ -18,9 +18,11 @@
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -77,20 +79,78 @@ pub trait KeyValueStore: Send + Sync + 'static {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), KvError>;
 }
 
-/// The `user_arg` behind the three callbacks: the store and the first panic
-/// caught while calling it.
+/// The keys a plugin is blocked on right now: what a caller that gives up
+/// waiting for the plugin reports.
+#[derive(Debug, Default)]
+pub struct Waits {
+    next: AtomicU64,
+    keys: Mutex<BTreeMap<u64, Vec<u8>>>,
+}
+
+impl Waits {
+    fn enter(&self, key: &[u8]) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, key.to_vec());
+        id
+    }
+
+    fn leave(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Vec<u8>>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The keys waited for now, in the order the waits began (bytes shown
+    /// as text where they are UTF-8, escaped where not).
+    pub fn keys(&self) -> Vec<String> {
+        self.lock()
+            .values()
+            .map(|k| k.escape_ascii().to_string())
+            .collect()
+    }
+}
+
+/// The `user_arg` behind the three callbacks: the store, the first panic
+/// caught while calling it, the keys being waited for, and the longest wait
+/// allowed.
 pub struct KvBridge {
     store: Arc<dyn KeyValueStore>,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+    waits: Arc<Waits>,
+    cap: Option<Duration>,
 }
 
 impl KvBridge {
     /// A bridge on the heap, so that its address is stable (invariant 5).
     pub fn new(store: Arc<dyn KeyValueStore>) -> Box<KvBridge> {
+        Self::with(store, Arc::default(), None)
+    }
+
+    /// A bridge that records its blocked gets in `waits` and lets no get
+    /// wait longer than `cap`, whatever timeout the plugin asks for (XLA's
+    /// GPU client asks for up to a day).
+    pub fn with(
+        store: Arc<dyn KeyValueStore>,
+        waits: Arc<Waits>,
+        cap: Option<Duration>,
+    ) -> Box<KvBridge> {
         Box::new(KvBridge {
             store,
             panic: Mutex::new(None),
+            waits,
+            cap,
         })
+    }
+
+    /// A blocking get, capped and recorded.
+    fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>, KvError> {
+        let timeout = self.cap.map_or(timeout, |c| timeout.min(c));
+        let id = self.waits.enter(key);
+        let r = self.run(|s| s.get(key, timeout));
+        self.waits.leave(id);
+        r
     }
 
     /// The `user_arg` to give the plugin with [`get_callback`] and friends.
@@ -294,7 +354,7 @@ pub unsafe extern "C" fn kv_get(
     // SAFETY: key is valid for key_size bytes for the call.
     let result = unsafe { bytes(args.key, args.key_size) }.and_then(|key| {
         // SAFETY: user_arg is the bridge we registered with the client.
-        unsafe { bridge(args.user_arg) }.and_then(|b| b.run(|s| s.get(key, timeout)))
+        unsafe { bridge(args.user_arg) }.and_then(|b| b.get(key, timeout))
     });
     // SAFETY: the out-fields belong to the args struct; callback_error
     // comes from the plugin.

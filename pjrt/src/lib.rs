@@ -67,13 +67,14 @@ mod executable;
 pub mod ffi;
 pub mod hlo;
 pub mod kv;
+pub mod libtpu;
 pub mod locate;
 mod plugin;
 mod value;
 
 pub use buffer::{Buffer, ElementType, HostBuffer, NativeType, ToHostFuture};
 pub use client::{Client, ClientOptions};
-pub use compile::{CompileOptions, Program, ProgramFormat};
+pub use compile::{CompileOptions, OptionOverride, Program, ProgramFormat};
 pub use device::{Device, Memory};
 pub use error::{Error, ErrorCode, Result};
 pub use event::{Event, EventFuture};

@@ -520,3 +520,103 @@ fn without_a_store_the_plugin_sees_no_callbacks() {
         "{e:?}"
     );
 }
+
+// ---- Bounded client creation (a plugin waiting for a peer) --------------
+
+#[test]
+fn a_plugin_waiting_for_a_key_nobody_writes_gets_deadline_exceeded_at_the_wait_limit() {
+    let store = Arc::new(MemStore::default());
+    let started = Instant::now();
+    let e = Client::create(
+        &fake_plugin(),
+        ClientOptions::default()
+            .option("wait_key", "peer/1/topology")
+            .kv_store(store)
+            .kv_wait_limit(Duration::from_millis(300)),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Pjrt {
+                code: ErrorCode::DeadlineExceeded,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The plugin asked for a day; the limit held.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn client_creation_past_its_limit_names_the_key_the_plugin_waits_for() {
+    let store = Arc::new(MemStore::default());
+    let started = Instant::now();
+    let e = Client::create_within(
+        &fake_plugin(),
+        ClientOptions::default()
+            .option("wait_key", "peer/1/topology")
+            .kv_store(store.clone()),
+        Duration::from_millis(300),
+    )
+    .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    match &e {
+        Error::CreateTimedOut { waiting, .. } => assert_eq!(waiting, &["peer/1/topology"]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.code(), ErrorCode::DeadlineExceeded);
+    assert!(
+        e.to_string()
+            .contains("`peer/1/topology`, which no process has written"),
+        "{e}"
+    );
+    // The abandoned thread finishes once the key appears: its client is
+    // destroyed there, releasing the store.
+    store.put(b"peer/1/topology", b"late").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Arc::strong_count(&store) > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned creation never ended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_plugin_busy_elsewhere_times_out_saying_it_waited_for_no_key() {
+    let e = Client::create_within(
+        &fake_plugin(),
+        ClientOptions::default()
+            .option("sleep_ms", 1500i64)
+            .kv_store(Arc::new(MemStore::default())),
+        Duration::from_millis(200),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::CreateTimedOut { waiting, .. } if waiting.is_empty()),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("not waiting for a key-value key"),
+        "{e}"
+    );
+    // Within the limit it is an ordinary creation.
+    let client = Client::create_within(
+        &fake_plugin(),
+        ClientOptions::default().kv_store(Arc::new(MemStore::default())),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert!(client.has_kv_store());
+}
