@@ -181,3 +181,46 @@ async fn a_fourth_replica_joins_and_one_is_removed() {
         assert_eq!(ids, vec![2, 3, 4], "replica {} sees the new voters", s.id);
     }
 }
+
+/// `tessel cluster status` tells a script what state the replicas are in:
+/// 0 with all three answering and one leader, 3 with one replica down (the
+/// other two still agree), 4 with two down (no quorum, no agreed leader).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_exits_3_with_a_replica_down_and_4_without_quorum() {
+    let mut c = Cluster::start(3, &[]);
+    let leader = c.leader().await;
+    let addrs: Vec<String> = c.procs.values().map(|p| p.addr.to_string()).collect();
+    let status = |c: &Cluster| {
+        let out = std::process::Command::new(tessel_chaos_tests::tessel_bin())
+            .args(["cluster", "status", "--coordinator", &addrs.join(",")])
+            .arg("--tls-dir")
+            .arg(c.tls_dir())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, out) = status(&c);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("leader {leader}")), "{out}");
+    let follower = *c.procs.keys().find(|id| **id != leader).unwrap();
+    c.procs.get_mut(&follower).unwrap().kill();
+    let (code, out) = status(&c);
+    assert_eq!(code, Some(3), "{out}");
+    assert!(out.contains("did not answer"), "{out}");
+    // The survivor may still remember the old leader: one voter of three
+    // is no quorum all the same.
+    c.procs.get_mut(&leader).unwrap().kill();
+    let (code, out) = status(&c);
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains("no agreed leader") && out.contains("no quorum"),
+        "{out}"
+    );
+}

@@ -1,13 +1,139 @@
 //! `tessel cluster status|remove`: the replica set.
+//!
+//! `status` exits 0 only when every replica answered and all agree on one
+//! leader that is a voter; [`Verdict`] names the other outcomes, each with
+//! its own exit code, so that a probe or `helm test` fails with quorum lost.
 
 use anyhow::Result;
 use clap::Subcommand;
+use tessel_kvstore::wire::ReplicaStatus;
 
 use crate::args::{Endpoints, TlsArgs};
+use crate::exit::Exit;
+
+/// What `cluster status` concludes from the replicas' answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Every replica answered, and all name the same leader, a voter.
+    Healthy { leader: u64 },
+    /// One leader agreed by every replica that answered, but these did not
+    /// answer (exit 3): the cluster serves while a majority remains.
+    Unreachable { leader: u64, replicas: Vec<String> },
+    /// No leader that every answering replica agrees on (exit 4): no
+    /// quorum, an election under way, or a split view.
+    NoLeader { why: String },
+}
+
+impl Verdict {
+    /// Exit code 3: a replica did not answer.
+    pub(crate) const EXIT_UNREACHABLE: u8 = 3;
+    /// Exit code 4: no agreed leader.
+    pub(crate) const EXIT_NO_LEADER: u8 = 4;
+
+    /// Judges the answers, one per replica address.
+    pub(crate) fn of<E: std::fmt::Display>(
+        answers: &[(String, Result<ReplicaStatus, E>)],
+    ) -> Verdict {
+        let answered: Vec<&ReplicaStatus> = answers
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .collect();
+        let unreachable: Vec<String> = answers
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(a, _)| a.clone())
+            .collect();
+        if answered.is_empty() {
+            return Verdict::NoLeader {
+                why: "no replica answered".into(),
+            };
+        }
+        // A leader needs a majority of the voters behind it: fewer answering
+        // voters than that cannot be a serving cluster, whatever they
+        // remember.
+        let voters: Vec<u64> = answered
+            .iter()
+            .max_by_key(|s| s.term)
+            .map(|s| s.members.iter().map(|(id, _)| *id).collect())
+            .unwrap_or_default();
+        let up = answered.iter().filter(|s| voters.contains(&s.id)).count();
+        if up <= voters.len() / 2 {
+            return Verdict::NoLeader {
+                why: format!("only {up} of {} voters answered: no quorum", voters.len()),
+            };
+        }
+        let mut leaders: Vec<Option<u64>> = answered.iter().map(|s| s.leader).collect();
+        leaders.sort_unstable();
+        leaders.dedup();
+        let leader = match leaders.as_slice() {
+            [Some(l)] => *l,
+            [None] => {
+                return Verdict::NoLeader {
+                    why: "no replica knows a leader".into(),
+                }
+            }
+            _ => {
+                return Verdict::NoLeader {
+                    why: format!("the replicas name different leaders: {leaders:?}"),
+                }
+            }
+        };
+        // The leader must be a voter in some answering replica's view and
+        // answer itself as leader if it was reached.
+        if !answered
+            .iter()
+            .any(|s| s.members.iter().any(|(id, _)| *id == leader))
+        {
+            return Verdict::NoLeader {
+                why: format!("leader {leader} is not a voter"),
+            };
+        }
+        if let Some(s) = answered.iter().find(|s| s.id == leader) {
+            if s.state != "Leader" {
+                return Verdict::NoLeader {
+                    why: format!("replica {leader} is named leader but is {}", s.state),
+                };
+            }
+        }
+        if unreachable.is_empty() {
+            Verdict::Healthy { leader }
+        } else {
+            Verdict::Unreachable {
+                leader,
+                replicas: unreachable,
+            }
+        }
+    }
+
+    /// `Ok` when healthy, else the error that exits with its code.
+    pub(crate) fn into_result(self) -> Result<()> {
+        match self {
+            Verdict::Healthy { .. } => Ok(()),
+            Verdict::Unreachable { leader, replicas } => Err(Exit::new(
+                Self::EXIT_UNREACHABLE,
+                format!(
+                    "leader {leader} agreed, but {} did not answer: {}",
+                    if replicas.len() == 1 {
+                        "a replica"
+                    } else {
+                        "replicas"
+                    },
+                    replicas.join(", ")
+                ),
+            )
+            .into()),
+            Verdict::NoLeader { why } => {
+                Err(Exit::new(Self::EXIT_NO_LEADER, format!("no agreed leader: {why}")).into())
+            }
+        }
+    }
+}
 
 #[derive(Subcommand)]
 pub(crate) enum ClusterCommand {
     /// Leader, term, members and log indices as each replica sees them.
+    /// Exit 0 when every replica answered and all agree on one leader; 3
+    /// when a replica did not answer; 4 when no leader is agreed.
     Status {
         #[arg(long, value_name = "ADDR[,ADDR..]")]
         coordinator: String,
@@ -35,7 +161,8 @@ pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
                 "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  MEMBERS",
                 "REPLICA", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "REVISION"
             );
-            for (addr, status) in kv.cluster_status().await {
+            let answers = kv.cluster_status().await;
+            for (addr, status) in &answers {
                 match status {
                     Ok(s) => {
                         let opt = |v: Option<u64>| v.map_or("-".into(), |x| x.to_string());
@@ -60,7 +187,11 @@ pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
                     Err(e) => println!("{:<22} unreachable: {e}", addr),
                 }
             }
-            Ok(())
+            let verdict = Verdict::of(&answers);
+            if let Verdict::Healthy { leader } = &verdict {
+                println!("healthy: every replica answered; leader {leader}");
+            }
+            verdict.into_result()
         }
         ClusterCommand::Remove {
             coordinator,
@@ -75,5 +206,95 @@ pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
             println!("removed replica {id}");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(id: u64, state: &str, leader: Option<u64>) -> ReplicaStatus {
+        ReplicaStatus {
+            id,
+            state: state.into(),
+            leader,
+            term: 2,
+            members: (1..=3).map(|i| (i, format!("c{i}:7000"))).collect(),
+            learners: vec![],
+            last_log_index: Some(9),
+            applied: Some(9),
+            snapshot: None,
+            purged: None,
+            revision: 4,
+            keys: 0,
+        }
+    }
+
+    fn answers(
+        v: Vec<Result<ReplicaStatus, &'static str>>,
+    ) -> Vec<(String, Result<ReplicaStatus, &'static str>)> {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, r)| (format!("c{}:7000", i + 1), r))
+            .collect()
+    }
+
+    #[test]
+    fn every_replica_agreeing_on_a_voter_leader_is_healthy() {
+        let a = answers(vec![
+            Ok(replica(1, "Leader", Some(1))),
+            Ok(replica(2, "Follower", Some(1))),
+            Ok(replica(3, "Follower", Some(1))),
+        ]);
+        assert_eq!(Verdict::of(&a), Verdict::Healthy { leader: 1 });
+        assert!(Verdict::of(&a).into_result().is_ok());
+    }
+
+    #[test]
+    fn an_unreachable_replica_exits_3_even_with_a_leader() {
+        let a = answers(vec![
+            Ok(replica(1, "Leader", Some(1))),
+            Ok(replica(2, "Follower", Some(1))),
+            Err("timed out"),
+        ]);
+        let v = Verdict::of(&a);
+        assert_eq!(
+            v,
+            Verdict::Unreachable {
+                leader: 1,
+                replicas: vec!["c3:7000".into()]
+            }
+        );
+        let e = v.into_result().unwrap_err();
+        assert_eq!(e.downcast_ref::<Exit>().unwrap().code, 3);
+    }
+
+    #[test]
+    fn quorum_lost_or_split_views_exit_4() {
+        // Two of three stopped: the survivor knows no leader, or still
+        // remembers the old one; either way there is no quorum.
+        for survivor in [
+            replica(1, "Candidate", None),
+            replica(1, "Follower", Some(2)),
+        ] {
+            let lost = answers(vec![Ok(survivor), Err("x"), Err("y")]);
+            assert!(matches!(Verdict::of(&lost), Verdict::NoLeader { .. }));
+            let e = Verdict::of(&lost).into_result().unwrap_err();
+            assert_eq!(e.downcast_ref::<Exit>().unwrap().code, 4);
+            assert!(e.to_string().contains("no quorum"), "{e}");
+        }
+        // A stale follower still naming the old leader, which stepped down.
+        let stale = answers(vec![
+            Ok(replica(1, "Follower", Some(2))),
+            Ok(replica(2, "Candidate", Some(2))),
+        ]);
+        assert!(matches!(Verdict::of(&stale), Verdict::NoLeader { .. }));
+        let split = answers(vec![
+            Ok(replica(1, "Leader", Some(1))),
+            Ok(replica(2, "Follower", Some(3))),
+        ]);
+        assert!(matches!(Verdict::of(&split), Verdict::NoLeader { .. }));
+        let none: Vec<(String, Result<ReplicaStatus, &str>)> = answers(vec![Err("a"), Err("b")]);
+        assert!(matches!(Verdict::of(&none), Verdict::NoLeader { .. }));
     }
 }

@@ -11,6 +11,8 @@ mod args;
 mod certs;
 mod cluster;
 mod coordinator;
+mod exit;
+mod install;
 mod jobs;
 mod kv;
 mod local;
@@ -86,6 +88,13 @@ enum Command {
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
+    },
+    /// Copy this binary to DIR/bin/tessel and the plugins in
+    /// $TESSEL_PLUGIN_DIR to DIR/plugins (an init container that puts
+    /// tessel into a user's image).
+    Install {
+        /// The folder (a volume the worker's container mounts).
+        dir: std::path::PathBuf,
     },
     /// Inspect and change the replica set.
     Cluster {
@@ -186,7 +195,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", report(&e));
-            ExitCode::FAILURE
+            match e.downcast_ref::<exit::Exit>() {
+                Some(x) => ExitCode::from(x.code),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -240,6 +252,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Fetch(args) => runtime()?.block_on(jobs::fetch(args)),
         Command::Logs(args) => runtime()?.block_on(logs::logs(args)),
         Command::Cluster { command } => runtime()?.block_on(cluster::cluster(command)),
+        Command::Install { dir } => install::install(
+            &dir,
+            std::env::var_os(tessel::pjrt::locate::PLUGIN_DIR_ENV).map(Into::into),
+        ),
         Command::Bench {
             command: BenchCommand::Kv(args),
         } => runtime()?.block_on(async {
