@@ -78,6 +78,7 @@ pub(crate) struct Shipper {
     first_rank: u32,
     logs: BTreeMap<u32, ProcessLog>,
     tails: Tails,
+    echo: super::echo::EchoBudget,
 }
 
 impl Shipper {
@@ -89,6 +90,7 @@ impl Shipper {
             first_rank,
             logs: BTreeMap::new(),
             tails: Tails::default(),
+            echo: super::echo::EchoBudget::new(std::time::Instant::now()),
         }
     }
 
@@ -104,6 +106,7 @@ impl Shipper {
             tokio::select! {
                 line = rx.recv() => match line {
                     Some((local, line)) => {
+                        self.echo(local, &line);
                         let log = self.logs.entry(local).or_default();
                         log.push(&line);
                         self.tails.lock().expect("not poisoned").insert(local, log.tail.clone());
@@ -124,6 +127,25 @@ impl Shipper {
         let locals: Vec<u32> = self.logs.keys().copied().collect();
         for local in locals {
             self.flush(local).await;
+        }
+    }
+
+    /// Echoes a line on the worker's stdout, within the budget.
+    fn echo(&mut self, local: u32, line: &[u8]) {
+        use std::io::Write;
+        let line = &line[..line.len().min(MAX_LINE)];
+        if let super::echo::Admit::Echo { dropped } =
+            self.echo.admit(std::time::Instant::now(), line.len())
+        {
+            let text = super::echo::format_line(
+                &self.job_id,
+                self.attempt,
+                self.first_rank + local,
+                line,
+                dropped,
+            );
+            // A closed stdout must not stop the job or its KV copy.
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
         }
     }
 

@@ -6,6 +6,8 @@
 //! * `gang`: starting, watching and stopping the processes.
 //! * `logs`: their output, shipped to the key-value service in bounded
 //!   chunks, and the last lines kept for a failure's summary.
+//! * `echo` (pure): the same lines on the worker's stdout, prefixed and
+//!   rate-limited.
 //! * `run`: one placement of a command job, from rendezvous to result.
 //!
 //! Invariants:
@@ -23,6 +25,7 @@
 //!
 //! [`FailureKind::Exited`]: tessel_coordinator::jobs::FailureKind::Exited
 
+mod echo;
 pub mod env;
 mod gang;
 mod logs;
