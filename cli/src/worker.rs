@@ -36,6 +36,11 @@ pub(crate) struct WorkerArgs {
     /// An explicit slice index for the topology (default: by boot id).
     #[arg(long)]
     pub slice: Option<u32>,
+    /// The name other hosts reach this one by, for libtpu's host list
+    /// (default: the kernel's host name). In a pod give `HOST.SUBDOMAIN`:
+    /// the short pod name does not resolve.
+    #[arg(long, value_name = "NAME")]
+    pub host_name: Option<String>,
     /// The address job processes bind their transfer endpoints to (default:
     /// the address this host uses to reach the first coordinator).
     #[arg(long, value_name = "IP")]
@@ -172,6 +177,10 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
             ttl: Duration::from_millis(args.ttl_ms),
         },
         slice_index: args.slice,
+        host_name: args.host_name.clone(),
+        // Read once at start: later jobs' variables must not look like the
+        // platform's.
+        tpu_platform_env: tessel_worker::tpu::platform_env(|k| std::env::var(k).ok()),
         transfer_ip,
         transfer_tls: tls,
         checkpoint_roots: args.checkpoint_root.clone(),

@@ -41,6 +41,12 @@ pub struct WorkerConfig {
     pub liveness: LivenessConfig,
     /// An explicit slice index for topologies.
     pub slice_index: Option<u32>,
+    /// The name other hosts reach this one by (libtpu's host list);
+    /// `None`: the kernel's host name.
+    pub host_name: Option<String>,
+    /// The TPU variables the platform set in the worker's environment at
+    /// start ([`crate::tpu::platform_env`]): kept, never overwritten.
+    pub tpu_platform_env: Vec<(String, String)>,
     /// Where job processes bind their transfer endpoints (an address the
     /// other workers can reach; the port is chosen per job), and the
     /// cluster's TLS files for it (`None`: `--insecure`).

@@ -65,6 +65,13 @@ impl WorkerError {
                 | TopologyError::Kv { .. },
             ) => FailureKind::PeerLost,
             WorkerError::Kv { .. } => FailureKind::PeerLost,
+            // A plugin still waiting for other processes' keys at the
+            // deadline: a peer did not come (a restart may cure it).
+            WorkerError::Pjrt(tessel_pjrt::Error::CreateTimedOut { waiting, .. })
+                if !waiting.is_empty() =>
+            {
+                FailureKind::PeerLost
+            }
             WorkerError::Coordinator(CoordinatorError::Kv { .. }) => FailureKind::PeerLost,
             WorkerError::Coordinator(
                 CoordinatorError::StaleIncarnation { .. } | CoordinatorError::UnknownWorker(_),

@@ -317,8 +317,15 @@ impl Worker {
             &a.job,
             tokio::runtime::Handle::current(),
         ));
-        let options: ClientOptions = options.kv_store(store);
-        tokio::task::spawn_blocking(move || Client::create(&plugin, options))
+        // Every wait has the job's bootstrap deadline: each get the plugin
+        // makes, and its client creation as a whole (a plugin blocked
+        // elsewhere is abandoned on its thread, naming what it waited for).
+        // The gets' limit comes first, so that a plugin can report a missing
+        // peer in its own words; the overall one catches any other wait.
+        let limit = Duration::from_millis(a.topology_timeout_ms);
+        let options: ClientOptions = options.kv_store(store).kv_wait_limit(limit);
+        let overall = limit + Duration::from_secs(5);
+        tokio::task::spawn_blocking(move || Client::create_within(&plugin, options, overall))
             .await
             .map_err(|e| WorkerError::Internal(e.to_string()))?
             .map_err(WorkerError::from)
@@ -328,7 +335,11 @@ impl Worker {
     /// is created: exchange them, then set it (`tpu` invariant 1).
     async fn set_tpu_env(&self, a: &JobAssignment) -> Result<()> {
         let mine = crate::tpu::TpuHost {
-            hostname: self.host.hostname.clone(),
+            hostname: self
+                .cfg
+                .host_name
+                .clone()
+                .unwrap_or_else(|| self.host.hostname.clone()),
             slice: self.cfg.slice_index.unwrap_or(0),
         };
         let hosts = crate::tpu::exchange_hosts(
@@ -340,8 +351,8 @@ impl Worker {
             Duration::from_millis(a.topology_timeout_ms),
         )
         .await?;
-        let env =
-            crate::tpu::tpu_env(&hosts, a.process_index as usize).map_err(WorkerError::Config)?;
+        let env = crate::tpu::tpu_env(&hosts, a.process_index as usize, &self.cfg.tpu_platform_env)
+            .map_err(WorkerError::Config)?;
         for (k, v) in env {
             tracing::info!(job = %a.job, var = %k, value = %v, "libtpu environment");
             // The worker runs one TPU job process at a time (the chips are
