@@ -6,8 +6,12 @@
   for Kubernetes 1.30 to 1.35 (cert-manager and Prometheus Operator kinds
   have no schema there: they are checked by the assertions instead);
 * assertions on the rendered objects, helm-unittest style: the PDB keeps a
-  quorum for 3, 5, 7 replicas, the peers list, GPU and TPU resources and
-  environment, the TLS mounts, probes and security contexts;
+  quorum for 3, 5, 7 replicas, the peers list, GPU and TPU resources, the
+  TPU shapes of README's table, one node pool per slice, workers as
+  StatefulSets (and in a user's image), the TLS mounts, probes, the
+  ServiceMonitor's selection;
+* Pod Security "restricted" for every pod of every preset (its rules,
+  written out below), no service account tokens, fsGroup everywhere;
 * every schema rejection tried and refused with its message.
 
 Usage: helm/test_chart.py HELM KUBERNETES_VALIDATE (run with a Python that
@@ -109,7 +113,7 @@ sc = c["securityContext"]
 check(sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"], "security context")
 check(sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "10Gi", "data volume")
 # Every tessel container mounts the TLS folder, its keys renamed as tessel reads them.
-for o in find(objs, "StatefulSet") + find(objs, "Job") + find(objs, "Pod"):
+for o in find(objs, "StatefulSet") + find(objs, "Pod"):
     spec = o["spec"] if o["kind"] == "Pod" else o["spec"]["template"]["spec"]
     tls = [v for v in spec["volumes"] if v["name"] == "tls"][0]["secret"]
     check(tls["secretName"] == "t-tessel-tls" and {i["path"] for i in tls["items"]} == {"ca.pem", "node.pem", "node.key"},
@@ -121,30 +125,144 @@ check("*.t-tessel-coordinator-peers.ml.svc" in cert["spec"]["dnsNames"] and "127
       "the shared certificate names the peers' wildcard and the loopback")
 check(not find(objects(["--set", "tls.existingSecret=mine"]), "Certificate"), "an existing Secret replaces cert-manager")
 
+def pod_specs(objs):
+    """(name, pod spec) of every pod the objects make."""
+    out = []
+    for o in objs:
+        if o["kind"] == "Pod":
+            out.append((o["metadata"]["name"], o["spec"]))
+        elif o["kind"] in ("StatefulSet", "Deployment", "DaemonSet", "Job"):
+            out.append((o["metadata"]["name"], o["spec"]["template"]["spec"]))
+    return out
+
+
+# Pod Security Standards, "restricted" (kubernetes.io/docs/concepts/security/
+# pod-security-standards, v1.30+): every rule of the baseline and restricted
+# profiles that a pod spec can break.
+VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                "projected", "secret"}
+
+
+def restricted_violations(name, spec):
+    bad = []
+    psc = spec.get("securityContext", {})
+    for k in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(k):
+            bad.append(f"{name}: {k}")
+    for v in spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= VOLUME_TYPES:
+            bad.append(f"{name}: volume {v['name']} of type {kinds - VOLUME_TYPES}")
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        sc = c.get("securityContext", {})
+        where = f"{name}/{c['name']}"
+        if sc.get("privileged"):
+            bad.append(f"{where}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{where}: allowPrivilegeEscalation must be false")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+            bad.append(f"{where}: capabilities must drop ALL")
+        if set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{where}: capabilities added")
+        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot"))):
+            bad.append(f"{where}: runAsNonRoot")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append(f"{where}: runAsUser 0")
+        prof = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if prof not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{where}: seccompProfile {prof}")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            bad.append(f"{where}: hostPort")
+        if sc.get("procMount", "Default") != "Default":
+            bad.append(f"{where}: procMount")
+    return bad
+
+
+USER_IMAGE = ["--set", "workers.image.repository=example.com/team/jax", "--set-string", "workers.image.tag=0.10.2"]
+for preset in PRESETS:
+    for extra in ([], USER_IMAGE):
+        objs = objects(values_args(preset) + extra)
+        for name, spec in pod_specs(objs):
+            v = restricted_violations(name, spec)
+            check(not v, f"Pod Security restricted ({preset}{' user image' if extra else ''}): {v}")
+            check(spec.get("automountServiceAccountToken") is False, f"{name}: no service account token")
+            check(spec["securityContext"].get("fsGroup") == 10001,
+                  f"{name}: fsGroup, or the kubelet's 0400 root-owned key is unreadable")
+# The check itself refuses what the profile refuses.
+check(restricted_violations("p", {"containers": [{"name": "c"}]}), "the restricted check refuses an empty context")
+
+# Workers: a StatefulSet per slice (replaced on any exit, rolled on upgrade).
+objs = objects(values_args("cpu"))
+ws = [o for o in find(objs, "StatefulSet") if o["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"]
+check(len(ws) == 1 and ws[0]["spec"]["replicas"] == 2 and ws[0]["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+      and ws[0]["spec"]["template"]["spec"].get("restartPolicy", "Always") == "Always", "workers as a StatefulSet")
+check(not find(objs, "Job"), "no Job: its template is immutable and exit 0 would end an index")
+c = container(ws[0])
+check(c["args"][c["args"].index("--host-name") + 1] == "$(POD_NAME).t-tessel-worker-hosts.$(POD_NAMESPACE).svc",
+      f"workers advertise HOST.SUBDOMAIN: {c['args']}")
+
+# The user's image: tessel copied in by an init container from tessel's image.
+ws = [o for o in find(objects(USER_IMAGE), "StatefulSet") if "worker" in o["metadata"]["name"]][0]
+spec = ws["spec"]["template"]["spec"]
+init = spec["initContainers"][0]
+c = spec["containers"][0]
+check(init["image"] == "tessel:0.1.0-cpu" and init["args"] == ["install", "/tessel-out"], f"init container: {init}")
+check(c["image"] == "example.com/team/jax:0.10.2" and c["command"] == ["/opt/tessel/bin/tessel"], f"worker: {c}")
+check(env(c)["TESSEL_PLUGIN_DIR"] == "/opt/tessel/plugins", "plugins from the shared volume")
+
 # GPU: devices, NCCL, plugin, /dev/shm in memory.
-job = find(objects(values_args("gpu")), "Job")[0]
-c = container(job)
+ws = [o for o in find(objects(values_args("gpu")), "StatefulSet") if "worker" in o["metadata"]["name"]][0]
+c = container(ws)
 check(c["resources"]["limits"]["nvidia.com/gpu"] == 8, "GPU limit")
 check(env(c)["NCCL_SOCKET_IFNAME"] == "eth0" and env(c)["NCCL_DEBUG"] == "WARN", "NCCL env")
 check(c["args"][c["args"].index("--plugin") + 1] == "cuda", "GPU plugin")
-shm = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "shm"][0]
+shm = [v for v in ws["spec"]["template"]["spec"]["volumes"] if v["name"] == "shm"][0]
 check(shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}, f"shm: {shm}")
-check(job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 4, "indexed job")
+check(ws["spec"]["replicas"] == 4 and "affinity" not in ws["spec"]["template"]["spec"], "GPU workers")
 
-# TPU, two slices: one Job per slice, libtpu's hosts and multislice variables.
-jobs = find(objects(values_args("tpu")), "Job")
-check(len(jobs) == 2, f"TPU slices: {len(jobs)} jobs")
-for s, job in enumerate(jobs):
-    c = container(job)
-    e = env(c)
+# TPU, two slices of v5e 4x4: a StatefulSet per slice of 4 hosts with 4
+# chips each, one node pool per slice, and no TPU variables in the chart
+# (the worker decides them, from the platform's or from resolvable names).
+sets = [o for o in find(objects(values_args("tpu")), "StatefulSet") if "worker" in o["metadata"]["name"]]
+check(len(sets) == 2, f"TPU slices: {len(sets)} sets")
+for s, ws in enumerate(sets):
+    spec = ws["spec"]["template"]["spec"]
+    c = container(ws)
+    check(ws["spec"]["replicas"] == 4, f"slice {s}: 4 hosts")
     check(c["resources"]["limits"]["google.com/tpu"] == 4, "TPU limit")
     check(c["args"][c["args"].index("--plugin") + 1] == "tpu", "TPU plugin")
-    hosts = e["TPU_WORKER_HOSTNAMES"].split(",")
-    check(hosts == [f"t-tessel-worker-s{s}-{i}.t-tessel-worker-hosts.ml.svc" for i in range(2)], f"TPU hosts: {hosts}")
-    check(e["MEGASCALE_NUM_SLICES"] == "2" and e["MEGASCALE_SLICE_ID"] == str(s), "multislice env")
-    check("job-completion-index" in json.dumps(e["TPU_WORKER_ID"]), "TPU_WORKER_ID from the index")
-    sel = job["spec"]["template"]["spec"]["nodeSelector"]
-    check(sel["cloud.google.com/gke-tpu-topology"] == "4x4", "TPU node selector")
+    check(c["args"][c["args"].index("--slice") + 1] == str(s), "slice index")
+    check(not [k for k in env(c) if k.startswith(("TPU_", "MEGASCALE_"))], f"TPU variables set in one place: {env(c)}")
+    aff = spec["affinity"]
+    together = aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    apart = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    check(together["topologyKey"] == apart["topologyKey"] == "cloud.google.com/gke-nodepool"
+          and together["labelSelector"]["matchLabels"]["tessel.dev/slice"] == str(s)
+          and apart["labelSelector"]["matchExpressions"][0]["values"] == [str(s)], f"one node pool per slice: {aff}")
+    check(spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4", "TPU node selector")
+
+# The shapes of README's table: (type, topology) -> chips per host, hosts.
+for typ, topo, chips, hosts in [
+    ("tpu-v4-podslice", "2x2x1", 4, 1), ("tpu-v4-podslice", "2x2x4", 4, 4),
+    ("tpu-v5p-slice", "2x2x1", 4, 1), ("tpu-v5p-slice", "4x4x4", 4, 16),
+    ("tpu-v5-lite-podslice", "1x1", 1, 1), ("tpu-v5-lite-podslice", "2x4", 8, 1),
+    ("tpu-v5-lite-podslice", "4x4", 4, 4), ("tpu-v5-lite-podslice", "16x16", 4, 64),
+    ("tpu-v6e-slice", "2x2", 4, 1), ("tpu-v6e-slice", "8x8", 4, 16),
+]:
+    objs = objects(["--set", "workers.accelerator=tpu", "--set", f"workers.tpu.acceleratorType={typ}",
+                    "--set", f"workers.tpu.topology={topo}", "--set", f"workers.count={hosts}"])
+    ws = [o for o in find(objs, "StatefulSet") if "worker" in o["metadata"]["name"]][0]
+    check(ws["spec"]["replicas"] == hosts and container(ws)["resources"]["limits"]["google.com/tpu"] == chips,
+          f"{typ} {topo}: {ws['spec']['replicas']} hosts of {container(ws)['resources']['limits']['google.com/tpu']} chips")
+
+# ServiceMonitor: one Service per component, and the labels Prometheus wants.
+objs = objects(["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=kps"])
+sm = find(objs, "ServiceMonitor")[0]
+sel = sm["spec"]["selector"]["matchLabels"]
+picked = [o["metadata"]["name"] for o in find(objs, "Service")
+          if all(o["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+check(sorted(picked) == ["t-tessel-coordinator-peers", "t-tessel-worker-hosts"], f"ServiceMonitor selects {picked}")
+check(sm["metadata"]["labels"].get("release") == "kps", "ServiceMonitor labels")
 
 # Every rejection, with its message.
 for args, words in [
@@ -155,6 +273,13 @@ for args, words in [
     (values_args("tpu") + ["--set", "workers.gpu.count=2"], "/workers/gpu"),
     (values_args("gpu") + ["--set", "workers.tpu.count=2"], "/workers/tpu"),
     (["--set", "workers.accelerator=tpu", "--set", "workers.tpu.count=4"], "acceleratorType is required"),
+    (values_args("tpu") + ["--set", "workers.count=4"], "set workers.count=8"),
+    (values_args("tpu") + ["--set", "workers.count=7"], "set workers.count=8"),
+    (values_args("tpu") + ["--set", "workers.tpu.count=8"], "has 4 chips"),
+    (values_args("tpu") + ["--set", "workers.tpu.topology=2x2x2"], "2-D (AxB)"),
+    (values_args("tpu") + ["--set", "workers.tpu.acceleratorType=tpu-v4-podslice"], "3-D (AxBxC)"),
+    (values_args("tpu") + ["--set", "workers.tpu.acceleratorType=tpu-v9"], "/workers/tpu/acceleratorType"),
+    (["--set", "workers.terminationGracePeriodSeconds=5"], "must exceed workers.preemptGraceMs"),
 ]:
     r = template(args, ok=False)
     check(r.returncode != 0 and words in r.stderr, f"rejected {args}: {r.stderr.strip()[:300]}")

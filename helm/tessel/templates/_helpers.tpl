@@ -44,6 +44,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
       - {key: tls.key, path: node.key}
 {{- end -}}
 
+{{/* Every pod's security context: Pod Security "restricted" (non-root,
+seccomp RuntimeDefault); fsGroup makes the kubelet give the Secret's
+files (root-owned, defaultMode 0400) group 10001 and group read. */}}
+{{- define "tessel.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Pod-level settings every pod shares: no service account token (no
+pod talks to the Kubernetes API) and no service variables. */}}
+{{- define "tessel.podBasics" -}}
+automountServiceAccountToken: false
+enableServiceLinks: false
+securityContext:
+  {{- include "tessel.podSecurityContext" . | nindent 2 }}
+{{- end -}}
+
 {{- define "tessel.securityContext" -}}
 runAsNonRoot: true
 runAsUser: 10001
@@ -60,4 +81,61 @@ prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.coordinators.metricsPort | quote }}
 prometheus.io/path: /metrics
 {{- end }}
+{{- end -}}
+
+{{/* A TPU slice's shape from GKE's accelerator type and topology, as JSON
+{"chips": per pod, "hosts": pods per slice}. v4 and v5p hosts have 4
+chips; v5e and v6e slices of up to 8 chips are one host with all of them,
+larger ones hosts of 4 (the table in README.md). */}}
+{{- define "tessel.tpuShape" -}}
+{{- $t := .Values.workers.tpu -}}
+{{- $type := required "workers.tpu.acceleratorType is required for TPU pools" $t.acceleratorType -}}
+{{- $topo := required "workers.tpu.topology is required for TPU pools" $t.topology -}}
+{{- if not (regexMatch "^[1-9][0-9]*(x[1-9][0-9]*){1,2}$" $topo) -}}
+{{- fail (printf "workers.tpu.topology %q: expected AxB or AxBxC" $topo) -}}
+{{- end -}}
+{{- $chips := 1 -}}
+{{- range (splitList "x" $topo) }}{{ $chips = mul $chips (int .) }}{{ end -}}
+{{- $dims := len (splitList "x" $topo) -}}
+{{- $perHost := 4 -}}
+{{- if has $type (list "tpu-v4-podslice" "tpu-v5p-slice") -}}
+{{- if ne $dims 3 }}{{ fail (printf "workers.tpu.topology %q: %s slices are 3-D (AxBxC)" $topo $type) }}{{ end -}}
+{{- else if has $type (list "tpu-v5-lite-podslice" "tpu-v5-lite-device" "tpu-v6e-slice") -}}
+{{- if ne $dims 2 }}{{ fail (printf "workers.tpu.topology %q: %s slices are 2-D (AxB)" $topo $type) }}{{ end -}}
+{{- if le $chips 8 }}{{ $perHost = $chips }}{{ end -}}
+{{- else -}}
+{{- fail (printf "workers.tpu.acceleratorType %q: not one of tpu-v4-podslice, tpu-v5p-slice, tpu-v5-lite-podslice, tpu-v5-lite-device, tpu-v6e-slice (the chart derives hosts per slice from it)" $type) -}}
+{{- end -}}
+{{- if ne (mod $chips $perHost) 0 -}}
+{{- fail (printf "workers.tpu.topology %q has %d chips, not a multiple of %d per host" $topo $chips $perHost) -}}
+{{- end -}}
+{{- dict "chips" $perHost "hosts" (div $chips $perHost) | toJson -}}
+{{- end -}}
+
+{{/* The workers' shape, checked, as JSON {"slices", "perSlice", "chips"}:
+every inconsistency fails the render with the value to set. */}}
+{{- define "tessel.workerShape" -}}
+{{- $w := .Values.workers -}}
+{{- $count := int $w.count -}}
+{{- if lt $count 1 }}{{ fail "workers.count must be at least 1" }}{{ end -}}
+{{- $slices := 1 -}}
+{{- $perSlice := $count -}}
+{{- $chips := 0 -}}
+{{- if eq $w.accelerator "tpu" -}}
+{{- $shape := include "tessel.tpuShape" . | fromJson -}}
+{{- $slices = int ($w.tpu.slices | default 1) -}}
+{{- $perSlice = int $shape.hosts -}}
+{{- $chips = int $shape.chips -}}
+{{- if ne $count (mul $slices $perSlice) -}}
+{{- fail (printf "workers.count is %d, but %d slice(s) of %s %s take %d hosts each: set workers.count=%d" $count $slices $w.tpu.acceleratorType $w.tpu.topology $perSlice (mul $slices $perSlice)) -}}
+{{- end -}}
+{{- if and $w.tpu.count (ne (int $w.tpu.count) $chips) -}}
+{{- fail (printf "workers.tpu.count is %d, but a %s %s host has %d chips: leave it unset or set %d" (int $w.tpu.count) $w.tpu.acceleratorType $w.tpu.topology $chips $chips) -}}
+{{- end -}}
+{{- end -}}
+{{- $grace := int $w.terminationGracePeriodSeconds -}}
+{{- if le (mul $grace 1000) (int $w.preemptGraceMs) -}}
+{{- fail (printf "workers.terminationGracePeriodSeconds (%d s) must exceed workers.preemptGraceMs (%d ms): the kubelet's SIGKILL would cut the preemption short" $grace (int $w.preemptGraceMs)) -}}
+{{- end -}}
+{{- dict "slices" $slices "perSlice" $perSlice "chips" $chips | toJson -}}
 {{- end -}}
