@@ -11,11 +11,25 @@ declare -A WHEEL=(
   [cpu]="xla-cpu-pjrt==0.0.1"
   [cpu-lammps]="lammps-jax-pjrt-cpu==0.11.2"
   [cpu-fastatomstruct]="fastatomstruct-xla-cpu==2026.6.23"
+  [cuda]="jax-cuda13-pjrt==0.11.2"
+  [tpu]="libtpu==0.0.52"
 )
 declare -A LIBRARY=(
   [cpu]="xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
   [cpu-lammps]="lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"
   [cpu-fastatomstruct]="fastatomstruct_xla_cpu/libpjrt_cpu.so"
+  [cuda]="jax_plugins/xla_cuda13/xla_cuda_plugin.so"
+  [tpu]="libtpu/libtpu.so"
+)
+# What a plugin loads at run time besides itself, installed (with their
+# dependencies) beside it: the CUDA plugin finds CUDA's libraries at
+# ../../nvidia/ from its own folder (its RPATH), the set jax-cuda13-plugin's
+# `with-cuda` extra names. The folders they land in, for the image.
+declare -A RUNTIME=(
+  [cuda]="nvidia-cublas>=13.0.0.19 nvidia-cuda-cupti>=13.0.48 nvidia-cuda-nvcc>=13.0.48 nvidia-cuda-runtime>=13.0.48 nvidia-cudnn-cu13>=9.12.0.46,<10 nvidia-cufft>=12.0.0.15 nvidia-cusolver>=12.0.3.29 nvidia-cusparse>=12.6.2.49 nvidia-nccl-cu13>=2.27.7 nvidia-nvjitlink>=13.0.39 nvidia-cuda-nvrtc>=13.0.48 nvidia-nvshmem-cu13>=3.3.20 nvidia-nvvm"
+)
+declare -A RUNTIME_DIRS=(
+  [cuda]="nvidia"
 )
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -39,6 +53,16 @@ install_plugins() {
     mkdir -p "$PLUGIN_DIR"
     python3 -m pip install --quiet --no-deps --upgrade --target "$PLUGIN_DIR" "${missing[@]}"
   fi
+  for name in "$@"; do
+    [[ -n ${RUNTIME[$name]:-} ]] || continue
+    local dir="${RUNTIME_DIRS[$name]}"
+    [[ -d $PLUGIN_DIR/$dir ]] && continue
+    say "installing what the $name plugin loads into ${PLUGIN_DIR#$ROOT/}/$dir (large)"
+    # shellcheck disable=SC2086  # a list of requirement specifiers
+    python3 -m pip install --quiet --upgrade --target "$PLUGIN_DIR/.runtime-$name" ${RUNTIME[$name]}
+    mv "$PLUGIN_DIR/.runtime-$name/$dir" "$PLUGIN_DIR/$dir"
+    rm -rf "$PLUGIN_DIR/.runtime-$name"
+  done
 }
 
 # install_debian PACKAGE:COMMAND...: makes sure each COMMAND exists (or,
