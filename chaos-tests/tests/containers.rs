@@ -62,21 +62,27 @@ impl Project {
         RaftKv::connect(self.addrs(), Some(&tls)).unwrap()
     }
 
-    /// Starts the project: certificates, then every service but the
-    /// submitter (`with_submit`: it too).
-    fn up(image: &str, with_submit: bool) -> Project {
+    /// A project's folder (the job, the certificates' place), nothing
+    /// started.
+    fn new(image: &str) -> Project {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(
             &repo().join("examples/mlp-data-parallel"),
             &dir.path().join("job"),
         );
         let pid = std::process::id();
-        let p = Project {
+        Project {
             name: format!("tesseltest{pid}"),
             net: format!("10.{}.{}", 200 + pid % 50, pid % 250),
             dir,
             image: image.to_owned(),
-        };
+        }
+    }
+
+    /// Starts the project: certificates, then every service but the
+    /// submitter (`with_submit`: it too).
+    fn up(image: &str, with_submit: bool) -> Project {
+        let p = Project::new(image);
         run(Command::new(repo().join("deploy/compose/certs"))
             .env("TESSEL_IMAGE", &p.image)
             .env("NET", &p.net)
@@ -115,6 +121,74 @@ fn faulty_job(project: &Project, steps: u64) -> ValidatedJob {
 
 async fn leader(kv: &RaftKv) -> u64 {
     leader_of(kv, Duration::from_secs(60)).await
+}
+
+/// `deploy/compose/up` run twice by a user other than root (uid 1000, in
+/// the docker group, as a developer's account is): both runs end with the
+/// demo's success, the second keeps every certificate, and the containers
+/// run as that user and read its keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_up_runs_again_and_again_for_a_caller_other_than_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = Project::new(&image());
+    let home = p.dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(p.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    run(Command::new("chown")
+        .args(["-R", "1000:1000"])
+        .arg(p.dir.path()));
+    let docker_gid = run(Command::new("getent").args(["group", "docker"]));
+    let docker_gid = docker_gid
+        .trim()
+        .split(':')
+        .nth(2)
+        .expect("a docker group")
+        .to_owned();
+    let up = || {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid=1000",
+            "--regid=1000",
+            &format!("--groups={docker_gid}"),
+        ])
+        .arg(repo().join("deploy/compose/up"))
+        .env("HOME", &home)
+        .env("COMPOSE_PROJECT_NAME", &p.name)
+        .env("TESSEL_IMAGE", &p.image)
+        .env("NET", &p.net)
+        .env("TLS", p.dir.path().join("tls"))
+        .env("JOBDIR", p.dir.path().join("job"));
+        let started = Instant::now();
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "./up as uid 1000 failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        started.elapsed()
+    };
+    let first = up();
+    let cert = |n: &str| std::fs::read(p.dir.path().join("tls").join(n).join("node.pem")).unwrap();
+    let before = (cert("coordinator-1"), cert("worker-2"), cert("submit"));
+    let second = up();
+    assert_eq!(
+        before,
+        (cert("coordinator-1"), cert("worker-2"), cert("submit")),
+        "a second ./certs replaced certificates"
+    );
+    let user = p.docker(&[
+        "inspect",
+        "-f",
+        "{{.Config.User}}",
+        &p.container("worker-1"),
+    ]);
+    assert_eq!(user.trim(), "1000:1000", "the containers run as the caller");
+    eprintln!(
+        "compose as uid 1000: ./up {:.1} s, again {:.1} s",
+        first.as_secs_f64(),
+        second.as_secs_f64()
+    );
 }
 
 /// `docker-compose up` runs the demo to success (the submitter exits 0),
