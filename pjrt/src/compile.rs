@@ -197,14 +197,10 @@ impl CompileOptions {
                         proto::OptionOverrideProto {
                             value: Some(match v {
                                 OptionOverride::Str(s) => {
-                                    proto::override_value::Value::StringField(s.clone())
+                                    proto::override_value::Value::String(s.clone())
                                 }
-                                OptionOverride::Bool(b) => {
-                                    proto::override_value::Value::BoolField(*b)
-                                }
-                                OptionOverride::Int(i) => {
-                                    proto::override_value::Value::IntField(*i)
-                                }
+                                OptionOverride::Bool(b) => proto::override_value::Value::Bool(*b),
+                                OptionOverride::Int(i) => proto::override_value::Value::Int(*i),
                             }),
                         },
                     )
@@ -235,11 +231,11 @@ mod proto {
         #[derive(Clone, PartialEq, prost::Oneof)]
         pub(crate) enum Value {
             #[prost(string, tag = "1")]
-            StringField(String),
+            String(String),
             #[prost(bool, tag = "2")]
-            BoolField(bool),
+            Bool(bool),
             #[prost(int64, tag = "3")]
-            IntField(i64),
+            Int(i64),
         }
     }
 
@@ -322,11 +318,11 @@ mod tests {
         assert_eq!(o.len(), 2);
         assert_eq!(
             o["xla_gpu_shard_autotuning"].value,
-            Some(proto::override_value::Value::BoolField(false))
+            Some(proto::override_value::Value::Bool(false))
         );
         assert_eq!(
             o["xla_dump_to"].value,
-            Some(proto::override_value::Value::StringField("/tmp/d".into()))
+            Some(proto::override_value::Value::String("/tmp/d".into()))
         );
     }
 
