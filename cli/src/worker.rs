@@ -66,6 +66,11 @@ pub(crate) struct WorkerArgs {
     /// next agreed step instead.
     #[arg(long, default_value_t = 10_000)]
     pub preempt_grace_ms: u64,
+    /// Also print every line of its command jobs' processes on this
+    /// worker's stdout, prefixed `[JOB@ATTEMPT pRANK]` and rate-limited
+    /// (the key-value service keeps them for `tessel logs` either way).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub echo_job_output: bool,
     /// Print the identity this worker derived, and where from, then exit.
     #[arg(long)]
     pub print_identity: bool,
@@ -178,6 +183,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         },
         slice_index: args.slice,
         host_name: args.host_name.clone(),
+        echo_job_output: args.echo_job_output,
         // Read once at start: later jobs' variables must not look like the
         // platform's.
         tpu_platform_env: tessel_worker::tpu::platform_env(|k| std::env::var(k).ok()),

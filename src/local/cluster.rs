@@ -79,6 +79,9 @@ impl LocalCluster {
             .arg(self.tls_dir())
             .args(["--plugin", plugin, "--devices", &devices.to_string()])
             .args(["--worker-id", id])
+            // Nothing reads a local worker's stdout past its ready line:
+            // job output is followed through the key-value service.
+            .args(["--echo-job-output", "false"])
             // Command jobs' folders go with the cluster's.
             .arg("--work-dir")
             .arg(self.dir.path().join("work").join(id));

@@ -47,6 +47,8 @@ pub struct WorkerConfig {
     /// The TPU variables the platform set in the worker's environment at
     /// start ([`crate::tpu::platform_env`]): kept, never overwritten.
     pub tpu_platform_env: Vec<(String, String)>,
+    /// Print command jobs' output on this process's stdout too.
+    pub echo_job_output: bool,
     /// Where job processes bind their transfer endpoints (an address the
     /// other workers can reach; the port is chosen per job), and the
     /// cluster's TLS files for it (`None`: `--insecure`).

@@ -118,4 +118,25 @@ mod tests {
         );
         assert_eq!(WorkerError::Deregistered.kind(), FailureKind::WorkerLost);
     }
+
+    /// A plugin still waiting for another process's keys at the deadline
+    /// is a lost peer (a restart may cure it); one stuck elsewhere is the
+    /// job's own failure, with the plugin's account in the message.
+    #[test]
+    fn a_client_creation_past_its_deadline_says_what_it_waited_for() {
+        let timed_out = |waiting: Vec<String>| {
+            WorkerError::Pjrt(tessel_pjrt::Error::CreateTimedOut {
+                after: std::time::Duration::from_secs(120),
+                waiting,
+            })
+        };
+        let peer = timed_out(vec!["local_topology/cuda/1".into()]);
+        assert_eq!(peer.kind(), FailureKind::PeerLost);
+        assert!(
+            peer.to_string()
+                .contains("waiting for `local_topology/cuda/1`, which no process has written"),
+            "{peer}"
+        );
+        assert_eq!(timed_out(vec![]).kind(), FailureKind::Job);
+    }
 }

@@ -78,7 +78,8 @@ pub(crate) struct Shipper {
     first_rank: u32,
     logs: BTreeMap<u32, ProcessLog>,
     tails: Tails,
-    echo: super::echo::EchoBudget,
+    /// `None`: lines go to the key-value service only.
+    echo: Option<super::echo::EchoBudget>,
 }
 
 impl Shipper {
@@ -90,8 +91,16 @@ impl Shipper {
             first_rank,
             logs: BTreeMap::new(),
             tails: Tails::default(),
-            echo: super::echo::EchoBudget::new(std::time::Instant::now()),
+            echo: Some(super::echo::EchoBudget::new(std::time::Instant::now())),
         }
+    }
+
+    /// Whether lines are also echoed on the worker's stdout.
+    pub(crate) fn echo_lines(mut self, on: bool) -> Self {
+        if !on {
+            self.echo = None;
+        }
+        self
     }
 
     pub(crate) fn tails(&self) -> Tails {
@@ -134,8 +143,11 @@ impl Shipper {
     fn echo(&mut self, local: u32, line: &[u8]) {
         use std::io::Write;
         let line = &line[..line.len().min(MAX_LINE)];
+        let Some(budget) = &mut self.echo else {
+            return;
+        };
         if let super::echo::Admit::Echo { dropped } =
-            self.echo.admit(std::time::Instant::now(), line.len())
+            budget.admit(std::time::Instant::now(), line.len())
         {
             let text = super::echo::format_line(
                 &self.job_id,

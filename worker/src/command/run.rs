@@ -140,7 +140,8 @@ impl Worker {
             .map(|local| process_env(&launch, &placement, &rendezvous, local))
             .collect();
         let first_rank = a.process_index * launch.processes_per_worker;
-        let shipper = Shipper::new(self.kv.clone(), job_id, attempt, first_rank);
+        let shipper = Shipper::new(self.kv.clone(), job_id, attempt, first_rank)
+            .echo_lines(self.cfg.echo_job_output);
         let tails = shipper.tails();
         let (lines, rx) = mpsc::channel(1024);
         let shipping = tokio::spawn(shipper.run(rx));
