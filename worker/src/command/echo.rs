@@ -6,14 +6,14 @@
 //! [mlp-3a2f@1 p0] step 100 loss 0.42
 //! ```
 //!
-//! A token bucket bounds what one worker echoes, so a chatty job cannot
-//! starve the worker (or its node's log pipeline); lines over the budget
+//! A token bucket per job on a worker bounds what it echoes, so a chatty
+//! job cannot starve the worker (or its node's log pipeline); lines over the budget
 //! are counted, not echoed, and the count is printed once the budget
 //! returns. The KV copy keeps every line either way.
 
 use std::time::Instant;
 
-/// Sustained bytes per second a worker echoes.
+/// Sustained bytes per second a job's processes on one worker echo.
 pub(crate) const RATE: f64 = 512.0 * 1024.0;
 /// Bytes it may echo in a burst.
 pub(crate) const BURST: f64 = 2.0 * 1024.0 * 1024.0;
