@@ -1,0 +1,460 @@
+//! The state machine's vocabulary: the requests a replica applies
+//! ([`Request`], [`Op`]), what they return ([`Output`]), the events they
+//! make ([`Event`]), and the size limits checked before anything is written.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{show_key, KvError, Result};
+
+/// Size limits checked before anything is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// The longest key, in bytes.
+    pub max_key: usize,
+    /// The largest value, in bytes.
+    pub max_value: usize,
+}
+
+/// The longest key every backend stores.
+pub const MAX_KEY: usize = 4 << 10;
+/// The largest value every backend stores: what one record a job keeps in
+/// the KV (a bundle, an array for `fetch`, a checkpoint record) may be.
+pub const MAX_VALUE: usize = 4 << 20;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_key: MAX_KEY,
+            max_value: MAX_VALUE,
+        }
+    }
+}
+
+impl Limits {
+    /// Refuses an empty key or one over the limit.
+    pub fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.len() > self.max_key {
+            return Err(KvError::InvalidArgument(format!(
+                "key of {} bytes exceeds the {}-byte limit",
+                key.len(),
+                self.max_key
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks every key and value an operation carries, before it is
+    /// proposed (so oversized data never enters the log).
+    pub fn check_op(&self, op: &Op) -> Result<()> {
+        match op {
+            Op::Put { key, value, .. } | Op::Insert { key, value, .. } => {
+                self.check_key(key)?;
+                self.check_value(value)
+            }
+            Op::CompareAndSwap {
+                key,
+                expected,
+                value,
+            } => {
+                self.check_key(key)?;
+                self.check_value(value)?;
+                expected.as_deref().map_or(Ok(()), |e| self.check_value(e))
+            }
+            Op::Delete { key } | Op::Increment { key, .. } => self.check_key(key),
+            Op::DeletePrefix { prefix } => self.check_key(prefix),
+            Op::BarrierArrive {
+                id, participant, ..
+            } => {
+                self.check_key(id)?;
+                self.check_key(participant)
+            }
+            Op::BarrierCancel { id, reason } => {
+                self.check_key(id)?;
+                self.check_value(reason.as_bytes())
+            }
+            Op::LeaseGrant { .. }
+            | Op::LeaseKeepAlive { .. }
+            | Op::LeaseRevoke { .. }
+            | Op::Tick
+            | Op::RenewLeases => Ok(()),
+        }
+    }
+
+    /// Refuses a value over the limit.
+    pub fn check_value(&self, value: &[u8]) -> Result<()> {
+        if value.len() > self.max_value {
+            return Err(KvError::InvalidArgument(format!(
+                "value of {} bytes exceeds the {}-byte limit",
+                value.len(),
+                self.max_value
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A stored value and its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyValue {
+    /// The key.
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    /// The value.
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    /// Revision of the write that created the key.
+    pub create_revision: u64,
+    /// Revision of the last write to the key.
+    pub mod_revision: u64,
+    /// The lease the key is bound to (deleted with it), if any.
+    pub lease: Option<u64>,
+}
+
+/// A change, as seen by watchers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// A key was written.
+    Put(KeyValue),
+    /// A key was deleted.
+    Delete {
+        /// The deleted key.
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        /// The revision of the deletion.
+        revision: u64,
+    },
+}
+
+impl Event {
+    /// The revision of the change.
+    pub fn revision(&self) -> u64 {
+        match self {
+            Event::Put(kv) => kv.mod_revision,
+            Event::Delete { revision, .. } => *revision,
+        }
+    }
+
+    /// The key changed.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Event::Put(kv) => &kv.key,
+            Event::Delete { key, .. } => key,
+        }
+    }
+
+    /// Bytes of key and value carried (for sizing buffers and records).
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Event::Put(kv) => kv.key.len() + kv.value.len(),
+            Event::Delete { key, .. } => key.len(),
+        }
+    }
+}
+
+/// A write, with the proposer's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The proposer's clock, whole milliseconds rounded down (invariant 6).
+    pub now_ms: u64,
+    /// The operation.
+    pub op: Op,
+}
+
+/// The operations that change state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Writes, overwriting.
+    Put {
+        /// The key.
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        /// The value.
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+        /// A lease to bind the key to.
+        lease: Option<u64>,
+    },
+    /// Writes unless the key exists (XLA's default).
+    Insert {
+        /// The key.
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        /// The value.
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+        /// A lease to bind the key to.
+        lease: Option<u64>,
+    },
+    /// Deletes a key (absent: nothing changes).
+    Delete {
+        /// The key.
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+    },
+    /// Deletes every key under a prefix.
+    DeletePrefix {
+        /// The prefix.
+        #[serde(with = "serde_bytes")]
+        prefix: Vec<u8>,
+    },
+    /// Adds `delta` to the decimal integer at `key` (missing = 0).
+    Increment {
+        /// The counter's key.
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        /// What to add (may be negative).
+        delta: i64,
+    },
+    /// Writes `value` if the current value is `expected` (`None` = absent).
+    CompareAndSwap {
+        /// The key.
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        /// The value expected now.
+        #[serde(with = "serde_bytes")]
+        expected: Option<Vec<u8>>,
+        /// The value to write.
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
+    /// A new lease.
+    LeaseGrant {
+        /// How long it lives without a keep-alive.
+        ttl_ms: u64,
+    },
+    /// Renews a lease for its whole TTL.
+    LeaseKeepAlive {
+        /// The lease.
+        id: u64,
+    },
+    /// Ends a lease now, deleting its keys.
+    LeaseRevoke {
+        /// The lease.
+        id: u64,
+    },
+    /// `participant` arrives at barrier `id` of `participants` members.
+    BarrierArrive {
+        /// The barrier.
+        #[serde(with = "serde_bytes")]
+        id: Vec<u8>,
+        /// Who arrives.
+        #[serde(with = "serde_bytes")]
+        participant: Vec<u8>,
+        /// How many must arrive.
+        participants: u32,
+        /// How long the barrier waits from its first arrival.
+        timeout_ms: u64,
+    },
+    /// Fails a barrier for every participant.
+    BarrierCancel {
+        /// The barrier.
+        #[serde(with = "serde_bytes")]
+        id: Vec<u8>,
+        /// Why, as the participants will see it.
+        reason: String,
+    },
+    /// Only advances the clock (expiring leases and barriers).
+    Tick,
+    /// A new leader's first write: every lease lives at least its TTL from
+    /// now, renewed before anything expires, so no lease dies for the time
+    /// no leader could renew it (as etcd's lessor does on promotion).
+    RenewLeases,
+}
+
+/// The value an increment of `delta` gives the counter at `key` holding
+/// `current` (decimal text; `None` = 0). Shared by every backend.
+pub fn increment_value(key: &[u8], current: Option<&[u8]>, delta: i64) -> Result<i64> {
+    let current = match current {
+        None => 0,
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| {
+                KvError::InvalidArgument(format!(
+                    "key `{}` does not hold a decimal integer",
+                    show_key(key)
+                ))
+            })?,
+    };
+    current.checked_add(delta).ok_or_else(|| {
+        KvError::InvalidArgument(format!("incrementing `{}` overflows", show_key(key)))
+    })
+}
+
+impl Op {
+    /// Bytes of keys and values this operation carries (for sizing batches
+    /// and messages).
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Op::Put { key, value, .. } | Op::Insert { key, value, .. } => key.len() + value.len(),
+            Op::CompareAndSwap {
+                key,
+                expected,
+                value,
+            } => key.len() + value.len() + expected.as_ref().map_or(0, Vec::len),
+            Op::Delete { key } | Op::Increment { key, .. } => key.len(),
+            Op::DeletePrefix { prefix } => prefix.len(),
+            Op::BarrierArrive {
+                id, participant, ..
+            } => id.len() + participant.len(),
+            Op::BarrierCancel { id, reason } => id.len() + reason.len(),
+            Op::LeaseGrant { .. }
+            | Op::LeaseKeepAlive { .. }
+            | Op::LeaseRevoke { .. }
+            | Op::Tick
+            | Op::RenewLeases => 0,
+        }
+    }
+
+    /// `participant` arrives at barrier `id` of `participants`, failing
+    /// after `timeout`.
+    pub fn barrier_arrive(
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: std::time::Duration,
+    ) -> Op {
+        Op::BarrierArrive {
+            id: id.to_vec(),
+            participant: participant.to_vec(),
+            participants,
+            timeout_ms: timeout.as_millis() as u64,
+        }
+    }
+}
+
+/// The result of a successful operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Output {
+    /// A write; `revision` is 0 when nothing changed.
+    Written {
+        /// The write's revision.
+        revision: u64,
+    },
+    /// A delete.
+    Deleted {
+        /// Its revision (0: nothing was deleted).
+        revision: u64,
+        /// Keys deleted.
+        count: u64,
+    },
+    /// An increment.
+    Counter {
+        /// Its revision.
+        revision: u64,
+        /// The counter's new value.
+        value: i64,
+    },
+    /// A compare-and-swap that wrote.
+    Swapped {
+        /// Its revision.
+        revision: u64,
+    },
+    /// A compare-and-swap that found another value.
+    Mismatch {
+        /// What it found (`None`: absent).
+        current: Option<Vec<u8>>,
+    },
+    /// A granted or renewed lease.
+    Lease {
+        /// The lease.
+        id: u64,
+        /// Its TTL.
+        ttl_ms: u64,
+    },
+    /// A barrier arrival, and where the barrier stands.
+    Barrier(BarrierStatus),
+    /// A tick (or a lease renewal) applied.
+    Ticked,
+}
+
+impl Output {
+    fn unexpected(self, wanted: &str) -> KvError {
+        KvError::Internal(format!(
+            "expected {wanted} from the state machine, got {self:?}"
+        ))
+    }
+
+    /// The revision of a write.
+    pub fn into_revision(self) -> Result<u64> {
+        match self {
+            Output::Written { revision } => Ok(revision),
+            o => Err(o.unexpected("a write")),
+        }
+    }
+
+    /// How many keys a delete removed.
+    pub fn into_deleted(self) -> Result<u64> {
+        match self {
+            Output::Deleted { count, .. } => Ok(count),
+            o => Err(o.unexpected("a delete")),
+        }
+    }
+
+    /// A counter's new value.
+    pub fn into_counter(self) -> Result<i64> {
+        match self {
+            Output::Counter { value, .. } => Ok(value),
+            o => Err(o.unexpected("a counter")),
+        }
+    }
+
+    /// A compare-and-swap's outcome: `Ok(revision)` swapped,
+    /// `Err(current)` mismatched.
+    pub fn into_cas(self) -> Result<std::result::Result<u64, Option<Vec<u8>>>> {
+        match self {
+            Output::Swapped { revision } => Ok(Ok(revision)),
+            Output::Mismatch { current } => Ok(Err(current)),
+            o => Err(o.unexpected("a compare-and-swap")),
+        }
+    }
+
+    /// A lease id.
+    pub fn into_lease(self) -> Result<u64> {
+        match self {
+            Output::Lease { id, .. } => Ok(id),
+            o => Err(o.unexpected("a lease")),
+        }
+    }
+
+    /// A barrier's status.
+    pub fn into_barrier(self) -> Result<BarrierStatus> {
+        match self {
+            Output::Barrier(b) => Ok(b),
+            o => Err(o.unexpected("a barrier status")),
+        }
+    }
+}
+
+impl BarrierStatus {
+    /// `None` while waiting; otherwise what every participant is told.
+    pub fn outcome(&self, id: &[u8]) -> Option<Result<()>> {
+        match self {
+            BarrierStatus::Passed => Some(Ok(())),
+            BarrierStatus::Failed { reason } => Some(Err(KvError::BarrierFailed {
+                id: id.to_vec(),
+                reason: reason.clone(),
+            })),
+            BarrierStatus::Waiting { .. } => None,
+        }
+    }
+}
+
+/// Where a barrier stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BarrierStatus {
+    /// Not every participant has arrived yet.
+    Waiting {
+        /// Participants that arrived.
+        arrived: u32,
+        /// Participants the barrier waits for.
+        participants: u32,
+    },
+    /// Every participant arrived before the deadline.
+    Passed,
+    /// It timed out or was cancelled.
+    Failed {
+        /// Why, the same for every participant.
+        reason: String,
+    },
+}
