@@ -244,9 +244,14 @@ class Cluster:
             args += ["--mount", f"type=bind,src={d},dst={m['mountPath']}{ro}"]
         return args
 
-    def security(self, pod_sc, c):
+    def security(self, pod, pod_sc, c):
         sc = {**{k: v for k, v in pod_sc.items() if k in ("runAsUser", "runAsGroup", "runAsNonRoot")},
               **c.get("securityContext", {})}
+        if sc.get("runAsNonRoot") and "runAsUser" not in sc:
+            user = sh("docker", "image", "inspect", "-f", "{{.Config.User}}", c["image"]).stdout.strip()
+            if user.split(":")[0] in ("", "root", "0"):
+                raise SystemExit(f"pod {pod}: container {c['name']} has runAsNonRoot and would run as root "
+                                 "(the kubelet refuses it: CreateContainerConfigError)")
         args = []
         if "runAsUser" in sc:
             args += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', 0)}"]
@@ -274,15 +279,9 @@ class Cluster:
         args += ["-e", "KUBERNETES_SERVICE_HOST=10.96.0.1", "-e", "KUBERNETES_SERVICE_PORT=443"]
         for k, v in env.items():
             args += ["-e", f"{k}={v}"]
-        args += self.security(spec.get("securityContext", {}), c)
+        args += self.security(pod, spec.get("securityContext", {}), c)
         args += self.mounts(pod, c, volumes, fs_group, claims)
         args += list(extra)
-        sc = {**spec.get("securityContext", {}), **c.get("securityContext", {})}
-        if sc.get("runAsNonRoot") and "runAsUser" not in sc:
-            user = sh("docker", "image", "inspect", "-f", "{{.Config.User}}", c["image"]).stdout.strip()
-            if user.split(":")[0] in ("", "root", "0"):
-                raise SystemExit(f"pod {pod}: container {c['name']} has runAsNonRoot and would run as root "
-                                 "(the kubelet refuses it: CreateContainerConfigError)")
         if "command" in c:
             args += ["--entrypoint", expand(c["command"][0], env)]
         args.append(c["image"])

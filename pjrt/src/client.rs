@@ -341,16 +341,19 @@ impl Client {
     /// jax-cuda13-pjrt 0.11.2, JAX's own mock mode included).
     pub fn compile(&self, program: &Program, options: &CompileOptions) -> Result<LoadedExecutable> {
         options.validate()?;
-        let mut options = options.clone();
-        if self.inner.mock_nccl
+        let mocked = self.inner.mock_nccl
             && !options
                 .overrides
                 .iter()
-                .any(|(n, _)| n == MOCK_NO_SHARDING.0)
-        {
-            options = options.with_override(MOCK_NO_SHARDING.0, MOCK_NO_SHARDING.1.clone());
-        }
-        let encoded = options.encode();
+                .any(|(n, _)| n == MOCK_NO_SHARDING.0);
+        let encoded = if mocked {
+            options
+                .clone()
+                .with_override(MOCK_NO_SHARDING.0, MOCK_NO_SHARDING.1.clone())
+                .encode()
+        } else {
+            options.encode()
+        };
         let format = program.format().as_str();
         let mut raw_program = ffi::PJRT_Program::new();
         // The plugin reads the code but the C type is non-const.
