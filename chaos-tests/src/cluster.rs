@@ -29,8 +29,17 @@ pub struct HostCluster {
 }
 
 fn node_tls(ca: &std::path::Path, out: &std::path::Path, role: Role, name: &str, hosts: &[String]) {
-    issue(ca, &NodeCert { role, name, hosts }, out)
-        .unwrap_or_else(|e| panic!("issuing {role} {name}: {e}"));
+    issue(
+        ca,
+        &NodeCert {
+            role,
+            name,
+            hosts,
+            valid: tessel_net::tls::Validity::days(30),
+        },
+        out,
+    )
+    .unwrap_or_else(|e| panic!("issuing {role} {name}: {e}"));
 }
 
 impl HostCluster {

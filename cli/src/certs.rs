@@ -42,6 +42,20 @@ pub(crate) enum CertsCommand {
         /// The folder to write.
         #[arg(long)]
         out: PathBuf,
+        /// How long the certificate is valid, in days.
+        #[arg(long, default_value_t = tessel_net::tls::NODE_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
+        days: u32,
+        /// Replace the certificate in an existing folder instead (a process
+        /// using the folder adopts it within seconds, without a restart).
+        #[arg(long)]
+        renew: bool,
+        /// With --renew: a new key too (else the folder's key is kept).
+        #[arg(long, requires = "renew")]
+        new_key: bool,
+        /// With --renew: the CA bundle the node trusts from now on (a CA
+        /// rotation: old and new CA, later the new one alone).
+        #[arg(long, requires = "renew")]
+        trust: Option<PathBuf>,
     },
 }
 
@@ -79,20 +93,31 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
             name,
             hosts,
             out,
+            days,
+            renew,
+            new_key,
+            trust,
         } => {
-            tessel_net::tls::issue(
-                &ca_dir,
-                &tessel_net::tls::NodeCert {
-                    role,
-                    name: &name,
-                    hosts: &hosts,
-                },
-                &out,
-            )?;
-            println!(
-                "issued {role} `{name}`'s certificate into {} (ca.pem, node.pem, node.key)",
-                out.display()
-            );
+            let node = tessel_net::tls::NodeCert {
+                role,
+                name: &name,
+                hosts: &hosts,
+                valid: tessel_net::tls::Validity::days(days),
+            };
+            if renew {
+                tessel_net::tls::renew(&ca_dir, &node, &out, new_key, trust.as_deref())?;
+                println!(
+                    "renewed {role} `{name}`'s certificate in {} for {days} days{}",
+                    out.display(),
+                    if new_key { ", with a new key" } else { "" }
+                );
+            } else {
+                tessel_net::tls::issue(&ca_dir, &node, &out)?;
+                println!(
+                    "issued {role} `{name}`'s certificate into {} (ca.pem, node.pem, node.key), valid {days} days",
+                    out.display()
+                );
+            }
             Ok(())
         }
     }

@@ -2,53 +2,150 @@
 //! client's certificate ([`tessel_net::tls::Identity`]) and the request.
 //!
 //! Invariants:
-//! 1. Raft traffic, forwarded requests and membership changes come from
-//!    coordinators only.
+//! 1. Raft traffic, forwarded requests, membership changes and guarded
+//!    requests come from coordinators only.
 //! 2. A worker writes the registry and assignment keys of its own name
-//!    only (`workers/{name}/`, `assignments/{name}/`), never the
-//!    scheduler's (`sched/`): its certificate is its worker id.
-//! 3. A client writes no registry, assignment or job keys and holds no
-//!    leases: it cannot register as a worker, nor act for one.
-//! 4. Reads are open to every role; the cluster-wide certificate and
-//!    `--insecure` may do anything.
+//!    (`workers/{name}/`, `assignments/{name}/`) and the `jobs/` keys of
+//!    attempts assigned to it; the last under a [`Guard`] the state machine
+//!    checks when it applies the write (`tessel_kv::state::Guard`), so a
+//!    worker never writes another attempt's keys, however it races.
+//! 3. A client writes what submit, cancel and drain need (`sched/state`,
+//!    `sched/jobs/{id}/bundle|cancel`, `workers/{w}/drain`), no other
+//!    registry, assignment or job key, and holds no leases.
+//! 4. A job's arrays and logs (`jobs/{job}/arrays/`, `jobs/{job}/logs/`)
+//!    are read by coordinators, clients and the job's own workers (a
+//!    guard again, checked after the read's linearizable wait); every other
+//!    key is readable by every role.
+//! 5. Keys outside tessel's zones are scratch space any role may write; the
+//!    cluster-wide certificate and `--insecure` may do anything.
 //!
-//! A write to a prefix (`DeletePrefix`) is allowed only where every key
-//! under the prefix would be.
+//! A request on a prefix (`DeletePrefix`, `List`, `Watch`) is allowed only
+//! where it would be for every key under the prefix.
 
 use crate::wire::{ClientRequest, WireRequest};
-use tessel_kv::state::Op;
+use tessel_kv::state::{Guard, Needed, Op};
 use tessel_net::tls::{Identity, Role};
 
 /// Key spaces that not every role may write.
 const ZONES: [&str; 4] = ["workers/", "assignments/", "jobs/", "sched/"];
+const JOBS: &str = "jobs/";
 
-/// Where a writer of `role` called `name` may write: the allowed zone
-/// prefixes (beside keys outside every zone).
-fn allowed(role: Role, name: &str) -> Vec<String> {
-    match role {
-        Role::Coordinator => ZONES.iter().map(|z| z.to_string()).collect(),
-        Role::Worker => vec![
-            format!("workers/{name}/"),
-            format!("assignments/{name}/"),
-            "jobs/".into(),
-        ],
-        Role::Client => vec!["sched/".into()],
+/// What a request may do: go ahead, or go ahead under a guard.
+pub type Decision = Result<Option<Guard>, String>;
+
+/// `jobs/{job}/{rest}` → `(job, rest)`; `None` for a key (or prefix) that
+/// does not name one job.
+fn job_key(key: &[u8]) -> Option<(&str, &str)> {
+    let rest = std::str::from_utf8(key.strip_prefix(JOBS.as_bytes())?).ok()?;
+    let (job, rest) = rest.split_once('/')?;
+    tessel_kv::check_path_component("job", job).ok()?;
+    Some((job, rest))
+}
+
+/// The guard of worker `name`'s access to job `job`'s keys: its assignment
+/// to that attempt (`ID@N`), or, for a job-level key (`ID`: checkpoint
+/// records, logs, a job run without the scheduler), to any attempt of it.
+fn job_guard(name: &str, job: &str) -> Guard {
+    let exact = Needed {
+        key: format!("assignments/{name}/{job}").into_bytes(),
+        prefix: false,
+    };
+    let any_of = if job.contains('@') {
+        vec![exact]
+    } else {
+        vec![
+            exact,
+            Needed {
+                key: format!("assignments/{name}/{job}@").into_bytes(),
+                prefix: true,
+            },
+        ]
+    };
+    Guard {
+        who: format!("worker `{name}`"),
+        any_of,
     }
 }
 
-/// Whether `role`/`name` may write `key` (or, `prefix`, everything under it).
-fn may_write(role: Role, name: &str, key: &[u8], prefix: bool) -> bool {
-    let scopes = allowed(role, name);
-    if scopes.iter().any(|s| key.starts_with(s.as_bytes())) {
-        return true;
-    }
-    // Outside every zone, and (for a prefix) covering none of them.
+/// Outside every zone, and (for a prefix) covering none of them.
+fn outside_zones(key: &[u8], prefix: bool) -> bool {
     !ZONES
         .iter()
         .any(|z| key.starts_with(z.as_bytes()) || (prefix && z.as_bytes().starts_with(key)))
 }
 
-fn op_keys(op: &Op) -> Vec<(&[u8], bool)> {
+/// Invariant 3's exact keys.
+fn client_key(key: &[u8]) -> bool {
+    let Ok(k) = std::str::from_utf8(key) else {
+        return false;
+    };
+    let one = |s: &str| !s.is_empty() && !s.contains('/');
+    if k == "sched/state" {
+        return true;
+    }
+    if let Some(rest) = k.strip_prefix("sched/jobs/") {
+        if let Some((id, what)) = rest.split_once('/') {
+            return one(id) && (what == "bundle" || what == "cancel");
+        }
+    }
+    k.strip_prefix("workers/")
+        .and_then(|r| r.strip_suffix("/drain"))
+        .is_some_and(one)
+}
+
+/// Invariants 2, 3 and 5 for one written key (or prefix).
+fn may_write(role: Role, name: &str, key: &[u8], prefix: bool) -> Decision {
+    if outside_zones(key, prefix) {
+        return Ok(None);
+    }
+    let own = |zone: &str| key.starts_with(format!("{zone}/{name}/").as_bytes());
+    let allowed = match role {
+        Role::Coordinator => return Ok(None),
+        Role::Worker if own("workers") || own("assignments") => return Ok(None),
+        Role::Worker => match job_key(key) {
+            Some((job, _)) => return Ok(Some(job_guard(name, job))),
+            None => false,
+        },
+        Role::Client => !prefix && client_key(key),
+    };
+    if allowed {
+        Ok(None)
+    } else {
+        Err(format!(
+            "write `{}`{}",
+            tessel_kv::show_key(key),
+            if prefix { " (a prefix)" } else { "" }
+        ))
+    }
+}
+
+/// Whether a read of `key` (or everything under it) may reach a job's
+/// arrays or logs.
+fn private_rest(rest: &str, prefix: bool) -> bool {
+    ["arrays/", "logs/"]
+        .iter()
+        .any(|p| rest.starts_with(p) || (prefix && p.starts_with(rest)))
+}
+
+/// Invariant 4 for a worker's read.
+fn may_read(name: &str, key: &[u8], prefix: bool) -> Decision {
+    match job_key(key) {
+        Some((job, rest)) if private_rest(rest, prefix) => Ok(Some(job_guard(name, job))),
+        Some(_) => Ok(None),
+        // A prefix over several jobs' keys reaches arrays a worker may not read.
+        None if prefix
+            && (key.starts_with(JOBS.as_bytes()) || JOBS.as_bytes().starts_with(key)) =>
+        {
+            Err(format!(
+                "read every job's keys (`{}`); only its own jobs' arrays and logs",
+                tessel_kv::show_key(key)
+            ))
+        }
+        None => Ok(None),
+    }
+}
+
+fn written(op: &Op) -> Vec<(&[u8], bool)> {
     match op {
         Op::Put { key, .. }
         | Op::Insert { key, .. }
@@ -61,17 +158,18 @@ fn op_keys(op: &Op) -> Vec<(&[u8], bool)> {
     }
 }
 
-/// Invariants 1-4: `Ok` or why `identity` may not make `req`.
-pub fn authorize(identity: &Identity, req: &WireRequest) -> Result<(), String> {
+/// Invariants 1-5: `Ok(None)` to serve `req` as it is, `Ok(Some(guard))`
+/// to serve it under `guard`, or why `identity` may not make it.
+pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
     let (role, name) = match identity {
-        Identity::Shared | Identity::Anonymous => return Ok(()),
+        Identity::Shared | Identity::Anonymous => return Ok(None),
         Identity::Node { role, name } => (*role, name.as_str()),
     };
     let refuse = |what: String| Err(format!("{identity} may not {what}"));
     let c = match req {
         WireRequest::AppendEntries(_) | WireRequest::Vote(_) | WireRequest::InstallSnapshot(_) => {
             return match role {
-                Role::Coordinator => Ok(()),
+                Role::Coordinator => Ok(None),
                 _ => refuse("take part in Raft".into()),
             }
         }
@@ -80,108 +178,40 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Result<(), String> {
         }
         WireRequest::Forwarded(c) | WireRequest::Client(c) => c,
     };
+    if role == Role::Coordinator {
+        return Ok(None);
+    }
     match c {
-        ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. }
-            if role != Role::Coordinator =>
-        {
+        ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. } => {
             refuse("change the replica set".into())
+        }
+        ClientRequest::Guarded { .. } | ClientRequest::Write(Op::Guarded { .. }) => {
+            refuse("send a guarded request (the replicas add guards)".into())
         }
         ClientRequest::Write(
             Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. },
         ) if role == Role::Client => refuse("hold leases".into()),
         ClientRequest::Write(op) => {
-            for (key, prefix) in op_keys(op) {
-                if !may_write(role, name, key, prefix) {
-                    return refuse(format!(
-                        "write `{}`{}",
-                        tessel_kv::show_key(key),
-                        if prefix { " (a prefix)" } else { "" }
-                    ));
+            let mut guard = None;
+            for (key, prefix) in written(op) {
+                match may_write(role, name, key, prefix) {
+                    Err(what) => return refuse(what),
+                    Ok(g) => guard = guard.or(g),
                 }
             }
-            Ok(())
+            Ok(guard)
         }
-        _ => Ok(()),
+        ClientRequest::Get { key, .. } | ClientRequest::TryGet { key } if role == Role::Worker => {
+            may_read(name, key, false).or_else(refuse)
+        }
+        ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. }
+            if role == Role::Worker =>
+        {
+            may_read(name, prefix, true).or_else(refuse)
+        }
+        _ => Ok(None),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(role: Role, name: &str) -> Identity {
-        Identity::node(role, name)
-    }
-
-    fn put(key: &str) -> WireRequest {
-        WireRequest::Client(ClientRequest::Write(Op::Put {
-            key: key.into(),
-            value: vec![],
-            lease: None,
-        }))
-    }
-
-    fn del_prefix(prefix: &str) -> WireRequest {
-        WireRequest::Client(ClientRequest::Write(Op::DeletePrefix {
-            prefix: prefix.into(),
-        }))
-    }
-
-    #[test]
-    fn a_worker_writes_only_its_own_registry_and_assignments() {
-        let h4 = node(Role::Worker, "h4");
-        assert!(authorize(&h4, &put("workers/h4/alive")).is_ok());
-        assert!(authorize(&h4, &put("assignments/h4/j@1")).is_ok());
-        assert!(authorize(&h4, &put("jobs/j@1/failure")).is_ok());
-        assert!(authorize(&h4, &put("barrier-or-other")).is_ok());
-        let e = authorize(&h4, &put("workers/h5/alive")).unwrap_err();
-        assert!(
-            e.contains("worker `h4` may not write `workers/h5/alive`"),
-            "{e}"
-        );
-        assert!(
-            authorize(&h4, &put("workers/h4x/alive")).is_err(),
-            "a name prefix"
-        );
-        assert!(authorize(&h4, &put("assignments/h5/j@1")).is_err());
-        assert!(authorize(&h4, &put("sched/state")).is_err());
-        assert!(authorize(&h4, &del_prefix("workers/")).is_err());
-        assert!(
-            authorize(&h4, &del_prefix("")).is_err(),
-            "covers every zone"
-        );
-        assert!(authorize(&h4, &del_prefix("workers/h4/jobs/")).is_ok());
-    }
-
-    #[test]
-    fn a_client_cannot_register_hold_leases_or_take_part_in_raft() {
-        let ops = node(Role::Client, "ops");
-        assert!(authorize(&ops, &put("sched/jobs/j.1/cancel")).is_ok());
-        assert!(authorize(&ops, &put("my/own/key")).is_ok());
-        for key in ["workers/h4/incarnation", "assignments/h4/x", "jobs/x/done"] {
-            assert!(authorize(&ops, &put(key)).is_err(), "{key}");
-        }
-        let grant = WireRequest::Client(ClientRequest::Write(Op::LeaseGrant { ttl_ms: 5000 }));
-        assert!(authorize(&ops, &grant).is_err());
-        let join = WireRequest::Client(ClientRequest::AddReplica {
-            id: 9,
-            addr: "10.0.0.9:7000".into(),
-        });
-        assert!(authorize(&ops, &join).is_err());
-        assert!(authorize(&node(Role::Worker, "h4"), &join).is_err());
-        assert!(authorize(&node(Role::Coordinator, "2"), &join).is_ok());
-        let read = WireRequest::Client(ClientRequest::List {
-            prefix: b"workers/".to_vec(),
-        });
-        assert!(authorize(&ops, &read).is_ok());
-        assert!(authorize(&ops, &WireRequest::Forwarded(ClientRequest::Revision)).is_err());
-    }
-
-    #[test]
-    fn the_shared_certificate_and_insecure_peers_may_do_anything() {
-        for id in [Identity::Shared, Identity::Anonymous] {
-            assert!(authorize(&id, &put("workers/h5/alive")).is_ok());
-            assert!(authorize(&id, &put("sched/state")).is_ok());
-        }
-    }
-}
+mod tests;

@@ -422,10 +422,11 @@ pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
     while let Some(incoming) = endpoint.accept().await {
         let handler = handler.clone();
         tokio::spawn(async move {
+            let from = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::debug!("handshake failed: {e}");
+                    tracing::warn!(%from, "refused a connection: {e}");
                     return;
                 }
             };

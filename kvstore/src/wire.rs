@@ -20,7 +20,7 @@ use openraft::raft::{
 use serde::{Deserialize, Serialize};
 
 use crate::raft::TypeConfig;
-use tessel_kv::state::{Event, KeyValue, Op, Output};
+use tessel_kv::state::{Event, Guard, KeyValue, Op, Output};
 use tessel_kv::KvError;
 
 /// ALPN protocol of the key-value service.
@@ -102,6 +102,15 @@ pub enum ClientRequest {
     RemoveReplica {
         /// The replica's id.
         id: u64,
+    },
+    /// A read served only if `guard` holds once the read is linearizable
+    /// (`crate::authz` invariant 4). Added by the replica that authorized
+    /// the request; refused from anyone but a coordinator.
+    Guarded {
+        /// What must exist.
+        guard: Guard,
+        /// The read.
+        request: Box<ClientRequest>,
     },
 }
 

@@ -19,6 +19,7 @@ fn node(ca: &Path, dir: &Path, role: Role, name: &str) -> TlsFiles {
             role,
             name,
             hosts: &[],
+            valid: tessel_net::tls::Validity::days(30),
         },
         &out,
     )

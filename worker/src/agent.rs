@@ -176,7 +176,7 @@ async fn probe(
 /// coordinators enforce the same: kvstore's `authz`).
 fn check_identity(cfg: &WorkerConfig) -> Result<()> {
     use tessel_net::tls::{Identity, Role};
-    match cfg.transfer_tls.as_ref().map(|t| t.identity()) {
+    match cfg.transfer_tls.as_ref().map(|t| t.identity()).as_ref() {
         Some(Identity::Node {
             role: Role::Worker,
             name,

@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{show_key, KvError, Result};
 
+mod guard;
+pub use guard::{Guard, Needed};
 mod ops;
 pub use ops::*;
 mod tables;
@@ -480,6 +482,12 @@ impl KvState {
                 Ok(Output::Barrier(b.status.clone()))
             }
             Op::Tick | Op::RenewLeases => Ok(Output::Ticked),
+            Op::Guarded { guard, op } => {
+                if !guard.holds(t)? {
+                    return Err(guard.refusal("write", op.key().unwrap_or_default()));
+                }
+                self.apply_op(t, op, events)
+            }
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::guard::Guard;
 use crate::error::{show_key, KvError, Result};
 
 /// Size limits checked before anything is written.
@@ -77,6 +78,7 @@ impl Limits {
             | Op::LeaseRevoke { .. }
             | Op::Tick
             | Op::RenewLeases => Ok(()),
+            Op::Guarded { op, .. } => self.check_op(op),
         }
     }
 
@@ -259,6 +261,14 @@ pub enum Op {
     /// now, renewed before anything expires, so no lease dies for the time
     /// no leader could renew it (as etcd's lessor does on promotion).
     RenewLeases,
+    /// `op`, applied only if `guard` holds ([`Guard`], invariant 1): the
+    /// replica's form of a worker's write to a job's keys.
+    Guarded {
+        /// What must exist.
+        guard: Guard,
+        /// The write.
+        op: Box<Op>,
+    },
 }
 
 /// The value an increment of `delta` gives the counter at `key` holding
@@ -282,6 +292,25 @@ pub fn increment_value(key: &[u8], current: Option<&[u8]>, delta: i64) -> Result
 }
 
 impl Op {
+    /// The key (or prefix, or barrier id) the operation writes, if any.
+    pub fn key(&self) -> Option<&[u8]> {
+        match self {
+            Op::Put { key, .. }
+            | Op::Insert { key, .. }
+            | Op::Delete { key }
+            | Op::Increment { key, .. }
+            | Op::CompareAndSwap { key, .. } => Some(key),
+            Op::DeletePrefix { prefix } => Some(prefix),
+            Op::BarrierArrive { id, .. } | Op::BarrierCancel { id, .. } => Some(id),
+            Op::Guarded { op, .. } => op.key(),
+            Op::LeaseGrant { .. }
+            | Op::LeaseKeepAlive { .. }
+            | Op::LeaseRevoke { .. }
+            | Op::Tick
+            | Op::RenewLeases => None,
+        }
+    }
+
     /// Bytes of keys and values this operation carries (for sizing batches
     /// and messages).
     pub fn payload_bytes(&self) -> usize {
@@ -303,6 +332,7 @@ impl Op {
             | Op::LeaseRevoke { .. }
             | Op::Tick
             | Op::RenewLeases => 0,
+            Op::Guarded { op, .. } => op.payload_bytes(),
         }
     }
 

@@ -405,6 +405,67 @@ fn oversized_keys_and_values_write_nothing() {
 }
 
 #[test]
+fn a_guarded_write_applies_only_while_its_guard_holds() {
+    let mut s = MemState::default();
+    let guard = Guard {
+        who: "worker `h4`".into(),
+        any_of: vec![
+            Needed {
+                key: b"assignments/h4/j@1".to_vec(),
+                prefix: false,
+            },
+            Needed {
+                key: b"assignments/h4/k@".to_vec(),
+                prefix: true,
+            },
+        ],
+    };
+    let guarded = |key: &str| Op::Guarded {
+        guard: guard.clone(),
+        op: Box::new(put(key, "forged")),
+    };
+    match s.apply(&req(0, guarded("jobs/j@1/done"))).0 {
+        Err(KvError::PermissionDenied(why)) => assert!(
+            why.contains("worker `h4` may not write `jobs/j@1/done`")
+                && why.contains("`assignments/h4/j@1` or `assignments/h4/k@*`"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((s.revision(), s.len()), (0, 0), "nothing written");
+    must(&mut s, req(1, put("assignments/h4/k@3", "a")));
+    must(&mut s, req(2, guarded("jobs/k/checkpoints/1")));
+    must(&mut s, req(3, put("assignments/h4/j@1", "a")));
+    must(&mut s, req(4, guarded("jobs/j@1/done")));
+    assert_eq!(s.get(b"jobs/j@1/done").unwrap().value, b"forged");
+    must(
+        &mut s,
+        req(
+            5,
+            Op::Delete {
+                key: b"assignments/h4/j@1".to_vec(),
+            },
+        ),
+    );
+    must(
+        &mut s,
+        req(
+            6,
+            Op::Delete {
+                key: b"assignments/h4/k@3".to_vec(),
+            },
+        ),
+    );
+    let before = s.revision();
+    assert!(s.apply(&req(7, guarded("jobs/j@1/result"))).0.is_err());
+    assert_eq!(
+        s.revision(),
+        before,
+        "invariant 1: nothing written once unassigned"
+    );
+}
+
+#[test]
 fn history_serves_watchers_until_compacted() {
     let mut s = MemState::new(Limits::default(), 3);
     for i in 0..5 {

@@ -17,21 +17,25 @@
 //! client that accepts any server and presents none. For tests and local
 //! experiments only.
 
+mod files;
 mod identity;
 mod issue;
+mod reload;
 mod verify;
 
 pub use identity::{identity_of, peer_identity, Identity, Role};
-pub use issue::{init_ca, init_certs, issue, NodeCert};
+pub use issue::{init_ca, init_certs, issue, renew, NodeCert, Validity, CA_DAYS, NODE_DAYS};
+pub use reload::RELOAD_POLL;
 pub use verify::{check_client, check_server, Accept, Expect};
+
+use reload::{Current, Resolver};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rcgen::{CertificateParams, KeyPair};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 
 /// The DNS name every certificate of the cluster carries; chains are
 /// verified against it.
@@ -63,6 +67,14 @@ pub enum TlsError {
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Config(String),
+    /// The certificate is past its validity.
+    #[error("{path}: the certificate expired at {not_after}; renew it (`tessel certs issue --renew`, or your issuer)")]
+    Expired {
+        /// The certificate file.
+        path: PathBuf,
+        /// When it expired (RFC 3339, UTC).
+        not_after: String,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
@@ -81,110 +93,43 @@ pub const CERT: &str = "node.pem";
 /// This node's key.
 pub const KEY: &str = "node.key";
 
-/// The certificates of one TLS folder.
+/// One TLS folder, followed on disk ([`reload`]): listeners and dialers
+/// built from it present and trust what the folder holds now.
+#[derive(Clone, Debug)]
 pub struct TlsFiles {
-    ca: Vec<CertificateDer<'static>>,
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-    identity: Identity,
+    current: Arc<Current>,
 }
 
-impl std::fmt::Debug for TlsFiles {
-    /// Never prints the key.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsFiles")
-            .field("ca_certificates", &self.ca.len())
-            .field("chain_certificates", &self.chain.len())
-            .field("identity", &self.identity)
-            .finish_non_exhaustive()
+impl verify::Roots for Current {
+    fn roots(&self) -> Arc<rustls::RootCertStore> {
+        self.get().roots.clone()
     }
-}
-
-impl Clone for TlsFiles {
-    fn clone(&self) -> Self {
-        TlsFiles {
-            ca: self.ca.clone(),
-            chain: self.chain.clone(),
-            key: self.key.clone_key(),
-            identity: self.identity.clone(),
-        }
-    }
-}
-
-fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bad = || TlsError::Pem {
-        path: path.to_path_buf(),
-        what: "certificate",
-    };
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|_| bad())?
-        .collect::<Result<_, _>>()
-        .map_err(|_| bad())?;
-    if certs.is_empty() {
-        return Err(bad());
-    }
-    Ok(certs)
-}
-
-/// The folder exists and holds what a node needs, or says what is missing.
-fn check_folder(dir: &Path) -> Result<(), TlsError> {
-    if !dir.is_dir() {
-        return Err(TlsError::Config(format!(
-            "TLS folder {} does not exist (create one with `tessel certs init` and `tessel certs issue`)",
-            dir.display()
-        )));
-    }
-    for name in [CA_CERT, CERT, KEY] {
-        if !dir.join(name).is_file() {
-            return Err(TlsError::Config(format!(
-                "TLS folder {} has no {name} (a node's folder holds ca.pem, node.pem and node.key)",
-                dir.display()
-            )));
-        }
-    }
-    Ok(())
 }
 
 impl TlsFiles {
-    /// Loads `ca.pem`, `node.pem` and `node.key` from `dir`.
+    /// Loads `ca.pem`, `node.pem` and `node.key` from `dir` and watches
+    /// them for renewals; refuses a certificate outside its validity.
     pub fn load(dir: &Path) -> Result<TlsFiles, TlsError> {
-        check_folder(dir)?;
-        let key_path = dir.join(KEY);
-        // Read first, so that an unreadable key (its owner, its mode) says
-        // so instead of looking malformed.
-        let pem = std::fs::read(&key_path).map_err(io_err(&key_path))?;
-        let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|_| TlsError::Pem {
-            path: key_path,
-            what: "private key",
-        })?;
-        let chain = certs(&dir.join(CERT))?;
-        let identity = identity_of(&chain[0]).ok_or_else(|| {
-            TlsError::Config(format!(
-                "{}: a malformed tessel:// identity",
-                dir.join(CERT).display()
-            ))
-        })?;
         Ok(TlsFiles {
-            ca: certs(&dir.join(CA_CERT))?,
-            chain,
-            key,
-            identity,
+            current: Current::open(dir)?,
         })
     }
 
     /// Who this folder's certificate says we are.
-    pub fn identity(&self) -> &Identity {
-        &self.identity
+    pub fn identity(&self) -> Identity {
+        self.current.get().identity.clone()
     }
 
-    fn roots(&self) -> Result<rustls::RootCertStore, TlsError> {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in &self.ca {
-            roots
-                .add(c.clone())
-                .map_err(|e| TlsError::Config(e.to_string()))?;
-        }
-        Ok(roots)
+    /// When the certificate in use now stops being valid (seconds since
+    /// the Unix epoch).
+    pub fn not_after(&self) -> i64 {
+        self.current.get().not_after
+    }
+
+    /// Looks at the files now instead of at the next poll; `Ok(true)` when
+    /// a renewal was adopted.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        self.current.reload()
     }
 
     /// A server that requires a client certificate from the cluster CA, of
@@ -195,15 +140,12 @@ impl TlsFiles {
         accept: Accept,
     ) -> Result<quinn::ServerConfig, TlsError> {
         let provider = provider();
-        let verifier =
-            verify::ClientVerifier::webpki(Arc::new(self.roots()?), provider.clone(), accept)
-                .map_err(TlsError::Config)?;
+        let verifier = verify::ClientVerifier::new(self.current.clone(), provider.clone(), accept);
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_client_cert_verifier(Arc::new(verifier))
-            .with_single_cert(self.chain.clone(), self.key.clone_key())
-            .map_err(|e| TlsError::Config(e.to_string()))?;
+            .with_cert_resolver(Arc::new(Resolver(self.current.clone())));
         tls.alpn_protocols = vec![alpn.to_vec()];
         quic_server(tls)
     }
@@ -216,21 +158,16 @@ impl TlsFiles {
         expect: Expect,
     ) -> Result<quinn::ClientConfig, TlsError> {
         let provider = provider();
-        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            Arc::new(self.roots()?),
-            provider.clone(),
-        )
-        .build()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verify::ServerVerifier::new(
-                webpki, &provider, expect,
+                self.current.clone(),
+                provider,
+                expect,
             )))
-            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
-            .map_err(|e| TlsError::Config(e.to_string()))?;
+            .with_client_cert_resolver(Arc::new(Resolver(self.current.clone())));
         tls.alpn_protocols = vec![alpn.to_vec()];
         quic_client(tls)
     }

@@ -116,25 +116,39 @@ pub fn check_client(identity: Option<&Identity>, accept: Accept) -> Result<(), S
     }
 }
 
+/// The CA bundle to verify against now (it follows renewals).
+pub(super) trait Roots: Send + Sync + std::fmt::Debug {
+    /// The current bundle.
+    fn roots(&self) -> Arc<rustls::RootCertStore>;
+}
+
 /// Verifies a server's chain and its identity (invariants 1-3).
 #[derive(Debug)]
 pub(super) struct ServerVerifier {
-    inner: Arc<WebPkiServerVerifier>,
+    roots: Arc<dyn Roots>,
+    provider: Arc<CryptoProvider>,
     expect: Expect,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ServerVerifier {
     pub(super) fn new(
-        inner: Arc<WebPkiServerVerifier>,
-        provider: &CryptoProvider,
+        roots: Arc<dyn Roots>,
+        provider: Arc<CryptoProvider>,
         expect: Expect,
     ) -> ServerVerifier {
         ServerVerifier {
-            inner,
-            expect,
+            roots,
             algorithms: provider.signature_verification_algorithms,
+            provider,
+            expect,
         }
+    }
+
+    fn webpki(&self) -> Result<Arc<WebPkiServerVerifier>, rustls::Error> {
+        WebPkiServerVerifier::builder_with_provider(self.roots.roots(), self.provider.clone())
+            .build()
+            .map_err(|e| refuse(e.to_string()))
     }
 }
 
@@ -151,13 +165,13 @@ impl ServerCertVerifier for ServerVerifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &tessel_name(), ocsp, now)?;
+        let inner = self.webpki()?;
+        inner.verify_server_cert(end_entity, intermediates, &tessel_name(), ocsp, now)?;
         let identity = identity_of(end_entity);
         check_server(identity.as_ref(), &self.expect).map_err(refuse)?;
         // A coordinator's certificate names the address it serves at.
         if let (Some(Identity::Node { .. }), Expect::Coordinator) = (&identity, &self.expect) {
-            self.inner
+            inner
                 .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
                 .map_err(|e| {
                     refuse(format!(
@@ -175,33 +189,33 @@ impl ServerCertVerifier for ServerVerifier {
 /// Verifies a client's chain and admits only the roles `accept` names.
 #[derive(Debug)]
 pub(super) struct ClientVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
+    roots: Arc<dyn Roots>,
+    provider: Arc<CryptoProvider>,
     accept: Accept,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ClientVerifier {
-    /// The WebPKI verifier of `roots` with `provider`, wrapped.
-    pub(super) fn webpki(
-        roots: Arc<rustls::RootCertStore>,
+    /// The WebPKI verifier of the current `roots` with `provider`, wrapped.
+    pub(super) fn new(
+        roots: Arc<dyn Roots>,
         provider: Arc<CryptoProvider>,
         accept: Accept,
-    ) -> Result<ClientVerifier, String> {
-        let algorithms = provider.signature_verification_algorithms;
-        let inner = WebPkiClientVerifier::builder_with_provider(roots, provider)
-            .build()
-            .map_err(|e| e.to_string())?;
-        Ok(ClientVerifier {
-            inner,
+    ) -> ClientVerifier {
+        ClientVerifier {
+            roots,
+            algorithms: provider.signature_verification_algorithms,
+            provider,
             accept,
-            algorithms,
-        })
+        }
     }
 }
 
 impl ClientCertVerifier for ClientVerifier {
+    /// No hints: the bundle changes with renewals, and tessel's clients
+    /// present their one certificate whatever the hints.
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
+        &[]
     }
 
     fn verify_client_cert(
@@ -210,7 +224,9 @@ impl ClientCertVerifier for ClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.inner
+        WebPkiClientVerifier::builder_with_provider(self.roots.roots(), self.provider.clone())
+            .build()
+            .map_err(|e| refuse(e.to_string()))?
             .verify_client_cert(end_entity, intermediates, now)?;
         check_client(identity_of(end_entity).as_ref(), self.accept).map_err(refuse)?;
         Ok(ClientCertVerified::assertion())

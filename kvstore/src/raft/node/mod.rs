@@ -323,7 +323,29 @@ fn error_response(req: &ClientRequest, e: KvError) -> WireResponse {
         ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. } => {
             WireResponse::Done(Err(e))
         }
+        ClientRequest::Guarded { request, .. } => error_response(request, e),
         _ => WireResponse::Output(Err(e)),
+    }
+}
+
+/// A request under the guard its authorization gave it: a write becomes
+/// [`Op::Guarded`] (checked when applied), a read [`ClientRequest::Guarded`]
+/// (checked once linearizable).
+fn guarded(req: WireRequest, guard: tessel_kv::state::Guard) -> WireRequest {
+    let wrap = |c: ClientRequest| match c {
+        ClientRequest::Write(op) => ClientRequest::Write(Op::Guarded {
+            guard,
+            op: Box::new(op),
+        }),
+        read => ClientRequest::Guarded {
+            guard,
+            request: Box::new(read),
+        },
+    };
+    match req {
+        WireRequest::Client(c) => WireRequest::Client(wrap(c)),
+        WireRequest::Forwarded(c) => WireRequest::Forwarded(wrap(c)),
+        other => other,
     }
 }
 
@@ -336,24 +358,28 @@ impl Handler for ReplicaHandler {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         Box::pin(async move {
             // Invariant 6: the certificate's role decides what it may ask.
-            if let Err(why) = crate::authz::authorize(&peer.identity, &req) {
-                tracing::warn!(peer = %peer.addr, %why, "request refused");
-                match &req {
-                    WireRequest::Client(c) | WireRequest::Forwarded(c) => {
-                        reply(
-                            &mut send,
-                            &error_response(c, KvError::PermissionDenied(why)),
-                        )
-                        .await
+            let req = match crate::authz::authorize(&peer.identity, &req) {
+                Ok(None) => req,
+                Ok(Some(guard)) => guarded(req, guard),
+                Err(why) => {
+                    tracing::warn!(peer = %peer.addr, %why, "request refused");
+                    match &req {
+                        WireRequest::Client(c) | WireRequest::Forwarded(c) => {
+                            reply(
+                                &mut send,
+                                &error_response(c, KvError::PermissionDenied(why)),
+                            )
+                            .await
+                        }
+                        _ => {
+                            let _ = send.reset(quinn::VarInt::from_u32(wire::RESET_FORBIDDEN));
+                            return;
+                        }
                     }
-                    _ => {
-                        let _ = send.reset(quinn::VarInt::from_u32(wire::RESET_FORBIDDEN));
-                        return;
-                    }
+                    let _ = send.finish();
+                    return;
                 }
-                let _ = send.finish();
-                return;
-            }
+            };
             match req {
                 WireRequest::AppendEntries(r) => {
                     reply(
@@ -591,8 +617,39 @@ impl ReplicaHandler {
         Ok(())
     }
 
+    /// `authz` invariant 4: a guarded read goes ahead once linearizable
+    /// and only if its guard holds.
+    async fn unguard(&self, req: ClientRequest) -> Result<ClientRequest, (ClientRequest, KvError)> {
+        let ClientRequest::Guarded { guard, request } = req else {
+            return Ok(req);
+        };
+        let holds = match self.linearizable().await {
+            Ok(()) => self.applied.read(|_, t| guard.holds(t)),
+            Err(e) => Err(e),
+        };
+        match holds {
+            Ok(true) => Ok(*request),
+            Ok(false) => {
+                let key = match &*request {
+                    ClientRequest::Get { key, .. } | ClientRequest::TryGet { key } => key.clone(),
+                    ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. } => {
+                        prefix.clone()
+                    }
+                    _ => Vec::new(),
+                };
+                let e = guard.refusal("read", &key);
+                Err((*request, e))
+            }
+            Err(e) => Err((*request, e)),
+        }
+    }
+
     /// Serves a request on the leader.
     async fn serve(&self, req: ClientRequest, send: &mut SendStream) {
+        let req = match self.unguard(req).await {
+            Ok(r) => r,
+            Err((r, e)) => return reply(send, &error_response(&r, e)).await,
+        };
         let response = match req {
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
@@ -683,6 +740,10 @@ impl ReplicaHandler {
             ClientRequest::RemoveReplica { id } => {
                 WireResponse::Done(self.remove_replica(id).await)
             }
+            ClientRequest::Guarded { request, .. } => error_response(
+                &request,
+                KvError::InvalidArgument("a guard inside a guard".into()),
+            ),
         };
         reply(send, &response).await;
     }

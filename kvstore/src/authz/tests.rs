@@ -1,0 +1,170 @@
+//! Each rule of the module's invariants, a forbidden request of each kind
+//! refused with the reason a user reads.
+
+use super::*;
+
+fn node(role: Role, name: &str) -> Identity {
+    Identity::node(role, name)
+}
+
+fn put(key: &str) -> WireRequest {
+    WireRequest::Client(ClientRequest::Write(Op::Put {
+        key: key.into(),
+        value: vec![],
+        lease: None,
+    }))
+}
+
+fn del_prefix(prefix: &str) -> WireRequest {
+    WireRequest::Client(ClientRequest::Write(Op::DeletePrefix {
+        prefix: prefix.into(),
+    }))
+}
+
+fn get(key: &str) -> WireRequest {
+    WireRequest::Client(ClientRequest::TryGet { key: key.into() })
+}
+
+fn list(prefix: &str) -> WireRequest {
+    WireRequest::Client(ClientRequest::List {
+        prefix: prefix.into(),
+    })
+}
+
+/// The alternatives of the guard `req` gets.
+fn guard_of(id: &Identity, req: &WireRequest) -> Vec<String> {
+    let g = authorize(id, req)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no guard for {req:?}"));
+    g.any_of
+        .iter()
+        .map(|n| String::from_utf8(n.key.clone()).unwrap() + if n.prefix { "*" } else { "" })
+        .collect()
+}
+
+#[test]
+fn a_worker_writes_its_own_registry_and_its_attempts_keys_under_a_guard() {
+    let h4 = node(Role::Worker, "h4");
+    assert_eq!(authorize(&h4, &put("workers/h4/alive")), Ok(None));
+    assert_eq!(authorize(&h4, &put("assignments/h4/j@1")), Ok(None));
+    assert_eq!(authorize(&h4, &put("barrier-or-other")), Ok(None));
+    assert_eq!(
+        guard_of(&h4, &put("jobs/j@1/processes/00001/result")),
+        ["assignments/h4/j@1"]
+    );
+    assert_eq!(
+        guard_of(&h4, &put("jobs/j/checkpoints/000000000004")),
+        ["assignments/h4/j", "assignments/h4/j@*"]
+    );
+    assert_eq!(
+        guard_of(&h4, &del_prefix("jobs/j@1/pjrt/")),
+        ["assignments/h4/j@1"]
+    );
+    let e = authorize(&h4, &put("workers/h5/alive")).unwrap_err();
+    assert!(
+        e.contains("worker `h4` may not write `workers/h5/alive`"),
+        "{e}"
+    );
+    for forbidden in [
+        "workers/h4x/alive",
+        "assignments/h5/j@1",
+        "sched/state",
+        "jobs/no-slash",
+    ] {
+        assert!(authorize(&h4, &put(forbidden)).is_err(), "{forbidden}");
+    }
+    assert!(authorize(&h4, &del_prefix("workers/")).is_err());
+    assert!(authorize(&h4, &del_prefix("jobs/")).is_err(), "every job");
+    assert!(
+        authorize(&h4, &del_prefix("")).is_err(),
+        "covers every zone"
+    );
+    assert_eq!(authorize(&h4, &del_prefix("workers/h4/jobs/")), Ok(None));
+}
+
+#[test]
+fn a_worker_reads_arrays_and_logs_of_its_own_jobs_only() {
+    let h4 = node(Role::Worker, "h4");
+    assert_eq!(
+        guard_of(&h4, &get("jobs/j@1/arrays/w")),
+        ["assignments/h4/j@1"]
+    );
+    assert_eq!(
+        guard_of(&h4, &list("jobs/j/logs/00001/")),
+        ["assignments/h4/j", "assignments/h4/j@*"]
+    );
+    assert!(
+        !guard_of(&h4, &list("jobs/j@1/")).is_empty(),
+        "covers arrays"
+    );
+    assert_eq!(authorize(&h4, &get("jobs/j@1/spec")), Ok(None));
+    assert_eq!(authorize(&h4, &list("jobs/j@1/topology/local/")), Ok(None));
+    assert_eq!(authorize(&h4, &list("workers/")), Ok(None));
+    for every_job in ["jobs/", "jobs/j@1", "", "j"] {
+        let e = authorize(&h4, &list(every_job)).unwrap_err();
+        assert!(e.contains("may not read every job's keys"), "{e}");
+    }
+    let ops = node(Role::Client, "ops");
+    assert_eq!(authorize(&ops, &list("jobs/")), Ok(None));
+    assert_eq!(authorize(&ops, &get("jobs/j@1/arrays/w")), Ok(None));
+}
+
+#[test]
+fn a_client_writes_only_what_submit_cancel_and_drain_need() {
+    let ops = node(Role::Client, "ops");
+    for key in [
+        "sched/state",
+        "sched/jobs/j.1/bundle",
+        "sched/jobs/j.1/cancel",
+        "workers/h4/drain",
+        "my/own/key",
+    ] {
+        assert_eq!(authorize(&ops, &put(key)), Ok(None), "{key}");
+    }
+    for key in [
+        "workers/h4/incarnation",
+        "assignments/h4/x",
+        "jobs/x/done",
+        "sched/jobs/j.1/events/000000000001",
+        "sched/jobs/j.1/bundle/x",
+    ] {
+        let e = authorize(&ops, &put(key)).unwrap_err();
+        assert!(e.contains("client `ops` may not write"), "{e}");
+    }
+    assert!(authorize(&ops, &del_prefix("sched/")).is_err());
+    let grant = WireRequest::Client(ClientRequest::Write(Op::LeaseGrant { ttl_ms: 5000 }));
+    assert!(authorize(&ops, &grant).is_err());
+}
+
+#[test]
+fn only_coordinators_join_forward_or_guard() {
+    let ops = node(Role::Client, "ops");
+    let join = WireRequest::Client(ClientRequest::AddReplica {
+        id: 9,
+        addr: "10.0.0.9:7000".into(),
+    });
+    assert!(authorize(&ops, &join).is_err());
+    assert!(authorize(&node(Role::Worker, "h4"), &join).is_err());
+    assert_eq!(authorize(&node(Role::Coordinator, "2"), &join), Ok(None));
+    assert!(authorize(&ops, &WireRequest::Forwarded(ClientRequest::Revision)).is_err());
+    let forged = WireRequest::Client(ClientRequest::Write(Op::Guarded {
+        guard: Guard {
+            who: "worker `h4`".into(),
+            any_of: vec![],
+        },
+        op: Box::new(Op::Delete {
+            key: b"jobs/j@1/done".to_vec(),
+        }),
+    }));
+    let e = authorize(&node(Role::Worker, "h4"), &forged).unwrap_err();
+    assert!(e.contains("guarded request"), "{e}");
+}
+
+#[test]
+fn the_shared_certificate_and_insecure_peers_may_do_anything() {
+    for id in [Identity::Shared, Identity::Anonymous] {
+        assert_eq!(authorize(&id, &put("workers/h5/alive")), Ok(None));
+        assert_eq!(authorize(&id, &put("sched/state")), Ok(None));
+        assert_eq!(authorize(&id, &list("jobs/")), Ok(None));
+    }
+}
