@@ -112,18 +112,80 @@ check(c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]
 sc = c["securityContext"]
 check(sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"], "security context")
 check(sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "10Gi", "data volume")
-# Every tessel container mounts the TLS folder, its keys renamed as tessel reads them.
+# Identity: in the default perPod mode every tessel pod gets its own
+# certificate from cert-manager's csi-driver, naming its role and its pod
+# name; no pod mounts the CA's Secret; the CA outlives its leaves.
+ROLES = {"coordinator": "coordinator", "worker": "worker"}
+identities = set()
 for o in find(objs, "StatefulSet") + find(objs, "Pod"):
+    spec = o["spec"] if o["kind"] == "Pod" else o["spec"]["template"]["spec"]
+    role = "client" if o["kind"] == "Pod" else ROLES[o["metadata"]["labels"]["app.kubernetes.io/component"]]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    csi = vols["tls"].get("csi", {})
+    attrs = csi.get("volumeAttributes", {})
+    check(csi.get("driver") == "csi.cert-manager.io" and csi.get("readOnly")
+          and attrs.get("csi.cert-manager.io/issuer-name") == "t-tessel-ca"
+          and attrs.get("csi.cert-manager.io/uri-sans") == f"tessel://{role}/${{POD_NAME}}"
+          and "tessel" in attrs["csi.cert-manager.io/dns-names"].split(",")
+          and [attrs.get(f"csi.cert-manager.io/{k}") for k in ("ca-file", "certificate-file", "privatekey-file")]
+          == ["ca.pem", "node.pem", "node.key"]
+          and attrs.get("csi.cert-manager.io/fs-group") == str(spec["securityContext"]["fsGroup"]),
+          f"{o['metadata']['name']}: a per-pod {role} certificate from the csi-driver")
+    check(("client auth" in attrs["csi.cert-manager.io/key-usages"])
+          and (("server auth" in attrs["csi.cert-manager.io/key-usages"]) == (role != "client")),
+          f"{o['metadata']['name']}: key usages of a {role}")
+    check(not any(v.get("secret", {}).get("secretName") == "t-tessel-ca" for v in vols.values()),
+          f"{o['metadata']['name']}: the CA's key is mounted in no pod")
+    names = ([o["metadata"]["name"]] if o["kind"] == "Pod"
+             else [f"{o['metadata']['name']}-{i}" for i in range(o["spec"]["replicas"])])
+    for n in names:
+        identities.add(attrs["csi.cert-manager.io/uri-sans"].replace("${POD_NAME}", n))
+    for ct in spec["containers"]:
+        check({"name": "tls", "mountPath": "/tls", "readOnly": True} in ct["volumeMounts"], f"{ct['name']}: /tls mount")
+pods = sum(1 if o["kind"] == "Pod" else o["spec"]["replicas"] for o in find(objs, "StatefulSet") + find(objs, "Pod"))
+check(len(identities) == pods, f"each of the {pods} pods has an identity of its own: {sorted(identities)}")
+certs = find(objs, "Certificate")
+ca = [c for c in certs if c["spec"].get("isCA")]
+check(len(certs) == 1 and ca and ca[0]["spec"]["duration"] == "87600h",
+      "perPod: only the CA is a Certificate, and it lives ten years")
+coord_attrs = find(objs, "StatefulSet")[0]["spec"]["template"]["spec"]["volumes"]
+coord_dns = next(v for v in coord_attrs if v["name"] == "tls")["csi"]["volumeAttributes"]["csi.cert-manager.io/dns-names"]
+check("${POD_NAME}.t-tessel-coordinator-peers.${POD_NAMESPACE}.svc" in coord_dns.split(",")
+      and "t-tessel-coordinator.${POD_NAMESPACE}.svc" in coord_dns.split(","),
+      "a coordinator's certificate names the addresses it is dialed at")
+# People and CI: a client Certificate each.
+clients = [c for c in find(objects(["--set", "tls.clients={alice,ci-bot}"]), "Certificate") if not c["spec"].get("isCA")]
+check(sorted(c["spec"]["uris"][0] for c in clients) == ["tessel://client/alice", "tessel://client/ci-bot"]
+      and all(c["spec"]["usages"] == ["client auth", "digital signature"] for c in clients)
+      and sorted(c["spec"]["secretName"] for c in clients) == ["t-tessel-client-alice", "t-tessel-client-ci-bot"],
+      "tls.clients: a client certificate per person, nothing more")
+# A trust bundle (trust-manager) replaces the issuer's CA while a CA rotates.
+bundled = objects(["--set", "tls.trustBundle.configMap=tessel-trust"])
+for o in find(bundled, "StatefulSet"):
+    spec = o["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    check(any(v.get("configMap", {}).get("name") == "tessel-trust" for v in spec["volumes"])
+          and "--tls-ca" in c["args"] and c["args"][c["args"].index("--tls-ca") + 1] == "/trust/ca.pem"
+          and {"name": "trust", "mountPath": "/trust", "readOnly": True} in c["volumeMounts"],
+          f"{o['metadata']['name']}: trusts the bundle")
+# shared mode: one Secret for every pod (documented as weaker).
+shared = objects(["--set", "tls.mode=shared"])
+for o in find(shared, "StatefulSet") + find(shared, "Pod"):
     spec = o["spec"] if o["kind"] == "Pod" else o["spec"]["template"]["spec"]
     tls = [v for v in spec["volumes"] if v["name"] == "tls"][0]["secret"]
     check(tls["secretName"] == "t-tessel-tls" and {i["path"] for i in tls["items"]} == {"ca.pem", "node.pem", "node.key"},
-          f"{o['metadata']['name']}: TLS secret items")
-    for ct in spec["containers"]:
-        check({"name": "tls", "mountPath": "/tls", "readOnly": True} in ct["volumeMounts"], f"{ct['name']}: /tls mount")
-cert = [o for o in find(objs, "Certificate") if not o["spec"].get("isCA")][0]
+          f"shared: {o['metadata']['name']}: TLS secret items")
+cert = [o for o in find(shared, "Certificate") if not o["spec"].get("isCA")][0]
 check("*.t-tessel-coordinator-peers.ml.svc" in cert["spec"]["dnsNames"] and "127.0.0.1" in cert["spec"]["ipAddresses"],
       "the shared certificate names the peers' wildcard and the loopback")
-check(not find(objects(["--set", "tls.existingSecret=mine"]), "Certificate"), "an existing Secret replaces cert-manager")
+check(not find(objects(["--set", "tls.mode=shared", "--set", "tls.existingSecret=mine"]), "Certificate"),
+      "an existing Secret replaces cert-manager")
+for args, why in [(["--set", "tls.existingSecret=mine"], "set tls.mode=shared to use it"),
+                  (["--set", "tls.certManager.enabled=false"], "tls.mode=perPod needs cert-manager"),
+                  (["--set", "tls.mode=both"], "/tls/mode"),
+                  (["--set", "tls.clients={a/b}"], "/tls/clients/0")]:
+    r = template(args, ok=False)
+    check(r.returncode != 0 and why in r.stderr, f"refused: {args}: {r.stderr.strip()[:200]}")
 
 def pod_specs(objs):
     """(name, pod spec) of every pod the objects make."""

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tessel_kvstore::raft::client::RaftKv;
-use tessel_net::tls::{init_ca, issue, NodeCert, Role, TlsFiles};
+use tessel_net::tls::{init_ca, issue, renew, NodeCert, Role, TlsFiles, Validity};
 
 use crate::hosts::{Host, Hosts};
 use crate::relay::DelayRelay;
@@ -26,20 +26,17 @@ pub struct HostCluster {
     pub hosts: Hosts,
     /// The CA's folder (on the test's side).
     pub ca: PathBuf,
+    /// Every folder issued: (folder, role, name, hosts).
+    issued: Vec<(PathBuf, Role, String, Vec<String>)>,
 }
 
-fn node_tls(ca: &std::path::Path, out: &std::path::Path, role: Role, name: &str, hosts: &[String]) {
-    issue(
-        ca,
-        &NodeCert {
-            role,
-            name,
-            hosts,
-            valid: tessel_net::tls::Validity::days(30),
-        },
-        out,
-    )
-    .unwrap_or_else(|e| panic!("issuing {role} {name}: {e}"));
+fn node_cert<'a>(role: Role, name: &'a str, hosts: &'a [String], days: u32) -> NodeCert<'a> {
+    NodeCert {
+        role,
+        name,
+        hosts,
+        valid: Validity::days(days),
+    }
 }
 
 impl HostCluster {
@@ -58,23 +55,47 @@ impl HostCluster {
             relays: Vec::new(),
             hosts,
             ca,
+            issued: Vec::new(),
         };
         // The test process is a client (the submitter).
-        node_tls(&c.ca, &c.tester_tls(), Role::Client, "tester", &[]);
+        c.node_tls(c.tester_tls(), Role::Client, "tester", &[]);
         for (i, name) in coordinators.iter().enumerate() {
             let host = c.hosts.host(name).clone();
             // Dialed at its own address, or through a relay on the bridge.
             let sans = vec![host.ip.to_string(), c.hosts.gateway().to_string()];
             let id = (i + 1).to_string();
-            node_tls(&c.ca, &c.tls_on(name), Role::Coordinator, &id, &sans);
+            c.node_tls(c.tls_on(name), Role::Coordinator, &id, &sans);
             let join = c.coordinators.values().next().map(|p| p.addr);
             let p = c.spawn_coordinator(&host, i as u64 + 1, join);
             c.coordinators.insert(name.to_string(), p);
         }
         for name in workers {
-            node_tls(&c.ca, &c.tls_on(name), Role::Worker, name, &[]);
+            c.node_tls(c.tls_on(name), Role::Worker, name, &[]);
         }
         c
+    }
+
+    fn node_tls(&mut self, out: PathBuf, role: Role, name: &str, hosts: &[String]) {
+        issue(&self.ca, &node_cert(role, name, hosts, 30), &out)
+            .unwrap_or_else(|e| panic!("issuing {role} {name}: {e}"));
+        self.issued
+            .push((out, role, name.to_owned(), hosts.to_vec()));
+    }
+
+    /// Renews every certificate issued, valid `days` from now, with the
+    /// same keys or new ones (`tessel certs issue --renew [--new-key]`);
+    /// the running processes are not told.
+    pub fn renew_all(&self, days: u32, new_key: bool) {
+        for (out, role, name, hosts) in &self.issued {
+            renew(
+                &self.ca,
+                &node_cert(*role, name, hosts, days),
+                out,
+                new_key,
+                None,
+            )
+            .unwrap_or_else(|e| panic!("renewing {role} {name}: {e}"));
+        }
     }
 
     /// Where host `name`'s TLS folder lies on its disk, seen from the
@@ -113,6 +134,7 @@ impl HostCluster {
         let listen = format!("{}:0", host.ip);
         let mut cmd = self.hosts.command(host, &tessel_bin());
         cmd.args(["coordinator", "--id", &id.to_string(), "--listen", &listen])
+            .args(["--metrics-listen", &format!("{}:0", host.ip)])
             .arg("--data-dir")
             .arg(self.hosts.disk().join("coordinator"))
             .arg("--tls-dir")

@@ -16,7 +16,7 @@ use tessel::client::Client;
 use tessel::job::{CheckpointSpec, JobSpec, ValidatedJob};
 use tessel::plan::{JobBundle, ProcessResult};
 use tessel_chaos_tests::cluster::HostCluster;
-use tessel_chaos_tests::spawn_worker_cmd;
+use tessel_chaos_tests::{sample, scrape, spawn_worker_cmd};
 use tessel_coordinator::keys;
 use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_coordinator::scheduler::{JobEvent, JobRecord, JobState};
@@ -221,6 +221,82 @@ async fn lost_worker_scenario(fault: Fault, storage: Storage) {
         "{fault:?}/{storage:?}: recovered {:?} after the loss",
         lost_at.elapsed()
     );
+}
+
+/// Every process's `tessel_tls_certificate_expiry_seconds`, by metrics
+/// address.
+fn expiries(c: &HostCluster) -> Vec<(String, f64)> {
+    let addrs = c
+        .coordinators
+        .values()
+        .map(|p| p.metrics.clone())
+        .chain(c.workers.values().map(|w| w.metrics.clone()));
+    addrs
+        .map(|a| {
+            let a = a.expect("started with --metrics-listen");
+            let v = sample(&scrape(&a), "tessel_tls_certificate_expiry_seconds", &[]);
+            (a, v.unwrap_or(0.0))
+        })
+        .collect()
+}
+
+/// Certificates renewed on disk mid-job, with the same keys and then with
+/// new ones, are adopted by every coordinator and worker within seconds
+/// (the expiry each process reports moves), and the job ends as an
+/// undisturbed run does: no restart, the same parameters bit for bit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_renewed_mid_job_are_adopted_by_every_process_undisturbed() {
+    const STEPS: u64 = 3000;
+    let mut c = HostCluster::start(&["c1", "c2", "c3"], &["h4", "h5"]);
+    for w in ["h4", "h5"] {
+        let listen = format!("{}:0", c.host(w).ip);
+        c.start_worker(w, &["--metrics-listen", &listen]);
+    }
+    let kv: Arc<dyn KvStore> = Arc::new(c.client());
+    let client = Client::from_store(kv.clone());
+    let calm = client.submit(&mlp(STEPS, 0, None)).await.unwrap();
+    let done = ended(&client, &calm, Duration::from_secs(180)).await;
+    assert_eq!(done.state, JobState::Succeeded, "{:?}", done.reason);
+
+    let id = client.submit(&mlp(STEPS, 0, None)).await.unwrap();
+    kv.get(
+        keys::job_report(&id, 99).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("the job reached step 100");
+    for (days, new_key) in [(60, false), (90, true)] {
+        let started = Instant::now();
+        c.renew_all(days, new_key);
+        let floor = keys::unix_ms() as f64 / 1e3 + (days as f64 - 1.0) * 86_400.0;
+        loop {
+            let e = expiries(&c);
+            if e.iter().all(|(_, v)| *v >= floor) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "renewal ({days} days, new key {new_key}) not adopted by all in 10 s: {e:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        eprintln!(
+            "renewal ({days} days, new key {new_key}) adopted by all in {:?}",
+            started.elapsed()
+        );
+    }
+    let now = client.job(&id).await.unwrap();
+    assert!(
+        !now.state.is_terminal(),
+        "the job ended before both renewals were adopted ({now:?}): too few steps to test"
+    );
+    let end = ended(&client, &id, Duration::from_secs(180)).await;
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    assert_eq!((end.restarts, end.attempt), (0, 1), "{end:?}");
+    assert_eq!(params(&client, &id).await, params(&client, &calm).await);
+    // A new client with the renewed tester certificate gets in.
+    let fresh = Client::from_store(Arc::new(c.client()));
+    assert_eq!(fresh.job(&id).await.unwrap().state, JobState::Succeeded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

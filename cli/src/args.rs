@@ -16,6 +16,11 @@ pub(crate) struct TlsArgs {
     /// Folder with ca.pem, node.pem and node.key (from `tessel certs init`).
     #[arg(long, value_name = "DIR", conflicts_with = "insecure")]
     pub tls_dir: Option<PathBuf>,
+    /// The CA bundle to trust instead of the folder's ca.pem (a trust
+    /// bundle with the old and the new CA while a CA rotates; followed on
+    /// disk like the folder).
+    #[arg(long, value_name = "FILE", requires = "tls_dir")]
+    pub tls_ca: Option<PathBuf>,
     /// Run without TLS authentication (tests and local experiments only).
     #[arg(long)]
     pub insecure: bool,
@@ -25,7 +30,7 @@ impl TlsArgs {
     /// The loaded certificates, `None` for `--insecure`; neither is an error.
     pub(crate) fn load(&self) -> Result<Option<TlsFiles>> {
         match (&self.tls_dir, self.insecure) {
-            (Some(dir), _) => Ok(Some(TlsFiles::load(dir)?)),
+            (Some(dir), _) => Ok(Some(TlsFiles::load_trusting(dir, self.tls_ca.as_deref())?)),
             (None, true) => Ok(None),
             (None, false) => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure"),
         }

@@ -32,16 +32,82 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- join "," $out -}}
 {{- end -}}
 
-{{/* The TLS folder every pod mounts: ca.pem, node.pem, node.key. */}}
+{{/* The TLS folder every pod mounts (ca.pem, node.pem, node.key), for
+(dict "root" $ "role" coordinator|worker|client "dns" list). perPod:
+cert-manager's csi-driver issues the pod a certificate of its own, naming
+its role and its pod name (tessel://ROLE/POD), renewed in place, the key
+never leaving the node; shared: one Secret for every pod. */}}
 {{- define "tessel.tlsVolume" -}}
+{{- $ := .root -}}
+{{- include "tessel.tlsCheck" $ -}}
+{{- if eq $.Values.tls.mode "perPod" }}
+- name: tls
+  csi:
+    driver: csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      csi.cert-manager.io/issuer-name: {{ include "tessel.fullname" $ }}-ca
+      csi.cert-manager.io/issuer-kind: Issuer
+      csi.cert-manager.io/common-name: "{{ .role }} ${POD_NAME}"
+      csi.cert-manager.io/uri-sans: "tessel://{{ .role }}/${POD_NAME}"
+      csi.cert-manager.io/dns-names: {{ join "," (prepend (.dns | default list) "tessel") | quote }}
+      {{- if ne .role "client" }}
+      csi.cert-manager.io/ip-sans: "127.0.0.1"
+      csi.cert-manager.io/key-usages: "digital signature,server auth,client auth"
+      {{- else }}
+      csi.cert-manager.io/key-usages: "digital signature,client auth"
+      {{- end }}
+      csi.cert-manager.io/duration: {{ $.Values.tls.certManager.duration | quote }}
+      csi.cert-manager.io/ca-file: ca.pem
+      csi.cert-manager.io/certificate-file: node.pem
+      csi.cert-manager.io/privatekey-file: node.key
+      # The driver writes the files root-owned, mode 0440: the pod's group.
+      csi.cert-manager.io/fs-group: "10001"
+{{- else }}
 - name: tls
   secret:
-    secretName: {{ include "tessel.tlsSecret" . }}
+    secretName: {{ include "tessel.tlsSecret" $ }}
     defaultMode: 0400
     items:
       - {key: ca.crt, path: ca.pem}
       - {key: tls.crt, path: node.pem}
       - {key: tls.key, path: node.key}
+{{- end }}
+{{- with $.Values.tls.trustBundle.configMap }}
+- name: trust
+  configMap:
+    name: {{ . }}
+    items:
+      - {key: {{ $.Values.tls.trustBundle.key }}, path: ca.pem}
+{{- end }}
+{{- end -}}
+
+{{/* The TLS arguments of every tessel process. */}}
+{{- define "tessel.tlsArgs" -}}
+- --tls-dir
+- /tls
+{{- if .Values.tls.trustBundle.configMap }}
+- --tls-ca
+- /trust/ca.pem
+{{- end }}
+{{- end -}}
+
+{{/* The TLS mounts of every tessel container. */}}
+{{- define "tessel.tlsMounts" -}}
+- {name: tls, mountPath: /tls, readOnly: true}
+{{- if .Values.tls.trustBundle.configMap }}
+- {name: trust, mountPath: /trust, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{/* Refuses TLS values that cannot work together. */}}
+{{- define "tessel.tlsCheck" -}}
+{{- if and (eq .Values.tls.mode "perPod") (not .Values.tls.certManager.enabled) -}}
+{{- fail "tls.mode=perPod needs cert-manager and its csi-driver (tls.certManager.enabled=true); without them set tls.mode=shared and tls.existingSecret" -}}
+{{- end -}}
+{{- if and (eq .Values.tls.mode "perPod") .Values.tls.existingSecret -}}
+{{- fail "tls.existingSecret is the shared mode's certificate: set tls.mode=shared to use it (every pod then acts as any node), or leave it empty" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Every pod's security context: Pod Security "restricted" (non-root,

@@ -48,14 +48,19 @@ fn certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsErr
 }
 
 /// The folder exists and holds what a node needs, or says what is missing.
-fn check_folder(dir: &Path) -> Result<(), TlsError> {
+fn check_folder(dir: &Path, ca: Option<&Path>) -> Result<(), TlsError> {
     if !dir.is_dir() {
         return Err(TlsError::Config(format!(
             "TLS folder {} does not exist (create one with `tessel certs init` and `tessel certs issue`)",
             dir.display()
         )));
     }
-    for name in [CA_CERT, CERT, KEY] {
+    let needed: &[&str] = if ca.is_some() {
+        &[CERT, KEY]
+    } else {
+        &[CA_CERT, CERT, KEY]
+    };
+    for name in needed {
         if !dir.join(name).is_file() {
             return Err(TlsError::Config(format!(
                 "TLS folder {} has no {name} (a node's folder holds ca.pem, node.pem and node.key)",
@@ -63,19 +68,23 @@ fn check_folder(dir: &Path) -> Result<(), TlsError> {
             )));
         }
     }
-    Ok(())
+    match ca {
+        Some(ca) if !ca.is_file() => Err(TlsError::Config(format!(
+            "the CA bundle {} does not exist",
+            ca.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The three files' bytes, in one buffer (what a change is detected on).
-pub(super) fn read_source(dir: &Path) -> Result<[Vec<u8>; 3], TlsError> {
-    check_folder(dir)?;
-    let read = |name: &str| {
-        let p = dir.join(name);
-        std::fs::read(&p).map_err(io_err(&p))
-    };
+pub(super) fn read_source(dir: &Path, ca: Option<&Path>) -> Result<[Vec<u8>; 3], TlsError> {
+    check_folder(dir, ca)?;
+    let read = |p: &Path| std::fs::read(p).map_err(io_err(p));
+    let ca = ca.map_or_else(|| dir.join(CA_CERT), Path::to_path_buf);
     // The key first, so that an unreadable key (its owner, its mode) says
     // so instead of looking malformed.
-    Ok([read(KEY)?, read(CERT)?, read(CA_CERT)?])
+    Ok([read(&dir.join(KEY))?, read(&dir.join(CERT))?, read(&ca)?])
 }
 
 /// Seconds since the epoch, as a UTC date a person reads.
@@ -100,15 +109,17 @@ impl Loaded {
     /// Parses a folder's files (invariants 1 and 2).
     pub(super) fn parse(
         dir: &Path,
+        ca_file: Option<&Path>,
         [key_pem, cert_pem, ca_pem]: [Vec<u8>; 3],
     ) -> Result<Loaded, TlsError> {
         let (key_path, cert_path) = (dir.join(KEY), dir.join(CERT));
+        let ca_path = ca_file.map_or_else(|| dir.join(CA_CERT), Path::to_path_buf);
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| TlsError::Pem {
             path: key_path.clone(),
             what: "private key",
         })?;
         let chain = certs(&cert_path, &cert_pem)?;
-        let ca = certs(&dir.join(CA_CERT), &ca_pem)?;
+        let ca = certs(&ca_path, &ca_pem)?;
         let identity = identity_of(&chain[0]).ok_or_else(|| {
             TlsError::Config(format!(
                 "{}: a malformed tessel:// identity",
@@ -149,7 +160,7 @@ impl Loaded {
         for c in &ca {
             roots
                 .add(c.clone())
-                .map_err(|e| TlsError::Config(format!("{}: {e}", dir.join(CA_CERT).display())))?;
+                .map_err(|e| TlsError::Config(format!("{}: {e}", ca_path.display())))?;
         }
         Ok(Loaded {
             ca,

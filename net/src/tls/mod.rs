@@ -110,8 +110,15 @@ impl TlsFiles {
     /// Loads `ca.pem`, `node.pem` and `node.key` from `dir` and watches
     /// them for renewals; refuses a certificate outside its validity.
     pub fn load(dir: &Path) -> Result<TlsFiles, TlsError> {
+        Self::load_trusting(dir, None)
+    }
+
+    /// [`TlsFiles::load`], trusting the CA bundle in `ca` (when given)
+    /// instead of the folder's `ca.pem`: a trust bundle mounted apart
+    /// (trust-manager's), old and new CA while a CA rotates.
+    pub fn load_trusting(dir: &Path, ca: Option<&Path>) -> Result<TlsFiles, TlsError> {
         Ok(TlsFiles {
-            current: Current::open(dir)?,
+            current: Current::open(dir, ca)?,
         })
     }
 

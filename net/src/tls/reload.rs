@@ -32,6 +32,7 @@ pub const RELOAD_POLL: Duration = Duration::from_secs(1);
 /// The folder and what was last loaded from it.
 pub(super) struct Current {
     dir: PathBuf,
+    ca: Option<PathBuf>,
     loaded: RwLock<Arc<Loaded>>,
 }
 
@@ -50,10 +51,11 @@ impl std::fmt::Debug for Current {
 
 impl Current {
     /// Loads `dir` and starts watching it.
-    pub(super) fn open(dir: &Path) -> Result<Arc<Current>, TlsError> {
-        let loaded = Loaded::parse(dir, read_source(dir)?)?;
+    pub(super) fn open(dir: &Path, ca: Option<&Path>) -> Result<Arc<Current>, TlsError> {
+        let loaded = Loaded::parse(dir, ca, read_source(dir, ca)?)?;
         let current = Arc::new(Current {
             dir: dir.to_path_buf(),
+            ca: ca.map(Path::to_path_buf),
             loaded: RwLock::new(Arc::new(loaded)),
         });
         let weak = Arc::downgrade(&current);
@@ -71,14 +73,14 @@ impl Current {
 
     /// Looks at the files once; `Ok(true)` when a change was adopted.
     pub(super) fn reload(&self) -> Result<bool, TlsError> {
-        let source = read_source(&self.dir)?;
+        let source = read_source(&self.dir, self.ca.as_deref())?;
         let old = self.get();
         if source.iter().map(Vec::len).sum::<usize>() == old.source.len()
             && source.concat() == old.source
         {
             return Ok(false);
         }
-        let new = Loaded::parse(&self.dir, source)?;
+        let new = Loaded::parse(&self.dir, self.ca.as_deref(), source)?;
         if new.identity != old.identity {
             // Invariant 3.
             return Err(TlsError::Config(format!(
@@ -100,7 +102,10 @@ impl Current {
     }
 }
 
-/// Invariants 2 and 4.
+/// Invariants 2 and 4. Each poll also publishes the metrics operators
+/// alert on (set every time: the recorder may be installed after the load):
+/// `tessel_tls_certificate_expiry_seconds{identity}` (Unix time) and
+/// `tessel_tls_reloads_total{identity, result="adopted"|"refused"}`.
 fn watch(current: Weak<Current>) {
     let mut last_error = String::new();
     loop {
@@ -108,11 +113,21 @@ fn watch(current: Weak<Current>) {
         let Some(current) = current.upgrade() else {
             return;
         };
-        match current.reload() {
-            Ok(_) => last_error.clear(),
+        let identity = current.get().identity.to_string();
+        let result = current.reload();
+        metrics::gauge!("tessel_tls_certificate_expiry_seconds", "identity" => identity.clone())
+            .set(current.get().not_after as f64);
+        match result {
+            Ok(adopted) => {
+                if adopted {
+                    metrics::counter!("tessel_tls_reloads_total", "identity" => identity, "result" => "adopted").increment(1);
+                }
+                last_error.clear()
+            }
             Err(e) => {
                 let e = e.to_string();
                 if e != last_error {
+                    metrics::counter!("tessel_tls_reloads_total", "identity" => identity, "result" => "refused").increment(1);
                     tracing::warn!(dir = %current.dir.display(), "TLS files changed but were not adopted, still serving the previous ones: {e}");
                     last_error = e;
                 }
