@@ -37,7 +37,9 @@ Kubernetes 1.30+ does it:
   and setgid); medium Memory is a tmpfs of its sizeLimit. A
   volumeClaimTemplate's volume is a root-owned 0755 folder (a fresh
   disk), made group-writable for fsGroup as the kubelet does. Mounts with
-  readOnly are read-only.
+  readOnly are read-only. An inline `csi` volume of cert-manager's
+  csi-driver is helm/csi.py's (its docstring says what it models); any
+  other CSI driver is refused.
 * Lifecycle: init containers run in order, each to exit 0, before the
   containers start; a container is PID 1 of its own PID namespace (no
   init process is added). Deleting a pod sends SIGTERM, waits
@@ -52,7 +54,8 @@ Kubernetes 1.30+ does it:
 What it does not model: the scheduler (node selectors, affinity,
 tolerations: no nodes), resource requests and limits, probes (readiness
 does not gate DNS or Service membership here), NetworkPolicy, PDBs,
-cert-manager (the caller supplies the Secret's files), image pulls.
+cert-manager's controller (the caller supplies Secrets' files and the CA
+Issuers' CAs), image pulls.
 """
 
 import json
@@ -61,6 +64,8 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+
+from csi import CsiDriver
 
 CLUSTER_DOMAIN = "cluster.local"
 DEFAULT_GRACE = 30
@@ -91,12 +96,14 @@ def selects(selector, labels):
 class Cluster:
     """One namespace on one Docker network."""
 
-    def __init__(self, tag, namespace, workdir, secrets, subnet, dns_image):
+    def __init__(self, tag, namespace, workdir, secrets, subnet, dns_image, issuers=None):
         """`secrets`: Secret name -> {key: bytes} (what cert-manager or an
-        admin would have created); `subnet`: the network's first three
+        admin would have created); `issuers`: CA Issuer name -> a folder
+        with its ca.pem and ca.key (for csi volumes); `subnet`: the network's first three
         octets (pods get .10-.127, one-off pods Docker's pick from .128 up);
         `dns_image`: any image with python3, to run the cluster's DNS."""
         self.tag, self.ns, self.workdir, self.secrets = tag, namespace, Path(workdir), secrets
+        self.csi = CsiDriver(issuers or {})
         self.subnet, self.next_ip = subnet, 10
         self.services = []
         self.pods = {}  # name -> (spec, labels, subdomain, claims, restart)
@@ -198,10 +205,13 @@ class Cluster:
                 raise SystemExit(f"kubelet imitation: env source {e} is not modelled")
         return env
 
-    def volume_dir(self, pod, vol, fs_group, claims):
+    def volume_dir(self, pod, vol, fs_group, claims, service_account):
         d = self.workdir / pod / vol["name"]
         if d.exists():
             return d  # a restarted container keeps its pod's volumes
+        if "csi" in vol:
+            self.csi.publish(d, vol, pod, self.ns, f"uid-{pod}", service_account)
+            return d
         d.mkdir(parents=True)
         os.chown(d, 0, 0)
         if "secret" in vol:
@@ -229,7 +239,7 @@ class Cluster:
             raise SystemExit(f"kubelet imitation: volume {vol} is not modelled")
         return d
 
-    def mounts(self, pod, c, volumes, fs_group, claims):
+    def mounts(self, pod, c, volumes, fs_group, claims, service_account):
         args = []
         for m in c.get("volumeMounts", []):
             vol = volumes.get(m["name"]) or ({"name": m["name"]} if m["name"] in claims else None)
@@ -240,7 +250,7 @@ class Cluster:
                 size = vol["emptyDir"].get("sizeLimit", "64Mi")
                 args += ["--mount", f"type=tmpfs,dst={m['mountPath']},tmpfs-size={to_bytes(size)},tmpfs-mode=1777"]
                 continue
-            d = self.volume_dir(pod, vol, fs_group, claims)
+            d = self.volume_dir(pod, vol, fs_group, claims, service_account)
             args += ["--mount", f"type=bind,src={d},dst={m['mountPath']}{ro}"]
         return args
 
@@ -280,7 +290,7 @@ class Cluster:
         for k, v in env.items():
             args += ["-e", f"{k}={v}"]
         args += self.security(pod, spec.get("securityContext", {}), c)
-        args += self.mounts(pod, c, volumes, fs_group, claims)
+        args += self.mounts(pod, c, volumes, fs_group, claims, spec.get("serviceAccountName", "default"))
         args += list(extra)
         if "command" in c:
             args += ["--entrypoint", expand(c["command"][0], env)]
@@ -349,6 +359,13 @@ class Cluster:
         code = self.delete_pod(pod)
         self.start_statefulset_pod(sts, pod)
         return code
+
+    def renew_certificates(self, pod):
+        """What the csi-driver does at renewal time to every csi volume of
+        a running pod: a new key and certificate, swapped in atomically."""
+        for d in list(self.csi.volumes):
+            if d.parent == self.workdir / pod and d.exists():
+                self.csi.renew(d)
 
     def stop_container(self, pod):
         """A pod whose node is gone: its container stops and nothing

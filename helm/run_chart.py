@@ -4,11 +4,15 @@ workers in a user's image) and runs its pods through helm/kubelet.py, a
 strict imitation of a kubelet and the cluster's DNS (its docstring says
 what it models and what not), then, in order:
 
-1. a pod without fsGroup cannot read the Secret's key (what a kubelet
-   gives it: root-owned, 0400), so every pod must and does have fsGroup;
+1. a pod whose certificate volume names no group cannot read its key
+   (what the csi-driver writes: root-owned, 0440), so every pod must and
+   does name its fsGroup;
 2. the workers, in a Python+JAX image that does not contain tessel (an
-   init container copies it in), register;
-3. the MLP demo (a plan job) succeeds;
+   init container copies it in), register, each pod under a certificate of
+   its own (tessel://ROLE/POD, from the csi-driver imitation, helm/csi.py);
+3. the MLP demo (a plan job) succeeds; then every pod's certificate is
+   renewed (a new key) and every tessel process adopts it within seconds,
+   without a restart (the expiry it reports is the new certificate's);
 4. a JAX program as a 2-process command job succeeds with the same final
    weights as one process of the same image, and its output is in the
    workers' own logs (what `kubectl logs` shows), prefixed;
@@ -22,12 +26,14 @@ Usage: helm/run_chart.py HELM IMAGE USER_IMAGE (a Python with PyYAML).
 Removes every container, network and folder it made, however it ends.
 """
 
+import calendar
 import copy
 import os
 import re
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -66,16 +72,27 @@ def render():
     return [o for o in yaml.safe_load_all(out) if o]
 
 
-def secret_files(objs, workdir):
-    """The Secret cert-manager would make: one certificate naming the
-    rendered Certificate's DNS names and addresses."""
-    cert = next(o for o in objs if o["kind"] == "Certificate" and not o["spec"].get("isCA"))
-    hosts = cert["spec"]["dnsNames"] + cert["spec"]["ipAddresses"]
-    raw = workdir / "certs"
-    sh(str(REPO / "target/debug/tessel"), "certs", "init", str(raw), "--hosts", ",".join(hosts))
-    return {cert["spec"]["secretName"]: {"ca.crt": (raw / "ca.pem").read_bytes(),
-                                         "tls.crt": (raw / "node.pem").read_bytes(),
-                                         "tls.key": (raw / "node.key").read_bytes()}}
+def issuers(objs, workdir):
+    """The CA Issuer cert-manager would run: the chart's CA (a Certificate
+    with isCA, made here with `tessel certs init --ca-only`)."""
+    ca = next(o for o in objs if o["kind"] == "Certificate" and o["spec"].get("isCA"))
+    issuer = next(o for o in objs if o["kind"] == "Issuer" and o["spec"].get("ca", {}).get("secretName")
+                  == ca["spec"]["secretName"])
+    d = workdir / "ca"
+    sh(str(REPO / "target/debug/tessel"), "certs", "init", str(d), "--ca-only")
+    return {issuer["metadata"]["name"]: d}
+
+
+def san_uri(pem_path):
+    """The URI subject alternative name of a certificate file."""
+    out = sh("openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(pem_path)).stdout
+    return re.findall(r"URI:(\S+?)(?:,|$)", out, re.M)
+
+
+def not_after(pem_path):
+    """A certificate's expiry, seconds since the epoch."""
+    out = sh("openssl", "x509", "-noout", "-enddate", "-in", str(pem_path)).stdout.strip()
+    return calendar.timegm(time.strptime(out.split("=", 1)[1], "%b %d %H:%M:%S %Y %Z"))
 
 
 def submitter(test_pod, name, args):
@@ -92,8 +109,8 @@ def submitter(test_pod, name, args):
 def main(workdir):
     objs = render()
     pid = os.getpid()
-    cluster = Cluster(TAG, NS, workdir, secret_files(objs, workdir),
-                      subnet=f"10.{100 + pid % 50}.{pid % 250}", dns_image=USER_IMAGE)
+    cluster = Cluster(TAG, NS, workdir, {}, subnet=f"10.{100 + pid % 50}.{pid % 250}",
+                      dns_image=USER_IMAGE, issuers=issuers(objs, workdir))
     try:
         scenario(cluster, objs, workdir)
     except BaseException:
@@ -114,22 +131,37 @@ def scenario(cluster, objs, workdir):
     addrs = test_pod["spec"]["containers"][0]["args"][3]
     tls = ["--coordinator", addrs, "--tls-dir", "/tls"]
 
-    # 1. The kubelet's Secret files are unreadable to uid 10001 without fsGroup.
+    # 1. The csi-driver's files are unreadable to uid 10001 unless the
+    #    volume names the pod's group.
     bare = copy.deepcopy(test_pod)
     bare["metadata"]["name"] = "no-fsgroup"
     del bare["spec"]["securityContext"]["fsGroup"]
+    tls_vol = next(v for v in bare["spec"]["volumes"] if v["name"] == "tls")
+    del tls_vol["csi"]["volumeAttributes"]["csi.cert-manager.io/fs-group"]
     (name, code, out), *_ = cluster.run_once(bare)
     if code == 0 or "node.key" not in out:
-        raise SystemExit(f"a pod without fsGroup read the key (exit {code}): the imitation is too kind\n{out}")
+        raise SystemExit(f"a pod read a key of another group (exit {code}): the imitation is too kind\n{out}")
     for o in objs:
         spec = o.get("spec", {}).get("template", {}).get("spec") or (o["spec"] if o["kind"] == "Pod" else None)
-        if spec and spec.get("securityContext", {}).get("fsGroup") != 10001:
-            raise SystemExit(f"{o['kind']} {o['metadata']['name']} has no fsGroup: its key is unreadable")
-    print("without fsGroup the key is unreadable; every pod has fsGroup")
+        if not spec:
+            continue
+        group = spec.get("securityContext", {}).get("fsGroup")
+        vol = next(v for v in spec["volumes"] if v["name"] == "tls")
+        if group != 10001 or vol["csi"]["volumeAttributes"].get("csi.cert-manager.io/fs-group") != str(group):
+            raise SystemExit(f"{o['kind']} {o['metadata']['name']}: its certificate volume does not name its fsGroup")
+    print("a certificate volume without the pod's group is unreadable; every pod names it")
 
     cluster.start_statefulset(coord)
     cluster.start_statefulset(workers)
     registered = wait_workers(cluster, test_pod, tls, 2, "workers in the user's image")
+    pods = [(p, "coordinator") for p in sts_pods(coord)] + [(p, "worker") for p in sts_pods(workers)]
+    for pod, role in pods:
+        uris = san_uri(workdir / pod / "tls" / "node.pem")
+        if uris != [f"tessel://{role}/{pod}"]:
+            raise SystemExit(f"{pod}: its certificate names {uris}, not tessel://{role}/{pod}")
+    if sorted(registered) != sts_pods(workers):
+        raise SystemExit(f"the workers registered as {sorted(registered)}, not as their pods")
+    print(f"each of {len(pods)} pods runs as its own identity (tessel://ROLE/POD); workers registered as their pods")
 
     job = workdir / "job"
     job.mkdir(mode=0o755)
@@ -147,6 +179,7 @@ def scenario(cluster, objs, workdir):
     if code != 0 or "Succeeded" not in out:
         raise SystemExit(f"the MLP demo did not succeed (exit {code}):\n{out}")
     print(f"the MLP demo succeeded in {time.time() - started:.1f} s")
+    renewals(cluster, pods, workdir)
 
     # 4. A JAX command job in the user's image, against one process of it.
     started = time.time()
@@ -197,6 +230,40 @@ def scenario(cluster, objs, workdir):
     if status[1] not in (3, 4):
         raise SystemExit(f"helm test's status passed with 2 of 3 coordinators stopped (exit {status[1]}):\n{status[2]}")
     print(f"helm test with 2 of 3 coordinators stopped: `status` exits {status[1]}, helm test fails")
+
+
+def renewals(cluster, pods, workdir):
+    """Every pod's certificate renewed with a new key: each tessel process
+    reports the new certificate's expiry within seconds (it adopted it)."""
+    time.sleep(1.5)  # a renewal a second later expires a second later
+    started = time.time()
+    want = {}
+    for pod, _ in pods:
+        cluster.renew_certificates(pod)
+        want[pod] = not_after(workdir / pod / "tls" / "node.pem")
+    port = 9100
+    while True:
+        seen = {pod: expiry(cluster, pod, port) for pod, _ in pods}
+        if all(seen[p] == want[p] for p in want):
+            break
+        if time.time() - started > 20:
+            raise SystemExit(f"renewed certificates not adopted in 20 s: reported {seen}, on disk {want}")
+        time.sleep(0.5)
+    print(f"every pod's certificate renewed (new keys): all {len(pods)} processes adopted theirs "
+          f"in {time.time() - started:.1f} s, without a restart")
+
+
+def expiry(cluster, pod, port):
+    """`tessel_tls_certificate_expiry_seconds` from a pod's metrics, read
+    on the pods' network."""
+    url = f"http://{cluster.addrs[pod]}:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    m = re.search(r"^tessel_tls_certificate_expiry_seconds\{[^}]*\} (\S+)$", text, re.M)
+    return int(float(m.group(1))) if m else None
 
 
 def sts_pods(sts):

@@ -28,11 +28,21 @@ pub(crate) struct TlsArgs {
 
 impl TlsArgs {
     /// The loaded certificates, `None` for `--insecure`; neither is an error.
+    /// Without `--tls-dir` or `--insecure`, the active context's
+    /// (`tessel context`).
     pub(crate) fn load(&self) -> Result<Option<TlsFiles>> {
         match (&self.tls_dir, self.insecure) {
             (Some(dir), _) => Ok(Some(TlsFiles::load_trusting(dir, self.tls_ca.as_deref())?)),
             (None, true) => Ok(None),
-            (None, false) => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure"),
+            (None, false) => match crate::context::active()? {
+                Some((_, ctx)) if ctx.tls_dir.is_some() || ctx.insecure => TlsArgs {
+                    tls_dir: ctx.tls_dir,
+                    tls_ca: ctx.tls_ca,
+                    insecure: ctx.insecure,
+                }
+                .load(),
+                _ => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure, or set a context (`tessel context set`)"),
+            },
         }
     }
 }
@@ -95,7 +105,8 @@ impl std::fmt::Display for Endpoints {
 #[derive(Args, Clone)]
 pub(crate) struct KvTargetArgs {
     /// tessel coordinator (replica) addresses, comma separated.
-    #[arg(long, value_name = "ADDR[,ADDR..]", required_unless_present = "kv")]
+    /// Default: the active context's (`tessel context`).
+    #[arg(long, value_name = "ADDR[,ADDR..]")]
     pub coordinator: Option<String>,
     /// An etcd cluster instead: `etcd://HOST:PORT[,HOST:PORT..]` (needs a
     /// tessel built with `--features etcd`).
@@ -136,7 +147,17 @@ impl KvTargetArgs {
         let parsed = match (&self.kv, &self.coordinator) {
             (Some(url), _) => Endpoints::parse_etcd(url).map(KvService::Etcd),
             (None, Some(list)) => Endpoints::parse(list).map(KvService::Replicas),
-            (None, None) => Err("give --coordinator ADDRS or --kv etcd://…".into()),
+            (None, None) => match crate::context::active()? {
+                Some((_, ctx)) if ctx.coordinator.is_some() || ctx.kv.is_some() => {
+                    return KvTargetArgs {
+                        coordinator: ctx.coordinator,
+                        kv: ctx.kv,
+                        tls: self.tls.clone(),
+                    }
+                    .service()
+                }
+                _ => Err("give --coordinator ADDRS or --kv etcd://…, or set a context (`tessel context set`)".into()),
+            },
         };
         parsed.map_err(|e| anyhow::anyhow!(e))
     }

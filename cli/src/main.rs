@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod certs;
 mod cluster;
+mod context;
 mod coordinator;
 mod exit;
 mod install;
@@ -46,6 +47,12 @@ enum Command {
     Certs {
         #[command(subcommand)]
         command: certs::CertsCommand,
+    },
+    /// Named clusters to talk to (coordinators and TLS folder), like
+    /// kubeconfig's contexts.
+    Context {
+        #[command(subcommand)]
+        command: context::ContextCommand,
     },
     /// Run one replica of the replicated key-value service.
     Coordinator(coordinator::CoordinatorArgs),
@@ -235,6 +242,7 @@ fn run(cli: Cli) -> Result<()> {
     let runtime = || runtime_with(None);
     match cli.command {
         Command::Certs { command } => certs::certs(command),
+        Command::Context { command } => context::context(command),
         Command::Coordinator(args) => {
             runtime_with(Some(args.worker_threads.into()))?.block_on(coordinator::coordinator(args))
         }

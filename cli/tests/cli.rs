@@ -8,6 +8,9 @@ use std::process::{Command, Output};
 fn tessel(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tessel"))
         .args(args)
+        // No context of the machine's user decides what a flag left out means.
+        .env("TESSEL_CONFIG", "/nonexistent/tessel/config.toml")
+        .env_remove("TESSEL_CONTEXT")
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
         .expect("run tessel")

@@ -87,8 +87,8 @@ pub(super) fn read_source(dir: &Path, ca: Option<&Path>) -> Result<[Vec<u8>; 3],
     Ok([read(&dir.join(KEY))?, read(&dir.join(CERT))?, read(&ca)?])
 }
 
-/// Seconds since the epoch, as a UTC date a person reads.
-pub(super) fn show_time(unix: i64) -> String {
+/// Seconds since the epoch, as a UTC date a person reads (RFC 3339).
+pub fn show_time(unix: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(unix)
         .ok()
         .and_then(|t| {

@@ -23,6 +23,7 @@ mod issue;
 mod reload;
 mod verify;
 
+pub use files::show_time;
 pub use identity::{identity_of, peer_identity, Identity, Role};
 pub use issue::{init_ca, init_certs, issue, renew, NodeCert, Validity, CA_DAYS, NODE_DAYS};
 pub use reload::RELOAD_POLL;
