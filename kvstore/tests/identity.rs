@@ -51,15 +51,8 @@ async fn one_replica(dir: &Path, tls: &TlsFiles) -> (Replica, SocketAddr) {
     (replica, addr)
 }
 
-fn denied<T: std::fmt::Debug>(r: Result<T, KvError>) -> String {
-    match r {
-        Err(KvError::PermissionDenied(why)) => why,
-        other => panic!("expected a refusal, got {other:?}"),
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_role_writes_only_its_own_keys() {
+/// A folder with a cluster CA (`ca/`) and coordinator 1's certificate.
+fn cluster_ca() -> (tempfile::TempDir, std::path::PathBuf, TlsFiles) {
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca");
     init_ca(&ca).unwrap();
@@ -70,6 +63,19 @@ async fn each_role_writes_only_its_own_keys() {
         "1",
         &["127.0.0.1"],
     );
+    (dir, ca, coord)
+}
+
+fn denied<T: std::fmt::Debug>(r: Result<T, KvError>) -> String {
+    match r {
+        Err(KvError::PermissionDenied(why)) => why,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_writes_only_its_own_keys() {
+    let (dir, ca, coord) = cluster_ca();
     assert_eq!(
         coord.identity(),
         Identity::Node {
@@ -131,16 +137,7 @@ async fn each_role_writes_only_its_own_keys() {
 /// away at once (the replicas check it when they apply the write).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_acts_only_for_the_attempts_assigned_to_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca");
-    init_ca(&ca).unwrap();
-    let coord = node(
-        &ca,
-        &dir.path().join("c1"),
-        Role::Coordinator,
-        "1",
-        &["127.0.0.1"],
-    );
+    let (dir, ca, coord) = cluster_ca();
     let (_replica, addr) = one_replica(dir.path(), &coord).await;
     let admin = RaftKv::connect(vec![addr], Some(&coord)).unwrap();
     admin.put(b"assignments/h4/a@1", b"p0").await.unwrap();
