@@ -1,7 +1,8 @@
 //! tessel runs multi-host ML jobs on PJRT, the plugin runtime of OpenXLA.
 //!
-//! This crate is tessel's public Rust API (the `tessel` command lives in
-//! `src/bin/tessel/`, the benchmarks in the `tessel-bench` crate):
+//! This crate is tessel's public Rust API (the `tessel` command is the
+//! `tessel-cli` crate in `cli/`, the benchmarks the `tessel-bench` crate;
+//! `examples/rust-submit/` submits and follows a job from Rust end to end):
 //! * jobs: [`job::JobSpec`] (what a user submits, validated at submit
 //!   time), [`client`] (submitting and following jobs: the API behind
 //!   `tessel submit`, `jobs`, `job`, `cancel`, `fetch`), [`plan`] (running a
@@ -20,11 +21,16 @@
 //! scheduler, workers, topology and transfers are the workspace's other
 //! crates (`ARCHITECTURE.md`).
 //!
-//! ```no_run
+//! One program on the CPU plugin (`./scripts/test` installs it):
+//!
+//! ```
 //! use tessel::{array, program};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let plugin = tessel::pjrt::Plugin::load(tessel::pjrt::locate::resolve(Some("cpu"))?)?;
-//! let program = std::fs::read("examples/programs/matmul.mlir")?;
+//! let program = b"func.func @main(%a: tensor<2x2xf32>, %b: tensor<2x2xf32>) -> tensor<2x2xf32> {
+//!   %0 = stablehlo.dot %a, %b : (tensor<2x2xf32>, tensor<2x2xf32>) -> tensor<2x2xf32>
+//!   return %0 : tensor<2x2xf32>
+//! }".to_vec();
 //! let request = program::RunRequest {
 //!     program,
 //!     devices: None,
@@ -33,7 +39,7 @@
 //!     options: Vec::new(),
 //! };
 //! let outputs = program::run_program(&plugin, &request)?;
-//! println!("{}", array::format_array(&outputs[0]));
+//! assert_eq!(outputs[0], array::parse_literal("f32[2,2]=1,2,3,4")?);
 //! # Ok(()) }
 //! ```
 

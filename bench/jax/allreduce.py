@@ -1,4 +1,4 @@
-"""One process of a JAX all-reduce on CPU over gloo, for `tessel bench
+"""One process of a JAX all-reduce on CPU over gloo, for `tessel-bench
 transfer --jax PYTHON`: sums COUNT f32 across the processes (one CPU device
 each) REPEAT times after a warm-up and prints the time of each, as one JSON
 line. The peer a user would otherwise pick for cross-process CPU

@@ -1,4 +1,4 @@
-"""One process of `jax.distributed.initialize` on CPU, for `tessel bench
+"""One process of `jax.distributed.initialize` on CPU, for `tessel-bench
 bootstrap --jax PYTHON`: prints when `import jax` finished and when the
 global device list was known (unix ms), as one JSON line."""
 import json

@@ -1,4 +1,4 @@
-"""One process of the MLP demo in JAX on CPU over gloo, for `tessel bench
+"""One process of the MLP demo in JAX on CPU over gloo, for `tessel-bench
 job --jax PYTHON`: the model, learning rate, data layout and global batch of
 examples/mlp-data-parallel/job.toml, data-parallel across the processes
 (one CPU device each) with `pmap` and one `pmean` of a flat vector of the

@@ -1,4 +1,4 @@
-//! `tessel bench bootstrap`: from worker start to a global topology known
+//! `tessel-bench bootstrap`: from worker start to a global topology known
 //! by every process, against a real 3-replica coordinator on loopback.
 //!
 //! * Processes: N `tessel worker` processes with the CPU plugin (one device
@@ -27,7 +27,7 @@ use tessel_topology::{exchange, DeviceDescription, LocalTopology};
 
 use tessel::local::{Child, LocalCluster, Ready};
 
-/// `tessel bench bootstrap`: time from start to a global topology, tessel against JAX.
+/// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
 pub struct BenchBootstrapArgs {
     /// Worker-process counts (`none` for none).
@@ -67,7 +67,7 @@ fn parse_counts(s: &str) -> Result<Counts, String> {
 
 /// Runs the benchmark and prints its table.
 pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
-    let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
+    let mut cluster = LocalCluster::new(crate::tessel_bin()?)?;
     cluster.start_coordinators(3)?;
     let kv = cluster.client()?;
     let plugin = locate::resolve(args.plugin.as_deref())?;

@@ -1,4 +1,4 @@
-//! `tessel bench job`: a job spec (by default the MLP demo) on a fresh local
+//! `tessel-bench job`: a job spec (by default the MLP demo) on a fresh local
 //! cluster, its step time, where it goes and the bytes a step copies
 //! between host and device; with `--jax PYTHON`, the same model, data
 //! layout and global batch in JAX in the same run: over gloo, one process
@@ -14,7 +14,7 @@ use tessel::pjrt::locate;
 
 use tessel::local::LocalCluster;
 
-/// `tessel bench job`: a training job end to end, tessel against JAX.
+/// `tessel-bench job`: a training job end to end, tessel against JAX.
 #[derive(Args)]
 pub struct BenchJobArgs {
     /// The job spec.
@@ -54,7 +54,7 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
     let plugin = locate::resolve(Some(&s.plugin))?;
     let mut tessel_ms = Vec::new();
     for _ in 0..args.repeat {
-        let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
+        let mut cluster = LocalCluster::new(crate::tessel_bin()?)?;
         cluster.worker_args = args
             .plugin_option
             .iter()

@@ -1,4 +1,4 @@
-//! `tessel bench kv`: the replicated key-value service under load.
+//! `tessel-bench kv`: the replicated key-value service under load.
 //!
 //! Starts three `tessel coordinator` processes on loopback (mutual TLS,
 //! the Raft log synced on every append), drives them from this process over
@@ -21,7 +21,7 @@ use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::{ClientEndpoint, RaftKv};
 use tessel_net::tls::{init_certs, TlsFiles};
 
-/// `tessel bench kv`: the key-value service's latency and throughput, against etcd.
+/// `tessel-bench kv`: the key-value service's latency and throughput, against etcd.
 #[derive(Args)]
 pub struct BenchKvArgs {
     /// Sequential puts for the latency figures.
@@ -88,7 +88,7 @@ impl Target {
 
 /// A replica process (killed when dropped) and its address.
 fn spawn(args: &[String]) -> Result<(Child, SocketAddr)> {
-    let mut cmd = Command::new(std::env::current_exe()?);
+    let mut cmd = Command::new(crate::tessel_bin()?);
     // Replicas complain about each other while the bench tears them down.
     cmd.args(args).stderr(Stdio::null());
     let mut child = Child::spawn("coordinator", cmd, true)?;

@@ -1,4 +1,4 @@
-//! `tessel bench launch`: command jobs as a launcher. Four processes of a
+//! `tessel-bench launch`: command jobs as a launcher. Four processes of a
 //! trivial Python command on a fresh local cluster: submit → every process
 //! started, and a SIGKILLed process → every process of the next attempt
 //! started; beside, in the same run, the interpreter's own start-up (the
@@ -20,7 +20,7 @@ use tessel::job::{JobSpec, ValidatedJob};
 use tessel::local::LocalCluster;
 use tessel_coordinator::{jobs, scheduler};
 
-/// `tessel bench launch`.
+/// `tessel-bench launch`.
 #[derive(Args)]
 pub struct BenchLaunchArgs {
     /// The Python the processes run.
@@ -171,7 +171,7 @@ pub async fn run(args: BenchLaunchArgs) -> Result<()> {
             json!({"figure": "launch_start", "system": "python-spawn", "processes": n, "ms": ms(interp)})
         );
 
-        let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
+        let mut cluster = LocalCluster::new(crate::tessel_bin()?)?;
         cluster.start_coordinators(3)?;
         let kv = cluster.client()?;
         cluster.start_workers(n, "cpu", 1)?;
@@ -233,7 +233,7 @@ print(repr(time.time()))";
 
     // Memory: one worker, then the same worker supervising k processes.
     let k = args.rss_processes;
-    let mut cluster = LocalCluster::new(std::env::current_exe()?)?;
+    let mut cluster = LocalCluster::new(crate::tessel_bin()?)?;
     cluster.start_coordinators(1)?;
     let kv = cluster.client()?;
     cluster.start_workers(1, "cpu", k as usize)?;

@@ -1,14 +1,31 @@
-//! tessel's benchmarks, run by `tessel bench kv|bootstrap|transfer|job|launch`,
+//! tessel's benchmarks, run by `tessel-bench kv|bootstrap|transfer|job|launch`,
 //! each side by side with its peer in one run (etcd, JAX over gloo, plain
 //! TCP), printing JSON lines; and their helpers.
 //!
 //! * [`kv`], [`bootstrap`], [`transfer`], [`job`], [`launch`]: the benchmarks.
-//! * [`rank_group`] and [`transfer_rank`]: processes of the hidden `tessel
-//!   transfer-rank` command driven over stdin/stdout (also used by the
-//!   process-level collective tests).
+//! * [`rank_group`] and [`transfer_rank`]: processes of the hidden
+//!   `tessel-bench transfer-rank` command driven over stdin/stdout (also
+//!   used by the process-level collective tests).
+//! * [`tessel_bin`]: the `tessel` binary the benchmarks start coordinators
+//!   and workers from.
 //! * [`tcp_ring`]: the ring all-reduce over plain TCP, the transfer
 //!   benchmark's floor.
 //! * [`jax`]: the JAX peers (`bench/jax/*.py`).
+
+/// The `tessel` binary: `$TESSEL_BIN`, else the one beside this program
+/// (`cargo build --bin tessel --bin tessel-bench` puts both in one folder).
+pub fn tessel_bin() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("TESSEL_BIN") {
+        return Ok(p.into());
+    }
+    let bin = std::env::current_exe()?.with_file_name("tessel");
+    anyhow::ensure!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build --bin tessel`, or set TESSEL_BIN",
+        bin.display()
+    );
+    Ok(bin)
+}
 
 pub mod bootstrap;
 pub mod jax;

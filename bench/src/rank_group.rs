@@ -1,7 +1,7 @@
-//! A group of `tessel transfer-rank` processes on loopback, driven over
+//! A group of `tessel-bench transfer-rank` processes on loopback, driven over
 //! their stdin/stdout (the protocol is described in
 //! [`crate::transfer_rank`]): used by the multi-process tests and by
-//! `tessel bench transfer`.
+//! `tessel-bench transfer`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -1,4 +1,4 @@
-//! The ring all-reduce over plain TCP: the floor that `tessel bench
+//! The ring all-reduce over plain TCP: the floor that `tessel-bench
 //! transfer` measures beside the network path (`tcp_ring`).
 //!
 //! Same segments, same steps and same reduction order as

@@ -1,12 +1,12 @@
-//! `tessel bench transfer`: point-to-point throughput between two processes
+//! `tessel-bench transfer`: point-to-point throughput between two processes
 //! on loopback, QUIC (tessel's transfer endpoint, mutual TLS) against a
 //! plain TCP stream in the same run.
 //!
-//! This process receives; a child `tessel bench transfer --send-to …`
+//! This process receives; a child `tessel-bench transfer --send-to …`
 //! sends `--bytes` `--repeat` times over each path. Throughput is measured
 //! on the receiving side, from the first byte of a transfer to its last.
 //!
-//! Then the all-reduce: `--ranks` groups of `tessel transfer-rank`
+//! Then the all-reduce: `--ranks` groups of `tessel-bench transfer-rank`
 //! processes, each path (network: QUIC between all ranks; shm: shared-memory
 //! arenas; shm-in-place: the same on buffers that live in shared memory,
 //! which the input is written into, through `all_reduce_in_place`;
@@ -31,7 +31,7 @@ use tessel_net::tls::{init_certs, TlsFiles};
 use tessel_transfer::{TransferConfig, TransferEndpoint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// `tessel bench transfer`: collectives and point-to-point over the transfer layer.
+/// `tessel-bench transfer`: collectives and point-to-point over the transfer layer.
 #[derive(Args)]
 pub struct BenchTransferArgs {
     /// Bytes per transfer.
@@ -265,7 +265,7 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
     )?;
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["bench", "transfer", "--bytes", &args.bytes.to_string()])
+        .args(["transfer", "--bytes", &args.bytes.to_string()])
         .args(["--all-reduce-bytes", "0"])
         .args(["--repeat", &args.repeat.to_string()])
         .args([

@@ -1,5 +1,5 @@
-//! `tessel transfer-rank` (hidden): one rank of a transfer group driven
-//! over stdin/stdout, for the multi-process tests and `tessel bench
+//! `tessel-bench transfer-rank` (hidden): one rank of a transfer group driven
+//! over stdin/stdout, for the multi-process tests and `tessel-bench
 //! transfer`.
 //!
 //! Protocol (one JSON value per line):
@@ -31,7 +31,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::tcp_ring::TcpRing;
 
-/// `tessel bench transfer-rank`: one rank of a transfer benchmark group, driven by JSON commands on stdin.
+/// `tessel-bench transfer-rank`: one rank of a transfer benchmark group, driven by JSON commands on stdin.
 #[derive(Args)]
 pub struct TransferRankArgs {
     /// This rank's index in the group.

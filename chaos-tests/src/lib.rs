@@ -25,15 +25,25 @@ use tessel_net::tls::{init_certs, TlsFiles};
 
 /// The `tessel` binary built alongside these tests.
 pub fn tessel_bin() -> PathBuf {
+    built_bin("tessel")
+}
+
+/// The `tessel-bench` binary (its hidden `transfer-rank` drives the
+/// process-level collective tests).
+pub fn tessel_bench_bin() -> PathBuf {
+    built_bin("tessel-bench")
+}
+
+fn built_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>/deps");
-    let bin = dir.join("tessel");
+    let bin = dir.join(name);
     assert!(
         bin.is_file(),
-        "{} is missing: build it with `cargo build --bin tessel`",
+        "{} is missing: build it with `cargo build --bin {name}`",
         bin.display()
     );
     bin

@@ -1,5 +1,5 @@
 //! The transfer layer between real processes on loopback
-//! (`tessel transfer-rank`), organised by the property each test proves.
+//! (`tessel-bench transfer-rank`), organised by the property each test proves.
 //! Inputs are `testing::pattern(dtype, count, rank, seed)`, so this process
 //! computes every expected result itself with the single-process reference.
 
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tessel_bench::rank_group::{RankGroup, RankOptions};
-use tessel_chaos_tests::tessel_bin;
+use tessel_chaos_tests::tessel_bench_bin;
 use tessel_pjrt::ElementType;
 use tessel_topology::sha256_hex;
 use tessel_transfer::reduce::{reference_reduce, reference_ring_reduce, segment, REDUCIBLE};
@@ -61,7 +61,7 @@ impl Path {
 fn the_plain_tcp_ring_matches_the_ring_reference() {
     let n = 3;
     let mut g = RankGroup::start(
-        &tessel_bin(),
+        &tessel_bench_bin(),
         n,
         &RankOptions {
             chunk_bytes: Some(256),
@@ -92,7 +92,7 @@ fn the_plain_tcp_ring_matches_the_ring_reference() {
 /// to the single-process reference, for `n` ranks on `path`.
 fn collectives_match_the_reference(n: usize, path: Path) {
     let mut g = RankGroup::start(
-        &tessel_bin(),
+        &tessel_bench_bin(),
         n,
         &RankOptions {
             // Small chunks: several per segment, and uneven segments.
@@ -160,7 +160,7 @@ fn collectives_match_the_reference(n: usize, path: Path) {
     // be too many for them.)
     if matches!(path, Path::Arenas) {
         drop(g);
-        let mut g = RankGroup::start(&tessel_bin(), n, &path.options()).unwrap();
+        let mut g = RankGroup::start(&tessel_bench_bin(), n, &path.options()).unwrap();
         let count = (1 << 20) + 7;
         for (op, in_place) in [(ReduceOp::Sum, false), (ReduceOp::Max, true)] {
             let cmd = json!({"op": "all_reduce", "reduce": op.name(), "dtype": "f32",
@@ -233,7 +233,7 @@ fn mixed_paths_in_one_ring_match_the_reference() {
         .map(String::from)
         .to_vec();
     let mut g = RankGroup::start(
-        &tessel_bin(),
+        &tessel_bench_bin(),
         4,
         &RankOptions {
             boot_ids: Some(ids),
@@ -258,7 +258,7 @@ fn mixed_paths_in_one_ring_match_the_reference() {
 /// Two ranks, on the network path or the same-host one.
 fn pair(force_network: bool) -> RankGroup {
     RankGroup::start(
-        &tessel_bin(),
+        &tessel_bench_bin(),
         2,
         &RankOptions {
             force_network,
@@ -343,7 +343,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 fn a_sender_killed_mid_payload_leaves_the_receiver_serving() {
     let deadline_ms = 10_000;
     let mut g = RankGroup::start(
-        &tessel_bin(),
+        &tessel_bench_bin(),
         3,
         &RankOptions {
             force_network: true,
@@ -426,7 +426,7 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
         // data riding with the descriptors against the ring).
         for (other, bytes) in [(200, 800), (20_000, 80_000)] {
             let mut g = RankGroup::start(
-                &tessel_bin(),
+                &tessel_bench_bin(),
                 3,
                 &RankOptions {
                     force_network,
@@ -480,7 +480,7 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
         );
 
         // A dtype mismatch in a fresh group.
-        let mut g = RankGroup::start(&tessel_bin(), 2, &RankOptions::default()).unwrap();
+        let mut g = RankGroup::start(&tessel_bench_bin(), 2, &RankOptions::default()).unwrap();
         g.send(
             0,
             &json!({"op": "all_gather", "dtype": "f32", "count": 10, "seed": 1}),
@@ -502,7 +502,7 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
 fn a_killed_rank_fails_the_others(path: Path, in_place: bool) {
     let deadline_ms = 10_000;
     let mut g = RankGroup::start(
-        &tessel_bin(),
+        &tessel_bench_bin(),
         4,
         &RankOptions {
             timeout_ms: Some(deadline_ms),

@@ -1,5 +1,6 @@
 //! The `tessel` command: one file per command group, the library
-//! (`tessel`) and the benchmarks (`tessel-bench`) doing the work.
+//! (`tessel`) doing the work. The benchmarks are another binary,
+//! `tessel-bench`, so this one does not carry them.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,11 +92,6 @@ enum Command {
     Fetch(jobs::FetchArgs),
     /// A command job's output, each line prefixed with its process.
     Logs(logs::LogsArgs),
-    /// Benchmarks (JSON lines on stdout).
-    Bench {
-        #[command(subcommand)]
-        command: BenchCommand,
-    },
     /// Copy this binary to DIR/bin/tessel and the plugins in
     /// $TESSEL_PLUGIN_DIR to DIR/plugins (an init container that puts
     /// tessel into a user's image).
@@ -128,9 +124,6 @@ enum Command {
         #[arg(long, default_value_t = 0.0)]
         atol: f64,
     },
-    /// (internal) One rank of a transfer group, driven over stdin/stdout.
-    #[command(hide = true)]
-    TransferRank(tessel_bench::transfer_rank::TransferRankArgs),
     /// Compile and run a StableHLO program (MLIR text or bytecode) on this host.
     Run {
         /// The program: a `.mlir` file (text or bytecode) whose entry is `@main`.
@@ -151,22 +144,6 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// The replicated key-value service: 3 replica processes on loopback.
-    Kv(tessel_bench::kv::BenchKvArgs),
-    /// Worker start to global topology known by all, processes and simulated.
-    Bootstrap(tessel_bench::bootstrap::BenchBootstrapArgs),
-    /// Point-to-point throughput between two processes: QUIC against TCP.
-    Transfer(tessel_bench::transfer::BenchTransferArgs),
-    /// A job's step time on a local cluster (default: the MLP demo), and
-    /// the same training in JAX over gloo.
-    Job(tessel_bench::job::BenchJobArgs),
-    /// Command jobs as a launcher: start and restart of 4 Python
-    /// processes, against spawning them directly and JAX's start-up.
-    Launch(tessel_bench::launch::BenchLaunchArgs),
 }
 
 #[derive(Subcommand)]
@@ -264,32 +241,8 @@ fn run(cli: Cli) -> Result<()> {
             &dir,
             std::env::var_os(tessel::pjrt::locate::PLUGIN_DIR_ENV).map(Into::into),
         ),
-        Command::Bench {
-            command: BenchCommand::Kv(args),
-        } => runtime()?.block_on(async {
-            // On a runtime worker, as the tasks of a client program run:
-            // the thread blocking on the runtime is not one, so each of
-            // its awaits would add a wake-up from a worker to every timed
-            // call of the sequential figures.
-            tokio::spawn(tessel_bench::kv::run(args))
-                .await
-                .context("the bench task failed")?
-        }),
-        Command::Bench {
-            command: BenchCommand::Bootstrap(args),
-        } => runtime()?.block_on(tessel_bench::bootstrap::run(args)),
-        Command::Bench {
-            command: BenchCommand::Transfer(args),
-        } => runtime()?.block_on(tessel_bench::transfer::run(args)),
-        Command::Bench {
-            command: BenchCommand::Job(args),
-        } => runtime()?.block_on(tessel_bench::job::run(args)),
-        Command::Bench {
-            command: BenchCommand::Launch(args),
-        } => runtime()?.block_on(tessel_bench::launch::run(args)),
         Command::Validate { spec } => program::validate_spec(&spec),
         Command::Compare { a, b, atol } => program::compare_arrays(&a, &b, atol),
-        Command::TransferRank(args) => runtime()?.block_on(tessel_bench::transfer_rank::run(args)),
         Command::Plugin {
             command: PluginCommand::Info { plugin },
         } => program::plugin_info(&plugin.load()?),

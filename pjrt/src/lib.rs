@@ -27,9 +27,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! All `unsafe` code of tessel lives in this crate. [`ffi`] holds the raw
-//! declarations; every other module is a safe wrapper whose `unsafe` blocks
-//! carry a `SAFETY:` comment.
+//! tessel's FFI `unsafe` code lives in this crate (the only other `unsafe`
+//! is the transfer crate's shared-memory and host-memory modules). [`ffi`]
+//! holds the raw declarations; every other module is a safe wrapper whose
+//! `unsafe` blocks carry a `SAFETY:` comment.
 
 // The crate of tessel's FFI: every `unsafe` block of the workspace but
 // the shared-memory code lives here, each with its SAFETY comment.

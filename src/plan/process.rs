@@ -17,7 +17,7 @@ use crate::program::{plugin_devices, CompiledProgram, ProgramSource};
 
 /// With this environment variable set to `1`, a worker's plans copy every
 /// program's outputs back to the host and drop them from the devices, as
-/// every step did before arrays stayed there: the baseline of `tessel bench
+/// every step did before arrays stayed there: the baseline of `tessel-bench
 /// job --host-staged`.
 pub const HOST_STAGED_ENV: &str = "TESSEL_HOST_STAGED";
 

@@ -207,7 +207,7 @@ const KEEP_ALIVE: Duration = Duration::from_millis(500);
 /// stream each, so quinn's default (100) would let 100 waiting gets starve
 /// the writes that would wake them. Not much more: quinn keeps the state of
 /// up to this many streams per connection for reuse (about 360 bytes each
-/// here), and at 8192 the leader of `tessel bench kv` held ~2.9 MB per
+/// here), and at 8192 the leader of `tessel-bench kv` held ~2.9 MB per
 /// client connection (~250 MB of its 386 MB with 1 M keys).
 const MAX_STREAMS: u32 = 1024;
 
