@@ -94,7 +94,7 @@ pub const CERT: &str = "node.pem";
 /// This node's key.
 pub const KEY: &str = "node.key";
 
-/// One TLS folder, followed on disk ([`reload`]): listeners and dialers
+/// One TLS folder, followed on disk (see [`RELOAD_POLL`]): listeners and dialers
 /// built from it present and trust what the folder holds now.
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
