@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::job::ValidatedJob;
+
 use super::{written_arrays, JobBundle, PlanError, PlanTimings, ProcessPlan, MAX_FETCHABLE};
 
 /// One report: the step it followed and the scalars.
@@ -37,8 +39,8 @@ pub struct ProcessResult {
 /// reports and checkpoints, the final arrays (process 0).
 pub async fn run_job_process(
     process: tessel_worker::JobProcess<'_>,
+    job: ValidatedJob,
 ) -> Result<ProcessResult, PlanError> {
-    let (_, job) = JobBundle::decode(&process.spec)?;
     let job_id = tessel_coordinator::scheduler::job_of_instance(process.job).to_owned();
     if job.spec.processes != process.num_processes {
         return Err(PlanError::Other(format!(
@@ -240,56 +242,60 @@ async fn save_checkpoint(
 /// The [`tessel_worker::JobRunner`] the `tessel worker` command uses.
 pub struct PlanRunner;
 
-#[async_trait::async_trait]
 impl tessel_worker::JobRunner for PlanRunner {
-    async fn run(
-        &self,
-        process: tessel_worker::JobProcess<'_>,
-    ) -> Result<Vec<u8>, tessel_worker::JobError> {
-        let r = run_job_process(process)
-            .await
-            .map_err(|e| tessel_worker::JobError {
-                kind: e.kind(),
-                message: e.to_string(),
-            })?;
-        Ok(serde_json::to_vec(&r).expect("encodes"))
-    }
-
-    fn command(
+    fn prepare(
         &self,
         spec: &[u8],
-    ) -> Result<Option<tessel_worker::CommandLaunch>, tessel_worker::JobError> {
+    ) -> Result<Box<dyn tessel_worker::PreparedJob>, tessel_worker::JobError> {
         let (_, job) =
             JobBundle::decode(spec).map_err(|e| tessel_worker::JobError::job(e.to_string()))?;
-        let s = &job.spec;
+        Ok(Box::new(PreparedPlan(job)))
+    }
+}
+
+/// A job's bundle, decoded and validated once per job process.
+struct PreparedPlan(ValidatedJob);
+
+#[async_trait::async_trait]
+impl tessel_worker::PreparedJob for PreparedPlan {
+    fn command(&self) -> Option<tessel_worker::CommandLaunch> {
+        let s = &self.0.spec;
         if !s.is_command() {
-            return Ok(None);
+            return None;
         }
-        Ok(Some(tessel_worker::CommandLaunch {
+        Some(tessel_worker::CommandLaunch {
             argv: s.command.clone(),
             env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             workdir: s.workdir.clone(),
-            files: job.files.into_iter().collect(),
+            files: self.0.files.clone().into_iter().collect(),
             processes: s.processes,
             processes_per_worker: s.processes_per_worker,
             devices_per_process: s.devices_per_process,
             checkpoint_dir: s.checkpoint.as_ref().map(|c| c.dir.clone()),
             stop_grace: std::time::Duration::from_millis(s.stop_grace_ms),
             max_restarts: s.max_restarts,
-        }))
+        })
     }
 
-    fn client_options(
-        &self,
-        spec: &[u8],
-    ) -> Result<Vec<tessel_pjrt::NamedValue>, tessel_worker::JobError> {
-        let (_, job) =
-            JobBundle::decode(spec).map_err(|e| tessel_worker::JobError::job(e.to_string()))?;
-        Ok(job
+    fn client_options(&self) -> Vec<tessel_pjrt::NamedValue> {
+        self.0
             .spec
             .plugin_options
             .iter()
             .map(|(name, v)| tessel_pjrt::NamedValue::new(name.clone(), v.to_value()))
-            .collect())
+            .collect()
+    }
+
+    async fn run(
+        self: Box<Self>,
+        process: tessel_worker::JobProcess<'_>,
+    ) -> Result<Vec<u8>, tessel_worker::JobError> {
+        let r = run_job_process(process, self.0)
+            .await
+            .map_err(|e| tessel_worker::JobError {
+                kind: e.kind(),
+                message: e.to_string(),
+            })?;
+        Ok(serde_json::to_vec(&r).expect("encodes"))
     }
 }

@@ -35,4 +35,4 @@ pub use command::CommandLaunch;
 pub use error::{Result, WorkerError};
 pub use host::HostFacts;
 pub use job_kv::JobKv;
-pub use runner::{JobError, JobProcess, JobRunner};
+pub use runner::{JobError, JobProcess, JobRunner, PreparedJob};

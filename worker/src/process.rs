@@ -30,7 +30,7 @@ use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, Tran
 use crate::agent::{client_options, Worker};
 use crate::error::{Result, WorkerError};
 use crate::job_kv::JobKv;
-use crate::runner::JobProcess;
+use crate::runner::{JobProcess, PreparedJob};
 
 /// How long recording a failure may take: a worker cut off from the
 /// coordinators gives up, and the monitor records its loss instead.
@@ -184,12 +184,11 @@ impl Worker {
             Err(KvError::NotFound(_)) => None,
             Err(e) => return Err(kv_err("reading the job's spec")(e)),
         };
-        if let Some(spec) = &spec {
-            if let Some(launch) = self.runner.command(spec)? {
-                return self.run_command(a, reg, launch).await;
-            }
+        let job = spec.map(|s| self.runner.prepare(&s)).transpose()?;
+        if let Some(launch) = job.as_ref().and_then(|j| j.command()) {
+            return self.run_command(a, reg, launch).await;
         }
-        let client = &*client.insert(self.job_client(a, spec.as_deref()).await?);
+        let client = &*client.insert(self.job_client(a, job.as_deref()).await?);
         let endpoint = Arc::new(TransferEndpoint::bind(
             SocketAddr::new(self.cfg.transfer_ip, 0),
             a.process_index,
@@ -236,8 +235,8 @@ impl Worker {
             )
             .await
             .map_err(kv_err("publishing transfer readiness"))?;
-        if let Some(spec) = spec {
-            self.run_plan(a, spec, client, comm, &topology).await?;
+        if let Some(job) = job {
+            self.run_plan(a, job, client, comm, &topology).await?;
         }
         self.wait_for_end(a, reg).await
     }
@@ -246,16 +245,15 @@ impl Worker {
     async fn run_plan(
         &self,
         a: &JobAssignment,
-        spec: Vec<u8>,
+        job: Box<dyn PreparedJob>,
         client: &Client,
         comm: &mut Communicator,
         topology: &GlobalTopology,
     ) -> Result<()> {
-        let run = self.runner.run(JobProcess {
+        let run = job.run(JobProcess {
             job: &a.job,
             process_index: a.process_index,
             num_processes: a.num_processes,
-            spec,
             client,
             communicator: comm,
             kv: self.kv.clone(),
@@ -291,12 +289,12 @@ impl Worker {
         Ok(())
     }
 
-    async fn job_client(&self, a: &JobAssignment, spec: Option<&[u8]>) -> Result<Client> {
+    async fn job_client(&self, a: &JobAssignment, job: Option<&dyn PreparedJob>) -> Result<Client> {
         let plugin = self.plugin.clone();
         // The job's own options override the worker's, name by name.
         let mut named = self.cfg.plugin_options.clone();
-        if let Some(spec) = spec {
-            for nv in self.runner.client_options(spec)? {
+        if let Some(job) = job {
+            for nv in job.client_options() {
                 named.retain(|o| o.name != nv.name);
                 named.push(nv);
             }

@@ -22,8 +22,6 @@ pub struct JobProcess<'a> {
     pub process_index: u32,
     /// The attempt's process count.
     pub num_processes: u32,
-    /// The bytes at `jobs/{job}/spec`, as the submitter wrote them.
-    pub spec: Vec<u8>,
     /// The worker's PJRT client.
     pub client: &'a Client,
     /// Connected to every other process.
@@ -57,25 +55,32 @@ impl JobError {
     }
 }
 
-/// Runs a job's plan in one process.
-#[async_trait::async_trait]
+/// Reads a job's spec once per job process ([`JobRunner::prepare`]):
+/// what the worker then asks of the job, decoded and checked once.
 pub trait JobRunner: Send + Sync {
+    /// Decodes and checks a job's spec (the bytes at `jobs/{job}/spec`).
+    fn prepare(&self, spec: &[u8]) -> Result<Box<dyn PreparedJob>, JobError>;
+}
+
+/// A job's spec as one process uses it: its plugin options, its command
+/// (a command job) or its plan.
+#[async_trait::async_trait]
+pub trait PreparedJob: Send + Sync {
+    /// The plugin create options the spec asks for; they add to, and
+    /// override, the worker's own.
+    fn client_options(&self) -> Vec<tessel_pjrt::NamedValue> {
+        Vec::new()
+    }
+
+    /// The command a command job runs, or `None` for a job with a plan:
+    /// the worker then starts the command's processes instead of a PJRT
+    /// client ([`crate::command`]).
+    fn command(&self) -> Option<crate::CommandLaunch> {
+        None
+    }
+
     /// Runs to the end of the plan and returns what the process reports
     /// (stored at `jobs/{job}/processes/{i}/result`), or why it failed
     /// (which fails the job for every process).
-    async fn run(&self, process: JobProcess<'_>) -> Result<Vec<u8>, JobError>;
-
-    /// The plugin create options a job's spec (the bytes at
-    /// `jobs/{job}/spec`) asks for; they add to, and override, the
-    /// worker's own.
-    fn client_options(&self, _spec: &[u8]) -> Result<Vec<tessel_pjrt::NamedValue>, JobError> {
-        Ok(Vec::new())
-    }
-
-    /// The command a command job's spec (the bytes at `jobs/{job}/spec`)
-    /// runs, or `None` for a job with a plan: the worker then starts the
-    /// command's processes instead of a PJRT client ([`crate::command`]).
-    fn command(&self, _spec: &[u8]) -> Result<Option<crate::CommandLaunch>, JobError> {
-        Ok(None)
-    }
+    async fn run(self: Box<Self>, process: JobProcess<'_>) -> Result<Vec<u8>, JobError>;
 }

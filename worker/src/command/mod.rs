@@ -40,7 +40,7 @@ use std::time::Duration;
 pub(crate) type GangLocks = Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>;
 
 /// A command job's processes as one worker runs them: what
-/// [`crate::JobRunner::command`] reads from a job's spec.
+/// [`crate::PreparedJob::command`] reads from a job's spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandLaunch {
     /// The program and its arguments.
