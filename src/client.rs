@@ -257,16 +257,10 @@ impl Client {
     /// plan finished (timings, last report), by process index.
     pub async fn results(&self, id: &str) -> Result<Vec<ProcessResult>, ClientError> {
         let job = self.job(id).await?;
-        let mut results: Vec<ProcessResult> = self
-            .kv
-            .list(keys::process_topologies(&job.instance()).as_bytes())
-            .await
-            .map_err(kv_err("reading the processes' results"))?
-            .iter()
-            .filter(|p| p.key.ends_with(b"/result"))
-            .map(|p| {
-                serde_json::from_slice(&p.value).map_err(|e| ClientError::Decode(e.to_string()))
-            })
+        let published = tessel_coordinator::attempt::published(&*self.kv, &job.instance()).await?;
+        let mut results: Vec<ProcessResult> = published
+            .values(tessel_coordinator::attempt::Record::Result)
+            .map(|(_, v)| serde_json::from_slice(v).map_err(|e| ClientError::Decode(e.to_string())))
             .collect::<Result<_, _>>()?;
         results.sort_by_key(|r| r.process);
         Ok(results)

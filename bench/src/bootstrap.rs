@@ -245,7 +245,7 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32) -> Result<()> {
                 let t = exchange(&*kv, &job, &local, Duration::from_secs(300)).await?;
                 kv.put(
                     keys::process_topology(&job, i).as_bytes(),
-                    tessel_worker::topology_digest(&t).as_bytes(),
+                    tessel_topology::digest(&t).as_bytes(),
                 )
                 .await?;
                 anyhow::Ok(t.num_devices())

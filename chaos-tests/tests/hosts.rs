@@ -69,12 +69,12 @@ async fn events(kv: &dyn KvStore, id: &str) -> Vec<JobEvent> {
 }
 
 async fn results(kv: &dyn KvStore, instance: &str) -> Vec<ProcessResult> {
-    kv.list(keys::process_topologies(instance).as_bytes())
+    let published = tessel_coordinator::attempt::published(kv, instance)
         .await
-        .unwrap()
-        .iter()
-        .filter(|p| p.key.ends_with(b"/result"))
-        .map(|p| serde_json::from_slice(&p.value).unwrap())
+        .unwrap();
+    published
+        .values(tessel_coordinator::attempt::Record::Result)
+        .map(|(_, v)| serde_json::from_slice(v).unwrap())
         .collect()
 }
 

@@ -97,15 +97,8 @@ async fn a_lost_worker_restarts_the_job_from_its_checkpoint_to_the_same_result()
     assert_eq!((end.restarts, end.attempt), (1, 2));
     assert!(!end.placement.contains(&victim), "{:?}", end.placement);
     // The second attempt started from a checkpoint, not from step 0.
-    let results = kv
-        .list(keys::process_topologies(&end.instance()).as_bytes())
-        .await
-        .unwrap();
-    let first_step = results
-        .iter()
-        .find(|p| p.key.ends_with(b"/result"))
-        .map(|p| serde_json::from_slice::<serde_json::Value>(&p.value).unwrap())
-        .unwrap()["timings"]["first_step"]
+    let results = client.results(&id).await.unwrap();
+    let first_step = serde_json::to_value(&results[0]).unwrap()["timings"]["first_step"]
         .as_u64()
         .unwrap();
     assert!(first_step >= 200, "restored at step {first_step}");

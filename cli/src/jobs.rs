@@ -97,16 +97,8 @@ pub(crate) async fn run_scheduled(
             _ => {}
         }
     }
-    let rec = succeeded(client, &id).await?;
-    let mut results: Vec<ProcessResult> = client
-        .store()
-        .list(keys::process_topologies(&rec.instance()).as_bytes())
-        .await?
-        .iter()
-        .filter(|p| p.key.ends_with(b"/result"))
-        .map(|p| serde_json::from_slice(&p.value))
-        .collect::<Result<_, _>>()?;
-    results.sort_by_key(|r| r.process);
+    succeeded(client, &id).await?;
+    let results = client.results(&id).await?;
     Ok((id, results))
 }
 

@@ -10,7 +10,6 @@ use tessel::local::LocalCluster;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::keys;
 use tessel_kv::KvStore;
-use tessel_worker::topology_digest;
 
 use crate::args::PluginArg;
 use crate::coordinator::wait_for_signal;
@@ -112,7 +111,7 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
         },
     };
     // Every process holds the same topology (the digests it published).
-    let want = topology_digest(&topology);
+    let want = tessel_topology::digest(&topology);
     for i in 0..args.workers {
         let key = keys::process_topology(&job, i);
         let got = kv.get(key.as_bytes(), wait).await?;

@@ -129,7 +129,7 @@ pub fn assignment(worker: &str, job: &str) -> String {
 
 /// A process's local topology.
 pub fn process_topology(job: &str, index: u32) -> String {
-    format!("jobs/{job}/processes/{index:05}/topology")
+    crate::attempt::key(job, index, crate::attempt::Record::Topology)
 }
 
 /// Every process's keys of a job.
@@ -139,18 +139,18 @@ pub fn process_topologies(job: &str) -> String {
 
 /// A process passed the transfer barrier.
 pub fn process_transfer_ready(job: &str, index: u32) -> String {
-    format!("jobs/{job}/processes/{index:05}/transfer_ready")
+    crate::attempt::key(job, index, crate::attempt::Record::TransferReady)
 }
 
 /// A process saw the job's failure and stopped.
 pub fn process_failure_seen(job: &str, index: u32) -> String {
-    format!("jobs/{job}/processes/{index:05}/failure_seen")
+    crate::attempt::key(job, index, crate::attempt::Record::FailureSeen)
 }
 
 /// A process's host and slice (`"{slice} {hostname}"`), published before
 /// its client exists for plugins that need every host first (libtpu).
 pub fn process_host(job: &str, index: u32) -> String {
-    format!("jobs/{job}/processes/{index:05}/host")
+    crate::attempt::key(job, index, crate::attempt::Record::Host)
 }
 
 /// The job's bundle: its spec text and the files it names.
@@ -187,7 +187,7 @@ pub fn job_checkpoint(job: &str, step: u64) -> String {
 
 /// What a process's run of the plan ended with (JSON: steps, timings).
 pub fn process_result(job: &str, index: u32) -> String {
-    format!("jobs/{job}/processes/{index:05}/result")
+    crate::attempt::key(job, index, crate::attempt::Record::Result)
 }
 
 /// Every process finished.

@@ -16,6 +16,7 @@
 //!
 //! [`KvStore`]: tessel_kv::KvStore
 
+pub mod attempt;
 mod error;
 pub mod jobs;
 pub mod keys;

@@ -30,3 +30,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, bytes);
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The digest of a global topology every process publishes (SHA-256 of
+/// its encoding, hex): equal digests, the same topology.
+pub fn digest(t: &GlobalTopology) -> String {
+    sha256_hex(&t.encode())
+}

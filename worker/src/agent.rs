@@ -16,12 +16,11 @@ use tessel_coordinator::registry::{self, Heartbeat, Registration};
 use tessel_coordinator::{keys, CoordinatorError, LivenessConfig, WorkerDevice, WorkerInfo};
 use tessel_kv::{Event, KvStore};
 use tessel_pjrt::{Client, ClientOptions, Plugin};
-use tessel_topology::GlobalTopology;
 use tokio::sync::watch;
 
+use crate::error::kv_err;
 use crate::error::{Result, WorkerError};
 use crate::host::HostFacts;
-use crate::process::kv_err;
 use crate::runner::JobRunner;
 
 /// How a worker runs.
@@ -427,9 +426,4 @@ impl Worker {
             running.lock().expect("not poisoned").remove(&job);
         });
     }
-}
-
-/// SHA-256 of the encoded topology, in hex.
-pub fn topology_digest(t: &GlobalTopology) -> String {
-    tessel_topology::sha256_hex(&t.encode())
 }

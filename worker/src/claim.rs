@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tessel_coordinator::{keys, WorkerRecord};
 use tessel_kv::{KvError, KvStore};
 
-use crate::error::{Result, WorkerError};
+use crate::error::{kv_err, Result, WorkerError};
 use crate::host::HostFacts;
 
 /// Extra time past the holder's TTL before its silence counts as death.
@@ -55,12 +55,12 @@ pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()>
     let first = match kv.try_get(alive_key.as_bytes()).await {
         Ok(v) => Some(v),
         Err(KvError::NotFound(_)) => None,
-        Err(e) => return Err(kv_err(e)),
+        Err(e) => return Err(kv_err("reading the worker id's holder")(e)),
     };
     let record: Option<WorkerRecord> = match kv.try_get(keys::info(worker).as_bytes()).await {
         Ok(v) => postcard::from_bytes(&v).ok(),
         Err(KvError::NotFound(_)) => None,
-        Err(e) => return Err(kv_err(e)),
+        Err(e) => return Err(kv_err("reading the worker id's holder")(e)),
     };
     let wait = match judge(first.is_some(), record.as_ref(), me, pid_running) {
         Holder::Free => return Ok(()),
@@ -86,17 +86,10 @@ pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()>
                 })
             }
             Ok(_) => {}
-            Err(e) => return Err(kv_err(e)),
+            Err(e) => return Err(kv_err("reading the worker id's holder")(e)),
         }
     }
     Ok(())
-}
-
-fn kv_err(source: KvError) -> WorkerError {
-    WorkerError::Kv {
-        context: "reading the worker id's holder".into(),
-        source,
-    }
 }
 
 #[cfg(test)]

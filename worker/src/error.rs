@@ -82,6 +82,14 @@ impl WorkerError {
     }
 }
 
+/// The worker's one conversion of a KV error: what it was doing.
+pub(crate) fn kv_err(context: &'static str) -> impl FnOnce(KvError) -> WorkerError {
+    move |source| WorkerError::Kv {
+        context: context.into(),
+        source,
+    }
+}
+
 /// The crate's result type.
 pub type Result<T, E = WorkerError> = std::result::Result<T, E>;
 

@@ -30,7 +30,7 @@ pub mod reaper;
 pub mod runner;
 pub mod tpu;
 
-pub use agent::{topology_digest, Worker, WorkerConfig};
+pub use agent::{Worker, WorkerConfig};
 pub use command::CommandLaunch;
 pub use error::{Result, WorkerError};
 pub use host::HostFacts;

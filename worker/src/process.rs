@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
 use tessel_coordinator::{keys, Registration};
 use tessel_kv::KvError;
@@ -28,7 +29,7 @@ use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology
 use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint};
 
 use crate::agent::{client_options, Worker};
-use crate::error::{Result, WorkerError};
+use crate::error::{kv_err, Result, WorkerError};
 use crate::job_kv::JobKv;
 use crate::runner::{JobProcess, PreparedJob};
 
@@ -212,13 +213,15 @@ impl Worker {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "global topology known"
         );
-        self.kv
-            .put(
-                keys::process_topology(&a.job, a.process_index).as_bytes(),
-                crate::agent::topology_digest(&topology).as_bytes(),
-            )
-            .await
-            .map_err(kv_err("publishing the topology digest"))?;
+        let digest = tessel_topology::digest(&topology);
+        attempt::publish(
+            &*self.kv,
+            &a.job,
+            a.process_index,
+            Record::Topology,
+            digest.as_bytes(),
+        )
+        .await?;
         let comm = comm.insert(communicator(endpoint, &topology, &a.job, timeout)?);
         let barrier = std::time::Instant::now();
         comm.barrier().await?;
@@ -228,13 +231,15 @@ impl Worker {
             barrier_ms = barrier.elapsed().as_secs_f64() * 1e3,
             "transfer layer connected"
         );
-        self.kv
-            .put(
-                keys::process_transfer_ready(&a.job, a.process_index).as_bytes(),
-                format!("{:.1}", barrier.elapsed().as_secs_f64() * 1e3).as_bytes(),
-            )
-            .await
-            .map_err(kv_err("publishing transfer readiness"))?;
+        let ms = format!("{:.1}", barrier.elapsed().as_secs_f64() * 1e3);
+        attempt::publish(
+            &*self.kv,
+            &a.job,
+            a.process_index,
+            Record::TransferReady,
+            ms.as_bytes(),
+        )
+        .await?;
         if let Some(job) = job {
             self.run_plan(a, job, client, comm, &topology).await?;
         }
@@ -279,13 +284,7 @@ impl Worker {
                 return Ok(());
             }
         };
-        self.kv
-            .put(
-                keys::process_result(&a.job, a.process_index).as_bytes(),
-                &result,
-            )
-            .await
-            .map_err(kv_err("publishing the process's result"))?;
+        attempt::publish(&*self.kv, &a.job, a.process_index, Record::Result, &result).await?;
         Ok(())
     }
 
@@ -438,12 +437,5 @@ impl Worker {
             .await
             .map_err(kv_err("removing the assignment"))?;
         Ok(())
-    }
-}
-
-pub(crate) fn kv_err(context: &'static str) -> impl FnOnce(KvError) -> WorkerError {
-    move |source| WorkerError::Kv {
-        context: context.into(),
-        source,
     }
 }

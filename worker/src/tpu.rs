@@ -26,8 +26,8 @@ use std::time::Duration;
 use tessel_coordinator::keys;
 use tessel_kv::{KvError, KvStore};
 
+use crate::error::kv_err;
 use crate::error::{Result, WorkerError};
-use crate::process::kv_err;
 
 /// The variables this module decides.
 pub const TPU_VARS: &[&str] = &[

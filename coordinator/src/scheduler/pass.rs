@@ -87,17 +87,9 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &[WorkerStatus]) -
     if matches!(job.state, JobState::Scheduled | JobState::Running) {
         let inst = job.instance();
         o.failure = jobs::failure_of(kv, &inst).await?;
-        for kv_pair in kv
-            .list(keys::process_topologies(&inst).as_bytes())
-            .await
-            .map_err(CoordinatorError::kv("listing the job's processes"))?
-        {
-            if kv_pair.key.ends_with(b"/transfer_ready") {
-                o.ready += 1;
-            } else if kv_pair.key.ends_with(b"/result") {
-                o.finished += 1;
-            }
-        }
+        let published = crate::attempt::published(kv, &inst).await?;
+        o.ready = published.count(crate::attempt::Record::TransferReady);
+        o.finished = published.count(crate::attempt::Record::Result);
     }
     Ok(o)
 }

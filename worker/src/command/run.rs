@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{FailureKind, JobAssignment};
 use tessel_coordinator::{keys, scheduler, Registration};
 use tessel_kv::KvError;
@@ -15,8 +16,8 @@ use super::gang::{describe, Gang};
 use super::logs::{Shipper, Tails};
 use super::CommandLaunch;
 use crate::agent::Worker;
+use crate::error::kv_err;
 use crate::error::{Result, WorkerError};
-use crate::process::kv_err;
 use crate::runner::JobError;
 
 /// How long a failed process's last lines may take to arrive.
@@ -150,13 +151,15 @@ impl Worker {
             .map_err(|e| WorkerError::Job(JobError::job(e.0)))?;
         drop(lines);
         tracing::info!(job = %instance, processes = launch.processes_per_worker, first_rank, "command started");
-        self.kv
-            .put(
-                keys::process_transfer_ready(instance, a.process_index).as_bytes(),
-                format!("{:.1}", started.elapsed().as_secs_f64() * 1e3).as_bytes(),
-            )
-            .await
-            .map_err(kv_err("publishing readiness"))?;
+        let ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3);
+        attempt::publish(
+            &*self.kv,
+            instance,
+            a.process_index,
+            Record::TransferReady,
+            ms.as_bytes(),
+        )
+        .await?;
         let outcome = self
             .supervise(a, reg, &mut gang, &tails, first_rank, started, &preempt)
             .await;
@@ -266,13 +269,15 @@ impl Worker {
             "exit_codes": codes,
             "seconds": started.elapsed().as_secs_f64(),
         });
-        self.kv
-            .put(
-                keys::process_result(&a.job, a.process_index).as_bytes(),
-                result.to_string().as_bytes(),
-            )
-            .await
-            .map_err(kv_err("publishing the processes' result"))?;
+        let result = result.to_string();
+        attempt::publish(
+            &*self.kv,
+            &a.job,
+            a.process_index,
+            Record::Result,
+            result.as_bytes(),
+        )
+        .await?;
         self.wait_for_end(a, reg).await
     }
 
