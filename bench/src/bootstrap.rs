@@ -115,7 +115,7 @@ async fn processes(
     let job = format!("bench-processes-{n}");
     for i in 0..n {
         let a = JobAssignment {
-            job: job.clone(),
+            attempt: job.clone(),
             process_index: i,
             num_processes: n,
             topology_timeout_ms: 300_000,

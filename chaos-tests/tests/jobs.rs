@@ -196,7 +196,7 @@ async fn submit(kv: &dyn KvStore, id: &str, spec_path: &Path, steps: Option<u64>
 async fn assign(kv: &dyn KvStore, id: &str, n: u32) {
     for i in 0..n {
         let a = JobAssignment {
-            job: id.into(),
+            attempt: id.into(),
             process_index: i,
             num_processes: n,
             topology_timeout_ms: 30_000,

@@ -16,7 +16,7 @@ use tessel_topology::GlobalTopology;
 async fn assign_all(kv: &dyn KvStore, job: &str, workers: &[&str], n: u32, timeout_ms: u64) {
     for (i, w) in workers.iter().enumerate() {
         let a = JobAssignment {
-            job: job.into(),
+            attempt: job.into(),
             process_index: i as u32,
             num_processes: n,
             topology_timeout_ms: timeout_ms,
@@ -257,7 +257,7 @@ async fn bad_assignments_fail_clearly_and_never_hang_past_the_timeout() {
     // Two workers claim process index 1.
     for (w, i) in [("w0", 0), ("w1", 1), ("w2", 1)] {
         let a = JobAssignment {
-            job: "dup".into(),
+            attempt: "dup".into(),
             process_index: i,
             num_processes: 3,
             topology_timeout_ms: timeout_ms,
@@ -277,7 +277,7 @@ async fn bad_assignments_fail_clearly_and_never_hang_past_the_timeout() {
     let started = Instant::now();
     for (w, i, n) in [("w0", 0, 2), ("w1", 1, 3)] {
         let a = JobAssignment {
-            job: "count".into(),
+            attempt: "count".into(),
             process_index: i,
             num_processes: n,
             topology_timeout_ms: timeout_ms,

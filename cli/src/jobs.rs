@@ -1,6 +1,6 @@
-//! The job commands: `tessel local JOB.toml` (a fresh local cluster),
-//! `submit`, `jobs`, `job`, `cancel` and `fetch`, all through the
-//! scheduler ([`tessel::client::Client`]).
+//! The job commands: `submit`, `jobs`, `job`, `cancel` and `fetch`, all
+//! through the scheduler ([`tessel::client::Client`]); `tessel local`
+//! follows its job with [`run_scheduled`].
 
 use std::time::Instant;
 
@@ -8,61 +8,10 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
-use tessel::local::LocalCluster;
-use tessel::pjrt::locate;
 use tessel::plan::{ProcessResult, StepReport};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
 use tessel_kv::KvStore;
-
-use crate::local::LocalArgs;
-
-/// `tessel local JOB.toml`: a fresh cluster with one worker per process;
-/// the job goes through the scheduler like any other.
-pub(crate) async fn run_on_local(
-    cluster: &mut LocalCluster,
-    args: &LocalArgs,
-    job: &ValidatedJob,
-) -> Result<()> {
-    // `--plugin` stands in for the spec's plugin, so the workers started
-    // with it match the job.
-    let mut job = job.clone();
-    if let Some(p) = &args.plugin.plugin {
-        job.spec.plugin = p.clone();
-        job.text = toml::to_string(&job.spec).context("encoding the spec")?;
-    }
-    let job = &job;
-    let s = &job.spec;
-    let plugin = locate::resolve(Some(&s.plugin))?;
-    cluster.start_coordinators(args.coordinators)?;
-    let kv = cluster.client()?;
-    if let Some(c) = &s.checkpoint {
-        cluster.checkpoint_roots = vec![c.dir.clone()];
-    }
-    cluster.start_workers(s.processes, &s.plugin, s.devices_per_process as usize)?;
-    eprintln!(
-        "{} processes × {} devices ({}), mesh {}, {} steps",
-        s.processes,
-        s.devices_per_process,
-        plugin.display(),
-        s.mesh,
-        s.steps
-    );
-    let client = Client::from_store(std::sync::Arc::new(kv));
-    let (id, results) = run_scheduled(&client, job, true).await?;
-    summarize(job, &results);
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for name in tessel::plan::written_arrays(&job.spec) {
-            let a = client.fetch(&id, &name).await?;
-            let path = dir.join(format!("{name}.npy"));
-            std::fs::write(&path, tessel::array::write_npy(&a))
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        println!("final arrays written to {}", dir.display());
-    }
-    Ok(())
-}
 
 /// Submits `job` to the scheduler, follows it (printing state changes and
 /// reports when `print`), and returns its id and every process's result;
@@ -136,7 +85,7 @@ fn format_values(r: &StepReport) -> String {
 }
 
 /// Prints the final report and where the step time went.
-fn summarize(job: &ValidatedJob, results: &[ProcessResult]) {
+pub(crate) fn summarize(job: &ValidatedJob, results: &[ProcessResult]) {
     let Some(first) = results.first() else { return };
     let t = &first.timings;
     println!(

@@ -4,16 +4,21 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use futures::StreamExt;
+use tessel::client::{Client, JobUpdate};
+use tessel::job::ValidatedJob;
 use tessel::local::LocalCluster;
+use tessel::pjrt::locate;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::keys;
+use tessel_coordinator::scheduler::JobState;
 use tessel_kv::KvStore;
 
 use crate::args::PluginArg;
 use crate::coordinator::wait_for_signal;
-use crate::nodes::read_topology;
+use crate::registry::read_topology;
 
 #[derive(Args)]
 pub(crate) struct LocalArgs {
@@ -69,9 +74,9 @@ pub(crate) async fn local(args: LocalArgs) -> Result<()> {
         r = async {
             match &job {
                 Some(job) if job.spec.is_command() => {
-                    crate::logs::run_command_local(&mut cluster, args.coordinators, job).await
+                    run_command_local(&mut cluster, args.coordinators, job).await
                 }
-                Some(job) => crate::jobs::run_on_local(&mut cluster, &args, job).await,
+                Some(job) => run_on_local(&mut cluster, &args, job).await,
                 None => run_local(&mut cluster, &args).await,
             }
         } => r,
@@ -95,7 +100,7 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
     let job = format!("local-{}", std::process::id());
     for i in 0..args.workers {
         let a = JobAssignment {
-            job: job.clone(),
+            attempt: job.clone(),
             process_index: i,
             num_processes: args.workers,
             topology_timeout_ms: args.timeout_ms,
@@ -135,6 +140,106 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
             cluster.tls_dir().display()
         );
         std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+/// `tessel local JOB.toml`: a fresh cluster with one worker per process;
+/// the job goes through the scheduler like any other.
+async fn run_on_local(
+    cluster: &mut LocalCluster,
+    args: &LocalArgs,
+    job: &ValidatedJob,
+) -> Result<()> {
+    // `--plugin` stands in for the spec's plugin, so the workers started
+    // with it match the job.
+    let mut job = job.clone();
+    if let Some(p) = &args.plugin.plugin {
+        job.spec.plugin = p.clone();
+        job.text = toml::to_string(&job.spec).context("encoding the spec")?;
+    }
+    let job = &job;
+    let s = &job.spec;
+    let plugin = locate::resolve(Some(&s.plugin))?;
+    cluster.start_coordinators(args.coordinators)?;
+    let kv = cluster.client()?;
+    if let Some(c) = &s.checkpoint {
+        cluster.checkpoint_roots = vec![c.dir.clone()];
+    }
+    cluster.start_workers(s.processes, &s.plugin, s.devices_per_process as usize)?;
+    eprintln!(
+        "{} processes × {} devices ({}), mesh {}, {} steps",
+        s.processes,
+        s.devices_per_process,
+        plugin.display(),
+        s.mesh,
+        s.steps
+    );
+    let client = Client::from_store(std::sync::Arc::new(kv));
+    let (id, results) = crate::jobs::run_scheduled(&client, job, true).await?;
+    crate::jobs::summarize(job, &results);
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for name in tessel::plan::written_arrays(&job.spec) {
+            let a = client.fetch(&id, &name).await?;
+            let path = dir.join(format!("{name}.npy"));
+            std::fs::write(&path, tessel::array::write_npy(&a))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        println!("final arrays written to {}", dir.display());
+    }
+    Ok(())
+}
+
+/// `tessel local JOB.toml` for a command job: one worker per placement,
+/// the job's output on stdout, its state changes on stderr; an error
+/// unless it succeeded.
+async fn run_command_local(
+    cluster: &mut LocalCluster,
+    coordinators: u64,
+    job: &ValidatedJob,
+) -> Result<()> {
+    let s = &job.spec;
+    cluster.start_coordinators(coordinators)?;
+    let kv = cluster.client()?;
+    if let Some(c) = &s.checkpoint {
+        cluster.checkpoint_roots = vec![c.dir.clone()];
+    }
+    cluster.start_workers(
+        s.placements(),
+        &s.plugin,
+        s.devices_per_placement() as usize,
+    )?;
+    eprintln!(
+        "{} processes ({} per worker) of `{}`",
+        s.processes,
+        s.processes_per_worker,
+        s.command.join(" ")
+    );
+    let client = Client::from_store(std::sync::Arc::new(kv));
+    let id = client.submit(job).await?;
+    let states = async {
+        let mut updates = client.events(&id).await?;
+        while let Some(u) = updates.next().await {
+            if let JobUpdate::State(e) = u? {
+                eprintln!("{}", crate::jobs::state_line(&id, &e));
+            }
+        }
+        anyhow::Ok(())
+    };
+    let (a, b) = tokio::join!(
+        states,
+        crate::logs::print_logs(&client, &id, None, None, true)
+    );
+    a?;
+    b?;
+    let rec = client.wait(&id).await?;
+    if rec.state != JobState::Succeeded {
+        bail!(
+            "job `{id}` ended {}: {}",
+            rec.state,
+            rec.reason.unwrap_or_else(|| "no reason recorded".into())
+        );
     }
     Ok(())
 }

@@ -1,15 +1,11 @@
 //! `tessel logs`: a command job's output, each line prefixed with its
-//! process; and `tessel local` for a command job, which follows it.
+//! process (also what `tessel local` prints for a command job).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
-use futures::StreamExt;
-use tessel::client::{Client, JobUpdate};
-use tessel::job::ValidatedJob;
-use tessel::local::LocalCluster;
-use tessel_coordinator::scheduler::JobState;
+use anyhow::Result;
+use tessel::client::Client;
 
 /// How often `--follow` looks for new lines.
 const POLL: Duration = Duration::from_millis(250);
@@ -40,7 +36,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<()> {
 
 /// Prints the logs; with `follow`, until the job ended and every line of
 /// its last attempt is out.
-async fn print_logs(
+pub(crate) async fn print_logs(
     client: &Client,
     id: &str,
     attempt: Option<u32>,
@@ -74,54 +70,4 @@ async fn print_logs(
         }
         tokio::time::sleep(POLL).await;
     }
-}
-
-/// `tessel local JOB.toml` for a command job: one worker per placement,
-/// the job's output on stdout, its state changes on stderr; an error
-/// unless it succeeded.
-pub(crate) async fn run_command_local(
-    cluster: &mut LocalCluster,
-    coordinators: u64,
-    job: &ValidatedJob,
-) -> Result<()> {
-    let s = &job.spec;
-    cluster.start_coordinators(coordinators)?;
-    let kv = cluster.client()?;
-    if let Some(c) = &s.checkpoint {
-        cluster.checkpoint_roots = vec![c.dir.clone()];
-    }
-    cluster.start_workers(
-        s.placements(),
-        &s.plugin,
-        s.devices_per_placement() as usize,
-    )?;
-    eprintln!(
-        "{} processes ({} per worker) of `{}`",
-        s.processes,
-        s.processes_per_worker,
-        s.command.join(" ")
-    );
-    let client = Client::from_store(std::sync::Arc::new(kv));
-    let id = client.submit(job).await?;
-    let states = async {
-        let mut updates = client.events(&id).await?;
-        while let Some(u) = updates.next().await {
-            if let JobUpdate::State(e) = u? {
-                eprintln!("{}", crate::jobs::state_line(&id, &e));
-            }
-        }
-        anyhow::Ok(())
-    };
-    let (a, b) = tokio::join!(states, print_logs(&client, &id, None, None, true));
-    a?;
-    b?;
-    let rec = client.wait(&id).await?;
-    if rec.state != JobState::Succeeded {
-        bail!(
-            "job `{id}` ended {}: {}",
-            rec.state,
-            rec.reason.unwrap_or_else(|| "no reason recorded".into())
-        );
-    }
-    Ok(())
 }

@@ -20,8 +20,8 @@ mod kv;
 mod local;
 mod logs;
 mod metrics_http;
-mod nodes;
 mod program;
+mod registry;
 mod worker;
 
 /// mimalloc for Rust's allocations (the plugin's C allocations keep
@@ -62,7 +62,7 @@ enum Command {
     /// Run the per-host agent: register, keep a lease, run job processes.
     Worker(worker::WorkerArgs),
     /// Registered workers: state, incarnation, last heartbeat.
-    Workers(nodes::WorkersArgs),
+    Workers(registry::WorkersArgs),
     /// Probe a coordinator's or worker's health at its `--metrics-listen`
     /// address (exit 0 when healthy; with `--ready`, when ready).
     Health {
@@ -75,9 +75,9 @@ enum Command {
     },
     /// Drain a worker: no new placements; its running attempts checkpoint
     /// and move (`--undo` to take placements again).
-    Drain(nodes::DrainArgs),
+    Drain(registry::DrainArgs),
     /// A job's global device topology.
-    Topology(nodes::TopologyArgs),
+    Topology(registry::TopologyArgs),
     /// Start coordinators and workers as processes on this machine.
     Local(local::LocalArgs),
     /// Submit a job spec to the cluster's scheduler (prints the job id).
@@ -225,10 +225,10 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Kv(args) => runtime()?.block_on(kv::kv(args)),
         Command::Worker(args) => runtime()?.block_on(worker::worker(args)),
-        Command::Workers(args) => runtime()?.block_on(nodes::workers(args)),
-        Command::Drain(args) => runtime()?.block_on(nodes::drain(args)),
+        Command::Workers(args) => runtime()?.block_on(registry::workers(args)),
+        Command::Drain(args) => runtime()?.block_on(registry::drain(args)),
         Command::Health { addr, ready } => runtime()?.block_on(metrics_http::probe(&addr, ready)),
-        Command::Topology(args) => runtime()?.block_on(nodes::topology(args)),
+        Command::Topology(args) => runtime()?.block_on(registry::topology(args)),
         Command::Local(args) => runtime()?.block_on(local::local(args)),
         Command::Submit(args) => runtime()?.block_on(jobs::submit(args)),
         Command::Jobs(args) => runtime()?.block_on(jobs::jobs(args)),

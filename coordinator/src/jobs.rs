@@ -73,7 +73,7 @@ impl std::fmt::Display for JobFailure {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobAssignment {
     /// The attempt (`ID@ATTEMPT`).
-    pub job: String,
+    pub attempt: String,
     /// The process this worker runs.
     pub process_index: u32,
     /// The attempt's process count.
@@ -85,7 +85,7 @@ pub struct JobAssignment {
 impl JobAssignment {
     /// Refuses a bad job id or a process index out of range.
     pub fn validate(&self) -> Result<()> {
-        keys::check_id("job id", &self.job)?;
+        keys::check_id("job id", &self.attempt)?;
         if self.num_processes == 0 || self.process_index >= self.num_processes {
             return Err(CoordinatorError::Invalid {
                 what: "assignment".into(),
@@ -112,7 +112,7 @@ pub async fn assign(kv: &dyn KvStore, worker: &str, a: &JobAssignment) -> Result
     keys::check_id("worker id", worker)?;
     a.validate()?;
     kv.put(
-        keys::assignment(worker, &a.job).as_bytes(),
+        keys::assignment(worker, &a.attempt).as_bytes(),
         &postcard::to_allocvec(a).expect("always encodes"),
     )
     .await

@@ -409,13 +409,17 @@ impl Worker {
                 return;
             }
         };
-        if !running.lock().expect("not poisoned").insert(a.job.clone()) {
+        if !running
+            .lock()
+            .expect("not poisoned")
+            .insert(a.attempt.clone())
+        {
             return;
         }
         let running = running.clone();
         let reg = reg.clone();
         tokio::spawn(async move {
-            let job = a.job.clone();
+            let job = a.attempt.clone();
             match self.run_job(&a, &reg).await {
                 Ok(()) => {}
                 Err(WorkerError::Deregistered) => {

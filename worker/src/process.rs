@@ -124,10 +124,10 @@ impl Worker {
     /// Invariant 7: true (and the assignment withdrawn) when the attempt
     /// ended while this worker was away.
     async fn attempt_ended(&self, a: &JobAssignment, reg: &Registration) -> Result<bool> {
-        match self.kv.try_get(keys::job_done(&a.job).as_bytes()).await {
+        match self.kv.try_get(keys::job_done(&a.attempt).as_bytes()).await {
             Ok(_) => {
-                tracing::info!(job = %a.job, "withdrawing the assignment of an ended attempt");
-                jobs::unassign(&*self.kv, &reg.worker_id, &a.job).await?;
+                tracing::info!(job = %a.attempt, "withdrawing the assignment of an ended attempt");
+                jobs::unassign(&*self.kv, &reg.worker_id, &a.attempt).await?;
                 Ok(true)
             }
             Err(KvError::NotFound(_)) => Ok(false),
@@ -152,18 +152,18 @@ impl Worker {
             unix_ms: keys::unix_ms(),
         };
         let record = async {
-            if let Ok(first) = jobs::fail_job(&*self.kv, &a.job, &failure).await {
+            if let Ok(first) = jobs::fail_job(&*self.kv, &a.attempt, &failure).await {
                 let _ = self
                     .kv
                     .put(
-                        keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
+                        keys::process_failure_seen(&a.attempt, a.process_index).as_bytes(),
                         first.to_string().as_bytes(),
                     )
                     .await;
             }
         };
         if tokio::time::timeout(RECORD_DEADLINE, record).await.is_err() {
-            tracing::warn!(job = %a.job, failure = %failure, "could not record the failure");
+            tracing::warn!(job = %a.attempt, failure = %failure, "could not record the failure");
         }
     }
 
@@ -177,10 +177,10 @@ impl Worker {
         client: &mut Option<Client>,
         comm: &mut Option<Communicator>,
     ) -> Result<()> {
-        jobs::join_job(&*self.kv, &a.job, reg).await?;
+        jobs::join_job(&*self.kv, &a.attempt, reg).await?;
         // The spec, read once: it says whether this is a command job, the
         // client's options, and the plan.
-        let spec = match self.kv.try_get(keys::job_spec(&a.job).as_bytes()).await {
+        let spec = match self.kv.try_get(keys::job_spec(&a.attempt).as_bytes()).await {
             Ok(spec) => Some(spec),
             Err(KvError::NotFound(_)) => None,
             Err(e) => return Err(kv_err("reading the job's spec")(e)),
@@ -203,11 +203,11 @@ impl Worker {
         local.transfer_endpoint = Some(endpoint.local_addr()?.to_string());
         let timeout = Duration::from_millis(a.topology_timeout_ms);
         let started = std::time::Instant::now();
-        let topology = exchange(&*self.kv, &a.job, &local, timeout).await?;
+        let topology = exchange(&*self.kv, &a.attempt, &local, timeout).await?;
         metrics::histogram!("tessel_worker_topology_exchange_seconds")
             .record(started.elapsed().as_secs_f64());
         tracing::info!(
-            job = %a.job,
+            job = %a.attempt,
             process = a.process_index,
             devices = topology.num_devices(),
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -216,17 +216,17 @@ impl Worker {
         let digest = tessel_topology::digest(&topology);
         attempt::publish(
             &*self.kv,
-            &a.job,
+            &a.attempt,
             a.process_index,
             Record::Topology,
             digest.as_bytes(),
         )
         .await?;
-        let comm = comm.insert(communicator(endpoint, &topology, &a.job, timeout)?);
+        let comm = comm.insert(communicator(endpoint, &topology, &a.attempt, timeout)?);
         let barrier = std::time::Instant::now();
         comm.barrier().await?;
         tracing::info!(
-            job = %a.job,
+            job = %a.attempt,
             process = a.process_index,
             barrier_ms = barrier.elapsed().as_secs_f64() * 1e3,
             "transfer layer connected"
@@ -234,7 +234,7 @@ impl Worker {
         let ms = format!("{:.1}", barrier.elapsed().as_secs_f64() * 1e3);
         attempt::publish(
             &*self.kv,
-            &a.job,
+            &a.attempt,
             a.process_index,
             Record::TransferReady,
             ms.as_bytes(),
@@ -256,7 +256,7 @@ impl Worker {
         topology: &GlobalTopology,
     ) -> Result<()> {
         let run = job.run(JobProcess {
-            job: &a.job,
+            job: &a.attempt,
             process_index: a.process_index,
             num_processes: a.num_processes,
             client,
@@ -271,20 +271,27 @@ impl Worker {
         // job's `done` key) stops it the same way.
         let result = tokio::select! {
             r = run => r?,
-            f = self.job_failed(&a.job) => {
+            f = self.job_failed(&a.attempt) => {
                 let f = f?;
                 return Err(WorkerError::Job(crate::runner::JobError {
                     kind: f.kind,
                     message: format!("the job failed: {f}"),
                 }));
             }
-            d = self.job_done(&a.job) => {
+            d = self.job_done(&a.attempt) => {
                 d?;
-                tracing::info!(job = %a.job, process = a.process_index, "job ended before its plan did");
+                tracing::info!(job = %a.attempt, process = a.process_index, "job ended before its plan did");
                 return Ok(());
             }
         };
-        attempt::publish(&*self.kv, &a.job, a.process_index, Record::Result, &result).await?;
+        attempt::publish(
+            &*self.kv,
+            &a.attempt,
+            a.process_index,
+            Record::Result,
+            &result,
+        )
+        .await?;
         Ok(())
     }
 
@@ -311,7 +318,7 @@ impl Worker {
         }
         let store = Arc::new(JobKv::new(
             self.kv.clone(),
-            &a.job,
+            &a.attempt,
             tokio::runtime::Handle::current(),
         ));
         // Every wait has the job's bootstrap deadline: each get the plugin
@@ -341,7 +348,7 @@ impl Worker {
         };
         let hosts = crate::tpu::exchange_hosts(
             &*self.kv,
-            &a.job,
+            &a.attempt,
             a.process_index,
             a.num_processes,
             &mine,
@@ -351,7 +358,7 @@ impl Worker {
         let env = crate::tpu::tpu_env(&hosts, a.process_index as usize, &self.cfg.tpu_platform_env)
             .map_err(WorkerError::Config)?;
         for (k, v) in env {
-            tracing::info!(job = %a.job, var = %k, value = %v, "libtpu environment");
+            tracing::info!(job = %a.attempt, var = %k, value = %v, "libtpu environment");
             // The worker runs one TPU job process at a time (the chips are
             // the process's), and libtpu reads these only at client creation.
             std::env::set_var(k, v);
@@ -418,22 +425,22 @@ impl Worker {
     /// Waits for `done`, or for a failure event, which it records.
     pub(crate) async fn wait_for_end(&self, a: &JobAssignment, reg: &Registration) -> Result<()> {
         tokio::select! {
-            d = self.job_done(&a.job) => d?,
-            f = self.job_failed(&a.job) => {
+            d = self.job_done(&a.attempt) => d?,
+            f = self.job_failed(&a.attempt) => {
                 let f = f?;
-                tracing::warn!(job = %a.job, failure = %f, "job failed");
+                tracing::warn!(job = %a.attempt, failure = %f, "job failed");
                 self.kv
                     .put(
-                        keys::process_failure_seen(&a.job, a.process_index).as_bytes(),
+                        keys::process_failure_seen(&a.attempt, a.process_index).as_bytes(),
                         f.to_string().as_bytes(),
                     )
                     .await
                     .map_err(kv_err("recording the failure"))?;
             }
         }
-        jobs::leave_job(&*self.kv, &a.job, &reg.worker_id).await?;
+        jobs::leave_job(&*self.kv, &a.attempt, &reg.worker_id).await?;
         self.kv
-            .delete(keys::assignment(&reg.worker_id, &a.job).as_bytes())
+            .delete(keys::assignment(&reg.worker_id, &a.attempt).as_bytes())
             .await
             .map_err(kv_err("removing the assignment"))?;
         Ok(())

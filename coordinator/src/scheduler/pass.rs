@@ -209,7 +209,7 @@ async fn carry_out(
                 kv,
                 w,
                 &JobAssignment {
-                    job: inst.clone(),
+                    attempt: inst.clone(),
                     process_index: i as u32,
                     num_processes: job.processes,
                     topology_timeout_ms: topology_timeout.as_millis() as u64,

@@ -67,7 +67,7 @@ impl Worker {
         reg: &Registration,
         launch: CommandLaunch,
     ) -> Result<()> {
-        let instance = &a.job;
+        let instance = &a.attempt;
         let job_id = scheduler::job_of_instance(instance).to_owned();
         let attempt = attempt_of(instance);
         // Invariant 5: an earlier attempt's processes here stop within
@@ -106,7 +106,7 @@ impl Worker {
         job_id: &str,
         attempt: u32,
     ) -> Result<()> {
-        let instance = &a.job;
+        let instance = &a.attempt;
         let folder = self.cfg.work_dir.join(instance);
         let _cleanup = RemoveOnDrop(folder.clone());
         std::fs::create_dir_all(&folder)
@@ -193,9 +193,9 @@ impl Worker {
         let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
         while !gang.is_empty() {
             tokio::select! {
-                n = self.notice(&a.job), if notice.is_none() => {
+                n = self.notice(&a.attempt), if notice.is_none() => {
                     let (grace, reason) = n;
-                    tracing::info!(job = %a.job, reason, grace_ms = grace.as_millis() as u64, "preemption notice");
+                    tracing::info!(job = %a.attempt, reason, grace_ms = grace.as_millis() as u64, "preemption notice");
                     if let Err(e) = std::fs::write(preempt_file, format!("{reason}\n")) {
                         tracing::warn!(error = %e, "could not write the preemption notice");
                     }
@@ -237,14 +237,14 @@ impl Worker {
                     self.record_failure(a, reg, &e).await;
                     return Err(e);
                 }
-                f = self.job_failed(&a.job) => {
+                f = self.job_failed(&a.attempt) => {
                     f?;
                     gang.stop().await;
                     return self.wait_for_end(a, reg).await;
                 }
-                d = self.job_done(&a.job) => {
+                d = self.job_done(&a.attempt) => {
                     d?;
-                    tracing::info!(job = %a.job, "job ended; stopping its processes");
+                    tracing::info!(job = %a.attempt, "job ended; stopping its processes");
                     gang.stop().await;
                     return self.wait_for_end(a, reg).await;
                 }
@@ -255,8 +255,8 @@ impl Worker {
             // ends at the notice's deadline, not at the first gang done.
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => {}
-                _ = self.job_failed(&a.job) => return self.wait_for_end(a, reg).await,
-                _ = self.job_done(&a.job) => return self.wait_for_end(a, reg).await,
+                _ = self.job_failed(&a.attempt) => return self.wait_for_end(a, reg).await,
+                _ = self.job_done(&a.attempt) => return self.wait_for_end(a, reg).await,
             }
             let e = WorkerError::Job(JobError {
                 kind: FailureKind::PeerLost,
@@ -272,7 +272,7 @@ impl Worker {
         let result = result.to_string();
         attempt::publish(
             &*self.kv,
-            &a.job,
+            &a.attempt,
             a.process_index,
             Record::Result,
             result.as_bytes(),
@@ -284,7 +284,7 @@ impl Worker {
     /// Placement 0 picks two free ports on its host and publishes them;
     /// the others read them, within the topology deadline.
     async fn rendezvous(&self, a: &JobAssignment) -> Result<Rendezvous> {
-        let key = keys::job_rendezvous(&a.job);
+        let key = keys::job_rendezvous(&a.attempt);
         if a.process_index == 0 {
             let port = || -> Result<u16> {
                 let l = std::net::TcpListener::bind((self.cfg.transfer_ip, 0))

@@ -1,5 +1,6 @@
-//! `tessel workers` and `tessel topology`: what the registry and a job's
-//! topology say.
+//! The worker registry's commands: `tessel workers` (what it says),
+//! `tessel drain` (a request to a worker) and `tessel topology` (a job's
+//! global topology as its workers published it).
 
 use std::time::Duration;
 
