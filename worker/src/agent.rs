@@ -283,7 +283,7 @@ impl Worker {
                 lost = heartbeat.lost() => lost,
                 r = &mut assignments => return r,
                 () = &mut shutdown => {
-                    // Preemption invariant 2: the notice, then time to act
+                    // `preempt` invariant 2: the notice, then time to act
                     // on it, with the lease still held.
                     if !running.lock().expect("not poisoned").is_empty() {
                         let drain = keys::drain(&reg.worker_id);

@@ -61,7 +61,7 @@ fn communicator(
                 })?;
             let peer = Peer::new(addr, Some(p.boot_id.clone()));
             // Its certificate must name the worker the topology says
-            // (transfer invariant 10).
+            // (`endpoint` invariant 10).
             Ok(match p.worker.as_str() {
                 "" => peer,
                 w => peer.on_worker(w),

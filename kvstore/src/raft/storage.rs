@@ -346,7 +346,7 @@ mod tests {
         }
     }
 
-    /// Invariant 7: while the log's writer is held back, the leader's own
+    /// Invariant 5: while the log's writer is held back, the leader's own
     /// entries are reported flushed at once, but the state machine does
     /// not apply them and the commit index sent to followers stays at
     /// what is on disk; another leader's entries are reported only once
