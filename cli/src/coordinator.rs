@@ -1,17 +1,18 @@
-//! `tessel coordinator`: one replica of the key-value service, with the
-//! failure monitor and the scheduler beside it.
+//! `tessel coordinator`: flags and the environment into a
+//! [`tessel_coordinator::serve`] backend (one replica of the key-value
+//! service, or etcd attached); the library runs it with the failure monitor
+//! and the scheduler beside it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use tessel::identity;
 use tessel::local::Ready;
-use tessel_kv::KvStore;
-use tessel_kvstore::raft::client::RaftKv;
-use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
+use tessel_coordinator::serve::{serve, Backend};
+use tessel_kvstore::raft::node::ReplicaConfig;
 use tessel_kvstore::raft::wal::LogIo;
 
 use crate::args::{Endpoints, TlsArgs};
@@ -138,35 +139,42 @@ async fn listen_addr(listen: &str) -> Result<SocketAddr> {
     }
 }
 
-async fn scheduler(kv: std::sync::Arc<dyn KvStore>) {
-    tessel_coordinator::scheduler::run(
-        kv,
-        std::time::Duration::from_millis(500),
-        std::time::Duration::from_secs(120),
-    )
-    .await
-}
-
 pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let ready = crate::metrics_http::Readiness::new();
     let metrics = crate::metrics_http::serve_if(args.metrics_listen, &ready).await?;
-    if let Some(url) = &args.kv {
-        let etcd = Endpoints::parse_etcd(url).map_err(anyhow::Error::msg)?;
-        let kv: std::sync::Arc<dyn KvStore> =
-            std::sync::Arc::from(crate::args::connect_etcd(&etcd).await?);
-        ready.set(Ok(()));
-        Ready::Attached {
-            kv: format!("etcd://{etcd}"),
-            metrics,
+    let (backend, announce) = match &args.kv {
+        Some(url) => {
+            let etcd = Endpoints::parse_etcd(url).map_err(anyhow::Error::msg)?;
+            let kv = std::sync::Arc::from(crate::args::connect_etcd(&etcd).await?);
+            (Backend::Attached(kv), format!("etcd://{etcd}"))
         }
-        .announce();
-        let monitor = tokio::spawn(tessel_coordinator::monitor::run(kv.clone()));
-        let scheduler = tokio::spawn(scheduler(kv));
-        wait_for_signal().await;
-        monitor.abort();
-        scheduler.abort();
-        return Ok(());
+        None => match replica_backend(&args).await? {
+            Some(b) => (b, String::new()),
+            None => return Ok(()), // --print-identity
+        },
+    };
+    let served = serve(backend, move |r| ready.set(r)).await?;
+    match (served.id(), served.addr()) {
+        // Launchers read this line (the port, when `--listen` said 0).
+        (Some(id), Some(listen)) => Ready::Coordinator {
+            id,
+            listen,
+            metrics,
+        },
+        _ => Ready::Attached {
+            kv: announce,
+            metrics,
+        },
     }
+    .announce();
+    wait_for_signal().await;
+    served.shutdown().await;
+    Ok(())
+}
+
+/// A replica's backend from the flags and the environment; `None` after
+/// printing the identity (`--print-identity`).
+async fn replica_backend(args: &CoordinatorArgs) -> Result<Option<Backend>> {
     let env = &identity::process_env;
     let (id, source) = identity::replica_id(args.id, env)?;
     let peers: BTreeMap<u64, String> = match (args.peers_from_env, &args.listen) {
@@ -183,101 +191,35 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     };
     if args.print_identity {
         println!("replica id {id} (from {source})");
-        return Ok(());
+        return Ok(None);
     }
     let (Some(listen), Some(data_dir)) = (args.listen.clone(), args.data_dir.clone()) else {
         bail!("give --listen and --data-dir, or --kv etcd://…");
     };
-    let listen_name = listen.clone();
-    let listen = listen_addr(&listen).await?;
-    let tls = args.tls.load()?;
-    if let Some(t) = &tls {
-        use tessel_net::tls::{Identity, Role};
-        match t.identity() {
-            Identity::Node {
-                role: Role::Coordinator,
-                ..
-            }
-            | Identity::Anonymous => {}
-            Identity::Shared => tracing::warn!(
-                "this coordinator uses the cluster-wide certificate: any holder may act as any node; issue per-node certificates with `tessel certs issue`"
-            ),
-            other => bail!(
-                "this certificate is {other}'s; a coordinator needs a coordinator certificate (`tessel certs issue --role coordinator`)"
-            ),
-        }
+    if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&id) {
+        bail!("--peers must include this replica (id {id})");
     }
     let mut raft = ReplicaConfig::default_raft();
     raft.snapshot_policy = openraft_snapshot_policy(args.snapshot_every);
     raft.max_in_snapshot_log_to_keep = args.keep_log_entries;
-    if args.join.is_none() && !peers.is_empty() && !peers.contains_key(&id) {
-        bail!("--peers must include this replica (id {id})");
-    }
-    let cfg = ReplicaConfig {
+    let join = match &args.join {
+        Some(j) => Some(Endpoints::parse(j).map_err(anyhow::Error::msg)?.0),
+        None => None,
+    };
+    let config = ReplicaConfig {
         id,
-        listen,
+        listen: listen_addr(&listen).await?,
         peers,
         data_dir,
-        tls: tls.clone(),
+        tls: args.tls.load()?,
         raft,
         log_io: args.log_io,
     };
-    let replica = Replica::start(cfg).await?;
-    let addr = replica.local_addr()?;
-    let leader = replica.leader_probe();
-    let probe = tokio::spawn(async move {
-        loop {
-            ready.set(leader().map(|_| ()).ok_or_else(|| "no leader known".into()));
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        }
-    });
-    if let Some(join) = &args.join {
-        let join = Endpoints::parse(join).map_err(anyhow::Error::msg)?;
-        let kv = join.client(tls.as_ref()).await?;
-        kv.add_replica(id, addr)
-            .await
-            .with_context(|| format!("joining the cluster of {join}"))?;
-    }
-    // Launchers read this line (the port, when `--listen` said 0).
-    Ready::Coordinator {
-        id,
-        listen: addr,
-        metrics,
-    }
-    .announce();
-    // The coordinator's failure monitor, through this replica (every
-    // replica runs one; their writes are idempotent inserts). Bound to
-    // every address, it is dialed on the loopback (its certificate must
-    // then name 127.0.0.1 or ::1); listening on a name, by that name (the
-    // certificate names it, not an address the name may have today).
-    let own = match addr.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()).to_string()
-        }
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()).to_string()
-        }
-        _ if listen_name.parse::<SocketAddr>().is_err() => {
-            let host = listen_name
-                .rsplit_once(':')
-                .map_or(&*listen_name, |(h, _)| h);
-            format!("{host}:{}", addr.port())
-        }
-        _ => addr.to_string(),
-    };
-    let monitor_kv: std::sync::Arc<dyn KvStore> =
-        std::sync::Arc::new(RaftKv::connect_named(&[own], tls.as_ref()).await?);
-    let monitor = tokio::spawn(tessel_coordinator::monitor::run(monitor_kv.clone()));
-    // The scheduler too: passes commit by compare-and-swap of one value,
-    // so replicas' passes never interleave.
-    let scheduler = tokio::spawn(scheduler(monitor_kv));
-    wait_for_signal().await;
-    monitor.abort();
-    scheduler.abort();
-    probe.abort();
-    tracing::info!(id, "replica shutting down");
-    replica.shutdown().await;
-    Ok(())
+    Ok(Some(Backend::Replica {
+        config: Box::new(config),
+        listen,
+        join,
+    }))
 }
 
 fn openraft_snapshot_policy(every: u64) -> tessel_kvstore::raft::SnapshotPolicy {

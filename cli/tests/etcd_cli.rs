@@ -121,7 +121,7 @@ async fn workers_and_the_coordinator_run_on_etcd() {
         .unwrap();
     for i in 0..2u32 {
         let a = JobAssignment {
-            job: "e".into(),
+            attempt: "e".into(),
             process_index: i,
             num_processes: 2,
             topology_timeout_ms: 60_000,

@@ -25,6 +25,12 @@ pub enum CoordinatorError {
     /// No worker registered under that id.
     #[error("worker `{0}` is not registered")]
     UnknownWorker(String),
+    /// The replica could not start (its storage, its address, its TLS).
+    #[error("{0}")]
+    Replica(String),
+    /// The certificate is not a coordinator's.
+    #[error("this certificate is {0}'s; a coordinator needs a coordinator certificate (`tessel certs issue --role coordinator`)")]
+    NotACoordinator(String),
     /// An argument or setting breaks a rule.
     #[error("invalid {what}: {reason}")]
     Invalid {

@@ -23,6 +23,7 @@ pub mod keys;
 pub mod monitor;
 pub mod registry;
 pub mod scheduler;
+pub mod serve;
 #[cfg(test)]
 mod testing;
 

@@ -1,0 +1,206 @@
+//! The coordinator process as a library (as etcd's `embed` is): a
+//! replica of the key-value service (or an attachment to etcd), the
+//! failure monitor and the scheduler, started by [`serve`] and stopped by
+//! [`Served::shutdown`]. The `tessel coordinator` command parses flags and
+//! calls it.
+//!
+//! Invariants:
+//! 1. A replica starts only under a coordinator certificate (or the
+//!    cluster-wide one, with a warning, or `--insecure`).
+//! 2. Every replica runs a monitor and a scheduler: their writes are
+//!    idempotent inserts and compare-and-swaps, so replicas never
+//!    interleave a pass.
+//! 3. The monitor and the scheduler reach this replica by the name it
+//!    listens on (a certificate names a name, not an address it has today),
+//!    or on the loopback when it listens on every address.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessel_kv::KvStore;
+use tessel_kvstore::raft::client::RaftKv;
+use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
+use tessel_net::tls::{Identity, Role};
+
+use crate::error::{CoordinatorError, Result};
+
+/// How often a scheduler pass runs, and how long a job may stay
+/// unplaceable before it says why.
+const SCHEDULER_PASS: Duration = Duration::from_millis(500);
+const SCHEDULER_PATIENCE: Duration = Duration::from_secs(120);
+
+/// What to serve.
+pub enum Backend {
+    /// A replica of tessel's key-value service.
+    Replica {
+        /// Its configuration.
+        config: Box<ReplicaConfig>,
+        /// `--listen` as given (a name or an address): invariant 3.
+        listen: String,
+        /// Replicas of a cluster to join (`HOST:PORT`), if any.
+        join: Option<Vec<String>>,
+    },
+    /// An existing store (etcd): only the monitor and the scheduler run.
+    Attached(Arc<dyn KvStore>),
+}
+
+/// A running coordinator.
+pub struct Served {
+    replica: Option<Replica>,
+    addr: Option<SocketAddr>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts `backend`, then the monitor and the scheduler on it;
+/// `readiness` hears, every 250 ms, whether the replica knows a leader.
+pub async fn serve(
+    backend: Backend,
+    readiness: impl Fn(std::result::Result<(), String>) + Send + 'static,
+) -> Result<Served> {
+    let (replica, kv) = match backend {
+        Backend::Attached(kv) => {
+            readiness(Ok(()));
+            (None, kv)
+        }
+        Backend::Replica {
+            config,
+            listen,
+            join,
+        } => {
+            check_certificate(config.tls.as_ref())?;
+            let tls = config.tls.clone();
+            let id = config.id;
+            let replica = Replica::start(*config)
+                .await
+                .map_err(|e| CoordinatorError::Replica(e.to_string()))?;
+            let addr = replica.local_addr().map_err(|e| {
+                CoordinatorError::Replica(format!("the replica's bound address: {e}"))
+            })?;
+            if let Some(join) = join {
+                let kv = RaftKv::connect_named(&join, tls.as_ref())
+                    .await
+                    .map_err(CoordinatorError::kv(format!("reaching {}", join.join(","))))?;
+                kv.add_replica(id, addr)
+                    .await
+                    .map_err(CoordinatorError::kv(format!(
+                        "joining the cluster of {}",
+                        join.join(",")
+                    )))?;
+            }
+            let own = own_name(addr, &listen);
+            let kv: Arc<dyn KvStore> = Arc::new(
+                RaftKv::connect_named(&[own], tls.as_ref())
+                    .await
+                    .map_err(CoordinatorError::kv("reaching this replica"))?,
+            );
+            (Some(replica), kv)
+        }
+    };
+    let mut tasks = Vec::new();
+    if let Some(r) = &replica {
+        let leader = r.leader_probe();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                readiness(leader().map(|_| ()).ok_or_else(|| "no leader known".into()));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }));
+    }
+    // Invariant 2.
+    let monitor_kv = kv.clone();
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = crate::monitor::run(monitor_kv).await {
+            tracing::error!(error = %e, "the failure monitor stopped");
+        }
+    }));
+    tasks.push(tokio::spawn(crate::scheduler::run(
+        kv,
+        SCHEDULER_PASS,
+        SCHEDULER_PATIENCE,
+    )));
+    let addr = replica.as_ref().and_then(|r| r.local_addr().ok());
+    Ok(Served {
+        replica,
+        addr,
+        tasks,
+    })
+}
+
+impl Served {
+    /// The replica's bound address (`None` when attached to etcd).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    /// Its Raft id.
+    pub fn id(&self) -> Option<u64> {
+        self.replica.as_ref().map(|r| r.id)
+    }
+
+    /// Stops the monitor, the scheduler and the replica (after its
+    /// in-flight writes).
+    pub async fn shutdown(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+        if let Some(r) = self.replica {
+            tracing::info!(id = r.id, "replica shutting down");
+            r.shutdown().await;
+        }
+    }
+}
+
+/// Invariant 1.
+fn check_certificate(tls: Option<&tessel_net::tls::TlsFiles>) -> Result<()> {
+    match tls.map(|t| t.identity()) {
+        None | Some(Identity::Anonymous) => Ok(()),
+        Some(Identity::Node {
+            role: Role::Coordinator,
+            ..
+        }) => Ok(()),
+        Some(Identity::Shared) => {
+            tracing::warn!(
+                "this coordinator uses the cluster-wide certificate: any holder may act as any node; issue per-node certificates with `tessel certs issue`"
+            );
+            Ok(())
+        }
+        Some(other) => Err(CoordinatorError::NotACoordinator(other.to_string())),
+    }
+}
+
+/// Invariant 3: how this replica's own services reach it.
+fn own_name(addr: SocketAddr, listen: &str) -> String {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()).to_string()
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()).to_string()
+        }
+        _ if listen.parse::<SocketAddr>().is_err() => {
+            let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+            format!("{host}:{}", addr.port())
+        }
+        _ => addr.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn its_own_services_dial_the_name_it_listens_on_or_the_loopback() {
+        let a: SocketAddr = "0.0.0.0:7000".parse().unwrap();
+        assert_eq!(own_name(a, "0.0.0.0:7000"), "127.0.0.1:7000");
+        let b: SocketAddr = "10.0.0.4:7000".parse().unwrap();
+        assert_eq!(own_name(b, "10.0.0.4:7000"), "10.0.0.4:7000");
+        assert_eq!(
+            own_name(b, "coord-1.peers.ns.svc:7000"),
+            "coord-1.peers.ns.svc:7000"
+        );
+        let c: SocketAddr = "[::]:7000".parse().unwrap();
+        assert_eq!(own_name(c, "[::]:7000"), "[::1]:7000");
+    }
+}
