@@ -14,6 +14,7 @@ mod cluster;
 mod context;
 mod coordinator;
 mod exit;
+mod identity;
 mod install;
 mod jobs;
 mod kv;
