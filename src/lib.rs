@@ -13,8 +13,7 @@
 //!   (the one rule for names that become paths);
 //! * one program on one host: [`mod@array`] (inline literals and `.npy`
 //!   files) and [`program`] (its signature, sharding, compile and run);
-//! * processes on this machine: [`local`] (the harness of `tessel local`,
-//!   the benchmarks and the tests) and [`scratch`] (scratch folders).
+//! * processes on this machine: the `tessel-harness` crate (`harness/`).
 //!
 //! The safe PJRT binding is re-exported as [`pjrt`]; the key-value service,
 //! scheduler, workers, topology and transfers are the workspace's other
@@ -50,9 +49,7 @@ pub mod client;
 pub mod init;
 pub mod job;
 pub mod layout;
-pub mod local;
 pub mod names;
 pub mod plan;
 pub mod program;
 pub mod report;
-pub mod scratch;

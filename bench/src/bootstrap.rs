@@ -25,7 +25,7 @@ use tessel_coordinator::{keys, WorkerDevice, WorkerInfo};
 use tessel_kv::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
 use tessel_topology::{exchange, DeviceDescription, LocalTopology};
 
-use tessel::local::{Child, LocalCluster, Ready};
+use tessel_harness::{Child, LocalCluster, Ready};
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]

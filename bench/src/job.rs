@@ -12,7 +12,7 @@ use clap::Args;
 use serde_json::json;
 use tessel::pjrt::locate;
 
-use tessel::local::LocalCluster;
+use tessel_harness::LocalCluster;
 
 /// `tessel-bench job`: a training job end to end, tessel against JAX.
 #[derive(Args)]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tessel::local::{Child, Ready};
+use tessel_harness::{Child, Ready};
 use tessel_kv::KvStore;
 use tessel_kvstore::raft::client::{ClientEndpoint, RaftKv};
 use tessel_net::tls::{init_certs, TlsFiles};
@@ -135,7 +135,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 /// Runs the benchmark and prints its table.
 pub async fn run(args: BenchKvArgs) -> Result<()> {
-    let dir = tessel::scratch::scratch_dir("benchkv")?;
+    let dir = tessel_harness::scratch::scratch_dir("benchkv")?;
     let tls_dir = dir.path().join("tls");
     init_certs(&tls_dir, &["127.0.0.1".into()])?;
     let tls = TlsFiles::load(&tls_dir)?;

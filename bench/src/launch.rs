@@ -17,8 +17,8 @@ use clap::Args;
 use serde_json::json;
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
-use tessel::local::LocalCluster;
 use tessel_coordinator::{jobs, scheduler};
+use tessel_harness::LocalCluster;
 
 /// `tessel-bench launch`.
 #[derive(Args)]

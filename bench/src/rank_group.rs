@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tessel::local::{Child, LocalError};
+use tessel_harness::{Child, LocalError};
 
 /// What can go wrong driving the group.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +64,8 @@ impl RankGroup {
     /// the group.
     pub fn start(bin: &Path, n: usize, opts: &RankOptions) -> Result<RankGroup> {
         let tls_err = |e: String| RankGroupError::Tls(e);
-        let dir = tessel::scratch::scratch_dir("ranks").map_err(|e| tls_err(e.to_string()))?;
+        let dir =
+            tessel_harness::scratch::scratch_dir("ranks").map_err(|e| tls_err(e.to_string()))?;
         let tls = dir.path().join("tls");
         tessel_net::tls::init_certs(&tls, &["127.0.0.1".into()])
             .map_err(|e| tls_err(e.to_string()))?;

@@ -253,7 +253,7 @@ fn report_all_reduce(
 }
 
 async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
-    let dir = tessel::scratch::scratch_dir("benchtransfer")?;
+    let dir = tessel_harness::scratch::scratch_dir("benchtransfer")?;
     let tls_dir = dir.path().join("tls");
     init_certs(&tls_dir, &["127.0.0.1".into()])?;
     let tls = TlsFiles::load(&tls_dir)?;

@@ -1,6 +1,6 @@
 //! Helpers for multi-process tests: start `tessel` processes (on loopback,
 //! or on simulated hosts: [`hosts`], [`cluster`]) with the library's one
-//! harness (`tessel::local::Child`, their readiness line read back), kill
+//! harness (`tessel_harness::Child`, their readiness line read back), kill
 //! them with real signals, and clean up children and folders however a
 //! test ends.
 
@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 pub use nix::sys::signal::Signal;
-use tessel::local::{Child, Ready};
+use tessel_harness::{Child, Ready};
 
 use tessel_kvstore::raft::client::RaftKv;
 use tessel_net::tls::{init_certs, TlsFiles};

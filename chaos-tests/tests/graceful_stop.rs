@@ -11,7 +11,7 @@ use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_kv::KvStore;
 
 /// Waits up to 15 s for `child` to exit; its exit code.
-fn exit_code(child: &mut tessel::local::Child) -> Option<i32> {
+fn exit_code(child: &mut tessel_harness::Child) -> Option<i32> {
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait() {

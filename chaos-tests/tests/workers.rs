@@ -390,7 +390,7 @@ fn children_exit_when_tessel_local_is_killed() {
     // Its folder stays until the next scratch folder of its kind is made.
     let left = dirs_of(child.id());
     assert_eq!(left.len(), 1, "{left:?}");
-    let _next = tessel::scratch::scratch_dir("local").unwrap();
+    let _next = tessel_harness::scratch::scratch_dir("local").unwrap();
     assert!(
         dirs_of(child.id()).is_empty(),
         "swept as its process is gone"

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use crate::identity;
 use anyhow::{bail, Result};
 use clap::Args;
-use tessel::local::Ready;
 use tessel_coordinator::serve::{serve, Backend};
+use tessel_harness::Ready;
 use tessel_kvstore::raft::node::ReplicaConfig;
 use tessel_kvstore::raft::wal::LogIo;
 

@@ -9,11 +9,11 @@ use clap::Args;
 use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
-use tessel::local::LocalCluster;
 use tessel::pjrt::locate;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
+use tessel_harness::LocalCluster;
 use tessel_kv::KvStore;
 
 use crate::args::PluginArg;

@@ -204,7 +204,7 @@ fn report(e: &anyhow::Error) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     if cli.exit_with_parent {
-        tessel::local::exit_with_parent();
+        tessel_harness::exit_with_parent();
     }
     // `threads`: the runtime's worker threads; `None`, one per core.
     let runtime_with = |threads: Option<usize>| {

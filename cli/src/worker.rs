@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tessel::local::Ready;
 use tessel_coordinator::LivenessConfig;
+use tessel_harness::Ready;
 use tessel_kv::KvStore;
 use tessel_worker::{Worker, WorkerConfig};
 

@@ -418,11 +418,11 @@ fn a_coordinator_serves_its_metrics() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // The readiness line names both addresses.
     let line = lines.next().expect("a line").unwrap();
-    let Some(tessel::local::Ready::Coordinator {
+    let Some(tessel_harness::Ready::Coordinator {
         listen,
         metrics: Some(metrics),
         ..
-    }) = tessel::local::Ready::parse(&line)
+    }) = tessel_harness::Ready::parse(&line)
     else {
         panic!("not a coordinator's readiness line: {line}");
     };
@@ -498,10 +498,10 @@ fn an_unresolvable_peer_is_retried_and_readiness_follows_the_leader() {
             .next()
             .expect("a readiness line")
             .unwrap();
-        let Some(tessel::local::Ready::Coordinator {
+        let Some(tessel_harness::Ready::Coordinator {
             metrics: Some(metrics),
             ..
-        }) = tessel::local::Ready::parse(&line)
+        }) = tessel_harness::Ready::parse(&line)
         else {
             panic!("not a coordinator's readiness line: {line}");
         };

@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::JobSpec;
-use tessel::local::LocalCluster;
+use tessel_harness::LocalCluster;
 
 /// Where the example's job lives.
 fn job_dir() -> PathBuf {

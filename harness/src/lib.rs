@@ -11,6 +11,7 @@
 mod child;
 mod cluster;
 mod ready;
+pub mod scratch;
 
 pub use child::{exit_with_parent, Child};
 pub use cluster::LocalCluster;
