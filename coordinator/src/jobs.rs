@@ -124,10 +124,13 @@ pub async fn assign(kv: &dyn KvStore, worker: &str, a: &JobAssignment) -> Result
 /// the job's attempt ended (scheduler invariant 7): a worker that was lost
 /// with them would otherwise find them again when it comes back.
 pub async fn unassign(kv: &dyn KvStore, worker: &str, job: &str) -> Result<()> {
+    // The assignment last: it is the worker's right to write the job's keys
+    // (the membership among them), so a worker withdrawing its own keeps
+    // that right until its last write.
     for key in [
-        keys::assignment(worker, job),
-        keys::worker_job(worker, job),
         keys::job_member(job, worker),
+        keys::worker_job(worker, job),
+        keys::assignment(worker, job),
     ] {
         kv.delete(key.as_bytes())
             .await
@@ -166,10 +169,19 @@ pub async fn join_job(kv: &dyn KvStore, job: &str, reg: &Registration) -> Result
 
 /// Removes a worker from a job it finished.
 pub async fn leave_job(kv: &dyn KvStore, job: &str, worker: &str) -> Result<()> {
+    match kv.delete(keys::job_member(job, worker).as_bytes()).await {
+        Ok(_) => {}
+        // The scheduler withdrew the assignment first ([`unassign`], which
+        // removes the membership too): the replicas refuse the job's keys
+        // to a worker no longer assigned, and there is nothing left to do.
+        Err(KvError::PermissionDenied(_))
+            if kv
+                .try_get(keys::assignment(worker, job).as_bytes())
+                .await
+                .is_err_and(|e| matches!(e, KvError::NotFound(_))) => {}
+        Err(e) => return Err(CoordinatorError::kv("leaving the job")(e)),
+    }
     kv.delete(keys::worker_job(worker, job).as_bytes())
-        .await
-        .map_err(CoordinatorError::kv("leaving the job"))?;
-    kv.delete(keys::job_member(job, worker).as_bytes())
         .await
         .map_err(CoordinatorError::kv("leaving the job"))?;
     Ok(())
