@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::identity;
 use anyhow::{bail, Result};
 use clap::Args;
+use tessel::identity;
 use tessel_coordinator::serve::{serve, Backend};
 use tessel_harness::Ready;
 use tessel_kvstore::raft::node::ReplicaConfig;

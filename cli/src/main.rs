@@ -14,7 +14,6 @@ mod cluster;
 mod context;
 mod coordinator;
 mod exit;
-mod identity;
 mod install;
 mod jobs;
 mod kv;

@@ -16,16 +16,16 @@
 //! names, `TESSEL_REPLICAS` of them under `TESSEL_PEER_DOMAIN`; else the
 //! nodes of the Slurm job step, one replica per node.
 
-pub(crate) mod hostlist;
+pub mod hostlist;
 
 use std::collections::BTreeMap;
 
 /// Reads one environment variable.
-pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// Why no identity or no peers could be derived.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum IdentityError {
+pub enum IdentityError {
     /// A variable that should hold a number does not.
     #[error("{name}={value:?} is not a number")]
     NotANumber {
@@ -52,11 +52,11 @@ pub(crate) enum IdentityError {
 
 /// An index derived from the environment, and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Index {
+pub struct Index {
     /// The index, from 0.
-    pub(crate) index: u64,
+    pub index: u64,
     /// The variable it came from, in words.
-    pub(crate) source: &'static str,
+    pub source: &'static str,
 }
 
 fn number(env: Env<'_>, name: &str) -> Result<Option<u64>, IdentityError> {
@@ -74,7 +74,7 @@ fn number(env: Env<'_>, name: &str) -> Result<Option<u64>, IdentityError> {
 const SLURM_PROCID: &str = "SLURM_PROCID";
 
 /// The process's index among its peers by rule 2 or 3, if any applies.
-pub(crate) fn env_index(env: Env<'_>) -> Result<Option<Index>, IdentityError> {
+pub fn env_index(env: Env<'_>) -> Result<Option<Index>, IdentityError> {
     if let Some(index) = number(env, "JOB_COMPLETION_INDEX")? {
         let source = "JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)";
         return Ok(Some(Index { index, source }));
@@ -103,7 +103,7 @@ fn ordinal(host: &str) -> Option<(&str, u64)> {
 }
 
 /// A coordinator's replica id: `--id`, else the environment's index + 1.
-pub(crate) fn replica_id(flag: Option<u64>, env: Env<'_>) -> Result<(u64, String), IdentityError> {
+pub fn replica_id(flag: Option<u64>, env: Env<'_>) -> Result<(u64, String), IdentityError> {
     if let Some(id) = flag {
         return Ok((id, "--id".into()));
     }
@@ -115,7 +115,7 @@ pub(crate) fn replica_id(flag: Option<u64>, env: Env<'_>) -> Result<(u64, String
 
 /// The replicas' ids and `HOST:PORT`s, this one's included, and where they
 /// came from; `port` is the port every replica listens on.
-pub(crate) fn env_peers(
+pub fn env_peers(
     env: Env<'_>,
     port: u16,
 ) -> Result<(BTreeMap<u64, String>, String), IdentityError> {
@@ -208,7 +208,7 @@ fn one_task_per_node(spec: &str) -> bool {
 }
 
 /// The process's environment (an empty variable counts as unset).
-pub(crate) fn process_env(name: &str) -> Option<String> {
+pub fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 

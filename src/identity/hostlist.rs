@@ -16,10 +16,10 @@
 use super::IdentityError;
 
 /// The most names one list may expand to.
-pub(crate) const MAX_HOSTS: usize = 65_536;
+pub const MAX_HOSTS: usize = 65_536;
 
 /// The host names `list` denotes, in order.
-pub(crate) fn expand(list: &str) -> Result<Vec<String>, IdentityError> {
+pub fn expand(list: &str) -> Result<Vec<String>, IdentityError> {
     let bad = |why: String| IdentityError::Hostlist {
         list: list.chars().take(200).collect(),
         why,
