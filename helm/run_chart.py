@@ -241,7 +241,8 @@ def renewals(cluster, pods, workdir):
     for pod, _ in pods:
         cluster.renew_certificates(pod)
         want[pod] = not_after(workdir / pod / "tls" / "node.pem")
-    port = 9100
+    # The metrics port the chart gives its containers.
+    port = next(p["containerPort"] for p in pods_ports(cluster, pods[0][0]) if p["name"] == "metrics")
     while True:
         seen = {pod: expiry(cluster, pod, port) for pod, _ in pods}
         if all(seen[p] == want[p] for p in want):
@@ -251,6 +252,10 @@ def renewals(cluster, pods, workdir):
         time.sleep(0.5)
     print(f"every pod's certificate renewed (new keys): all {len(pods)} processes adopted theirs "
           f"in {time.time() - started:.1f} s, without a restart")
+
+
+def pods_ports(cluster, pod):
+    return cluster.pods[pod][0]["containers"][0]["ports"]
 
 
 def expiry(cluster, pod, port):

@@ -58,10 +58,10 @@ pub async fn serve(
     backend: Backend,
     readiness: impl Fn(std::result::Result<(), String>) + Send + 'static,
 ) -> Result<Served> {
-    let (replica, kv) = match backend {
+    let (replica, addr, kv) = match backend {
         Backend::Attached(kv) => {
             readiness(Ok(()));
-            (None, kv)
+            (None, None, kv)
         }
         Backend::Replica {
             config,
@@ -94,7 +94,7 @@ pub async fn serve(
                     .await
                     .map_err(CoordinatorError::kv("reaching this replica"))?,
             );
-            (Some(replica), kv)
+            (Some(replica), Some(addr), kv)
         }
     };
     let mut tasks = Vec::new();
@@ -119,7 +119,6 @@ pub async fn serve(
         SCHEDULER_PASS,
         SCHEDULER_PATIENCE,
     )));
-    let addr = replica.as_ref().and_then(|r| r.local_addr().ok());
     Ok(Served {
         replica,
         addr,

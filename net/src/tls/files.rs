@@ -28,7 +28,9 @@ pub(super) struct Loaded {
     pub(super) not_after: i64,
     /// The chain and key as rustls serves them.
     pub(super) certified: Arc<CertifiedKey>,
-    pub(super) roots: Arc<rustls::RootCertStore>,
+    /// The CA bundle's verifiers, built once per bundle.
+    pub(super) server_verifier: Arc<rustls::client::WebPkiServerVerifier>,
+    pub(super) client_verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
     /// The bytes it was parsed from (the watcher compares them).
     pub(super) source: Vec<u8>,
 }
@@ -162,13 +164,28 @@ impl Loaded {
                 .add(c.clone())
                 .map_err(|e| TlsError::Config(format!("{}: {e}", ca_path.display())))?;
         }
+        let (roots, provider) = (Arc::new(roots), super::provider());
+        let config = |e: rustls::server::VerifierBuilderError| {
+            TlsError::Config(format!("{}: {e}", ca_path.display()))
+        };
+        let server_verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(config)?;
+        let client_verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(config)?;
         Ok(Loaded {
             ca,
             key,
             identity,
             not_after,
             certified: Arc::new(certified),
-            roots: Arc::new(roots),
+            server_verifier,
+            client_verifier,
             source: [key_pem, cert_pem, ca_pem].concat(),
         })
     }

@@ -101,9 +101,13 @@ pub struct TlsFiles {
     current: Arc<Current>,
 }
 
-impl verify::Roots for Current {
-    fn roots(&self) -> Arc<rustls::RootCertStore> {
-        self.get().roots.clone()
+impl verify::Trust for Current {
+    fn server(&self) -> Arc<rustls::client::WebPkiServerVerifier> {
+        self.get().server_verifier.clone()
+    }
+
+    fn client(&self) -> Arc<dyn rustls::server::danger::ClientCertVerifier> {
+        self.get().client_verifier.clone()
     }
 }
 
@@ -148,7 +152,7 @@ impl TlsFiles {
         accept: Accept,
     ) -> Result<quinn::ServerConfig, TlsError> {
         let provider = provider();
-        let verifier = verify::ClientVerifier::new(self.current.clone(), provider.clone(), accept);
+        let verifier = verify::ClientVerifier::new(self.current.clone(), &provider, accept);
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
@@ -172,7 +176,7 @@ impl TlsFiles {
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verify::ServerVerifier::new(
                 self.current.clone(),
-                provider,
+                &provider,
                 expect,
             )))
             .with_client_cert_resolver(Arc::new(Resolver(self.current.clone())));

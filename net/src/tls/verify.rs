@@ -17,7 +17,6 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 /// The handshake-signature checks every verifier here makes the same
@@ -116,39 +115,34 @@ pub fn check_client(identity: Option<&Identity>, accept: Accept) -> Result<(), S
     }
 }
 
-/// The CA bundle to verify against now (it follows renewals).
-pub(super) trait Roots: Send + Sync + std::fmt::Debug {
-    /// The current bundle.
-    fn roots(&self) -> Arc<rustls::RootCertStore>;
+/// The WebPKI verifiers of the CA bundle in use now (built once per
+/// bundle loaded; they follow renewals).
+pub(super) trait Trust: Send + Sync + std::fmt::Debug {
+    /// Verifies servers' chains.
+    fn server(&self) -> Arc<WebPkiServerVerifier>;
+    /// Verifies clients' chains.
+    fn client(&self) -> Arc<dyn ClientCertVerifier>;
 }
 
 /// Verifies a server's chain and its identity (invariants 1-3).
 #[derive(Debug)]
 pub(super) struct ServerVerifier {
-    roots: Arc<dyn Roots>,
-    provider: Arc<CryptoProvider>,
+    trust: Arc<dyn Trust>,
     expect: Expect,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ServerVerifier {
     pub(super) fn new(
-        roots: Arc<dyn Roots>,
-        provider: Arc<CryptoProvider>,
+        trust: Arc<dyn Trust>,
+        provider: &CryptoProvider,
         expect: Expect,
     ) -> ServerVerifier {
         ServerVerifier {
-            roots,
+            trust,
             algorithms: provider.signature_verification_algorithms,
-            provider,
             expect,
         }
-    }
-
-    fn webpki(&self) -> Result<Arc<WebPkiServerVerifier>, rustls::Error> {
-        WebPkiServerVerifier::builder_with_provider(self.roots.roots(), self.provider.clone())
-            .build()
-            .map_err(|e| refuse(e.to_string()))
     }
 }
 
@@ -165,7 +159,7 @@ impl ServerCertVerifier for ServerVerifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let inner = self.webpki()?;
+        let inner = self.trust.server();
         inner.verify_server_cert(end_entity, intermediates, &tessel_name(), ocsp, now)?;
         let identity = identity_of(end_entity);
         check_server(identity.as_ref(), &self.expect).map_err(refuse)?;
@@ -189,23 +183,21 @@ impl ServerCertVerifier for ServerVerifier {
 /// Verifies a client's chain and admits only the roles `accept` names.
 #[derive(Debug)]
 pub(super) struct ClientVerifier {
-    roots: Arc<dyn Roots>,
-    provider: Arc<CryptoProvider>,
+    trust: Arc<dyn Trust>,
     accept: Accept,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ClientVerifier {
-    /// The WebPKI verifier of the current `roots` with `provider`, wrapped.
+    /// The current WebPKI client verifier of `trust`, wrapped.
     pub(super) fn new(
-        roots: Arc<dyn Roots>,
-        provider: Arc<CryptoProvider>,
+        trust: Arc<dyn Trust>,
+        provider: &CryptoProvider,
         accept: Accept,
     ) -> ClientVerifier {
         ClientVerifier {
-            roots,
+            trust,
             algorithms: provider.signature_verification_algorithms,
-            provider,
             accept,
         }
     }
@@ -224,9 +216,8 @@ impl ClientCertVerifier for ClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        WebPkiClientVerifier::builder_with_provider(self.roots.roots(), self.provider.clone())
-            .build()
-            .map_err(|e| refuse(e.to_string()))?
+        self.trust
+            .client()
             .verify_client_cert(end_entity, intermediates, now)?;
         check_client(identity_of(end_entity).as_ref(), self.accept).map_err(refuse)?;
         Ok(ClientCertVerified::assertion())
