@@ -4,6 +4,8 @@ key made for it and a certificate signed by the issuer's CA.
 
 What it models, as csi-driver v0.10 with cert-manager's CA issuer does it:
 
+* The volume must be readOnly, as csi-lib's node server demands
+  ("pod.spec.volumes[].csi.readOnly must be set to 'true'").
 * Attributes: issuer-name (required; the issuer must exist), issuer-kind
   (Issuer), issuer-group (cert-manager.io), common-name, dns-names,
   ip-sans, uri-sans (comma separated, blanks trimmed), duration (default
@@ -82,6 +84,9 @@ class CsiDriver:
         csi = vol["csi"]
         if csi.get("driver") != DRIVER:
             raise SystemExit(f"kubelet imitation: CSI driver {csi.get('driver')} is not modelled")
+        if csi.get("readOnly") is not True:
+            raise SystemExit(f"pod {pod}: pod.spec.volumes[].csi.readOnly must be set to 'true' "
+                             "(the csi-driver refuses the volume)")
         attrs = csi.get("volumeAttributes", {})
         unknown = [k for k in attrs if not k.startswith(P) or k[len(P):] not in MODELLED]
         if unknown:
