@@ -100,16 +100,24 @@ async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
     }
     let kv = RaftKv::connect(addrs.clone(), Some(&tls)).unwrap();
     tessel_kv::conformance::run_all(&kv).await;
-    // Every replica applied the same state.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every replica applied the same state (followers may trail the
+    // leader's last write by a heartbeat or two: wait, with a deadline).
     use tessel_kv::state::Tables;
-    let states: Vec<_> = replicas
-        .iter()
-        .map(|r| {
-            let local = r.applied();
-            (local.state(), local.read(|_, t| t.list(b"")).unwrap())
-        })
-        .collect();
+    let snapshot = || -> Vec<_> {
+        replicas
+            .iter()
+            .map(|r| {
+                let local = r.applied();
+                (local.state(), local.read(|_, t| t.list(b"")).unwrap())
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut states = snapshot();
+    while !states.windows(2).all(|w| w[0] == w[1]) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        states = snapshot();
+    }
     assert!(states[0].1.len() > 3, "the tables hold the suite's keys");
     assert!(states.windows(2).all(|w| w[0] == w[1]));
     for r in replicas {
