@@ -19,9 +19,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use futures::StreamExt;
 use tessel::pjrt::locate;
+use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::registry::{self, LivenessConfig};
-use tessel_coordinator::{keys, WorkerDevice, WorkerInfo};
+use tessel_coordinator::{WorkerDevice, WorkerInfo};
 use tessel_kv::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
 use tessel_topology::{exchange, DeviceDescription, LocalTopology};
 
@@ -93,12 +94,14 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
 }
 
 /// Unix ms of each process's digest, as this process sees it arrive.
-async fn digest_arrivals(mut events: WatchStream, n: u32) -> Result<Vec<u64>> {
+async fn digest_arrivals(job: String, mut events: WatchStream, n: u32) -> Result<Vec<u64>> {
     let mut seen = std::collections::BTreeMap::new();
     while (seen.len() as u32) < n {
         match events.next().await.context("the watch ended")?? {
-            Event::Put(p) if p.key.ends_with(b"/topology") => {
-                seen.entry(p.key).or_insert_with(keys::unix_ms);
+            Event::Put(p) => {
+                if let Some((i, Record::Topology)) = attempt::parse(&job, &p.key) {
+                    seen.entry(i).or_insert_with(tessel_coordinator::unix_ms);
+                }
             }
             _ => {}
         }
@@ -123,11 +126,9 @@ async fn processes(
         jobs::assign(kv, &format!("b{n}-{i}"), &a).await?;
     }
     let rev = kv.revision().await?;
-    let events = kv
-        .watch(keys::process_topologies(&job).as_bytes(), rev + 1)
-        .await?;
-    let arrivals = tokio::spawn(digest_arrivals(events, n));
-    let started_unix = keys::unix_ms();
+    let events = kv.watch(attempt::prefix(&job).as_bytes(), rev + 1).await?;
+    let arrivals = tokio::spawn(digest_arrivals(job.clone(), events, n));
+    let started_unix = tessel_coordinator::unix_ms();
     let started = Instant::now();
     let mut workers = Vec::new();
     for i in 0..n {
@@ -179,7 +180,7 @@ fn total_ops(clients: &[Arc<CountingKv>]) -> u64 {
 /// first to the last one knowing the global devices, and that minus the
 /// slowest `import jax`.
 fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
-    let started_unix = keys::unix_ms() as f64;
+    let started_unix = tessel_coordinator::unix_ms() as f64;
     let mut imported = Vec::new();
     let mut known = Vec::new();
     for v in crate::jax::run_group(python, JAX_SCRIPT, n, &[])? {
@@ -243,11 +244,8 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32) -> Result<()> {
                     transfer_endpoint: None,
                 };
                 let t = exchange(&*kv, &job, &local, Duration::from_secs(300)).await?;
-                kv.put(
-                    keys::process_topology(&job, i).as_bytes(),
-                    tessel_topology::digest(&t).as_bytes(),
-                )
-                .await?;
+                let digest = tessel_topology::digest(&t);
+                attempt::publish(&*kv, &job, i, Record::Topology, digest.as_bytes()).await?;
                 anyhow::Ok(t.num_devices())
             })
         })

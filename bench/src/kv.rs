@@ -18,8 +18,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use tessel_harness::{Child, Ready};
 use tessel_kv::KvStore;
-use tessel_kvstore::raft::client::{ClientEndpoint, RaftKv};
-use tessel_net::tls::{init_certs, TlsFiles};
+use tessel_kv_service::raft::client::{ClientEndpoint, RaftKv};
+use tessel_tls::{init_certs, TlsFiles};
 
 /// `tessel-bench kv`: the key-value service's latency and throughput, against etcd.
 #[derive(Args)]
@@ -78,7 +78,7 @@ impl Target {
             }
             #[cfg(feature = "etcd")]
             Target::Etcd { endpoints } => {
-                use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
+                use tessel_kv_service::etcd::{EtcdKv, EtcdOptions};
                 let eps = node.map_or_else(|| endpoints.clone(), |i| vec![endpoints[i].clone()]);
                 Arc::new(EtcdKv::connect(&eps, EtcdOptions::default()).await?)
             }
@@ -217,8 +217,8 @@ impl System {
 }
 
 #[cfg(feature = "etcd")]
-async fn start_etcd() -> Result<(tessel_kvstore::etcd::server::EtcdServers, System)> {
-    let etcd = tessel_kvstore::etcd::server::EtcdServers::start(3).await?;
+async fn start_etcd() -> Result<(tessel_kv_service::etcd::server::EtcdServers, System)> {
+    let etcd = tessel_kv_service::etcd::server::EtcdServers::start(3).await?;
     let target = Target::Etcd {
         endpoints: etcd.endpoints(),
     };

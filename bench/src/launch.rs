@@ -17,7 +17,7 @@ use clap::Args;
 use serde_json::json;
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
-use tessel_coordinator::{jobs, scheduler};
+use tessel_coordinator::scheduler;
 use tessel_harness::LocalCluster;
 
 /// `tessel-bench launch`.
@@ -186,7 +186,8 @@ pub async fn run(args: BenchLaunchArgs) -> Result<()> {
             nix::sys::signal::Signal::SIGKILL,
         )?;
         let second = started(&client, &id, 2, n as usize, Duration::from_secs(60)).await?;
-        let failure = jobs::failure_of(&**client.store(), &scheduler::instance(&id, 1))
+        let failure = client
+            .failure(&id, 1)
             .await?
             .context("no failure recorded")?;
         let end = client.wait(&id).await?;

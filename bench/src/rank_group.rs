@@ -67,8 +67,7 @@ impl RankGroup {
         let dir =
             tessel_harness::scratch::scratch_dir("ranks").map_err(|e| tls_err(e.to_string()))?;
         let tls = dir.path().join("tls");
-        tessel_net::tls::init_certs(&tls, &["127.0.0.1".into()])
-            .map_err(|e| tls_err(e.to_string()))?;
+        tessel_tls::init_certs(&tls, &["127.0.0.1".into()]).map_err(|e| tls_err(e.to_string()))?;
         let mut g = RankGroup {
             ranks: Vec::new(),
             _dir: dir,

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use tessel::pjrt::ElementType;
-use tessel_net::tls::{init_certs, TlsFiles};
+use tessel_tls::{init_certs, TlsFiles};
 use tessel_transfer::{TransferConfig, TransferEndpoint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

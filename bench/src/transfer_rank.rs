@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use tessel::pjrt::ElementType;
-use tessel_net::tls::TlsFiles;
+use tessel_tls::TlsFiles;
 use tessel_transfer::testing::pattern;
 use tessel_transfer::{
     CollectiveConfig, Communicator, Peer, ReduceOp, TransferConfig, TransferEndpoint,

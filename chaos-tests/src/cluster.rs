@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tessel_kvstore::raft::client::RaftKv;
-use tessel_net::tls::{init_ca, issue, renew, NodeCert, Role, TlsFiles, Validity};
+use tessel_kv_service::raft::client::RaftKv;
+use tessel_tls::{init_ca, issue, renew, NodeCert, Role, TlsFiles, Validity};
 
 use crate::hosts::{Host, Hosts};
 use crate::relay::DelayRelay;

@@ -20,8 +20,8 @@ use std::time::Duration;
 pub use nix::sys::signal::Signal;
 use tessel_harness::{Child, Ready};
 
-use tessel_kvstore::raft::client::RaftKv;
-use tessel_net::tls::{init_certs, TlsFiles};
+use tessel_kv_service::raft::client::RaftKv;
+use tessel_tls::{init_certs, TlsFiles};
 
 /// The `tessel` binary built alongside these tests.
 pub fn tessel_bin() -> PathBuf {

@@ -17,10 +17,11 @@ use tessel::job::ValidatedJob;
 use tessel_chaos_tests::docker::{exit_code, image, repo, run};
 use tessel_chaos_tests::mlp::{mlp_job, mlp_params as params};
 use tessel_chaos_tests::{leader_of, tessel_bin};
-use tessel_coordinator::keys;
+
 use tessel_coordinator::scheduler::JobState;
+use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
-use tessel_kvstore::raft::client::RaftKv;
+use tessel_kv_service::raft::client::RaftKv;
 
 /// A Compose project, taken down with its volumes and network when
 /// dropped.
@@ -58,7 +59,7 @@ impl Project {
     }
 
     fn client(&self) -> RaftKv {
-        let tls = tessel_net::tls::TlsFiles::load(&self.dir.path().join("tls/submit")).unwrap();
+        let tls = tessel_tls::TlsFiles::load(&self.dir.path().join("tls/submit")).unwrap();
         RaftKv::connect(self.addrs(), Some(&tls)).unwrap()
     }
 
@@ -235,12 +236,10 @@ async fn the_compose_cluster_runs_the_demo_to_the_single_device_result() {
 /// it is well under way.
 async fn submit_past_step_299(client: &Client, kv: &RaftKv, job: &ValidatedJob) -> String {
     let id = client.submit(job).await.unwrap();
-    kv.get(
-        keys::job_report(&id, 299).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
+    Records::new(kv, &id)
+        .wait(Item::Report(299), Duration::from_secs(120))
+        .await
+        .unwrap();
     id
 }
 

@@ -17,9 +17,10 @@ use tessel::job::{CheckpointSpec, JobSpec, ValidatedJob};
 use tessel::plan::{JobBundle, ProcessResult};
 use tessel_chaos_tests::cluster::HostCluster;
 use tessel_chaos_tests::{sample, scrape, spawn_worker_cmd};
-use tessel_coordinator::keys;
+
 use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_coordinator::scheduler::{JobEvent, JobRecord, JobState};
+use tessel_coordinator::{jobs, Item, Records};
 use tessel_kv::KvStore;
 
 fn example_dir() -> PathBuf {
@@ -60,11 +61,12 @@ async fn params(client: &Client, id: &str) -> Vec<Vec<u8>> {
 }
 
 async fn events(kv: &dyn KvStore, id: &str) -> Vec<JobEvent> {
-    kv.list(keys::sched_events(id).as_bytes())
+    Records::new(kv, id)
+        .events()
         .await
         .unwrap()
         .iter()
-        .map(|p| postcard::from_bytes(&p.value).unwrap())
+        .map(|(_, v)| postcard::from_bytes(v).unwrap())
         .collect()
 }
 
@@ -139,12 +141,10 @@ async fn lost_worker_scenario(fault: Fault, storage: Storage) {
         .submit(&mlp(STEPS, 3, Some(&ckpt_inside)))
         .await
         .unwrap();
-    kv.get(
-        keys::job_report(&id, 1599).as_bytes(),
-        Duration::from_secs(180),
-    )
-    .await
-    .expect("the job reached step 1600, past the checkpoint of step 1500");
+    Records::new(&*kv, &id)
+        .wait(Item::Report(1599), Duration::from_secs(180))
+        .await
+        .expect("the job reached step 1600, past the checkpoint of step 1500");
     let victim = client.job(&id).await.unwrap().placement[1].clone();
     let host = c.host(&victim);
     match fault {
@@ -180,12 +180,9 @@ async fn lost_worker_scenario(fault: Fault, storage: Storage) {
         "a lost worker never fails the job: {ev:?}"
     );
     // The newest record says how the blocks were kept.
-    let records = kv
-        .list(keys::job_checkpoints(&id).as_bytes())
-        .await
-        .unwrap();
+    let records = Records::new(&*kv, &id).checkpoints().await.unwrap();
     assert!(records.len() <= KEEP, "{} records", records.len());
-    let newest = CheckpointRecord::decode(&records.last().unwrap().value).unwrap();
+    let newest = CheckpointRecord::decode(&records.last().unwrap().1).unwrap();
     assert_eq!(newest.shared, storage == Storage::Shared, "{newest:?}");
     if storage == Storage::PerHost {
         assert_eq!(newest.blocks[0].holders.len(), 2, "own and the successor's");
@@ -210,10 +207,7 @@ async fn lost_worker_scenario(fault: Fault, storage: Storage) {
             .unwrap();
         assert!(matches!(me.state, WorkerState::Alive { incarnation, .. } if incarnation == inc));
         assert!(
-            kv.list(keys::assignments(&victim).as_bytes())
-                .await
-                .unwrap()
-                .is_empty(),
+            jobs::assignments(&*kv, &victim).await.unwrap().is_empty(),
             "no stale assignment"
         );
     }
@@ -259,16 +253,14 @@ async fn certificates_renewed_mid_job_are_adopted_by_every_process_undisturbed()
     assert_eq!(done.state, JobState::Succeeded, "{:?}", done.reason);
 
     let id = client.submit(&mlp(STEPS, 0, None)).await.unwrap();
-    kv.get(
-        keys::job_report(&id, 99).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .expect("the job reached step 100");
+    Records::new(&*kv, &id)
+        .wait(Item::Report(99), Duration::from_secs(120))
+        .await
+        .expect("the job reached step 100");
     for (days, new_key) in [(60, false), (90, true)] {
         let started = Instant::now();
         c.renew_all(days, new_key);
-        let floor = keys::unix_ms() as f64 / 1e3 + (days as f64 - 1.0) * 86_400.0;
+        let floor = tessel_coordinator::unix_ms() as f64 / 1e3 + (days as f64 - 1.0) * 86_400.0;
         loop {
             let e = expiries(&c);
             if e.iter().all(|(_, v)| *v >= floor) {

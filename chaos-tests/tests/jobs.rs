@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use tessel::job::JobSpec;
 use tessel::plan::JobBundle;
 use tessel_chaos_tests::{sample, scrape, spawn_worker, tessel_bin, KvCluster};
+use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
-use tessel_coordinator::keys;
+use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
 
 fn example(name: &str) -> PathBuf {
@@ -187,9 +188,7 @@ async fn submit(kv: &dyn KvStore, id: &str, spec_path: &Path, steps: Option<u64>
     }
     let job = spec.validate_in(spec_path.parent().unwrap()).unwrap();
     let bundle = JobBundle::new(&job).encode();
-    kv.put(keys::job_spec(id).as_bytes(), &bundle)
-        .await
-        .unwrap();
+    Records::new(kv, id).put(Item::Spec, &bundle).await.unwrap();
     assign(kv, id, spec.processes).await;
 }
 
@@ -215,12 +214,10 @@ async fn a_killed_worker_fails_the_running_job_for_everyone() {
     let kv = cluster.client();
     submit(&kv, "long", &example("job.toml"), Some(10_000_000)).await;
     // Running: the first report (after step 100) is in.
-    kv.get(
-        keys::job_report("long", 99).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .expect("a report within 120 s");
+    Records::new(&kv, "long")
+        .wait(Item::Report(99), Duration::from_secs(120))
+        .await
+        .expect("a report within 120 s");
     let killed = Instant::now();
     workers[1].kill();
     let failure = jobs::wait_for_failure(&kv, "long", Duration::from_secs(15))
@@ -243,12 +240,9 @@ async fn a_killed_worker_fails_the_running_job_for_everyone() {
     );
     // Every surviving process stopped its plan and saw the failure.
     for i in [0, 2, 3] {
-        kv.get(
-            keys::process_failure_seen("long", i).as_bytes(),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("process {i} saw no failure: {e}"));
+        attempt::wait(&kv, "long", i, Record::FailureSeen, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("process {i} saw no failure: {e}"));
     }
 }
 
@@ -306,7 +300,8 @@ outputs = ["a"]
     );
 
     // A bundle that is not one fails the job too, saying so.
-    kv.put(keys::job_spec("junk").as_bytes(), b"\xff\xff not a bundle")
+    Records::new(&kv, "junk")
+        .put(Item::Spec, b"\xff\xff not a bundle")
         .await
         .unwrap();
     assign(&kv, "junk", 2).await;
@@ -337,12 +332,9 @@ async fn a_worker_serves_the_metrics_of_its_job_processes() {
     let steps = 5;
     submit(&kv, "metered", &example("job-2x2.toml"), Some(steps)).await;
     for i in 0..2 {
-        kv.get(
-            keys::process_result("metered", i).as_bytes(),
-            Duration::from_secs(120),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("process {i} finished no plan: {e}"));
+        attempt::wait(&kv, "metered", i, Record::Result, Duration::from_secs(120))
+            .await
+            .unwrap_or_else(|e| panic!("process {i} finished no plan: {e}"));
     }
     let text = scrape(&addr);
     // One gradient all-reduce per step, small enough to ride with the

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tessel_chaos_tests::{write_in_background, KvCluster as Cluster, Signal};
 use tessel_kv::KvStore;
-use tessel_kvstore::raft::client::RaftKv;
+use tessel_kv_service::raft::client::RaftKv;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_and_reads_through_different_replicas_are_linearizable() {
@@ -95,7 +95,7 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
     let follower = *c.procs.keys().find(|id| **id != leader).unwrap();
     let status_of = |statuses: &[(
         String,
-        Result<tessel_kvstore::wire::ReplicaStatus, tessel_kv::KvError>,
+        Result<tessel_kv_service::wire::ReplicaStatus, tessel_kv::KvError>,
     )],
                      id: u64| {
         statuses

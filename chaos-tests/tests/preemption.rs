@@ -15,8 +15,9 @@ use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
 use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params as params};
 use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
-use tessel_coordinator::keys;
+
 use tessel_coordinator::scheduler::JobState;
+use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
 
 fn flags(cluster: &KvCluster, id: &str) -> Vec<String> {
@@ -80,12 +81,10 @@ async fn a_sigterm_suspends_a_plan_at_an_agreed_step_and_it_resumes_exactly_ther
     assert_eq!(client.wait(&calm).await.unwrap().state, JobState::Succeeded);
 
     let id = client.submit(&mlp(1000, 2, &ckpt)).await.unwrap();
-    kv.get(
-        keys::job_report(&id, 299).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .expect("the job reached step 300");
+    Records::new(&*kv, &id)
+        .wait(Item::Report(299), Duration::from_secs(120))
+        .await
+        .expect("the job reached step 300");
     let victim = client.job(&id).await.unwrap().placement[2].clone();
     let (_, w) = ws.iter_mut().find(|(n, _)| *n == victim).unwrap();
     let noticed = Instant::now();
@@ -95,9 +94,10 @@ async fn a_sigterm_suspends_a_plan_at_an_agreed_step_and_it_resumes_exactly_ther
     assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
     assert_eq!((end.restarts, end.attempt), (1, 2));
     assert!(!end.placement.contains(&victim));
-    let step: u64 = kv
-        .try_get(keys::job_suspend_step(&format!("{id}@1")).as_bytes())
+    let step: u64 = Records::new(&*kv, &format!("{id}@1"))
+        .get(Item::SuspendStep)
         .await
+        .unwrap()
         .map(|v| String::from_utf8(v).unwrap().parse().unwrap())
         .expect("process 0 chose a suspend step");
     assert!(
@@ -204,17 +204,13 @@ time.sleep(600)  # a checkpoint would go here; SIGTERM comes after the grace
     );
     assert!(lines(2).await.contains("attempt 2"));
     // Drained: a new job waits for the other worker only... until undone.
-    let rec = tessel_coordinator::registry::list_workers(&**client.store())
-        .await
-        .unwrap();
+    let rec = client.workers().await.unwrap();
     let v = rec
         .iter()
         .find(|w| w.record.info.worker_id == victim)
         .unwrap();
     assert!(v.drained.is_some());
     drain(&["--undo"]);
-    let rec = tessel_coordinator::registry::list_workers(&**client.store())
-        .await
-        .unwrap();
+    let rec = client.workers().await.unwrap();
     assert!(rec.iter().all(|w| w.drained.is_none()));
 }

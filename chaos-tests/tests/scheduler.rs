@@ -13,8 +13,9 @@ use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
 use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params as params};
 use tessel_chaos_tests::{sample, scrape, spawn_worker, KvCluster, WorkerProc};
-use tessel_coordinator::keys;
+
 use tessel_coordinator::scheduler::{JobRecord, JobState};
+use tessel_coordinator::{jobs, Item, Records};
 use tessel_kv::KvStore;
 
 const LIVENESS: [&str; 4] = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
@@ -83,12 +84,10 @@ async fn a_lost_worker_restarts_the_job_from_its_checkpoint_to_the_same_result()
 
     let id = client.submit(&mlp(600, 2, &ckpt)).await.unwrap();
     // Past the checkpoint of step 200 (reports come every 100 steps).
-    kv.get(
-        keys::job_report(&id, 299).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .expect("the job reached step 300");
+    Records::new(&*kv, &id)
+        .wait(Item::Report(299), Duration::from_secs(120))
+        .await
+        .expect("the job reached step 300");
     let victim = client.job(&id).await.unwrap().placement[1].clone();
     ws.get_mut(&victim).unwrap().kill();
 
@@ -104,14 +103,13 @@ async fn a_lost_worker_restarts_the_job_from_its_checkpoint_to_the_same_result()
     assert!(first_step >= 200, "restored at step {first_step}");
     assert_eq!(params(&client, &id).await, params(&client, &calm).await);
     // The events tell the story.
-    let events: Vec<(JobState, JobState)> = kv
-        .list(keys::sched_events(&id).as_bytes())
+    let events: Vec<(JobState, JobState)> = Records::new(&*kv, &id)
+        .events()
         .await
         .unwrap()
         .iter()
-        .map(|p| {
-            let e: tessel_coordinator::scheduler::JobEvent =
-                postcard::from_bytes(&p.value).unwrap();
+        .map(|(_, v)| {
+            let e: tessel_coordinator::scheduler::JobEvent = postcard::from_bytes(v).unwrap();
             (e.from, e.to)
         })
         .collect();
@@ -137,12 +135,10 @@ async fn a_killed_coordinator_leader_loses_no_job() {
         .submit(&mlp(800, 0, &ckpt_root(&cluster)))
         .await
         .unwrap();
-    kv.get(
-        keys::job_report(&id, 99).as_bytes(),
-        Duration::from_secs(120),
-    )
-    .await
-    .expect("the job is running");
+    Records::new(&*kv, &id)
+        .wait(Item::Report(99), Duration::from_secs(120))
+        .await
+        .expect("the job is running");
     let leader = cluster.leader().await;
     cluster.procs.get_mut(&leader).unwrap().kill();
     let end = client.wait(&id).await.unwrap();
@@ -214,12 +210,11 @@ async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
     for w in ["w0", "w1"] {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let left = kv
-                .list(keys::assignments(w).as_bytes())
+            let left = jobs::assignments(&*kv, w)
                 .await
                 .unwrap()
                 .iter()
-                .all(|p| !p.key.ends_with(format!("{long}@1").as_bytes()));
+                .all(|a| a.attempt != format!("{long}@1"));
             if left {
                 break;
             }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::docker::{docker, image, Cleanup};
 use tessel_kv::KvStore;
-use tessel_kvstore::raft::client::RaftKv;
+use tessel_kv_service::raft::client::RaftKv;
 
 /// The variables `srun --nodes=3 --ntasks-per-node=1` gives task `rank`
 /// of a job step on node[1-3] of a four-node job.

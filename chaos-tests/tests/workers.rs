@@ -7,8 +7,9 @@
 use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
+use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
-use tessel_coordinator::{keys, registry, CoordinatorError};
+use tessel_coordinator::{registry, CoordinatorError};
 use tessel_kv::KvStore;
 use tessel_topology::exchange::Published;
 use tessel_topology::GlobalTopology;
@@ -29,9 +30,8 @@ async fn assign_all(kv: &dyn KvStore, job: &str, workers: &[&str], n: u32, timeo
 async fn digests(kv: &dyn KvStore, job: &str, n: u32, wait: Duration) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for i in 0..n {
-        let key = keys::process_topology(job, i);
         out.push(
-            kv.get(key.as_bytes(), wait)
+            attempt::wait(kv, job, i, Record::Topology, wait)
                 .await
                 .unwrap_or_else(|e| panic!("process {i} of {job} published no topology: {e}")),
         );
@@ -95,11 +95,15 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
         .collect();
     assert_eq!(endpoints.len(), 4, "one endpoint per process");
     for i in 0..4 {
-        let key = keys::process_transfer_ready("topo", i);
-        let ms = kv
-            .get(key.as_bytes(), Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("process {i} never passed the transfer barrier: {e}"));
+        let ms = attempt::wait(
+            &kv,
+            "topo",
+            i,
+            Record::TransferReady,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("process {i} never passed the transfer barrier: {e}"));
         let ms: f64 = String::from_utf8(ms).unwrap().parse().unwrap();
         assert!(ms >= 0.0);
     }
@@ -170,8 +174,11 @@ async fn a_killed_worker_fails_the_job_for_everyone_within_ttl_plus_one_second()
     // Up means past the transfer barrier too: kill only then, so the
     // failure comes from the lease, not from a barrier cut short.
     for i in 0..3 {
-        kv.get(
-            keys::process_transfer_ready("fail", i).as_bytes(),
+        attempt::wait(
+            &kv,
+            "fail",
+            i,
+            Record::TransferReady,
             Duration::from_secs(30),
         )
         .await
@@ -192,11 +199,7 @@ async fn a_killed_worker_fails_the_job_for_everyone_within_ttl_plus_one_second()
     assert_eq!(failure.incarnation, Some(1));
     // The surviving peers saw it too.
     for i in 0..2 {
-        let seen = kv
-            .get(
-                keys::process_failure_seen("fail", i).as_bytes(),
-                Duration::from_secs(3),
-            )
+        let seen = attempt::wait(&kv, "fail", i, Record::FailureSeen, Duration::from_secs(3))
             .await
             .unwrap();
         assert!(String::from_utf8_lossy(&seen).contains("w2"));

@@ -7,8 +7,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tessel::pjrt::{locate, Plugin};
 use tessel_kv::KvStore;
-use tessel_kvstore::raft::client::RaftKv;
-use tessel_net::tls::TlsFiles;
+use tessel_kv_service::raft::client::RaftKv;
+use tessel_tls::TlsFiles;
 
 /// Where to find the TLS folder, or `--insecure`.
 #[derive(Args, Clone)]
@@ -175,7 +175,7 @@ impl KvTargetArgs {
 
 #[cfg(feature = "etcd")]
 pub(crate) async fn connect_etcd(etcd: &Endpoints) -> Result<Box<dyn KvStore>> {
-    use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
+    use tessel_kv_service::etcd::{EtcdKv, EtcdOptions};
     let urls: Vec<String> = etcd.0.iter().map(|e| format!("http://{e}")).collect();
     let kv = EtcdKv::connect(&urls, EtcdOptions::default())
         .await

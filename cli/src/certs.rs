@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Subcommand;
-use tessel_net::tls::init_certs;
+use tessel_tls::init_certs;
 
 #[derive(Subcommand)]
 pub(crate) enum CertsCommand {
@@ -29,7 +29,7 @@ pub(crate) enum CertsCommand {
         ca_dir: PathBuf,
         /// coordinator, worker or client.
         #[arg(long, value_parser = parse_role)]
-        role: tessel_net::tls::Role,
+        role: tessel_tls::Role,
         /// The node's name: a coordinator's replica id, a worker's id, a
         /// client's user name.
         #[arg(long)]
@@ -43,7 +43,7 @@ pub(crate) enum CertsCommand {
         #[arg(long)]
         out: PathBuf,
         /// How long the certificate is valid, in days.
-        #[arg(long, default_value_t = tessel_net::tls::NODE_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
+        #[arg(long, default_value_t = tessel_tls::NODE_DAYS, value_parser = clap::value_parser!(u32).range(1..=36500))]
         days: u32,
         /// Replace the certificate in an existing folder instead (a process
         /// using the folder adopts it within seconds, without a restart).
@@ -59,8 +59,8 @@ pub(crate) enum CertsCommand {
     },
 }
 
-fn parse_role(s: &str) -> Result<tessel_net::tls::Role, String> {
-    tessel_net::tls::Role::parse(s)
+fn parse_role(s: &str) -> Result<tessel_tls::Role, String> {
+    tessel_tls::Role::parse(s)
         .ok_or_else(|| format!("`{s}`: expected coordinator, worker or client"))
 }
 
@@ -69,7 +69,7 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
         CertsCommand::Init {
             dir, ca_only: true, ..
         } => {
-            tessel_net::tls::init_ca(&dir)?;
+            tessel_tls::init_ca(&dir)?;
             println!(
                 "created the cluster CA in {} (ca.key signs every node's certificate: keep it on this host)",
                 dir.display()
@@ -98,21 +98,21 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
             new_key,
             trust,
         } => {
-            let node = tessel_net::tls::NodeCert {
+            let node = tessel_tls::NodeCert {
                 role,
                 name: &name,
                 hosts: &hosts,
-                valid: tessel_net::tls::Validity::days(days),
+                valid: tessel_tls::Validity::days(days),
             };
             if renew {
-                tessel_net::tls::renew(&ca_dir, &node, &out, new_key, trust.as_deref())?;
+                tessel_tls::renew(&ca_dir, &node, &out, new_key, trust.as_deref())?;
                 println!(
                     "renewed {role} `{name}`'s certificate in {} for {days} days{}",
                     out.display(),
                     if new_key { ", with a new key" } else { "" }
                 );
             } else {
-                tessel_net::tls::issue(&ca_dir, &node, &out)?;
+                tessel_tls::issue(&ca_dir, &node, &out)?;
                 println!(
                     "issued {role} `{name}`'s certificate into {} (ca.pem, node.pem, node.key), valid {days} days",
                     out.display()

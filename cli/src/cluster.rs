@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use tessel_kvstore::wire::ReplicaStatus;
+use tessel_kv_service::wire::ReplicaStatus;
 
 use crate::args::{Endpoints, TlsArgs};
 use crate::exit::Exit;

@@ -160,11 +160,11 @@ pub(crate) fn context(cmd: ContextCommand) -> Result<()> {
             let tls_dir = tls_dir.map(|d| std::path::absolute(&d).unwrap_or(d));
             let tls_ca = tls_ca.map(|f| std::path::absolute(&f).unwrap_or(f));
             if let Some(dir) = &tls_dir {
-                let tls = tessel_net::tls::TlsFiles::load_trusting(dir, tls_ca.as_deref())?;
+                let tls = tessel_tls::TlsFiles::load_trusting(dir, tls_ca.as_deref())?;
                 println!(
                     "context `{name}`: you are {}, until {}",
                     tls.identity(),
-                    tessel_net::tls::show_time(tls.not_after())
+                    tessel_tls::show_time(tls.not_after())
                 );
             }
             c.contexts.insert(

@@ -12,8 +12,8 @@ use clap::Args;
 use tessel::identity;
 use tessel_coordinator::serve::{serve, Backend};
 use tessel_harness::Ready;
-use tessel_kvstore::raft::node::ReplicaConfig;
-use tessel_kvstore::raft::wal::LogIo;
+use tessel_kv_service::raft::node::ReplicaConfig;
+use tessel_kv_service::raft::wal::LogIo;
 
 use crate::args::{Endpoints, TlsArgs};
 
@@ -98,7 +98,7 @@ fn parse_peer(s: &str) -> Result<(u64, String), String> {
         .parse()
         .map_err(|_| format!("`{s}`: bad replica id"))?;
     let addr = addr.trim();
-    tessel_kvstore::net::check_host_port(addr).map_err(|e| format!("`{s}`: {e}"))?;
+    tessel_kv_service::rpc::check_host_port(addr).map_err(|e| format!("`{s}`: {e}"))?;
     Ok((id, addr.to_owned()))
 }
 
@@ -118,7 +118,7 @@ async fn listen_addr(listen: &str) -> Result<SocketAddr> {
     if let Ok(a) = listen.parse() {
         return Ok(a);
     }
-    tessel_kvstore::net::check_host_port(listen)
+    tessel_kv_service::rpc::check_host_port(listen)
         .map_err(|e| anyhow::anyhow!("--listen {listen}: {e}"))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
@@ -222,8 +222,8 @@ async fn replica_backend(args: &CoordinatorArgs) -> Result<Option<Backend>> {
     }))
 }
 
-fn openraft_snapshot_policy(every: u64) -> tessel_kvstore::raft::SnapshotPolicy {
-    tessel_kvstore::raft::SnapshotPolicy::LogsSinceLast(every.max(1))
+fn openraft_snapshot_policy(every: u64) -> tessel_kv_service::raft::SnapshotPolicy {
+    tessel_kv_service::raft::SnapshotPolicy::LogsSinceLast(every.max(1))
 }
 
 pub(crate) async fn wait_for_signal() {

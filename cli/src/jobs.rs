@@ -9,7 +9,6 @@ use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
 use tessel::plan::{ProcessResult, StepReport};
-use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
 use tessel_kv::KvStore;
 
@@ -253,14 +252,9 @@ pub(crate) async fn job(args: JobIdArgs) -> Result<()> {
     for (i, w) in j.placement.iter().enumerate() {
         println!("  process {i:<3} on worker {w}");
     }
-    let reports = client
-        .store()
-        .list(keys::job_reports(&id).as_bytes())
-        .await?;
-    for pair in reports.iter().rev().take(5).rev() {
-        if let Ok(r) = serde_json::from_slice::<StepReport>(&pair.value) {
-            println!("  step {:>8}  {}", r.step + 1, format_values(&r));
-        }
+    let reports = client.reports(&id).await?;
+    for r in reports.iter().rev().take(5).rev() {
+        println!("  step {:>8}  {}", r.step + 1, format_values(r));
     }
     Ok(())
 }

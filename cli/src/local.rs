@@ -10,11 +10,10 @@ use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
 use tessel::pjrt::locate;
+use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
-use tessel_coordinator::keys;
 use tessel_coordinator::scheduler::JobState;
 use tessel_harness::LocalCluster;
-use tessel_kv::KvStore;
 
 use crate::args::PluginArg;
 use crate::coordinator::wait_for_signal;
@@ -118,8 +117,7 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
     // Every process holds the same topology (the digests it published).
     let want = tessel_topology::digest(&topology);
     for i in 0..args.workers {
-        let key = keys::process_topology(&job, i);
-        let got = kv.get(key.as_bytes(), wait).await?;
+        let got = attempt::wait(&kv, &job, i, Record::Topology, wait).await?;
         if got != want.as_bytes() {
             bail!("process {i} holds a different topology");
         }

@@ -122,14 +122,14 @@ fn command_env(args: &WorkerArgs) -> Result<Vec<(String, String)>> {
 /// hostname (unique per pod or host); and where it came from.
 fn worker_identity(
     args: &WorkerArgs,
-    tls: Option<&tessel_net::tls::TlsFiles>,
+    tls: Option<&tessel_tls::TlsFiles>,
 ) -> (String, &'static str) {
     match (args.worker_id.clone(), tls.map(|t| t.identity())) {
         (Some(id), _) => (id, "--worker-id"),
         (
             None,
-            Some(tessel_net::tls::Identity::Node {
-                role: tessel_net::tls::Role::Worker,
+            Some(tessel_tls::Identity::Node {
+                role: tessel_tls::Role::Worker,
                 name,
             }),
         ) => (name.clone(), "its certificate"),

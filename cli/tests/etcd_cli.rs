@@ -4,7 +4,7 @@
 
 use std::process::{Command, Output};
 
-use tessel_kvstore::etcd::server::EtcdServers;
+use tessel_kv_service::etcd::server::EtcdServers;
 
 fn tessel(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tessel"))
@@ -87,10 +87,10 @@ fn spawn(args: &[&str]) -> Child {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_and_the_coordinator_run_on_etcd() {
     use std::time::{Duration, Instant};
+    use tessel_coordinator::attempt::{self, Record};
     use tessel_coordinator::jobs::{self, JobAssignment};
-    use tessel_coordinator::keys;
     use tessel_kv::KvStore;
-    use tessel_kvstore::etcd::{EtcdKv, EtcdOptions};
+    use tessel_kv_service::etcd::{EtcdKv, EtcdOptions};
 
     let etcd = EtcdServers::start(3).await.unwrap();
     let url = etcd.url();
@@ -130,9 +130,8 @@ async fn workers_and_the_coordinator_run_on_etcd() {
     }
     let mut digests = Vec::new();
     for i in 0..2 {
-        let key = keys::process_topology("e", i);
         digests.push(
-            kv.get(key.as_bytes(), Duration::from_secs(60))
+            attempt::wait(&kv, "e", i, Record::Topology, Duration::from_secs(60))
                 .await
                 .unwrap(),
         );
@@ -141,8 +140,7 @@ async fn workers_and_the_coordinator_run_on_etcd() {
     // Kill only once both passed the transfer barrier, so the failure comes
     // from the lease, not from a barrier cut short.
     for i in 0..2 {
-        let key = keys::process_transfer_ready("e", i);
-        kv.get(key.as_bytes(), Duration::from_secs(60))
+        attempt::wait(&kv, "e", i, Record::TransferReady, Duration::from_secs(60))
             .await
             .unwrap();
     }

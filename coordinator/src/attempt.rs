@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use tessel_kv::KvStore;
+use tessel_kv::{KvError, KvStore};
 
 use crate::error::{CoordinatorError, Result};
 use crate::keys;
@@ -61,8 +61,14 @@ pub fn key(attempt: &str, index: u32, record: Record) -> String {
     format!("jobs/{attempt}/processes/{index:05}/{}", record.name())
 }
 
-/// Invariant 1: `(index, record)` of a key under [`keys::process_topologies`].
-fn parse(attempt: &str, key: &[u8]) -> Option<(u32, Record)> {
+/// The prefix of every process's records of `attempt` (what a watch of
+/// them follows; [`parse`] reads its keys).
+pub fn prefix(attempt: &str) -> String {
+    keys::process_topologies(attempt)
+}
+
+/// Invariant 1: `(index, record)` of a key under [`prefix`].
+pub fn parse(attempt: &str, key: &[u8]) -> Option<(u32, Record)> {
     let rest = std::str::from_utf8(key)
         .ok()?
         .strip_prefix(&keys::process_topologies(attempt))?;
@@ -88,6 +94,37 @@ pub async fn publish(
             "publishing process {index}'s {}",
             record.name()
         )))
+}
+
+/// Writes process `index`'s `record` unless it exists: a process that came
+/// back to the same attempt keeps what it published first.
+pub async fn publish_once(
+    kv: &dyn KvStore,
+    attempt: &str,
+    index: u32,
+    record: Record,
+    value: &[u8],
+) -> std::result::Result<(), KvError> {
+    match kv
+        .insert(key(attempt, index, record).as_bytes(), value)
+        .await
+    {
+        Ok(_) | Err(KvError::AlreadyExists(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits up to `timeout` for process `index`'s `record`
+/// (`DeadlineExceeded` after it).
+pub async fn wait(
+    kv: &dyn KvStore,
+    attempt: &str,
+    index: u32,
+    record: Record,
+    timeout: std::time::Duration,
+) -> std::result::Result<Vec<u8>, KvError> {
+    kv.get(key(attempt, index, record).as_bytes(), timeout)
+        .await
 }
 
 /// Every process's records of `attempt`, by record, then process index.

@@ -120,6 +120,16 @@ pub async fn assign(kv: &dyn KvStore, worker: &str, a: &JobAssignment) -> Result
     Ok(())
 }
 
+/// The attempts placed on `worker` now.
+pub async fn assignments(kv: &dyn KvStore, worker: &str) -> Result<Vec<JobAssignment>> {
+    kv.list(keys::assignments(worker).as_bytes())
+        .await
+        .map_err(CoordinatorError::kv("listing a worker's assignments"))?
+        .iter()
+        .map(|p| JobAssignment::decode(&p.value))
+        .collect()
+}
+
 /// Withdraws `worker`'s assignment to `job` and its membership, after
 /// the job's attempt ended (scheduler invariant 7): a worker that was lost
 /// with them would otherwise find them again when it comes back.
@@ -167,7 +177,7 @@ pub async fn join_job(kv: &dyn KvStore, job: &str, reg: &Registration) -> Result
     Ok(())
 }
 
-/// Removes a worker from a job it finished.
+/// Removes a worker from a job it finished, its assignment last.
 pub async fn leave_job(kv: &dyn KvStore, job: &str, worker: &str) -> Result<()> {
     match kv.delete(keys::job_member(job, worker).as_bytes()).await {
         Ok(_) => {}
@@ -181,9 +191,11 @@ pub async fn leave_job(kv: &dyn KvStore, job: &str, worker: &str) -> Result<()> 
                 .is_err_and(|e| matches!(e, KvError::NotFound(_))) => {}
         Err(e) => return Err(CoordinatorError::kv("leaving the job")(e)),
     }
-    kv.delete(keys::worker_job(worker, job).as_bytes())
-        .await
-        .map_err(CoordinatorError::kv("leaving the job"))?;
+    for key in [keys::worker_job(worker, job), keys::assignment(worker, job)] {
+        kv.delete(key.as_bytes())
+            .await
+            .map_err(CoordinatorError::kv("leaving the job"))?;
+    }
     Ok(())
 }
 

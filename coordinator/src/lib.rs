@@ -21,6 +21,7 @@ mod error;
 pub mod jobs;
 pub mod keys;
 pub mod monitor;
+pub mod records;
 pub mod registry;
 pub mod scheduler;
 pub mod serve;
@@ -29,6 +30,8 @@ mod testing;
 
 pub use error::{CoordinatorError, Result};
 pub use jobs::JobFailure;
+pub use keys::{check_id, unix_ms};
+pub use records::{Item, Records};
 pub use registry::{
     Heartbeat, LivenessConfig, Registration, WorkerDevice, WorkerInfo, WorkerRecord, WorkerState,
     WorkerStatus,

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessel_kv::KvStore;
-use tessel_kvstore::raft::client::RaftKv;
-use tessel_kvstore::raft::node::{Replica, ReplicaConfig};
-use tessel_net::tls::{Identity, Role};
+use tessel_kv_service::raft::client::RaftKv;
+use tessel_kv_service::raft::node::{Replica, ReplicaConfig};
+use tessel_tls::{Identity, Role};
 
 use crate::error::{CoordinatorError, Result};
 
@@ -151,7 +151,7 @@ impl Served {
 }
 
 /// Invariant 1.
-fn check_certificate(tls: Option<&tessel_net::tls::TlsFiles>) -> Result<()> {
+fn check_certificate(tls: Option<&tessel_tls::TlsFiles>) -> Result<()> {
     match tls.map(|t| t.identity()) {
         None | Some(Identity::Anonymous) => Ok(()),
         Some(Identity::Node {

@@ -3,7 +3,7 @@
 //! re-encodes.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tessel_kvstore::wire::{decode, encode, frame_len, WireRequest, WireResponse, MAX_FRAME};
+use tessel_kv_service::wire::{decode, encode, frame_len, WireRequest, WireResponse, MAX_FRAME};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= 4 {

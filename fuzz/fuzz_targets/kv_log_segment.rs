@@ -4,7 +4,7 @@
 //! invalid record.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tessel_kvstore::raft::wal::{read_segment, MAX_RECORD};
+use tessel_kv_service::raft::wal::{read_segment, MAX_RECORD};
 
 fuzz_target!(|data: &[u8]| {
     let mut end_of_last = 0u64;

@@ -3,7 +3,7 @@
 //! that reads has counted every pair and event record.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tessel_kvstore::raft::sm::{read_snapshot, SnapshotRecord};
+use tessel_kv_service::raft::sm::{read_snapshot, SnapshotRecord};
 use tessel_kv::state::Limits;
 
 fuzz_target!(|data: &[u8]| {

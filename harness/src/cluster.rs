@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use tessel_kvstore::raft::client::RaftKv;
-use tessel_net::tls::TlsFiles;
+use tessel_kv_service::raft::client::RaftKv;
+use tessel_tls::TlsFiles;
 
 use super::{Child, LocalError, Ready};
 
@@ -35,7 +35,7 @@ impl LocalCluster {
     /// binary to start. Nothing runs yet.
     pub fn new(exe: PathBuf) -> Result<LocalCluster, LocalError> {
         let dir = crate::scratch::scratch_dir("local").map_err(LocalError::Io)?;
-        tessel_net::tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])
+        tessel_tls::init_certs(&dir.path().join("tls"), &["127.0.0.1".into()])
             .map_err(|e| LocalError::Tls(e.to_string()))?;
         Ok(LocalCluster {
             exe,

@@ -7,7 +7,7 @@
 //! tessel's coordinator uses for liveness and job state.
 //!
 //! * [`KvStore`]: the async interface, one for all backends (the
-//!   replicated store and etcd live in `tessel-kvstore`).
+//!   replicated store and etcd live in `tessel-kv-service`).
 //! * [`state`]: the deterministic state machine every backend applies.
 //! * [`AppliedState`]: applied state with the notifications blocking gets,
 //!   barrier waits and watches need.

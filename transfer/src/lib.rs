@@ -20,7 +20,7 @@
 //! use tessel_transfer::{CollectiveConfig, Communicator, Peer, ReduceOp, TransferConfig, TransferEndpoint};
 //! use tessel_pjrt::ElementType;
 //! # async fn example(peers: Vec<std::net::SocketAddr>, rank: u32) -> tessel_transfer::Result<()> {
-//! let tls = tessel_net::tls::TlsFiles::load("tls".as_ref()).unwrap();
+//! let tls = tessel_tls::TlsFiles::load("tls".as_ref()).unwrap();
 //! let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok();
 //! let cfg = TransferConfig { boot_id: boot_id.clone(), ..TransferConfig::default() };
 //! // Each process binds its endpoint and learns the others' addresses

@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tessel_net::tls::{init_certs, TlsFiles};
 use tessel_pjrt::ElementType;
+use tessel_tls::{init_certs, TlsFiles};
 use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint};
 
 /// A rank that leaves a call early and grows its arena for the next one

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tessel_net::tls::{init_certs, TlsFiles};
+use tessel_tls::{init_certs, TlsFiles};
 use tessel_transfer::{
     CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint, TransferError,
 };

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use tessel_net::tls::{init_ca, issue, NodeCert, Role, TlsFiles};
 use tessel_pjrt::ElementType;
+use tessel_tls::{init_ca, issue, NodeCert, Role, TlsFiles};
 use tessel_transfer::{Peer, TransferConfig, TransferEndpoint, TransferError};
 
 const T: Duration = Duration::from_secs(10);
@@ -19,7 +19,7 @@ fn node(ca: &Path, dir: &Path, role: Role, name: &str) -> TlsFiles {
             role,
             name,
             hosts: &[],
-            valid: tessel_net::tls::Validity::days(30),
+            valid: tessel_tls::Validity::days(30),
         },
         &out,
     )

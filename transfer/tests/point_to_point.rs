@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tessel_net::tls::{init_certs, TlsFiles};
 use tessel_pjrt::ElementType;
+use tessel_tls::{init_certs, TlsFiles};
 use tessel_transfer::{TransferConfig, TransferEndpoint, TransferError, TransferHeader, ALPN};
 
 const T: Duration = Duration::from_secs(60);
@@ -156,11 +156,11 @@ async fn over_the_limit_and_lying_headers_are_refused_and_the_endpoint_keeps_ser
     // A raw client announcing 1 TiB: refused from the header alone.
     let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     client.set_default_client_config(
-        tls.client_config(ALPN, tessel_net::tls::Expect::Worker(None))
+        tls.client_config(ALPN, tessel_tls::Expect::Worker(None))
             .unwrap(),
     );
     let conn = client
-        .connect(to, tessel_net::tls::SERVER_NAME)
+        .connect(to, tessel_tls::SERVER_NAME)
         .unwrap()
         .await
         .unwrap();

@@ -53,7 +53,7 @@ pub struct WorkerConfig {
     /// cluster's TLS files for it (`None`: `--insecure`).
     pub transfer_ip: std::net::IpAddr,
     /// The TLS files of the transfer endpoint (`None`: `--insecure`).
-    pub transfer_tls: Option<tessel_net::tls::TlsFiles>,
+    pub transfer_tls: Option<tessel_tls::TlsFiles>,
     /// Folders under which jobs may keep checkpoints on this host.
     pub checkpoint_roots: Vec<PathBuf>,
     /// Create options of every client of the plugin (`--plugin-option`).
@@ -172,9 +172,9 @@ async fn probe(
 }
 
 /// A worker's certificate must be a worker's, for its own id (the
-/// coordinators enforce the same: kvstore's `authz`).
+/// coordinators enforce the same: kv-service's `authz`).
 fn check_identity(cfg: &WorkerConfig) -> Result<()> {
-    use tessel_net::tls::{Identity, Role};
+    use tessel_tls::{Identity, Role};
     match cfg.transfer_tls.as_ref().map(|t| t.identity()).as_ref() {
         Some(Identity::Node {
             role: Role::Worker,
@@ -203,13 +203,13 @@ impl Worker {
         cfg: WorkerConfig,
         runner: Arc<dyn JobRunner>,
     ) -> Result<Worker> {
-        keys::check_id("worker id", &cfg.worker_id)?;
+        tessel_coordinator::check_id("worker id", &cfg.worker_id)?;
         check_identity(&cfg)?;
         let load_started = std::time::Instant::now();
         let (plugin, facts) =
             probe(cfg.plugin.clone(), cfg.devices, cfg.plugin_options.clone()).await?;
         let plugin_load = load_started.elapsed();
-        let plugin_ready_unix_ms = keys::unix_ms();
+        let plugin_ready_unix_ms = tessel_coordinator::unix_ms();
         let host = HostFacts::read();
         let (major, minor) = plugin.api_version();
         let info = WorkerInfo {

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessel_coordinator::keys;
+use tessel_coordinator::{keys, Item, Records};
 use tessel_kv::KvError;
 
 use crate::agent::Worker;
@@ -45,14 +45,11 @@ impl Worker {
             .collect();
         let value = format!("{} {reason}", self.cfg.preempt_grace.as_millis());
         for job in jobs {
-            match self
-                .kv
-                .insert(keys::job_suspend(&job).as_bytes(), value.as_bytes())
+            match Records::new(&*self.kv, &job)
+                .first(Item::Notice, value.as_bytes())
                 .await
             {
-                Ok(_) | Err(KvError::AlreadyExists(_)) => {
-                    tracing::info!(job = %job, reason, "preemption notice given")
-                }
+                Ok(_) => tracing::info!(job = %job, reason, "preemption notice given"),
                 Err(e) => tracing::warn!(job = %job, error = %e, "could not give the notice"),
             }
         }
@@ -85,9 +82,9 @@ impl Worker {
 
     /// Waits for the attempt's notice; its grace and reason.
     pub(crate) async fn notice(&self, job: &str) -> (Duration, String) {
-        let key = keys::job_suspend(job);
+        let records = Records::new(&*self.kv, job);
         loop {
-            match self.kv.get(key.as_bytes(), Duration::from_secs(3600)).await {
+            match records.wait(Item::Notice, Duration::from_secs(3600)).await {
                 Ok(v) => return parse_notice(&v),
                 Err(KvError::DeadlineExceeded { .. }) => {}
                 Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,

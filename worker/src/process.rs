@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
-use tessel_coordinator::{keys, Registration};
+use tessel_coordinator::{Item, Records, Registration};
 use tessel_kv::KvError;
 use tessel_pjrt::{Client, ClientOptions};
 use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
@@ -124,15 +124,15 @@ impl Worker {
     /// Invariant 7: true (and the assignment withdrawn) when the attempt
     /// ended while this worker was away.
     async fn attempt_ended(&self, a: &JobAssignment, reg: &Registration) -> Result<bool> {
-        match self.kv.try_get(keys::job_done(&a.attempt).as_bytes()).await {
-            Ok(_) => {
-                tracing::info!(job = %a.attempt, "withdrawing the assignment of an ended attempt");
-                jobs::unassign(&*self.kv, &reg.worker_id, &a.attempt).await?;
-                Ok(true)
-            }
-            Err(KvError::NotFound(_)) => Ok(false),
-            Err(e) => Err(kv_err("reading whether the job ended")(e)),
+        let done = Records::new(&*self.kv, &a.attempt)
+            .get(Item::Done)
+            .await
+            .map_err(kv_err("reading whether the job ended"))?;
+        if done.is_some() {
+            tracing::info!(job = %a.attempt, "withdrawing the assignment of an ended attempt");
+            jobs::unassign(&*self.kv, &reg.worker_id, &a.attempt).await?;
         }
+        Ok(done.is_some())
     }
 
     /// Fails the job with `e` unless it already failed, and records the
@@ -149,17 +149,19 @@ impl Worker {
             incarnation: Some(reg.incarnation),
             kind: e.kind(),
             reason: e.to_string(),
-            unix_ms: keys::unix_ms(),
+            unix_ms: tessel_coordinator::unix_ms(),
         };
         let record = async {
             if let Ok(first) = jobs::fail_job(&*self.kv, &a.attempt, &failure).await {
-                let _ = self
-                    .kv
-                    .put(
-                        keys::process_failure_seen(&a.attempt, a.process_index).as_bytes(),
-                        first.to_string().as_bytes(),
-                    )
-                    .await;
+                let seen = first.to_string();
+                let _ = attempt::publish(
+                    &*self.kv,
+                    &a.attempt,
+                    a.process_index,
+                    Record::FailureSeen,
+                    seen.as_bytes(),
+                )
+                .await;
             }
         };
         if tokio::time::timeout(RECORD_DEADLINE, record).await.is_err() {
@@ -180,11 +182,10 @@ impl Worker {
         jobs::join_job(&*self.kv, &a.attempt, reg).await?;
         // The spec, read once: it says whether this is a command job, the
         // client's options, and the plan.
-        let spec = match self.kv.try_get(keys::job_spec(&a.attempt).as_bytes()).await {
-            Ok(spec) => Some(spec),
-            Err(KvError::NotFound(_)) => None,
-            Err(e) => return Err(kv_err("reading the job's spec")(e)),
-        };
+        let spec = Records::new(&*self.kv, &a.attempt)
+            .get(Item::Spec)
+            .await
+            .map_err(kv_err("reading the job's spec"))?;
         let job = spec.map(|s| self.runner.prepare(&s)).transpose()?;
         if let Some(launch) = job.as_ref().and_then(|j| j.command()) {
             return self.run_command(a, reg, launch).await;
@@ -408,13 +409,9 @@ impl Worker {
 
     /// Returns once the job's `done` key exists.
     pub(crate) async fn job_done(&self, job: &str) -> Result<()> {
-        let done = keys::job_done(job);
+        let records = Records::new(&*self.kv, job);
         loop {
-            match self
-                .kv
-                .get(done.as_bytes(), Duration::from_secs(3600))
-                .await
-            {
+            match records.wait(Item::Done, Duration::from_secs(3600)).await {
                 Ok(_) => return Ok(()),
                 Err(KvError::DeadlineExceeded { .. }) => continue,
                 Err(e) => return Err(kv_err("waiting for the job's end")(e)),
@@ -429,20 +426,18 @@ impl Worker {
             f = self.job_failed(&a.attempt) => {
                 let f = f?;
                 tracing::warn!(job = %a.attempt, failure = %f, "job failed");
-                self.kv
-                    .put(
-                        keys::process_failure_seen(&a.attempt, a.process_index).as_bytes(),
-                        f.to_string().as_bytes(),
-                    )
-                    .await
-                    .map_err(kv_err("recording the failure"))?;
+                let seen = f.to_string();
+                attempt::publish(
+                    &*self.kv,
+                    &a.attempt,
+                    a.process_index,
+                    Record::FailureSeen,
+                    seen.as_bytes(),
+                )
+                .await?;
             }
         }
         jobs::leave_job(&*self.kv, &a.attempt, &reg.worker_id).await?;
-        self.kv
-            .delete(keys::assignment(&reg.worker_id, &a.attempt).as_bytes())
-            .await
-            .map_err(kv_err("removing the assignment"))?;
         Ok(())
     }
 }

@@ -23,8 +23,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tessel_coordinator::keys;
-use tessel_kv::{KvError, KvStore};
+use tessel_coordinator::attempt::{self, Record};
+use tessel_kv::KvStore;
 
 use crate::error::kv_err;
 use crate::error::{Result, WorkerError};
@@ -154,17 +154,12 @@ pub(crate) async fn exchange_hosts(
     timeout: Duration,
 ) -> Result<Vec<TpuHost>> {
     let value = format!("{} {}", mine.slice, mine.hostname);
-    match kv
-        .insert(keys::process_host(job, me).as_bytes(), value.as_bytes())
+    attempt::publish_once(kv, job, me, Record::Host, value.as_bytes())
         .await
-    {
-        Ok(_) | Err(KvError::AlreadyExists(_)) => {}
-        Err(e) => return Err(kv_err("publishing this process's host")(e)),
-    }
+        .map_err(kv_err("publishing this process's host"))?;
     let mut hosts = Vec::with_capacity(n as usize);
     for p in 0..n {
-        let v = kv
-            .get(keys::process_host(job, p).as_bytes(), timeout)
+        let v = attempt::wait(kv, job, p, Record::Host, timeout)
             .await
             .map_err(kv_err("reading the job's hosts"))?;
         let text = String::from_utf8_lossy(&v);

@@ -59,7 +59,7 @@ pub async fn read_state(kv: &dyn KvStore) -> Result<(Option<Vec<u8>>, SchedulerS
 /// Compare-and-swap of the state; false when another pass won. A mismatch
 /// that finds exactly `new` is this call's own write: the client retried it
 /// after its first try was applied but not answered (a replica died;
-/// kvstore's client invariant 2).
+/// kv-service's client invariant 2).
 async fn commit(kv: &dyn KvStore, old: Option<&[u8]>, new: &SchedulerState) -> Result<bool> {
     let new = new.encode();
     match kv

@@ -40,8 +40,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::{Connection, Endpoint, VarInt};
-use tessel_net::tls::{Accept, Expect, TlsFiles};
 use tessel_pjrt::ElementType;
+use tessel_tls::{Accept, Expect, TlsFiles};
 
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
@@ -71,7 +71,7 @@ pub const MIN_SPARE: usize = 1 << 20;
 /// Stream reset codes.
 const REFUSED: u32 = 1;
 
-fn tls_err(e: tessel_net::tls::TlsError) -> TransferError {
+fn tls_err(e: tessel_tls::TlsError) -> TransferError {
     TransferError::Tls(e.to_string())
 }
 
@@ -121,7 +121,7 @@ impl TransferEndpoint {
                 None,
             ),
             None => {
-                let (server, client) = tessel_net::tls::insecure_configs(ALPN).map_err(tls_err)?;
+                let (server, client) = tessel_tls::insecure_configs(ALPN).map_err(tls_err)?;
                 (server, Some(client))
             }
         };
@@ -133,7 +133,7 @@ impl TransferEndpoint {
             .max_udp_payload_size(cfg.max_udp_payload.max(1200))
             .map_err(|e| bind_err(e.to_string()))?;
         let socket =
-            tessel_net::udp_socket(addr, cfg.socket_buffer).map_err(|e| bind_err(e.to_string()))?;
+            tessel_tls::udp_socket(addr, cfg.socket_buffer).map_err(|e| bind_err(e.to_string()))?;
         let endpoint = Endpoint::new(
             endpoint_cfg,
             Some(server),
@@ -203,7 +203,7 @@ impl TransferEndpoint {
         let client = self.client_config(peer)?;
         let conn = self
             .endpoint
-            .connect_with(client, addr, tessel_net::tls::SERVER_NAME)
+            .connect_with(client, addr, tessel_tls::SERVER_NAME)
             .map_err(|e| connect_err(e.to_string()))?
             .await
             .map_err(|e| connect_err(e.to_string()))?;

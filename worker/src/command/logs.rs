@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessel_coordinator::keys;
+use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
@@ -167,13 +167,17 @@ impl Shipper {
             return;
         };
         let rank = self.first_rank + local;
-        let key = keys::job_log(&self.job_id, self.attempt, rank, seq);
-        if let Err(e) = self.kv.put(key.as_bytes(), &bytes).await {
+        let records = Records::new(&*self.kv, &self.job_id);
+        let log = |seq| Item::Log {
+            attempt: self.attempt,
+            process: rank,
+            seq,
+        };
+        if let Err(e) = records.put(log(seq), &bytes).await {
             tracing::warn!(job = %self.job_id, process = rank, error = %e, "a log chunk was lost");
         }
         if let Some(old) = expired {
-            let key = keys::job_log(&self.job_id, self.attempt, rank, old);
-            let _ = self.kv.delete(key.as_bytes()).await;
+            let _ = records.delete(log(old)).await;
         }
     }
 }

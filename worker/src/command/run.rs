@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{FailureKind, JobAssignment};
-use tessel_coordinator::{keys, scheduler, Registration};
-use tessel_kv::KvError;
+use tessel_coordinator::{scheduler, Item, Records, Registration};
 use tokio::sync::mpsc;
 
 use super::env::{process_env, Placement, Rendezvous};
@@ -284,7 +283,7 @@ impl Worker {
     /// Placement 0 picks two free ports on its host and publishes them;
     /// the others read them, within the topology deadline.
     async fn rendezvous(&self, a: &JobAssignment) -> Result<Rendezvous> {
-        let key = keys::job_rendezvous(&a.attempt);
+        let records = Records::new(&*self.kv, &a.attempt);
         if a.process_index == 0 {
             let port = || -> Result<u16> {
                 let l = std::net::TcpListener::bind((self.cfg.transfer_ip, 0))
@@ -300,17 +299,15 @@ impl Worker {
                 jax_port: port()?,
                 torch_port: port()?,
             };
-            match self.kv.insert(key.as_bytes(), r.encode().as_bytes()).await {
-                Ok(_) => return Ok(r),
-                // A worker that came back to the same attempt: keep the first.
-                Err(KvError::AlreadyExists(_)) => {}
-                Err(e) => return Err(kv_err("publishing the rendezvous")(e)),
-            }
+            // A worker that came back to the same attempt keeps the first.
+            records
+                .first(Item::Rendezvous, r.encode().as_bytes())
+                .await
+                .map_err(kv_err("publishing the rendezvous"))?;
         }
         let timeout = Duration::from_millis(a.topology_timeout_ms);
-        let bytes = self
-            .kv
-            .get(key.as_bytes(), timeout)
+        let bytes = records
+            .wait(Item::Rendezvous, timeout)
             .await
             .map_err(kv_err("waiting for process 0's rendezvous address"))?;
         Rendezvous::decode(&String::from_utf8_lossy(&bytes)).ok_or_else(|| {

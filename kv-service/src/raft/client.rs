@@ -1,0 +1,541 @@
+//! The client of the replicated service: [`KvStore`] over QUIC to any
+//! replica.
+//!
+//! Invariants:
+//! 1. A transport error or `Unavailable` is retried on the next replica with
+//!    backoff until the deadline; every other answer is final.
+//! 2. A retried write may have been applied once already; inserts and CAS
+//!    then report `AlreadyExists` / `Mismatch` rather than write twice.
+//! 3. A watch that loses its replica resumes after the last event it
+//!    delivered: no event lost or repeated.
+//! 4. Requests go to the leader directly when its address is known (asked
+//!    before the first request and after each retry); else a follower
+//!    forwards. Correctness never depends on the hint.
+//! 5. Replicas named by DNS are looked up again after a while and after a
+//!    failed call: a replica rescheduled under its name is found again.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::rpc::{self, NamedPeer, PeerClient};
+use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
+use tessel_kv::state::{KeyValue, Limits, Op, Output};
+use tessel_kv::{CasOutcome, KvStore, WatchStream};
+use tessel_kv::{KvError, Result};
+use tessel_tls::TlsFiles;
+
+/// How long a request keeps trying replicas, beyond its own timeout.
+const RETRY_BUDGET: Duration = Duration::from_secs(15);
+
+/// A QUIC endpoint, one UDP socket, with the credentials clients present:
+/// one process's clients may share it (a load generator's do), and quinn
+/// then drives all their connections from one socket.
+#[derive(Clone)]
+pub struct ClientEndpoint(quinn::Endpoint);
+
+impl ClientEndpoint {
+    /// An endpoint on an ephemeral port of every local address of the
+    /// family of `replicas` (IPv6 when the first is); `tls: None` means
+    /// `--insecure`.
+    pub fn for_replicas(replicas: &[SocketAddr], tls: Option<&TlsFiles>) -> Result<ClientEndpoint> {
+        let client_cfg = match tls {
+            Some(t) => t.client_config(wire::ALPN, tessel_tls::Expect::Coordinator),
+            None => tessel_tls::insecure_configs(wire::ALPN).map(|(_, c)| c),
+        }
+        .map_err(|e| KvError::InvalidArgument(e.to_string()))?;
+        let ipv6 = replicas.first().is_some_and(SocketAddr::is_ipv6);
+        let bind: SocketAddr = if ipv6 { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .expect("literal address");
+        let mut endpoint =
+            rpc::endpoint(bind, None).map_err(|e| KvError::Unavailable(e.to_string()))?;
+        endpoint.set_default_client_config(client_cfg);
+        Ok(ClientEndpoint(endpoint))
+    }
+}
+
+/// A client of a replicated key-value cluster.
+pub struct RaftKv {
+    replicas: Arc<[NamedPeer]>,
+    limits: Limits,
+    client: PeerClient,
+    next: AtomicUsize,
+    /// Whether `next` was pointed at the leader since the last retry
+    /// (invariant 4).
+    leader_sought: AtomicBool,
+}
+
+impl RaftKv {
+    /// A client for the replicas at `addrs`, on an endpoint of its own;
+    /// `tls: None` means `--insecure`.
+    pub fn connect(addrs: Vec<SocketAddr>, tls: Option<&TlsFiles>) -> Result<RaftKv> {
+        RaftKv::connect_via(&ClientEndpoint::for_replicas(&addrs, tls)?, addrs)
+    }
+
+    /// A client for the replicas at `targets` (`HOST:PORT`, HOST a DNS name
+    /// or an address), looked up now and again later (invariant 5). At
+    /// least one must resolve now: its family picks the endpoint's.
+    pub async fn connect_named(targets: &[String], tls: Option<&TlsFiles>) -> Result<RaftKv> {
+        let mut first = None;
+        let mut why = Vec::new();
+        for t in targets {
+            rpc::check_host_port(t).map_err(|e| KvError::InvalidArgument(format!("`{t}`: {e}")))?;
+            if first.is_none() {
+                match tokio::net::lookup_host(t.as_str())
+                    .await
+                    .map(|mut a| a.next())
+                {
+                    Ok(Some(a)) => first = Some(a),
+                    Ok(None) => why.push(format!("{t}: no address")),
+                    Err(e) => why.push(format!("{t}: {e}")),
+                }
+            }
+        }
+        let Some(first) = first else {
+            return Err(KvError::Unavailable(format!(
+                "no coordinator address resolves ({})",
+                why.join("; ")
+            )));
+        };
+        let endpoint = ClientEndpoint::for_replicas(&[first], tls)?;
+        RaftKv::with_replicas(&endpoint, targets.iter().map(NamedPeer::new).collect())
+    }
+
+    /// A client for the replicas at `addrs` whose connections go through
+    /// `endpoint`, beside those of every other client on it. Each client
+    /// still has connections of its own.
+    pub fn connect_via(endpoint: &ClientEndpoint, addrs: Vec<SocketAddr>) -> Result<RaftKv> {
+        let replicas = addrs.iter().map(|a| NamedPeer::new(a.to_string()));
+        RaftKv::with_replicas(endpoint, replicas.collect())
+    }
+
+    fn with_replicas(endpoint: &ClientEndpoint, replicas: Vec<NamedPeer>) -> Result<RaftKv> {
+        if replicas.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "no coordinator address given".into(),
+            ));
+        }
+        Ok(RaftKv {
+            replicas: replicas.into(),
+            limits: Limits::default(),
+            client: PeerClient::new(endpoint.0.clone()),
+            next: AtomicUsize::new(0),
+            leader_sought: AtomicBool::new(false),
+        })
+    }
+
+    /// The replica the next request goes to first, as it was given.
+    pub fn replica(&self) -> &str {
+        self.replicas[self.next.load(Ordering::Relaxed) % self.replicas.len()].name()
+    }
+
+    /// Points `next` at the leader the current replica reports, when its
+    /// address is one of ours (invariant 4). An unreachable replica is
+    /// skipped, as a request would skip it; otherwise failures leave `next`
+    /// alone and the request that follows finds its way by retrying.
+    async fn seek_leader(&self) {
+        let i = self.next.load(Ordering::Relaxed) % self.replicas.len();
+        let asked = &self.replicas[i];
+        let status = WireRequest::Client(ClientRequest::Status);
+        let timeout = tessel_tls::IDLE_TIMEOUT;
+        let s = match asked.call(&self.client, &status, timeout).await {
+            Ok(WireResponse::Status(s)) => s,
+            Ok(_) => return,
+            Err(_) => {
+                self.next.store(i + 1, Ordering::Relaxed);
+                return;
+            }
+        };
+        // The membership's address of the leader: one of ours as given
+        // (a DNS name) or as it resolved.
+        let Some(leader) = s
+            .leader
+            .and_then(|l| s.members.iter().find(|(id, _)| *id == l))
+        else {
+            return;
+        };
+        let ip = leader.1.parse::<SocketAddr>().ok();
+        let ours = self
+            .replicas
+            .iter()
+            .position(|r| r.name() == leader.1 || (ip.is_some() && r.last() == ip));
+        if let Some(i) = ours {
+            self.next.store(i, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends `req`, trying replicas in turn (invariant 1).
+    async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
+        let deadline = Instant::now() + wait + RETRY_BUDGET;
+        let mut last_error = KvError::Unavailable("no replica answered".into());
+        let mut backoff = Duration::from_millis(20);
+        if self.replicas.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
+            self.seek_leader().await;
+        }
+        while Instant::now() < deadline {
+            for _ in 0..self.replicas.len() {
+                let i = self.next.load(Ordering::Relaxed) % self.replicas.len();
+                let replica = &self.replicas[i];
+                // A dead replica is noticed once it has been silent for
+                // `rpc::SILENCE` (rpc invariant 4), by the idle timeout at
+                // the latest (a killed process sends no close).
+                let per_call = wait + tessel_tls::IDLE_TIMEOUT;
+                // Point past this replica while the call runs: a caller that
+                // gives up (drops this future) on a dead replica moves the
+                // next request on to another one.
+                self.next.store(i + 1, Ordering::Relaxed);
+                let call = WireRequest::Client(req.clone());
+                match replica.call(&self.client, &call, per_call).await {
+                    Ok(resp) => match retryable(&resp) {
+                        Some(e) => {
+                            self.leader_sought.store(false, Ordering::Relaxed);
+                            last_error = e
+                        }
+                        None => {
+                            self.next.store(i, Ordering::Relaxed);
+                            return Ok(resp);
+                        }
+                    },
+                    Err(e) => {
+                        self.leader_sought.store(false, Ordering::Relaxed);
+                        last_error = KvError::Unavailable(e.to_string())
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+        Err(last_error)
+    }
+
+    async fn write(&self, op: Op) -> Result<Output> {
+        // Refuse oversized data here rather than ship it to be refused.
+        self.limits.check_op(&op)?;
+        match self
+            .request(ClientRequest::Write(op), Duration::ZERO)
+            .await?
+        {
+            WireResponse::Output(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Adds replica `id` at `addr` (learner, then voter once caught up).
+    pub async fn add_replica(&self, id: u64, addr: SocketAddr) -> Result<()> {
+        match self
+            .request(
+                ClientRequest::AddReplica {
+                    id,
+                    addr: addr.to_string(),
+                },
+                Duration::from_secs(60),
+            )
+            .await?
+        {
+            WireResponse::Done(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Removes replica `id` from the voters.
+    pub async fn remove_replica(&self, id: u64) -> Result<()> {
+        match self
+            .request(ClientRequest::RemoveReplica { id }, Duration::from_secs(30))
+            .await?
+        {
+            WireResponse::Done(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The status every replica reports (unreachable ones as errors), by
+    /// the name each was given.
+    pub async fn cluster_status(&self) -> Vec<(String, Result<ReplicaStatus>)> {
+        let mut out = Vec::new();
+        for replica in self.replicas.iter() {
+            let status = WireRequest::Client(ClientRequest::Status);
+            let r = match replica
+                .call(&self.client, &status, Duration::from_secs(3))
+                .await
+            {
+                Ok(WireResponse::Status(s)) => Ok(s),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(KvError::Unavailable(e.to_string())),
+            };
+            out.push((replica.name().to_owned(), r));
+        }
+        out
+    }
+}
+
+fn retryable(resp: &WireResponse) -> Option<KvError> {
+    let err = match resp {
+        WireResponse::Done(Err(e))
+        | WireResponse::Output(Err(e))
+        | WireResponse::Value(Err(e))
+        | WireResponse::List(Err(e))
+        | WireResponse::Revision(Err(e))
+        | WireResponse::Event(Err(e)) => e,
+        _ => return None,
+    };
+    matches!(err, KvError::Unavailable(_)).then(|| err.clone())
+}
+
+fn unexpected(r: WireResponse) -> KvError {
+    KvError::Internal(format!("unexpected answer {r:?}"))
+}
+
+#[async_trait::async_trait]
+impl KvStore for RaftKv {
+    async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.write(Op::Insert {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: None,
+        })
+        .await?
+        .into_revision()
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.write(Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: None,
+        })
+        .await?
+        .into_revision()
+    }
+
+    async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64> {
+        self.write(Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: Some(lease),
+        })
+        .await?
+        .into_revision()
+    }
+
+    async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        let req = ClientRequest::Get {
+            key: key.to_vec(),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        match self.request(req, timeout).await? {
+            WireResponse::Value(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>> {
+        match self
+            .request(ClientRequest::TryGet { key: key.to_vec() }, Duration::ZERO)
+            .await?
+        {
+            WireResponse::Value(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        match self
+            .request(
+                ClientRequest::List {
+                    prefix: prefix.to_vec(),
+                },
+                Duration::ZERO,
+            )
+            .await?
+        {
+            WireResponse::List(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn delete(&self, key: &[u8]) -> Result<u64> {
+        self.write(Op::Delete { key: key.to_vec() })
+            .await?
+            .into_deleted()
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
+        self.write(Op::DeletePrefix {
+            prefix: prefix.to_vec(),
+        })
+        .await?
+        .into_deleted()
+    }
+
+    async fn increment(&self, key: &[u8], delta: i64) -> Result<i64> {
+        self.write(Op::Increment {
+            key: key.to_vec(),
+            delta,
+        })
+        .await?
+        .into_counter()
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<CasOutcome> {
+        let op = Op::CompareAndSwap {
+            key: key.to_vec(),
+            expected: expected.map(<[u8]>::to_vec),
+            value: value.to_vec(),
+        };
+        Ok(self.write(op).await?.into_cas()?.into())
+    }
+
+    async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
+        // Check the start is valid now, so a compacted start fails here.
+        let first = open_watch(&self.client, &self.replicas, prefix, from_revision)
+            .await
+            .ok_or_else(|| KvError::Unavailable("no replica accepts the watch".into()))?;
+        let state = WatchState {
+            client: self.client.clone(),
+            replicas: self.replicas.clone(),
+            prefix: prefix.to_vec(),
+            next_from: from_revision,
+            recv: Some(first),
+        };
+        Ok(futures::stream::unfold(state, |mut st| async move {
+            loop {
+                if st.recv.is_none() {
+                    st.recv = open_watch(&st.client, &st.replicas, &st.prefix, st.next_from).await;
+                    if st.recv.is_none() {
+                        let e = KvError::Unavailable("watch: no replica answers".into());
+                        return Some((Err(e), st));
+                    }
+                }
+                let recv = st.recv.as_mut().expect("set above");
+                match rpc::read_frame(recv, wire::MAX_FRAME).await {
+                    Ok(Some(body)) => match wire::decode::<WireResponse>(&body) {
+                        Ok(WireResponse::Event(Ok(e))) => {
+                            st.next_from = e.revision() + 1;
+                            return Some((Ok(e), st));
+                        }
+                        Ok(WireResponse::Event(Err(KvError::Unavailable(_)))) => st.recv = None,
+                        Ok(WireResponse::Event(Err(e))) => return Some((Err(e), st)),
+                        Ok(other) => return Some((Err(unexpected(other)), st)),
+                        Err(e) => return Some((Err(KvError::Internal(e.to_string())), st)),
+                    },
+                    // Invariant 3: resume elsewhere from the next revision.
+                    Ok(None) | Err(_) => st.recv = None,
+                }
+            }
+        })
+        .boxed())
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<u64> {
+        self.write(Op::LeaseGrant {
+            ttl_ms: ttl.as_millis() as u64,
+        })
+        .await?
+        .into_lease()
+    }
+
+    async fn keep_alive(&self, lease: u64) -> Result<()> {
+        self.write(Op::LeaseKeepAlive { id: lease }).await.map(drop)
+    }
+
+    async fn revoke(&self, lease: u64) -> Result<()> {
+        self.write(Op::LeaseRevoke { id: lease }).await.map(drop)
+    }
+
+    async fn barrier(
+        &self,
+        id: &[u8],
+        participant: &[u8],
+        participants: u32,
+        timeout: Duration,
+    ) -> Result<()> {
+        let op = Op::barrier_arrive(id, participant, participants, timeout);
+        let status = self.write(op).await?.into_barrier()?;
+        if let Some(r) = status.outcome(id) {
+            return r;
+        }
+        let wait = timeout + Duration::from_secs(2);
+        let req = ClientRequest::WaitBarrier {
+            id: id.to_vec(),
+            timeout_ms: wait.as_millis() as u64,
+        };
+        match self.request(req, wait).await? {
+            WireResponse::Output(Ok(Output::Barrier(s))) => {
+                s.outcome(id).unwrap_or(Err(KvError::DeadlineExceeded {
+                    what: format!("barrier `{}`", tessel_kv::show_key(id)),
+                    after: timeout,
+                }))
+            }
+            WireResponse::Output(Err(e)) => Err(e),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn cancel_barrier(&self, id: &[u8], reason: &str) -> Result<()> {
+        self.write(Op::BarrierCancel {
+            id: id.to_vec(),
+            reason: reason.to_owned(),
+        })
+        .await?
+        .into_barrier()
+        .map(drop)
+    }
+
+    async fn revision(&self) -> Result<u64> {
+        match self
+            .request(ClientRequest::Revision, Duration::ZERO)
+            .await?
+        {
+            WireResponse::Revision(r) => r,
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+struct WatchState {
+    client: PeerClient,
+    replicas: Arc<[NamedPeer]>,
+    prefix: Vec<u8>,
+    next_from: u64,
+    recv: Option<quinn::RecvStream>,
+}
+
+/// Opens a watch stream on the first replica that accepts it, trying for
+/// up to the retry budget. A refused start (a compacted revision) arrives as
+/// the stream's first frame.
+async fn open_watch(
+    client: &PeerClient,
+    replicas: &[NamedPeer],
+    prefix: &[u8],
+    from: u64,
+) -> Option<quinn::RecvStream> {
+    let deadline = Instant::now() + RETRY_BUDGET;
+    while Instant::now() < deadline {
+        for replica in replicas {
+            let req = WireRequest::Client(ClientRequest::Watch {
+                prefix: prefix.to_vec(),
+                from,
+            });
+            let Ok(addr) = replica.addr(client).await else {
+                continue;
+            };
+            if let Ok((_, mut send, recv)) = client.open(addr, &req).await {
+                let _ = send.finish();
+                return Some(recv);
+            }
+            replica.forget();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}

@@ -1,0 +1,765 @@
+//! One replica: storage, openraft, the QUIC server, and request routing.
+//!
+//! Invariants:
+//! 1. Client requests are served by the leader; a follower forwards one once,
+//!    marked [`WireRequest::Forwarded`], never again; a replica that cannot
+//!    serve answers `Unavailable` and the client tries another.
+//! 2. A read waits for `ensure_linearizable` and for the read floor (the
+//!    leader's whole log as of its first read in the term), so it never sees
+//!    less than the leader acknowledged (ARCHITECTURE.md, "Reads").
+//! 3. Time in requests is the leader's wall clock; only the leader proposes
+//!    `Tick`s, when a lease or barrier is due.
+//! 4. A leader's first write of its term is preceded by `RenewLeases`, so no
+//!    lease expires for the leaderless gap; until it commits, client writes
+//!    answer `Unavailable` and ticks wait.
+//! 5. Writes arriving while a proposal is in flight form the next one (group
+//!    commit), applied in arrival order, each with its own result and revision.
+//! 6. Every request is authorized by its connection's certificate first
+//!    ([`crate::authz`]); the leader trusts only coordinators' relays.
+
+mod network;
+mod proposer;
+
+use network::*;
+use proposer::*;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, Raft, ServerState};
+use quinn::SendStream;
+
+use crate::raft::sm::SmTables;
+use crate::raft::wal::LogIo;
+use crate::raft::{storage, Proposal, TypeConfig};
+use crate::rpc::{self, Handler, NamedPeer, NetError, PeerClient};
+use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
+use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
+use tessel_kv::AppliedState;
+use tessel_kv::KvError;
+use tessel_tls::TlsFiles;
+
+/// How a replica is set up.
+#[derive(Clone)]
+pub struct ReplicaConfig {
+    /// This replica's Raft id.
+    pub id: u64,
+    /// Where it listens (clients and peers).
+    pub listen: SocketAddr,
+    /// The initial voters (id → `HOST:PORT`, a DNS name or an IP), this
+    /// replica included. Used once, to form the cluster on first start;
+    /// names are resolved again whenever a link to the peer is (re)made.
+    pub peers: BTreeMap<u64, String>,
+    /// Its log, state machine and snapshots.
+    pub data_dir: PathBuf,
+    /// `None` means `--insecure`.
+    pub tls: Option<TlsFiles>,
+    /// Raft timing ([`ReplicaConfig::default_raft`]).
+    pub raft: openraft::Config,
+    /// How the Raft log writes ([`LogIo::Direct`] unless the file system
+    /// refuses it; `wal` invariant 7).
+    pub log_io: LogIo,
+}
+
+impl ReplicaConfig {
+    /// Raft timing for a LAN or loopback: 250 ms heartbeats (openraft also
+    /// uses this as the deadline of each AppendEntries, which must fit a
+    /// 4 MiB value), elections after 1–2 s of silence, snapshots every
+    /// 20 000 entries.
+    pub fn default_raft() -> openraft::Config {
+        openraft::Config {
+            cluster_name: "tessel".into(),
+            heartbeat_interval: 250,
+            election_timeout_min: 1000,
+            election_timeout_max: 2000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        }
+    }
+}
+
+/// Why a replica could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// The data folder could not be opened or used.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// The certificates could not be loaded.
+    #[error("TLS: {0}")]
+    Tls(#[from] tessel_tls::TlsError),
+    /// The listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// openraft refused to start.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// A running replica.
+pub struct Replica {
+    /// Its Raft id.
+    pub id: u64,
+    /// The openraft handle.
+    pub raft: Raft<TypeConfig>,
+    applied: Arc<AppliedState<SmTables>>,
+    endpoint: quinn::Endpoint,
+}
+
+impl Replica {
+    /// Opens the data folder, starts Raft and the server, and on first start
+    /// forms the cluster from `peers`.
+    pub async fn start(cfg: ReplicaConfig) -> Result<Replica, ReplicaError> {
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ReplicaError::Storage(e.to_string()))?;
+        let (log, sm) = storage::open(&cfg.data_dir, cfg.id, KvState::default(), cfg.log_io)
+            .await
+            .map_err(|e| ReplicaError::Storage(e.to_string()))?;
+        let log_synced = log.synced();
+        let applied = sm.applied();
+        let (server_cfg, client_cfg) = match &cfg.tls {
+            Some(t) => (
+                t.server_config(wire::ALPN, tessel_tls::Accept::AnyRole)?,
+                t.client_config(wire::ALPN, tessel_tls::Expect::Coordinator)?,
+            ),
+            None => tessel_tls::insecure_configs(wire::ALPN)?,
+        };
+        let mut endpoint =
+            rpc::endpoint(cfg.listen, Some(server_cfg)).map_err(|source| ReplicaError::Listen {
+                addr: cfg.listen,
+                source,
+            })?;
+        endpoint.set_default_client_config(client_cfg);
+        let bound = endpoint
+            .local_addr()
+            .map_err(|source| ReplicaError::Listen {
+                addr: cfg.listen,
+                source,
+            })?;
+        // With port 0, this replica's entry in the peer list is its real address.
+        let mut peers = cfg.peers.clone();
+        if let Some(a) = peers.get_mut(&cfg.id) {
+            if a.parse::<SocketAddr>().is_ok_and(|a| a.port() == 0) {
+                *a = bound.to_string();
+            }
+        }
+        let client = PeerClient::new(endpoint.clone());
+        let config = Arc::new(
+            cfg.raft
+                .clone()
+                .validate()
+                .map_err(|e| ReplicaError::Raft(e.to_string()))?,
+        );
+        let network = Network {
+            client: client.clone(),
+            log_synced,
+        };
+        let raft = Raft::new(cfg.id, config, network, log, sm)
+            .await
+            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        let leases_renewed = Arc::new(AtomicU64::new(0));
+        let handler = Arc::new(ReplicaHandler {
+            id: cfg.id,
+            raft: raft.clone(),
+            applied: applied.clone(),
+            client,
+            leases_renewed: leases_renewed.clone(),
+            proposer: Proposer::start(raft.clone()),
+            read_floor: std::sync::Mutex::new(None),
+        });
+        tokio::spawn(rpc::serve(endpoint.clone(), handler));
+        tokio::spawn(tick_when_due(
+            raft.clone(),
+            applied.clone(),
+            cfg.id,
+            leases_renewed,
+        ));
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        if !initialized && !peers.is_empty() {
+            let members: BTreeMap<u64, BasicNode> = peers
+                .iter()
+                .map(|(id, a)| (*id, BasicNode::new(a.clone())))
+                .collect();
+            // Every replica of a new cluster initializes with the same voters;
+            // the identical first log entry makes that safe, and a replica
+            // that already learned of the cluster refuses (ignored).
+            if let Err(e) = raft.initialize(members).await {
+                tracing::info!("initialize: {e}");
+            }
+        }
+        Ok(Replica {
+            id: cfg.id,
+            raft,
+            applied,
+            endpoint,
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    /// A handle that tells the leader this replica knows of, if any (its
+    /// readiness), for as long as the replica runs.
+    pub fn leader_probe(&self) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
+        let metrics = self.raft.metrics();
+        move || metrics.borrow().current_leader
+    }
+
+    /// This replica's applied state.
+    pub fn applied(&self) -> Arc<AppliedState<SmTables>> {
+        self.applied.clone()
+    }
+
+    /// Stops Raft and the server.
+    pub async fn shutdown(self) {
+        let _ = self.raft.shutdown().await;
+        self.endpoint.close(0u32.into(), b"shutdown");
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Invariant 3: the leader proposes a `Tick` when something is due.
+async fn tick_when_due(
+    raft: Raft<TypeConfig>,
+    applied: Arc<AppliedState<SmTables>>,
+    id: u64,
+    leases_renewed: Arc<AtomicU64>,
+) {
+    let mut changes = applied.changes();
+    loop {
+        let next = applied.read(|s, _| s.next_deadline_ms());
+        let wait = match next {
+            Some(ms) => Duration::from_millis(ms.saturating_sub(wall_ms())),
+            None => Duration::from_secs(1),
+        }
+        .min(Duration::from_secs(1));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            r = changes.changed() => {
+                if r.is_err() { return; }
+                continue;
+            }
+        }
+        let leader = raft.metrics().borrow().current_leader;
+        let due = applied
+            .read(|s, _| s.next_deadline_ms())
+            .is_some_and(|ms| ms <= wall_ms());
+        if leader == Some(id)
+            && due
+            && renew_leases_once_per_term(&raft, &leases_renewed)
+                .await
+                .is_ok()
+        {
+            let _ = raft
+                .client_write(Proposal::one(Request {
+                    now_ms: wall_ms(),
+                    op: Op::Tick,
+                }))
+                .await;
+        }
+        if raft.metrics().borrow().running_state.is_err() {
+            return;
+        }
+    }
+}
+
+struct ReplicaHandler {
+    id: u64,
+    raft: Raft<TypeConfig>,
+    applied: Arc<AppliedState<SmTables>>,
+    client: PeerClient,
+    leases_renewed: Arc<AtomicU64>,
+    proposer: Proposer,
+    /// (term, log index) of invariant 2's read floor.
+    read_floor: std::sync::Mutex<Option<(u64, u64)>>,
+}
+
+async fn reply(send: &mut SendStream, r: &WireResponse) {
+    if let Err(e) = rpc::write_frame(send, r).await {
+        tracing::debug!("reply failed: {e}");
+    }
+}
+
+fn unavailable(msg: impl Into<String>) -> KvError {
+    KvError::Unavailable(msg.into())
+}
+
+/// The answer to give when a request fails before producing its own.
+fn error_response(req: &ClientRequest, e: KvError) -> WireResponse {
+    match req {
+        ClientRequest::Get { .. } | ClientRequest::TryGet { .. } => WireResponse::Value(Err(e)),
+        ClientRequest::List { .. } => WireResponse::List(Err(e)),
+        ClientRequest::Revision => WireResponse::Revision(Err(e)),
+        ClientRequest::Watch { .. } => WireResponse::Event(Err(e)),
+        ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. } => {
+            WireResponse::Done(Err(e))
+        }
+        ClientRequest::Guarded { request, .. } => error_response(request, e),
+        _ => WireResponse::Output(Err(e)),
+    }
+}
+
+/// A request under the guard its authorization gave it: a write becomes
+/// [`Op::Guarded`] (checked when applied), a read [`ClientRequest::Guarded`]
+/// (checked once linearizable).
+fn guarded(req: WireRequest, guard: tessel_kv::state::Guard) -> WireRequest {
+    let wrap = |c: ClientRequest| match c {
+        ClientRequest::Write(op) => ClientRequest::Write(Op::Guarded {
+            guard,
+            op: Box::new(op),
+        }),
+        read => ClientRequest::Guarded {
+            guard,
+            request: Box::new(read),
+        },
+    };
+    match req {
+        WireRequest::Client(c) => WireRequest::Client(wrap(c)),
+        WireRequest::Forwarded(c) => WireRequest::Forwarded(wrap(c)),
+        other => other,
+    }
+}
+
+impl Handler for ReplicaHandler {
+    fn handle(
+        self: Arc<Self>,
+        req: WireRequest,
+        mut send: SendStream,
+        peer: rpc::PeerInfo,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        Box::pin(async move {
+            // Invariant 6: the certificate's role decides what it may ask.
+            let req = match crate::authz::authorize(&peer.identity, &req) {
+                Ok(None) => req,
+                Ok(Some(guard)) => guarded(req, guard),
+                Err(why) => {
+                    tracing::warn!(peer = %peer.addr, %why, "request refused");
+                    match &req {
+                        WireRequest::Client(c) | WireRequest::Forwarded(c) => {
+                            reply(
+                                &mut send,
+                                &error_response(c, KvError::PermissionDenied(why)),
+                            )
+                            .await
+                        }
+                        _ => {
+                            let _ = send.reset(quinn::VarInt::from_u32(wire::RESET_FORBIDDEN));
+                            return;
+                        }
+                    }
+                    let _ = send.finish();
+                    return;
+                }
+            };
+            match req {
+                WireRequest::AppendEntries(r) => {
+                    reply(
+                        &mut send,
+                        &WireResponse::AppendEntries(self.raft.append_entries(r).await),
+                    )
+                    .await
+                }
+                WireRequest::Vote(r) => {
+                    reply(&mut send, &WireResponse::Vote(self.raft.vote(r).await)).await
+                }
+                WireRequest::InstallSnapshot(r) => {
+                    reply(
+                        &mut send,
+                        &WireResponse::InstallSnapshot(self.raft.install_snapshot(r).await),
+                    )
+                    .await
+                }
+                WireRequest::Client(ClientRequest::Status) => {
+                    reply(&mut send, &WireResponse::Status(self.status())).await
+                }
+                WireRequest::Client(c) => self.route(c, &mut send, false).await,
+                WireRequest::Forwarded(c) => self.route(c, &mut send, true).await,
+            }
+            let _ = send.finish();
+        })
+    }
+}
+
+impl ReplicaHandler {
+    fn status(&self) -> ReplicaStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let (mut members, mut learners) = (Vec::new(), Vec::new());
+        for (id, node) in membership.nodes() {
+            let entry = (*id, node.addr.clone());
+            if voters.contains(id) {
+                members.push(entry);
+            } else {
+                learners.push(entry);
+            }
+        }
+        let (revision, keys) = self
+            .applied
+            .read(|s, t| (s.revision(), t.count().unwrap_or(0)));
+        ReplicaStatus {
+            id: self.id,
+            state: format!("{:?}", m.state),
+            leader: m.current_leader,
+            term: m.current_term,
+            members,
+            learners,
+            last_log_index: m.last_log_index,
+            applied: m.last_applied.map(|l| l.index),
+            snapshot: m.snapshot.map(|l| l.index),
+            purged: m.purged.map(|l| l.index),
+            revision,
+            keys,
+        }
+    }
+
+    /// Serves as leader, or forwards once (invariant 1).
+    async fn route(&self, req: ClientRequest, send: &mut SendStream, forwarded: bool) {
+        let mut leader = self.raft.metrics().borrow().current_leader;
+        if leader.is_none() {
+            // An election may be under way: give it a moment.
+            let _ = self
+                .raft
+                .wait(Some(Duration::from_secs(2)))
+                .metrics(|m| m.current_leader.is_some(), "a leader")
+                .await;
+            leader = self.raft.metrics().borrow().current_leader;
+        }
+        match leader {
+            Some(l) if l == self.id => self.serve(req, send).await,
+            Some(l) if !forwarded => {
+                let target = self
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .get_node(&l)
+                    .map(|n| n.addr.clone());
+                let addr = match target {
+                    Some(t) => self.client.resolve(&t).await.ok(),
+                    None => None,
+                };
+                match addr {
+                    Some(addr) => self.forward(addr, req, send).await,
+                    None => {
+                        reply(
+                            send,
+                            &error_response(
+                                &req,
+                                unavailable(format!("leader {l} has no address")),
+                            ),
+                        )
+                        .await
+                    }
+                }
+            }
+            _ => {
+                let why = if forwarded {
+                    "this replica is no longer the leader"
+                } else {
+                    "no leader"
+                };
+                reply(send, &error_response(&req, unavailable(why))).await
+            }
+        }
+    }
+
+    /// Relays a request to the leader and every answer frame back.
+    async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut SendStream) {
+        let (conn, mut up, mut down) = match self
+            .client
+            .open(addr, &WireRequest::Forwarded(req.clone()))
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => return reply(send, &error_response(&req, unavailable(e.to_string()))).await,
+        };
+        let _ = up.finish();
+        loop {
+            match rpc::read_frame_from(&conn, &mut down, wire::MAX_FRAME).await {
+                Ok(Some(body)) => {
+                    if send
+                        .write_all(&(body.len() as u32).to_be_bytes())
+                        .await
+                        .is_err()
+                        || send.write_all(&body).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    return reply(send, &error_response(&req, unavailable(e.to_string()))).await
+                }
+            }
+        }
+    }
+
+    async fn add_replica(&self, id: u64, addr: String) -> Result<(), KvError> {
+        crate::rpc::check_host_port(&addr)
+            .map_err(|e| KvError::InvalidArgument(format!("replica address {addr:?}: {e}")))?;
+        let voters: std::collections::BTreeSet<u64> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        if voters.contains(&id) {
+            return Ok(());
+        }
+        self.raft
+            .add_learner(id, BasicNode::new(addr), true)
+            .await
+            .map_err(|e| unavailable(format!("add learner {id}: {e}")))?;
+        let mut new = voters;
+        new.insert(id);
+        self.raft
+            .change_membership(new, false)
+            .await
+            .map(drop)
+            .map_err(|e| unavailable(format!("promote {id}: {e}")))
+    }
+
+    async fn remove_replica(&self, id: u64) -> Result<(), KvError> {
+        let mut voters: std::collections::BTreeSet<u64> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        if !voters.remove(&id) {
+            return Err(KvError::NotFound(id.to_string().into_bytes()));
+        }
+        if voters.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "cannot remove the last voter".into(),
+            ));
+        }
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map(drop)
+            .map_err(|e| unavailable(format!("remove {id}: {e}")))
+    }
+
+    /// Invariant 2.
+    async fn linearizable(&self) -> Result<(), KvError> {
+        let failed = |e: String| unavailable(format!("linearizable read: {e}"));
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let (term, last_log, applied) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            (m.current_term, m.last_log_index.unwrap_or(0), applied)
+        };
+        let floor = {
+            let mut f = self.read_floor.lock().expect("not poisoned");
+            match *f {
+                Some((t, index)) if t == term => index,
+                _ => {
+                    *f = Some((term, last_log));
+                    last_log
+                }
+            }
+        };
+        if applied >= floor {
+            return Ok(());
+        }
+        let raft = self.raft.clone();
+        let floor_reached = move |m: &openraft::RaftMetrics<u64, BasicNode>| {
+            m.current_term != term || m.last_applied.is_some_and(|l| l.index >= floor)
+        };
+        raft.wait(Some(tessel_tls::IDLE_TIMEOUT))
+            .metrics(floor_reached, "the read floor")
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        // Still the leader of that term once the floor is applied.
+        if self.raft.metrics().borrow().current_term != term {
+            return Err(failed("leadership moved while reading".into()));
+        }
+        Ok(())
+    }
+
+    /// `authz` invariant 4: a guarded read goes ahead once linearizable
+    /// and only if its guard holds.
+    async fn unguard(&self, req: ClientRequest) -> Result<ClientRequest, (ClientRequest, KvError)> {
+        let ClientRequest::Guarded { guard, request } = req else {
+            return Ok(req);
+        };
+        let holds = match self.linearizable().await {
+            Ok(()) => self.applied.read(|_, t| guard.holds(t)),
+            Err(e) => Err(e),
+        };
+        match holds {
+            Ok(true) => Ok(*request),
+            Ok(false) => {
+                let key = match &*request {
+                    ClientRequest::Get { key, .. } | ClientRequest::TryGet { key } => key.clone(),
+                    ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. } => {
+                        prefix.clone()
+                    }
+                    _ => Vec::new(),
+                };
+                let e = guard.refusal("read", &key);
+                Err((*request, e))
+            }
+            Err(e) => Err((*request, e)),
+        }
+    }
+
+    /// Serves a request on the leader.
+    async fn serve(&self, req: ClientRequest, send: &mut SendStream) {
+        let req = match self.unguard(req).await {
+            Ok(r) => r,
+            Err((r, e)) => return reply(send, &error_response(&r, e)).await,
+        };
+        let response = match req {
+            ClientRequest::Write(op) => {
+                // Validated before it can enter the log.
+                let checked = match self.applied.read(|s, _| s.limits().check_op(&op)) {
+                    Ok(()) => renew_leases_once_per_term(&self.raft, &self.leases_renewed).await,
+                    invalid => invalid,
+                };
+                let r = match checked {
+                    Err(e) => Err(e),
+                    Ok(()) => {
+                        self.proposer
+                            .propose(Request {
+                                now_ms: wall_ms(),
+                                op,
+                            })
+                            .await
+                    }
+                };
+                WireResponse::Output(r)
+            }
+            ClientRequest::Get { key, timeout_ms } => {
+                let r = match self.linearizable().await {
+                    Ok(()) => {
+                        self.applied
+                            .get(&key, Duration::from_millis(timeout_ms))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                WireResponse::Value(r)
+            }
+            ClientRequest::TryGet { key } => WireResponse::Value(
+                self.linearizable()
+                    .await
+                    .and_then(|()| self.applied.try_get(&key)?.ok_or(KvError::NotFound(key))),
+            ),
+            ClientRequest::List { prefix } => WireResponse::List(
+                self.linearizable()
+                    .await
+                    .and_then(|()| self.applied.read(|_, t| t.list(&prefix))),
+            ),
+            ClientRequest::Revision => WireResponse::Revision(
+                self.linearizable()
+                    .await
+                    .map(|()| self.applied.read(|s, _| s.revision())),
+            ),
+            ClientRequest::WaitBarrier { id, timeout_ms } => {
+                let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+                let decided = self
+                    .applied
+                    .wait_for(deadline, |s, _| {
+                        s.barrier(&id)
+                            .filter(|b| !matches!(b, BarrierStatus::Waiting { .. }))
+                            .cloned()
+                    })
+                    .await;
+                WireResponse::Output(Ok(Output::Barrier(decided.unwrap_or(
+                    BarrierStatus::Waiting {
+                        arrived: 0,
+                        participants: 0,
+                    },
+                ))))
+            }
+            ClientRequest::Watch { prefix, from } => {
+                if let Err(e) = self.linearizable().await {
+                    return reply(send, &WireResponse::Event(Err(e))).await;
+                }
+                let mut events = match self.applied.watch(&prefix, from) {
+                    Ok(s) => s,
+                    Err(e) => return reply(send, &WireResponse::Event(Err(e))).await,
+                };
+                while let Some(e) = events.next().await {
+                    let end = e.is_err();
+                    if rpc::write_frame(send, &WireResponse::Event(e))
+                        .await
+                        .is_err()
+                        || end
+                    {
+                        return;
+                    }
+                }
+                return;
+            }
+            ClientRequest::Status => WireResponse::Status(self.status()),
+            ClientRequest::AddReplica { id, addr } => {
+                WireResponse::Done(self.add_replica(id, addr).await)
+            }
+            ClientRequest::RemoveReplica { id } => {
+                WireResponse::Done(self.remove_replica(id).await)
+            }
+            ClientRequest::Guarded { request, .. } => error_response(
+                &request,
+                KvError::InvalidArgument("a guard inside a guard".into()),
+            ),
+        };
+        reply(send, &response).await;
+    }
+}
+
+/// Waits until some replica of `replicas` reports itself leader.
+pub async fn wait_for_leader(replicas: &[&Replica], timeout: Duration) -> Option<u64> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        for r in replicas {
+            let m = r.raft.metrics().borrow().clone();
+            if m.state == ServerState::Leader {
+                return Some(r.id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}

@@ -1,0 +1,614 @@
+//! QUIC transport: one bidirectional stream per request over pooled
+//! connections, every call with a deadline.
+//!
+//! Invariants:
+//! 1. A bad stream (oversized or malformed frame) is reset alone; the
+//!    connection and the server keep serving every other stream.
+//! 2. At most one connection per peer address is kept; a closed one is
+//!    replaced on the next call.
+//! 3. A one-frame stream is read to its end when the end arrived with the
+//!    frame; one dropped earlier sends STOP_SENDING.
+//! 4. A call gives up on a peer silent for [`SILENCE`] (a killed process
+//!    sends no close); the connection stays until its idle timeout.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use serde::Serialize;
+
+use crate::wire::{
+    self, FrameError, WireRequest, WireResponse, RESET_FRAME_TOO_LARGE, RESET_MALFORMED,
+};
+use tessel_tls::{peer_identity, server_name, Identity};
+
+/// Transport failures.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NetError {
+    /// A peer's `HOST:PORT` does not resolve (it is retried later).
+    #[error("cannot resolve {target}: {reason}")]
+    Resolve {
+        /// The peer as configured.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// The connection could not be made.
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect {
+        /// The peer.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The peer did not answer in time.
+    #[error("no answer from {addr} within {after:?}")]
+    Timeout {
+        /// The peer.
+        addr: SocketAddr,
+        /// How long it was given.
+        after: Duration,
+    },
+    /// The stream broke.
+    #[error("stream to {addr}: {reason}")]
+    Stream {
+        /// The peer.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// A frame was too large or did not decode.
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+}
+
+/// Reads one frame; `None` when the peer finished the stream cleanly.
+pub async fn read_frame(recv: &mut RecvStream, max: usize) -> Result<Option<Vec<u8>>, ReadError> {
+    let mut header = [0u8; 4];
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(ReadError::Io(e.to_string())),
+    }
+    let len = wire::frame_len(header, max).map_err(ReadError::Frame)?;
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body)
+        .await
+        .map_err(|e| ReadError::Io(e.to_string()))?;
+    Ok(Some(body))
+}
+
+/// Takes the peer's end of stream when it has already arrived, without
+/// waiting for it (invariant 3).
+fn take_end(recv: &mut RecvStream) {
+    let mut probe = [0u8; 1];
+    let _ = recv.read(&mut probe).now_or_never();
+}
+
+/// How long a peer may send nothing while a call waits on it (invariant 4):
+/// twice the keep-alive interval, after which at least one keep-alive of
+/// ours has gone unanswered for half a second.
+pub const SILENCE: Duration = Duration::from_secs(1);
+const SILENCE_CHECK: Duration = Duration::from_millis(250);
+
+/// Returns once `conn` has received nothing for [`SILENCE`].
+async fn until_silent(conn: &Connection) {
+    let mut seen = conn.stats().udp_rx.datagrams;
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(SILENCE_CHECK).await;
+        let now = conn.stats().udp_rx.datagrams;
+        if now != seen {
+            (seen, since) = (now, tokio::time::Instant::now());
+        } else if since.elapsed() >= SILENCE {
+            return;
+        }
+    }
+}
+
+/// [`read_frame`] from a stream of `conn`, given up when the peer falls
+/// silent (invariant 4).
+pub async fn read_frame_from(
+    conn: &Connection,
+    recv: &mut RecvStream,
+    max: usize,
+) -> Result<Option<Vec<u8>>, ReadError> {
+    tokio::select! {
+        r = read_frame(recv, max) => r,
+        () = until_silent(conn) => Err(ReadError::Io(format!(
+            "the peer sent nothing for {SILENCE:?}"
+        ))),
+    }
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// Too large or undecodable.
+    #[error("{0}")]
+    Frame(FrameError),
+    /// The stream failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Encodes and writes one frame.
+pub async fn write_frame<T: Serialize>(send: &mut SendStream, msg: &T) -> Result<(), String> {
+    let frame = wire::encode(msg, wire::MAX_FRAME).map_err(|e| e.to_string())?;
+    send.write_all(&frame).await.map_err(|e| e.to_string())
+}
+
+/// Socket buffers asked for (the kernel caps them at `net.core.rmem_max`
+/// and `wmem_max`). With the default ~208 KiB a replica's socket dropped
+/// datagrams when 64 clients' requests arrived while its one thread was
+/// busy (`RcvbufErrors` in `/proc/net/snmp`: 97–155 in a 25 s benchmark),
+/// and each drop cost a client QUIC's loss-recovery wait.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
+/// A QUIC endpoint on `addr` (a server when `server` is given) on a
+/// [`tessel_tls::udp_socket`] with [`SOCKET_BUFFER`]-byte buffers.
+pub fn endpoint(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<Endpoint> {
+    Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        tessel_tls::udp_socket(addr, SOCKET_BUFFER)?,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
+/// A client endpoint with one pooled connection per peer.
+#[derive(Clone)]
+pub struct PeerClient {
+    endpoint: Endpoint,
+    conns: Arc<Mutex<HashMap<SocketAddr, Connection>>>,
+    /// The DNS name each address was resolved from: dialed as the server
+    /// name, which the peer's certificate must name.
+    names: Arc<Mutex<HashMap<SocketAddr, String>>>,
+}
+
+/// `HOST:PORT` with a port, `HOST` a DNS name or an IP (`[v6]:port`).
+pub fn check_host_port(target: &str) -> Result<(), String> {
+    match target.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err("expected HOST:PORT".into()),
+    }
+}
+
+impl PeerClient {
+    /// A client on `endpoint`, whose default client config is set.
+    pub fn new(endpoint: Endpoint) -> PeerClient {
+        PeerClient {
+            endpoint,
+            conns: Arc::default(),
+            names: Arc::default(),
+        }
+    }
+
+    /// The address `target` (`HOST:PORT`) names now: an IP as is, a DNS
+    /// name looked up (and remembered as the name to dial it by).
+    pub async fn resolve(&self, target: &str) -> Result<SocketAddr, NetError> {
+        if let Ok(a) = target.parse::<SocketAddr>() {
+            return Ok(a);
+        }
+        let unresolved = |reason: String| NetError::Resolve {
+            target: target.to_owned(),
+            reason,
+        };
+        check_host_port(target).map_err(unresolved)?;
+        let addr = tokio::net::lookup_host(target)
+            .await
+            .map_err(|e| unresolved(e.to_string()))?
+            .next()
+            .ok_or_else(|| unresolved("no address".into()))?;
+        let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+        self.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, host.trim_matches(['[', ']']).to_owned());
+        Ok(addr)
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<Connection, NetError> {
+        if let Some(c) = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+        {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let name = self
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+            .cloned()
+            .unwrap_or_else(|| server_name(addr));
+        let connecting = self
+            .endpoint
+            .connect(addr, &name)
+            .map_err(|e| NetError::Connect {
+                addr,
+                reason: e.to_string(),
+            })?;
+        let conn = connecting.await.map_err(|e| NetError::Connect {
+            addr,
+            reason: e.to_string(),
+        })?;
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    /// Opens a stream to `addr` and sends `req` on it; returns the
+    /// connection with the stream, for [`read_frame_from`].
+    pub async fn open(
+        &self,
+        addr: SocketAddr,
+        req: &WireRequest,
+    ) -> Result<(Connection, SendStream, RecvStream), NetError> {
+        let stream_err = |reason: String| NetError::Stream { addr, reason };
+        let mut conn = self.connection(addr).await?;
+        let (mut send, recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(_) => {
+                // The pooled connection died: reconnect once (invariant 2).
+                self.conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&addr);
+                conn = self.connection(addr).await?;
+                conn.open_bi()
+                    .await
+                    .map_err(|e| stream_err(e.to_string()))?
+            }
+        };
+        write_frame(&mut send, req).await.map_err(stream_err)?;
+        Ok((conn, send, recv))
+    }
+
+    /// Sends `req` to `addr` and waits up to `timeout` for the answer.
+    pub async fn call(
+        &self,
+        addr: SocketAddr,
+        req: &WireRequest,
+        timeout: Duration,
+    ) -> Result<WireResponse, NetError> {
+        let attempt = async {
+            let (conn, mut send, mut recv) = self.open(addr, req).await?;
+            let _ = send.finish();
+            let stream_err = |reason: String| NetError::Stream { addr, reason };
+            match read_frame_from(&conn, &mut recv, wire::MAX_FRAME).await {
+                Ok(Some(body)) => {
+                    take_end(&mut recv);
+                    Ok(wire::decode(&body)?)
+                }
+                Ok(None) => Err(stream_err("closed without an answer".into())),
+                Err(ReadError::Frame(f)) => Err(NetError::Frame(f)),
+                Err(ReadError::Io(e)) => Err(stream_err(e)),
+            }
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .map_err(|_| NetError::Timeout {
+                addr,
+                after: timeout,
+            })?
+    }
+}
+
+/// A peer known by its `HOST:PORT`: an address is used as is; a DNS name
+/// is resolved when first used, and again after [`RESOLVE_TTL`] or a failed
+/// call, so that a peer rescheduled under the same name (a pod, a
+/// container) is found at its new address.
+#[derive(Debug)]
+pub struct NamedPeer {
+    host_port: String,
+    /// `Some` when `host_port` is an address: nothing to look up, no lock
+    /// on the request path.
+    fixed: Option<SocketAddr>,
+    resolved: Mutex<Option<(SocketAddr, std::time::Instant)>>,
+}
+
+/// How long a resolved address is trusted.
+pub const RESOLVE_TTL: Duration = Duration::from_secs(5);
+
+impl NamedPeer {
+    /// The peer at `host_port` (an address, or a DNS name and a port).
+    pub fn new(host_port: impl Into<String>) -> NamedPeer {
+        let host_port = host_port.into();
+        NamedPeer {
+            fixed: host_port.parse().ok(),
+            host_port,
+            resolved: Mutex::new(None),
+        }
+    }
+
+    /// `HOST:PORT` as given.
+    pub fn name(&self) -> &str {
+        &self.host_port
+    }
+
+    /// Its address, or the one its name resolved to last, if any.
+    pub fn last(&self) -> Option<SocketAddr> {
+        self.fixed.or_else(|| {
+            self.resolved
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .map(|(a, _)| a)
+        })
+    }
+
+    /// Its address now: the fixed one, the cached one while fresh, else
+    /// looked up.
+    pub async fn addr(&self, client: &PeerClient) -> Result<SocketAddr, NetError> {
+        if let Some(a) = self.fixed {
+            return Ok(a);
+        }
+        let cached = *self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((a, at)) = cached {
+            if at.elapsed() < RESOLVE_TTL {
+                return Ok(a);
+            }
+        }
+        let a = client.resolve(&self.host_port).await?;
+        *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((a, std::time::Instant::now()));
+        Ok(a)
+    }
+
+    /// Sends `req` to wherever it is now ([`PeerClient::call`]); a failure
+    /// has the name looked up again before the next call.
+    pub async fn call(
+        &self,
+        client: &PeerClient,
+        req: &WireRequest,
+        timeout: Duration,
+    ) -> Result<WireResponse, NetError> {
+        let result = match self.addr(client).await {
+            Ok(addr) => client.call(addr, req, timeout).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+
+    /// Looks the name up again before the next call (this one failed).
+    pub fn forget(&self) {
+        if self.fixed.is_none() {
+            *self.resolved.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+/// Who sent a request: the connection's address and the identity its
+/// certificate carries.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// The connection's remote address.
+    pub addr: SocketAddr,
+    /// What its certificate says it is.
+    pub identity: Arc<Identity>,
+}
+
+/// What a server does with one decoded request: writes its answer frames
+/// to `send` (one, or several for a watch).
+pub trait Handler: Send + Sync + 'static {
+    /// Answers `req` from `peer` on `send`.
+    fn handle(
+        self: Arc<Self>,
+        req: WireRequest,
+        send: SendStream,
+        peer: PeerInfo,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+}
+
+/// Accepts connections on `endpoint` until it closes.
+pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let from = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(%from, "refused a connection: {e}");
+                    return;
+                }
+            };
+            let peer = PeerInfo {
+                addr: conn.remote_address(),
+                identity: Arc::new(peer_identity(&conn)),
+            };
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                tokio::spawn(serve_stream(handler.clone(), send, recv, peer.clone()));
+            }
+        });
+    }
+}
+
+async fn serve_stream<H: Handler>(
+    handler: Arc<H>,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    info: PeerInfo,
+) {
+    let peer = info.addr;
+    // Invariant 1: problems with this stream end this stream only.
+    let body = match read_frame(&mut recv, wire::MAX_FRAME).await {
+        Ok(Some(b)) => {
+            take_end(&mut recv);
+            b
+        }
+        Ok(None) => return,
+        Err(ReadError::Frame(e)) => {
+            tracing::warn!(%peer, "refusing stream: {e}");
+            let _ = recv.stop(VarInt::from_u32(RESET_FRAME_TOO_LARGE));
+            let _ = send.reset(VarInt::from_u32(RESET_FRAME_TOO_LARGE));
+            return;
+        }
+        Err(ReadError::Io(e)) => {
+            tracing::debug!(%peer, "stream read failed: {e}");
+            return;
+        }
+    };
+    match wire::decode::<WireRequest>(&body) {
+        Ok(req) => handler.handle(req, send, info).await,
+        Err(e) => {
+            tracing::warn!(%peer, "refusing stream: {e}");
+            let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ClientRequest;
+
+    /// Answers every request with one frame, as the replicas do.
+    struct Answer;
+
+    impl Handler for Answer {
+        fn handle(
+            self: Arc<Self>,
+            _req: WireRequest,
+            mut send: SendStream,
+            _peer: PeerInfo,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+            Box::pin(async move {
+                let _ = write_frame(&mut send, &WireResponse::Revision(Ok(7))).await;
+                let _ = send.finish();
+            })
+        }
+    }
+
+    /// Answers after `delay`, or never.
+    struct Slow(Option<Duration>);
+
+    impl Handler for Slow {
+        fn handle(
+            self: Arc<Self>,
+            req: WireRequest,
+            send: SendStream,
+            peer: PeerInfo,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+            Box::pin(async move {
+                match self.0 {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending().await,
+                }
+                Arc::new(Answer).handle(req, send, peer).await
+            })
+        }
+    }
+
+    /// A server on a runtime of its own, which the test can stop dead: no
+    /// close reaches the client, as when a process is killed.
+    fn server_on_own_runtime(
+        handler: impl Handler,
+    ) -> (tokio::runtime::Runtime, SocketAddr, quinn::ClientConfig) {
+        let (server_cfg, client_cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = {
+            let _runtime = rt.enter();
+            endpoint("127.0.0.1:0".parse().unwrap(), Some(server_cfg)).unwrap()
+        };
+        let addr = server.local_addr().unwrap();
+        rt.spawn(serve(server, Arc::new(handler)));
+        (rt, addr, client_cfg)
+    }
+
+    fn client_with(cfg: quinn::ClientConfig) -> PeerClient {
+        let mut endpoint = endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+        endpoint.set_default_client_config(cfg);
+        PeerClient::new(endpoint)
+    }
+
+    /// Invariant 4: a peer that dies while a call waits on it is given up
+    /// after `SILENCE`, well before the connection's idle timeout.
+    #[tokio::test]
+    async fn a_call_gives_up_on_a_peer_that_fell_silent() {
+        let (rt, addr, cfg) = server_on_own_runtime(Slow(None));
+        let client = client_with(cfg);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        let started = tokio::time::Instant::now();
+        let call = client.call(addr, &req, Duration::from_secs(10));
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            rt.shutdown_background();
+        };
+        let (answer, ()) = tokio::join!(call, kill);
+        let took = started.elapsed();
+        match answer {
+            Err(NetError::Stream { reason, .. }) => {
+                assert!(reason.contains("sent nothing"), "{reason}")
+            }
+            other => panic!("expected a silent peer, got {other:?}"),
+        }
+        assert!(
+            took < tessel_tls::IDLE_TIMEOUT,
+            "gave up after {took:?}, no sooner than the idle timeout"
+        );
+    }
+
+    /// Invariant 4, the other side: a live peer that takes longer than
+    /// `SILENCE` (and than the idle timeout) to answer is waited for.
+    #[tokio::test]
+    async fn a_call_waits_for_a_slow_live_peer() {
+        let slow = tessel_tls::IDLE_TIMEOUT + Duration::from_millis(500);
+        let (rt, addr, cfg) = server_on_own_runtime(Slow(Some(slow)));
+        let client = client_with(cfg);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        let answer = client.call(addr, &req, Duration::from_secs(10)).await;
+        assert!(
+            matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
+            "{answer:?}"
+        );
+        rt.shutdown_background();
+    }
+
+    /// Invariant 3: requests answered in one frame leave no STOP_SENDING
+    /// behind, in either direction.
+    #[tokio::test]
+    async fn a_call_reads_both_streams_to_their_end() {
+        let (rt, addr, cfg) = server_on_own_runtime(Answer);
+        let client = client_with(cfg);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        for _ in 0..50 {
+            match client.call(addr, &req, Duration::from_secs(5)).await {
+                Ok(WireResponse::Revision(Ok(7))) => {}
+                other => panic!("unexpected answer: {other:?}"),
+            }
+        }
+        let conn = client.connection(addr).await.unwrap();
+        // Let the peer's frames for the last call arrive.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stats = conn.stats();
+        assert_eq!(stats.frame_tx.stop_sending, 0, "sent: {:?}", stats.frame_tx);
+        assert_eq!(
+            stats.frame_rx.stop_sending, 0,
+            "received: {:?}",
+            stats.frame_rx
+        );
+        rt.shutdown_background();
+    }
+}

@@ -1,0 +1,209 @@
+//! Property: a 3-replica Raft cluster over QUIC with mutual TLS behaves
+//! exactly like the specification (the conformance suite, through any
+//! replica), and refuses peers whose certificate is from another CA.
+//! (Replicas run as tasks here; the process-level tests kill real
+//! processes.)
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tessel_kv::KvStore;
+use tessel_kv_service::raft::client::RaftKv;
+use tessel_kv_service::raft::node::{wait_for_leader, Replica, ReplicaConfig};
+use tessel_kv_service::raft::wal::LogIo;
+use tessel_tls::{init_certs, TlsFiles};
+
+/// Three replicas, each bound to port 0 (a reserved-then-released port
+/// can be taken by a parallel test before the replica binds it): the
+/// first forms a cluster of one, the others join it.
+async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<SocketAddr>) {
+    let any_port: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut replicas = Vec::new();
+    let mut addrs = Vec::new();
+    for id in 1..=3u64 {
+        let cfg = ReplicaConfig {
+            id,
+            listen: any_port,
+            peers: if id == 1 {
+                BTreeMap::from([(1, any_port.to_string())])
+            } else {
+                BTreeMap::new()
+            },
+            data_dir: dir.join(format!("r{id}")),
+            tls: Some(tls.clone()),
+            raft: ReplicaConfig::default_raft(),
+            log_io: LogIo::Direct,
+        };
+        let replica = Replica::start(cfg).await.unwrap();
+        let addr = replica.local_addr().unwrap();
+        if id == 1 {
+            assert!(
+                wait_for_leader(&[&replica], Duration::from_secs(10))
+                    .await
+                    .is_some(),
+                "the first replica leads its cluster of one"
+            );
+        } else {
+            RaftKv::connect(addrs.clone(), Some(tls))
+                .unwrap()
+                .add_replica(id, addr)
+                .await
+                .unwrap();
+        }
+        replicas.push(replica);
+        addrs.push(addr);
+    }
+    let refs: Vec<&Replica> = replicas.iter().collect();
+    assert!(
+        wait_for_leader(&refs, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "a leader is elected"
+    );
+    (replicas, addrs)
+}
+
+/// The address of the replica that reports itself leader.
+async fn leader_addr(addrs: &[SocketAddr], tls: &TlsFiles) -> String {
+    let kv = RaftKv::connect(addrs.to_vec(), Some(tls)).unwrap();
+    kv.cluster_status()
+        .await
+        .into_iter()
+        .find_map(|(a, s)| s.ok().filter(|s| s.leader == Some(s.id)).map(|_| a))
+        .expect("a leader")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let (replicas, addrs) = cluster(dir.path(), &tls).await;
+    // A client that knows only one replica is served through it: followers
+    // forward to the leader.
+    for (i, &addr) in addrs.iter().enumerate() {
+        let kv = RaftKv::connect(vec![addr], Some(&tls)).unwrap();
+        kv.put(format!("only/{i}").as_bytes(), b"x").await.unwrap();
+    }
+    // A client that knows them all moves to the leader, whichever replica
+    // it asks first (client invariant 4).
+    let leader = leader_addr(&addrs, &tls).await;
+    for start in 0..3 {
+        let mut order = addrs.clone();
+        order.rotate_left(start);
+        let kv = RaftKv::connect(order, Some(&tls)).unwrap();
+        kv.put(format!("start/{start}").as_bytes(), b"x")
+            .await
+            .unwrap();
+        assert_eq!(kv.replica(), leader, "starting at {start}");
+    }
+    let kv = RaftKv::connect(addrs.clone(), Some(&tls)).unwrap();
+    tessel_kv::conformance::run_all(&kv).await;
+    // Every replica applied the same state (followers may trail the
+    // leader's last write by a heartbeat or two: wait, with a deadline).
+    use tessel_kv::state::Tables;
+    let snapshot = || -> Vec<_> {
+        replicas
+            .iter()
+            .map(|r| {
+                let local = r.applied();
+                (local.state(), local.read(|_, t| t.list(b"")).unwrap())
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut states = snapshot();
+    while !states.windows(2).all(|w| w[0] == w[1]) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        states = snapshot();
+    }
+    assert!(states[0].1.len() > 3, "the tables hold the suite's keys");
+    assert!(states.windows(2).all(|w| w[0] == w[1]));
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_a_certificate_from_another_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    init_certs(&dir.path().join("other"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let other = TlsFiles::load(&dir.path().join("other")).unwrap();
+    let (replicas, addrs) = cluster(dir.path(), &tls).await;
+    let stranger = RaftKv::connect(addrs.clone(), Some(&other)).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(40), stranger.try_get(b"k"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Err(tessel_kv::KvError::Unavailable(_))),
+        "{r:?}"
+    );
+    let insecure = RaftKv::connect(addrs.clone(), None).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(40), insecure.try_get(b"k"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Err(tessel_kv::KvError::Unavailable(_))),
+        "no client certificate: {r:?}"
+    );
+    let member = RaftKv::connect(addrs, Some(&tls)).unwrap();
+    member.put(b"k", b"v").await.unwrap();
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_frame_resets_its_stream_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let (replicas, addrs) = cluster(dir.path(), &tls).await;
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(
+        tls.client_config(
+            tessel_kv_service::wire::ALPN,
+            tessel_tls::Expect::Coordinator,
+        )
+        .unwrap(),
+    );
+    let conn = endpoint
+        .connect(addrs[0], tessel_tls::SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+
+    // A header announcing 1 GiB: refused without reading (or allocating) it.
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&(1u32 << 30).to_be_bytes()).await.unwrap();
+    let r = recv.read_to_end(1 << 20).await;
+    assert!(r.is_err(), "the stream is reset: {r:?}");
+
+    // Garbage of a plausible length: also refused.
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&8u32.to_be_bytes()).await.unwrap();
+    send.write_all(&[0xee; 8]).await.unwrap();
+    let _ = send.finish();
+    assert!(recv.read_to_end(1 << 20).await.is_err());
+
+    // The same connection still serves well-formed requests.
+    let client = tessel_kv_service::rpc::PeerClient::new(endpoint.clone());
+    let req = tessel_kv_service::wire::WireRequest::Client(
+        tessel_kv_service::wire::ClientRequest::Status,
+    );
+    let resp = client
+        .call(addrs[0], &req, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(
+        resp,
+        tessel_kv_service::wire::WireResponse::Status(_)
+    ));
+    assert!(conn.close_reason().is_none(), "the connection survived");
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
