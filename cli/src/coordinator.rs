@@ -217,7 +217,6 @@ async fn replica_backend(args: &CoordinatorArgs) -> Result<Option<Backend>> {
     };
     Ok(Some(Backend::Replica {
         config: Box::new(config),
-        listen,
         join,
     }))
 }

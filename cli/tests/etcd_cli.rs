@@ -89,7 +89,6 @@ async fn workers_and_the_coordinator_run_on_etcd() {
     use std::time::{Duration, Instant};
     use tessel_coordinator::attempt::{self, Record};
     use tessel_coordinator::jobs::{self, JobAssignment};
-    use tessel_kv::KvStore;
     use tessel_kv_service::etcd::{EtcdKv, EtcdOptions};
 
     let etcd = EtcdServers::start(3).await.unwrap();

@@ -10,9 +10,9 @@
 //! 2. Every replica runs a monitor and a scheduler: their writes are
 //!    idempotent inserts and compare-and-swaps, so replicas never
 //!    interleave a pass.
-//! 3. The monitor and the scheduler reach this replica by the name it
-//!    listens on (a certificate names a name, not an address it has today),
-//!    or on the loopback when it listens on every address.
+//! 3. The monitor and the scheduler reach this replica in-process
+//!    ([`Replica::local_client`]): never over the network, so no
+//!    certificate has to name an address for them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,8 +36,6 @@ pub enum Backend {
     Replica {
         /// Its configuration.
         config: Box<ReplicaConfig>,
-        /// `--listen` as given (a name or an address): invariant 3.
-        listen: String,
         /// Replicas of a cluster to join (`HOST:PORT`), if any.
         join: Option<Vec<String>>,
     },
@@ -63,11 +61,7 @@ pub async fn serve(
             readiness(Ok(()));
             (None, None, kv)
         }
-        Backend::Replica {
-            config,
-            listen,
-            join,
-        } => {
+        Backend::Replica { config, join } => {
             check_certificate(config.tls.as_ref())?;
             let tls = config.tls.clone();
             let id = config.id;
@@ -88,12 +82,8 @@ pub async fn serve(
                         join.join(",")
                     )))?;
             }
-            let own = own_name(addr, &listen);
-            let kv: Arc<dyn KvStore> = Arc::new(
-                RaftKv::connect_named(&[own], tls.as_ref())
-                    .await
-                    .map_err(CoordinatorError::kv("reaching this replica"))?,
-            );
+            // Invariant 3.
+            let kv: Arc<dyn KvStore> = Arc::new(replica.local_client());
             (Some(replica), Some(addr), kv)
         }
     };
@@ -165,41 +155,5 @@ fn check_certificate(tls: Option<&tessel_tls::TlsFiles>) -> Result<()> {
             Ok(())
         }
         Some(other) => Err(CoordinatorError::NotACoordinator(other.to_string())),
-    }
-}
-
-/// Invariant 3: how this replica's own services reach it.
-fn own_name(addr: SocketAddr, listen: &str) -> String {
-    match addr.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()).to_string()
-        }
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()).to_string()
-        }
-        _ if listen.parse::<SocketAddr>().is_err() => {
-            let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
-            format!("{host}:{}", addr.port())
-        }
-        _ => addr.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn its_own_services_dial_the_name_it_listens_on_or_the_loopback() {
-        let a: SocketAddr = "0.0.0.0:7000".parse().unwrap();
-        assert_eq!(own_name(a, "0.0.0.0:7000"), "127.0.0.1:7000");
-        let b: SocketAddr = "10.0.0.4:7000".parse().unwrap();
-        assert_eq!(own_name(b, "10.0.0.4:7000"), "10.0.0.4:7000");
-        assert_eq!(
-            own_name(b, "coord-1.peers.ns.svc:7000"),
-            "coord-1.peers.ns.svc:7000"
-        );
-        let c: SocketAddr = "[::]:7000".parse().unwrap();
-        assert_eq!(own_name(c, "[::]:7000"), "[::1]:7000");
     }
 }

@@ -1,6 +1,6 @@
 //! Property: a 3-replica Raft cluster over QUIC with mutual TLS behaves
 //! exactly like the specification (the conformance suite, through any
-//! replica), and refuses peers whose certificate is from another CA.
+//! replica, and in a replica's own process), and refuses peers whose certificate is from another CA.
 //! (Replicas run as tasks here; the process-level tests kill real
 //! processes.)
 
@@ -120,6 +120,32 @@ async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
     }
     assert!(states[0].1.len() > 3, "the tables hold the suite's keys");
     assert!(states.windows(2).all(|w| w[0] == w[1]));
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// A replica's own process (the coordinator's monitor and scheduler) is
+/// served in-process, with the same semantics, through a follower too (it
+/// forwards to the leader as it does for remote clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_own_process_passes_the_conformance_suite_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let (replicas, _) = cluster(dir.path(), &tls).await;
+    let all: Vec<&Replica> = replicas.iter().collect();
+    let leader = wait_for_leader(&all, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
+    tessel_kv::conformance::run_all(&follower.local_client()).await;
+    let on_leader = replicas.iter().find(|r| r.id == leader).unwrap();
+    let keys = on_leader.local_client().list(b"").await.unwrap();
+    assert!(
+        keys.len() > 3,
+        "the leader's own client reads the suite's keys"
+    );
     for r in replicas {
         r.shutdown().await;
     }

@@ -1,5 +1,7 @@
-//! The client of the replicated service: [`KvStore`] over QUIC to any
-//! replica.
+//! The client of the replicated service: [`KvStore`] over a
+//! [`Transport`]: QUIC to any replica ([`RaftKv`]), or inside a replica's
+//! own process ([`crate::raft::node::LocalKv`], for the coordinator's own
+//! monitor and scheduler, which never dial their own process).
 //!
 //! Invariants:
 //! 1. A transport error or `Unavailable` is retried on the next replica with
@@ -30,7 +32,7 @@ use tessel_kv::{KvError, Result};
 use tessel_tls::TlsFiles;
 
 /// How long a request keeps trying replicas, beyond its own timeout.
-const RETRY_BUDGET: Duration = Duration::from_secs(15);
+pub(crate) const RETRY_BUDGET: Duration = Duration::from_secs(15);
 
 /// A QUIC endpoint, one UDP socket, with the credentials clients present:
 /// one process's clients may share it (a load generator's do), and quinn
@@ -59,10 +61,30 @@ impl ClientEndpoint {
     }
 }
 
-/// A client of a replicated key-value cluster.
-pub struct RaftKv {
-    replicas: Arc<[NamedPeer]>,
+/// How a client's requests reach a replica.
+#[async_trait::async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `req` and returns its answer; `Unavailable` is retried until
+    /// `wait` plus the retry budget (invariant 1).
+    async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse>;
+
+    /// The events under `prefix` from revision `from`, resumed after the
+    /// last one delivered when the stream breaks (invariant 3).
+    async fn watch(&self, prefix: &[u8], from: u64) -> Result<WatchStream>;
+}
+
+/// A [`KvStore`] whose requests go through transport `T`.
+pub struct KvClient<T> {
+    transport: T,
     limits: Limits,
+}
+
+/// A client of a replicated key-value cluster, over QUIC.
+pub type RaftKv = KvClient<Quic>;
+
+/// Requests over QUIC to any replica of a cluster.
+pub struct Quic {
+    replicas: Arc<[NamedPeer]>,
     client: PeerClient,
     next: AtomicUsize,
     /// Whether `next` was pointed at the leader since the last retry
@@ -70,7 +92,7 @@ pub struct RaftKv {
     leader_sought: AtomicBool,
 }
 
-impl RaftKv {
+impl KvClient<Quic> {
     /// A client for the replicas at `addrs`, on an endpoint of its own;
     /// `tls: None` means `--insecure`.
     pub fn connect(addrs: Vec<SocketAddr>, tls: Option<&TlsFiles>) -> Result<RaftKv> {
@@ -120,20 +142,42 @@ impl RaftKv {
                 "no coordinator address given".into(),
             ));
         }
-        Ok(RaftKv {
+        Ok(KvClient::new(Quic {
             replicas: replicas.into(),
-            limits: Limits::default(),
             client: PeerClient::new(endpoint.0.clone()),
             next: AtomicUsize::new(0),
             leader_sought: AtomicBool::new(false),
-        })
+        }))
     }
 
     /// The replica the next request goes to first, as it was given.
     pub fn replica(&self) -> &str {
-        self.replicas[self.next.load(Ordering::Relaxed) % self.replicas.len()].name()
+        let q = &self.transport;
+        q.replicas[q.next.load(Ordering::Relaxed) % q.replicas.len()].name()
     }
 
+    /// The status every replica reports (unreachable ones as errors), by
+    /// the name each was given.
+    pub async fn cluster_status(&self) -> Vec<(String, Result<ReplicaStatus>)> {
+        let q = &self.transport;
+        let mut out = Vec::new();
+        for replica in q.replicas.iter() {
+            let status = WireRequest::Client(ClientRequest::Status);
+            let r = match replica
+                .call(&q.client, &status, Duration::from_secs(3))
+                .await
+            {
+                Ok(WireResponse::Status(s)) => Ok(s),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(KvError::Unavailable(e.to_string())),
+            };
+            out.push((replica.name().to_owned(), r));
+        }
+        out
+    }
+}
+
+impl Quic {
     /// Points `next` at the leader the current replica reports, when its
     /// address is one of ours (invariant 4). An unreachable replica is
     /// skipped, as a request would skip it; otherwise failures leave `next`
@@ -170,7 +214,7 @@ impl RaftKv {
     }
 
     /// Sends `req`, trying replicas in turn (invariant 1).
-    async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
+    async fn call(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
         let deadline = Instant::now() + wait + RETRY_BUDGET;
         let mut last_error = KvError::Unavailable("no replica answered".into());
         let mut backoff = Duration::from_millis(20);
@@ -212,6 +256,68 @@ impl RaftKv {
         }
         Err(last_error)
     }
+}
+
+#[async_trait::async_trait]
+impl Transport for Quic {
+    async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
+        self.call(req, wait).await
+    }
+
+    async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
+        // Check the start is valid now, so a compacted start fails here.
+        let first = open_watch(&self.client, &self.replicas, prefix, from_revision)
+            .await
+            .ok_or_else(|| KvError::Unavailable("no replica accepts the watch".into()))?;
+        let state = WatchState {
+            client: self.client.clone(),
+            replicas: self.replicas.clone(),
+            prefix: prefix.to_vec(),
+            next_from: from_revision,
+            recv: Some(first),
+        };
+        Ok(futures::stream::unfold(state, |mut st| async move {
+            loop {
+                if st.recv.is_none() {
+                    st.recv = open_watch(&st.client, &st.replicas, &st.prefix, st.next_from).await;
+                    if st.recv.is_none() {
+                        let e = KvError::Unavailable("watch: no replica answers".into());
+                        return Some((Err(e), st));
+                    }
+                }
+                let recv = st.recv.as_mut().expect("set above");
+                match rpc::read_frame(recv, wire::MAX_FRAME).await {
+                    Ok(Some(body)) => match wire::decode::<WireResponse>(&body) {
+                        Ok(WireResponse::Event(Ok(e))) => {
+                            st.next_from = e.revision() + 1;
+                            return Some((Ok(e), st));
+                        }
+                        Ok(WireResponse::Event(Err(KvError::Unavailable(_)))) => st.recv = None,
+                        Ok(WireResponse::Event(Err(e))) => return Some((Err(e), st)),
+                        Ok(other) => return Some((Err(unexpected(other)), st)),
+                        Err(e) => return Some((Err(KvError::Internal(e.to_string())), st)),
+                    },
+                    // Invariant 3: resume elsewhere from the next revision.
+                    Ok(None) | Err(_) => st.recv = None,
+                }
+            }
+        })
+        .boxed())
+    }
+}
+
+impl<T: Transport> KvClient<T> {
+    /// A client whose requests go through `transport`.
+    pub fn new(transport: T) -> KvClient<T> {
+        KvClient {
+            transport,
+            limits: Limits::default(),
+        }
+    }
+
+    async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
+        self.transport.request(req, wait).await
+    }
 
     async fn write(&self, op: Op) -> Result<Output> {
         // Refuse oversized data here rather than ship it to be refused.
@@ -252,28 +358,10 @@ impl RaftKv {
             other => Err(unexpected(other)),
         }
     }
-
-    /// The status every replica reports (unreachable ones as errors), by
-    /// the name each was given.
-    pub async fn cluster_status(&self) -> Vec<(String, Result<ReplicaStatus>)> {
-        let mut out = Vec::new();
-        for replica in self.replicas.iter() {
-            let status = WireRequest::Client(ClientRequest::Status);
-            let r = match replica
-                .call(&self.client, &status, Duration::from_secs(3))
-                .await
-            {
-                Ok(WireResponse::Status(s)) => Ok(s),
-                Ok(other) => Err(unexpected(other)),
-                Err(e) => Err(KvError::Unavailable(e.to_string())),
-            };
-            out.push((replica.name().to_owned(), r));
-        }
-        out
-    }
 }
 
-fn retryable(resp: &WireResponse) -> Option<KvError> {
+/// The error of an answer that asks to be retried elsewhere or later.
+pub(crate) fn retryable(resp: &WireResponse) -> Option<KvError> {
     let err = match resp {
         WireResponse::Done(Err(e))
         | WireResponse::Output(Err(e))
@@ -286,12 +374,12 @@ fn retryable(resp: &WireResponse) -> Option<KvError> {
     matches!(err, KvError::Unavailable(_)).then(|| err.clone())
 }
 
-fn unexpected(r: WireResponse) -> KvError {
+pub(crate) fn unexpected(r: WireResponse) -> KvError {
     KvError::Internal(format!("unexpected answer {r:?}"))
 }
 
 #[async_trait::async_trait]
-impl KvStore for RaftKv {
+impl<T: Transport> KvStore for KvClient<T> {
     async fn insert(&self, key: &[u8], value: &[u8]) -> Result<u64> {
         self.write(Op::Insert {
             key: key.to_vec(),
@@ -396,44 +484,7 @@ impl KvStore for RaftKv {
     }
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
-        // Check the start is valid now, so a compacted start fails here.
-        let first = open_watch(&self.client, &self.replicas, prefix, from_revision)
-            .await
-            .ok_or_else(|| KvError::Unavailable("no replica accepts the watch".into()))?;
-        let state = WatchState {
-            client: self.client.clone(),
-            replicas: self.replicas.clone(),
-            prefix: prefix.to_vec(),
-            next_from: from_revision,
-            recv: Some(first),
-        };
-        Ok(futures::stream::unfold(state, |mut st| async move {
-            loop {
-                if st.recv.is_none() {
-                    st.recv = open_watch(&st.client, &st.replicas, &st.prefix, st.next_from).await;
-                    if st.recv.is_none() {
-                        let e = KvError::Unavailable("watch: no replica answers".into());
-                        return Some((Err(e), st));
-                    }
-                }
-                let recv = st.recv.as_mut().expect("set above");
-                match rpc::read_frame(recv, wire::MAX_FRAME).await {
-                    Ok(Some(body)) => match wire::decode::<WireResponse>(&body) {
-                        Ok(WireResponse::Event(Ok(e))) => {
-                            st.next_from = e.revision() + 1;
-                            return Some((Ok(e), st));
-                        }
-                        Ok(WireResponse::Event(Err(KvError::Unavailable(_)))) => st.recv = None,
-                        Ok(WireResponse::Event(Err(e))) => return Some((Err(e), st)),
-                        Ok(other) => return Some((Err(unexpected(other)), st)),
-                        Err(e) => return Some((Err(KvError::Internal(e.to_string())), st)),
-                    },
-                    // Invariant 3: resume elsewhere from the next revision.
-                    Ok(None) | Err(_) => st.recv = None,
-                }
-            }
-        })
-        .boxed())
+        self.transport.watch(prefix, from_revision).await
     }
 
     async fn grant(&self, ttl: Duration) -> Result<u64> {

@@ -17,11 +17,16 @@
 //! 6. Every request is authorized by its connection's certificate first
 //!    ([`crate::authz`]); the leader trusts only coordinators' relays.
 
+mod local;
 mod network;
 mod proposer;
 
 use network::*;
 use proposer::*;
+
+use crate::raft::client::KvClient;
+use local::Answers;
+pub use local::{InProcess, LocalKv};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -124,6 +129,7 @@ pub struct Replica {
     pub raft: Raft<TypeConfig>,
     applied: Arc<AppliedState<SmTables>>,
     endpoint: quinn::Endpoint,
+    handler: Arc<ReplicaHandler>,
 }
 
 impl Replica {
@@ -186,7 +192,7 @@ impl Replica {
             proposer: Proposer::start(raft.clone()),
             read_floor: std::sync::Mutex::new(None),
         });
-        tokio::spawn(rpc::serve(endpoint.clone(), handler));
+        tokio::spawn(rpc::serve(endpoint.clone(), handler.clone()));
         tokio::spawn(tick_when_due(
             raft.clone(),
             applied.clone(),
@@ -214,6 +220,7 @@ impl Replica {
             raft,
             applied,
             endpoint,
+            handler,
         })
     }
 
@@ -227,6 +234,12 @@ impl Replica {
     pub fn leader_probe(&self) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
         let metrics = self.raft.metrics();
         move || metrics.borrow().current_leader
+    }
+
+    /// A client of this replica for its own process: no network, the
+    /// replica's authority (`local` invariant 1).
+    pub fn local_client(&self) -> LocalKv {
+        KvClient::new(InProcess::new(self.handler.clone()))
     }
 
     /// This replica's applied state.
@@ -303,8 +316,8 @@ struct ReplicaHandler {
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
-async fn reply(send: &mut SendStream, r: &WireResponse) {
-    if let Err(e) = rpc::write_frame(send, r).await {
+async fn reply(send: &mut Answers<'_>, r: WireResponse) {
+    if let Err(e) = send.frame(r).await {
         tracing::debug!("reply failed: {e}");
     }
 }
@@ -366,8 +379,8 @@ impl Handler for ReplicaHandler {
                     match &req {
                         WireRequest::Client(c) | WireRequest::Forwarded(c) => {
                             reply(
-                                &mut send,
-                                &error_response(c, KvError::PermissionDenied(why)),
+                                &mut Answers::Stream(&mut send),
+                                error_response(c, KvError::PermissionDenied(why)),
                             )
                             .await
                         }
@@ -383,26 +396,32 @@ impl Handler for ReplicaHandler {
             match req {
                 WireRequest::AppendEntries(r) => {
                     reply(
-                        &mut send,
-                        &WireResponse::AppendEntries(self.raft.append_entries(r).await),
+                        &mut Answers::Stream(&mut send),
+                        WireResponse::AppendEntries(self.raft.append_entries(r).await),
                     )
                     .await
                 }
                 WireRequest::Vote(r) => {
-                    reply(&mut send, &WireResponse::Vote(self.raft.vote(r).await)).await
+                    let vote = WireResponse::Vote(self.raft.vote(r).await);
+                    reply(&mut Answers::Stream(&mut send), vote).await
                 }
                 WireRequest::InstallSnapshot(r) => {
                     reply(
-                        &mut send,
-                        &WireResponse::InstallSnapshot(self.raft.install_snapshot(r).await),
+                        &mut Answers::Stream(&mut send),
+                        WireResponse::InstallSnapshot(self.raft.install_snapshot(r).await),
                     )
                     .await
                 }
                 WireRequest::Client(ClientRequest::Status) => {
-                    reply(&mut send, &WireResponse::Status(self.status())).await
+                    let status = WireResponse::Status(self.status());
+                    reply(&mut Answers::Stream(&mut send), status).await
                 }
-                WireRequest::Client(c) => self.route(c, &mut send, false).await,
-                WireRequest::Forwarded(c) => self.route(c, &mut send, true).await,
+                WireRequest::Client(c) => {
+                    self.route(c, &mut Answers::Stream(&mut send), false).await
+                }
+                WireRequest::Forwarded(c) => {
+                    self.route(c, &mut Answers::Stream(&mut send), true).await
+                }
             }
             let _ = send.finish();
         })
@@ -443,7 +462,7 @@ impl ReplicaHandler {
     }
 
     /// Serves as leader, or forwards once (invariant 1).
-    async fn route(&self, req: ClientRequest, send: &mut SendStream, forwarded: bool) {
+    async fn route(&self, req: ClientRequest, send: &mut Answers<'_>, forwarded: bool) {
         let mut leader = self.raft.metrics().borrow().current_leader;
         if leader.is_none() {
             // An election may be under way: give it a moment.
@@ -474,10 +493,7 @@ impl ReplicaHandler {
                     None => {
                         reply(
                             send,
-                            &error_response(
-                                &req,
-                                unavailable(format!("leader {l} has no address")),
-                            ),
+                            error_response(&req, unavailable(format!("leader {l} has no address"))),
                         )
                         .await
                     }
@@ -489,37 +505,32 @@ impl ReplicaHandler {
                 } else {
                     "no leader"
                 };
-                reply(send, &error_response(&req, unavailable(why))).await
+                reply(send, error_response(&req, unavailable(why))).await
             }
         }
     }
 
     /// Relays a request to the leader and every answer frame back.
-    async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut SendStream) {
+    async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut Answers<'_>) {
         let (conn, mut up, mut down) = match self
             .client
             .open(addr, &WireRequest::Forwarded(req.clone()))
             .await
         {
             Ok(s) => s,
-            Err(e) => return reply(send, &error_response(&req, unavailable(e.to_string()))).await,
+            Err(e) => return reply(send, error_response(&req, unavailable(e.to_string()))).await,
         };
         let _ = up.finish();
         loop {
             match rpc::read_frame_from(&conn, &mut down, wire::MAX_FRAME).await {
                 Ok(Some(body)) => {
-                    if send
-                        .write_all(&(body.len() as u32).to_be_bytes())
-                        .await
-                        .is_err()
-                        || send.write_all(&body).await.is_err()
-                    {
+                    if send.relay(body).await.is_err() {
                         return;
                     }
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    return reply(send, &error_response(&req, unavailable(e.to_string()))).await
+                    return reply(send, error_response(&req, unavailable(e.to_string()))).await
                 }
             }
         }
@@ -645,10 +656,10 @@ impl ReplicaHandler {
     }
 
     /// Serves a request on the leader.
-    async fn serve(&self, req: ClientRequest, send: &mut SendStream) {
+    async fn serve(&self, req: ClientRequest, send: &mut Answers<'_>) {
         let req = match self.unguard(req).await {
             Ok(r) => r,
-            Err((r, e)) => return reply(send, &error_response(&r, e)).await,
+            Err((r, e)) => return reply(send, error_response(&r, e)).await,
         };
         let response = match req {
             ClientRequest::Write(op) => {
@@ -715,19 +726,15 @@ impl ReplicaHandler {
             }
             ClientRequest::Watch { prefix, from } => {
                 if let Err(e) = self.linearizable().await {
-                    return reply(send, &WireResponse::Event(Err(e))).await;
+                    return reply(send, WireResponse::Event(Err(e))).await;
                 }
                 let mut events = match self.applied.watch(&prefix, from) {
                     Ok(s) => s,
-                    Err(e) => return reply(send, &WireResponse::Event(Err(e))).await,
+                    Err(e) => return reply(send, WireResponse::Event(Err(e))).await,
                 };
                 while let Some(e) = events.next().await {
                     let end = e.is_err();
-                    if rpc::write_frame(send, &WireResponse::Event(e))
-                        .await
-                        .is_err()
-                        || end
-                    {
+                    if send.frame(WireResponse::Event(e)).await.is_err() || end {
                         return;
                     }
                 }
@@ -745,7 +752,7 @@ impl ReplicaHandler {
                 KvError::InvalidArgument("a guard inside a guard".into()),
             ),
         };
-        reply(send, &response).await;
+        reply(send, response).await;
     }
 }
 
