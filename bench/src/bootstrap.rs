@@ -97,13 +97,10 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
 async fn digest_arrivals(job: String, mut events: WatchStream, n: u32) -> Result<Vec<u64>> {
     let mut seen = std::collections::BTreeMap::new();
     while (seen.len() as u32) < n {
-        match events.next().await.context("the watch ended")?? {
-            Event::Put(p) => {
-                if let Some((i, Record::Topology)) = attempt::parse(&job, &p.key) {
-                    seen.entry(i).or_insert_with(tessel_coordinator::unix_ms);
-                }
+        if let Event::Put(p) = events.next().await.context("the watch ended")?? {
+            if let Some((i, Record::Topology)) = attempt::parse(&job, &p.key) {
+                seen.entry(i).or_insert_with(tessel_coordinator::unix_ms);
             }
-            _ => {}
         }
     }
     Ok(seen.into_values().collect())

@@ -11,6 +11,17 @@
 //! * [`tcp_ring`]: the ring all-reduce over plain TCP, the transfer
 //!   benchmark's floor.
 //! * [`jax`]: the JAX peers (`bench/jax/*.py`).
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-bench`** (`bench/`) — the `tessel-bench` binary (its own, so
+//!   the shipped `tessel` does not link the benchmarks; it starts the `tessel`
+//!   beside it, or `$TESSEL_BIN`) and `transfer-rank`: a group of rank processes driven over stdin/stdout
+//!   (JSON lines; each answer carries the wall and CPU milliseconds of every
+//!   call), used by `tessel-bench transfer` and `chaos-tests/tests/collectives.rs`;
+//!   `tcp_ring` is the benchmark's floor: the same ring all-reduce over plain
+//!   TCP (each rank tells rank r−1 its port over the transfer endpoint on tag
+//!   `u64::MAX`, outside every collective's tags), bit for bit the ring's result.
 
 /// The `tessel` binary: `$TESSEL_BIN`, else the one beside this program
 /// (`cargo build --bin tessel --bin tessel-bench` puts both in one folder).

@@ -10,6 +10,26 @@
 //!    answered 400 and closed, and the listener keeps serving others.
 //! 2. Only `GET` of `/metrics`, `/healthz` and `/readyz` (any query
 //!    string) is served; any other path is 404, any other method 405.
+//!
+//! # Metrics tessel records
+//!
+//! Library crates record through the `metrics` facade (a no-op unless a
+//! recorder is installed); `tessel coordinator --metrics-listen` and
+//! `tessel worker --metrics-listen` install
+//! `metrics-exporter-prometheus`'s recorder and serve it at `GET /metrics`
+//! from a small HTTP/1.1 responder in `cli/src/metrics_http.rs` (8 KiB request
+//! heads, 5 s to send one; anything else 400/404/405). Names:
+//! `tessel_kv_log_*` (the log's writer thread), `tessel_kv_state_flush*`
+//! (the state machine's flushes), `tessel_kv_state_filter_build_seconds`
+//! (building the key filter from the tables), `tessel_kv_proposal_requests` (the
+//! leader's group commit); `tessel_transfer_*` (bytes and failures by path,
+//! in `TransferEndpoint`), `tessel_collective_*` (per call, by kind and
+//! algorithm, in `Communicator::run_with`); `tessel_worker_*` (job processes
+//! and topology exchanges, in the worker's `run_job`; heartbeats, in
+//! `coordinator::registry`'s heartbeat loop); `tessel_scheduler_*` (in
+//! `scheduler::pass`, outside the pure `advance`: gauges from the committed
+//! state by every coordinator's pass, each transition counted once by the
+//! pass that committed it).
 
 use std::net::SocketAddr;
 use std::time::Duration;

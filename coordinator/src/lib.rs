@@ -15,6 +15,36 @@
 //! The keys are listed in [`keys`] and in ARCHITECTURE.md.
 //!
 //! [`KvStore`]: tessel_kv::KvStore
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-coordinator`** (`coordinator/`).
+//!   * `serve` — the coordinator process as a library: `serve(Backend)`
+//!     starts a replica (its certificate checked, a cluster joined) or
+//!     attaches to etcd, then the failure monitor and the scheduler; the CLI
+//!     parses flags and calls it. Its own services still dial this replica
+//!     over QUIC (by the name it listens on, or the loopback).
+//!   * `attempt` — the per-process records of an attempt
+//!     (`jobs/{attempt}/processes/{i:05}/{topology|transfer_ready|result|
+//!     failure_seen|host}`): `publish`, `published` (keys parsed whole).
+//!   * `registry` — `register` (incarnation counter, lease, record, alive
+//!     key), `Heartbeat` (keep-alive + compare-and-swap of the alive key, each
+//!     given up after one interval; stops when another incarnation holds the
+//!     key, while a retried write that finds its own value succeeds),
+//!     `check_current`, `list_workers`.
+//!   * `jobs` — `JobAssignment`, `assign`, `join_job`/`leave_job`,
+//!     `fail_job` (first failure wins, with its `FailureKind`: `WorkerLost`,
+//!     `PeerLost`, `Job`), `wait_for_failure`, `finish_job`.
+//!   * `monitor` — watches `workers/`; a deleted alive key (lease gone) or a
+//!     newer incarnation fails every job the lost incarnation joined.
+//!     Stateless: a reconcile pass on start; every coordinator runs one.
+//!   * `scheduler` — `SchedulerState::advance` (pure: placement, transitions,
+//!     restarts, settling, cancel → events) and `pass` (observe what workers
+//!     published, advance, compare-and-swap `sched/state`, then carry out:
+//!     bundles and assignments of Scheduled attempts, `done` and unassignment
+//!     of ended ones, events); `run` repeats passes every 500 ms in every
+//!     coordinator. A compare-and-swap mismatch that finds exactly its own new
+//!     state is its own retried write.
 
 pub mod attempt;
 mod error;

@@ -11,6 +11,50 @@
 //!    allocation ([`frame_len`]); the stream is then reset with
 //!    [`RESET_FRAME_TOO_LARGE`].
 //! 2. Decoding never panics on any bytes ([`decode`]; fuzzed in `fuzz/`).
+//!
+//! # The key-value wire protocol
+//!
+//! * QUIC (quinn 0.11), ALPN `tessel-kv`, TLS 1.3 with rustls/ring, AES-128-GCM
+//!   offered first (both protocols; cheaper per packet than ring's default
+//!   AES-256 first). Every server requires a client certificate signed by the
+//!   cluster CA and every client verifies servers against it (see Identity
+//!   below); `--insecure` disables both (tests only). A client dials a
+//!   replica with its IP as the server name. Every request is authorized by
+//!   the identity in the connection's certificate before anything else
+//!   (`authz`); a refusal answers `PermissionDenied`.
+//! * One bidirectional stream per request over one pooled connection per peer.
+//!   Each direction carries frames: `u32` big-endian length, then a postcard
+//!   message. Maximum 16 MiB; a larger announced length is refused before
+//!   reading (stream reset, code 1); an undecodable body resets with code 2.
+//!   Either way only that stream ends.
+//! * Request (`WireRequest`): `AppendEntries`, `Vote`, `InstallSnapshot`
+//!   (Raft, between replicas); `Client(ClientRequest)` and
+//!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again).
+//!   `ClientRequest`: `Write(Op)`, `Get{key, timeout_ms}`, `TryGet`, `List`,
+//!   `Revision`, `Watch{prefix, from}`, `WaitBarrier`, `Status`,
+//!   `AddReplica{id, addr}`, `RemoveReplica{id}`.
+//! * Response (`WireResponse`): one frame, except `Watch`, which streams
+//!   `Event` frames until either side closes. Errors travel as `KvError`;
+//!   `Unavailable` means "try another replica".
+//! * Raft RPC deadlines: AppendEntries gets openraft's heartbeat interval
+//!   (250 ms), elections start after 1–2 s of silence. Each log entry is a
+//!   `Proposal` (the requests the leader grouped: ≤ 1024 of them, ≤ 1 MiB of
+//!   keys and values unless one request alone is larger); an AppendEntries
+//!   whose payload would pass half a frame answers openraft with
+//!   `PayloadTooLarge` and a smaller entry count.
+//! * QUIC transport: UDP socket buffers of 4 MiB asked for (`net::endpoint`;
+//!   the kernel caps them at `rmem_max`/`wmem_max`), keep-alive every 500 ms, idle timeout 2 s (a killed peer
+//!   sends no close), 1024 concurrent streams per connection (waiting gets
+//!   and watches hold one each). A call waiting for its answer gives up once
+//!   the peer has sent nothing for 1 s (`net::SILENCE`; a live peer answers
+//!   the keep-alives), so a request to a killed replica moves on after
+//!   1–1.25 s rather than the idle timeout; the connection is left to the
+//!   idle timeout, so a slow but live peer loses only that call. A receiver
+//!   takes the sender's end of stream when it came with the frame, so that
+//!   dropping the stream sends no STOP_SENDING (a spurious frame per request).
+//! * A replica runs its tasks on one runtime thread by default
+//!   (`--worker-threads`): the Raft core, the state machine worker and the
+//!   log's writer thread are serial (docs/performance.md).
 
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{

@@ -14,6 +14,27 @@
 //! * [`MemoryKv`]: an in-memory test double (never a default).
 //! * [`conformance`]: the behaviour every backend must show; each backend's
 //!   tests run it.
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-kv`** (`kv/`).
+//!   * `state` — `KvState`, the deterministic state machine: insert (no
+//!     overwrite), put, delete, delete-prefix, list, increment,
+//!     compare-and-swap, leases, barriers, one revision per change, events of
+//!     the last `history_limit` revisions kept for watches. Time enters only as
+//!     `Request::now_ms` (the proposer's clock, whole milliseconds rounded
+//!     down), so replicas agree. `KvState` is the small part (revision, clock,
+//!     leases, decided barriers until 10 minutes past their deadline); pairs
+//!     and events live in `Tables` (`MemTables` in memory; `SmTables` on disk).
+//!     `MAX_KEY` and `MAX_VALUE` are the limits every other size derives from.
+//!   * `AppliedState<S: TablesMut>` — a `KvState` and its tables behind one
+//!     lock, with notifications for blocking gets, barrier waits and watches.
+//!     Watchers share each batch's events (one `Arc<[Event]>` per batch on a
+//!     broadcast channel of 1,024 batches) and copy only what is under their
+//!     prefix.
+//!   * `KvStore` (async trait) — the one interface of every backend;
+//!     `conformance::run_all` is the behaviour each backend must pass;
+//!     `MemoryKv` is the test double.
 
 mod applied;
 pub mod conformance;

@@ -15,6 +15,24 @@
 //!    freed only by [`free_value`], which the plugin calls exactly once.
 //! 5. `user_arg` points to a [`KvBridge`] that outlives every call: the
 //!    [`crate::Client`] owns the bridge and destroys the PJRT client first.
+//!
+//! # The KV callback bridge
+//!
+//! `ClientOptions::kv_store(store)` boxes a `KvBridge` (the store and a panic
+//! slot) whose address is the `user_arg` of all three callbacks. The
+//! trampolines:
+//!
+//! | callback | store call | errors → PJRT code |
+//! |---|---|---|
+//! | `kv_get(key, timeout_in_ms)` | `get(key, timeout)` (blocks) | `DeadlineExceeded` → `DEADLINE_EXCEEDED` |
+//! | `kv_try_get(key)` | `try_get(key)` | `NotFound` → `NOT_FOUND` |
+//! | `kv_put(key, value)` | `put(key, value)` | `AlreadyExists` → `ALREADY_EXISTS` |
+//!
+//! `InvalidArgument`, `Unavailable` and `Internal` map to their codes. Keys and
+//! values are bytes. Returned values are allocated with a 16-byte length header
+//! and freed by our `value_deleter_callback`. A store that panics yields
+//! `INTERNAL` to the plugin; the payload is kept and `Client::create`
+//! re-raises it after the plugin returns (git2-rs's model).
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::any::Any;

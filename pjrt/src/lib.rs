@@ -31,6 +31,29 @@
 //! is the transfer crate's shared-memory and host-memory modules). [`ffi`]
 //! holds the raw declarations; every other module is a safe wrapper whose
 //! `unsafe` blocks carry a `SAFETY:` comment.
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-pjrt`** (`pjrt/`).
+//!   * `ffi` — raw declarations of the C API structs we use, the function
+//!     table (`PJRT_Api`) in header order, and a layout table (`LAYOUTS`) that
+//!     `tests/abi.rs` compares field by field with the header of the installed
+//!     wheel. Declarations follow API 0.81; newer plugins accept our smaller
+//!     `struct_size`s.
+//!   * `plugin` — `Plugin::load`: dlopen, `GetPjrtApi`, version check (major 0,
+//!     minor ≥ 0.81), `PJRT_Plugin_Initialize` once. Every C call goes through
+//!     `pjrt_call!`, which checks that the plugin's function table reaches the
+//!     entry and turns a returned `PJRT_Error*` into `Error::Pjrt {function,
+//!     code, message}`, destroying it.
+//!   * `client` — `Client` (Arc), create options as named values, the KV
+//!     bridge, devices, memories, compile, host→device.
+//!   * `kv` — `KeyValueStore` trait and the three `extern "C"` trampolines.
+//!   * `device`, `buffer`, `executable`, `event` — owning handles; `Event`
+//!     implements `IntoFuture`. Each execution gets a process-unique launch id:
+//!     plugins key a collective's rendezvous on it.
+//!   * `compile`, `hlo` — the protobuf messages we send (CompileOptionsProto
+//!     subset) and read (HloModuleProto subset), declared with prost derive.
+//!   * `locate` — plugin resolution by name or path.
 
 // The crate of tessel's FFI: every `unsafe` block of the workspace but
 // the shared-memory code lives here, each with its SAFETY comment.

@@ -41,6 +41,46 @@
 //! assert_eq!(outputs[0], array::parse_literal("f32[2,2]=1,2,3,4")?);
 //! # Ok(()) }
 //! ```
+//!
+//! # The modules in detail
+//!
+//! * **`tessel`** (`tessel/`). Pure, unit-tested logic; I/O at the edges.
+//!   * `program` — `mlir` reads `@main`'s signature (types, sharding
+//!     annotations, Shardy meshes, replica/partition counts); `sharding` turns
+//!     GSPMD and Shardy annotations into a `Tiling` and splits and reassembles
+//!     host arrays; `run` checks arguments against the signature, compiles
+//!     (`CompiledProgram`), splits, executes and gathers; `global` (pure)
+//!     orders the plugin's global devices into the job's device assignment
+//!     (mesh order) for a `global = true` program and finds which partitions
+//!     are this process's.
+//!   * `job` — `JobSpec` (TOML) in `spec`, `validate(&dyn SpecFiles)` →
+//!     `ValidatedJob` (mesh, signatures, process-local types, the files' bytes);
+//!     `global` checks global programs (pieces per process, the plugins that
+//!     cannot run one across processes, plugin option names: `num_nodes` and
+//!     `node_id` are tessel's); `command` checks command jobs.
+//!   * `layout` (pure) — `process_block(mesh, D, p, axis)`: the contiguous
+//!     block of an axis a process's devices cover; `slice_dim`/`concat_dim`.
+//!   * `init` (pure) — counter-based initializers generating one block.
+//!   * `plan` — `JobBundle` (what travels to workers), `ProcessPlan` (compile,
+//!     initialize, `run_step`: execute / all_reduce / all_gather / reshard,
+//!     each array a `ProcessBlock`), `run_job_process` (restore, steps,
+//!     reports, checkpoints, final arrays) and `PlanRunner`, the
+//!     `tessel_worker::JobRunner` the `tessel worker` command installs.
+//!     `resident` keeps each array where the last program left it (a `Slot`:
+//!     on the host, or device buffers with their `Piece`s) and counts every
+//!     host↔device byte (`Traffic`, `tessel_plan_host_device_bytes_total`);
+//!     `execute` reuses buffers already placed as a program wants them,
+//!     honours donation, and copies to the host only for collectives,
+//!     reports, checkpoints and fetch. `suspend` follows a preemption notice
+//!     (see Preemption).
+//!   * `checkpoint` — `disk` (a job's folder on one host: blocks, digests,
+//!     pruning, probe files), `record` (`CheckpointRecord`, pure retention and
+//!     restore-source choice), `protocol` (`Checkpoints`: open, save, restore).
+//!   * `client` — `Client` over any `KvStore`: submit, list, job, cancel,
+//!     events (state changes + reports as a `Stream`), wait, fetch, results.
+//!   * `names` — the one rule for names a worker turns into paths. `report` —
+//!     step reports through a bounded background queue (dropped and counted
+//!     when full).
 
 pub use tessel_pjrt as pjrt;
 

@@ -1,6 +1,6 @@
 //! Property: every reference to a numbered invariant in the workspace's
 //! sources names one that exists. Modules number their invariants in
-//! their docs (`//! Invariants:` then `//! 1. …`); code and comments cite
+//! their docs (`//! Invariants:` then `//! 1. …`, up to a heading); code and comments cite
 //! them as "invariant N" (the module's own, or an enclosing module's),
 //! "`wal` invariant N" or "invariant N of the endpoint" (the module
 //! named). A renumbered list or a moved module that leaves a citation
@@ -40,6 +40,10 @@ fn invariants(text: &str) -> u32 {
             continue;
         };
         let t = t.trim();
+        if inside && t.starts_with('#') {
+            // A heading ends the list (the module's longer story follows).
+            break;
+        }
         if t.starts_with("Invariant") {
             inside = true;
         } else if inside {

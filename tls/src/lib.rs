@@ -23,6 +23,63 @@
 //! ([`insecure_configs`]): an ephemeral self-signed server certificate and a
 //! client that accepts any server and presents none. For tests and local
 //! experiments only.
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-tls`** (`tls/`) — `tls` (the cluster CA, per-node certificates
+//!   with a `tessel://ROLE/NAME` URI, identities, rustls verifiers, `TlsFiles`)
+//!   and `udp_socket` (sockets with large buffers), shared by the key-value
+//!   service and the transfer layer.
+//!
+//! # Identity
+//!
+//! * `tessel certs init DIR --ca-only` makes the cluster CA (`ca.pem`,
+//!   `ca.key`); `tessel certs issue CA_DIR --role R --name N [--hosts ..]
+//!   --out DIR` signs a node's certificate and writes its folder (`ca.pem`,
+//!   `node.pem`, `node.key`). `ca.key` never leaves the CA's host.
+//! * A node certificate carries the DNS name `tessel` (chains are verified
+//!   against it), the `--hosts` names and IPs, and its identity as a URI
+//!   subject alternative name `tessel://{role}/{name}`; roles `coordinator`,
+//!   `worker`, `client`. Client certificates are for client authentication
+//!   only. `tessel certs init DIR --hosts ..` also makes one certificate all
+//!   nodes share (no URI): it passes every check (tests, `tessel local`).
+//! * Clients check the server (`verify::ServerVerifier`): a replica must be a
+//!   coordinator whose certificate also names the address dialed; a transfer
+//!   peer must be a worker, the one the topology names when known.
+//!   Servers check clients (`verify::ClientVerifier`): replicas admit every
+//!   role and authorize per request; transfer endpoints admit workers only.
+//! * `authz::authorize` (pure) answers allow, refuse, or allow under a guard.
+//!   Raft messages, forwarded and guarded requests and replica set changes
+//!   come from coordinators only. A worker writes `workers/{its name}/`,
+//!   `assignments/{its name}/` and keys outside tessel's zones; a write to
+//!   `jobs/{J}/…` is wrapped as `Op::Guarded` (`kv/src/state/guard.rs`): the
+//!   state machine applies it only if `assignments/{name}/{J}` exists (for a
+//!   job-level `J` without `@`: that key or any `assignments/{name}/{J}@*`),
+//!   at apply time, so no race with the scheduler's unassignment lets a
+//!   worker write another attempt's keys; otherwise `PermissionDenied`,
+//!   nothing written. A worker's read of `jobs/{J}/arrays/` or `logs/` is
+//!   wrapped as `ClientRequest::Guarded` and checked on the leader after the
+//!   linearizable wait; a listing over several jobs is refused. A client
+//!   writes `sched/state`, `sched/jobs/{id}/bundle|cancel`,
+//!   `workers/{w}/drain` and keys outside the zones, holds no leases. A
+//!   prefix request is allowed only where it would be for every key under it.
+//! * `TlsFiles` follows its folder (`tls/reload.rs`): handshakes take the
+//!   certificate, key and CA bundle from `Current` (rustls cert resolvers and
+//!   verifiers that read it per handshake); a watcher thread polls the files
+//!   every second and swaps in a folder that parses whole (key matching
+//!   certificate, inside its validity, the same identity), else logs once and
+//!   keeps the old. `--tls-ca FILE` trusts a bundle kept apart (CA rotation).
+//!   Certificates carry a validity (`--days`, CA ten years);
+//!   `tessel certs issue --renew [--new-key] [--trust BUNDLE]` replaces
+//!   them in place by renames. Metrics: `tessel_tls_certificate_expiry_seconds`,
+//!   `tessel_tls_reloads_total{result}`.
+//! * The chart's `perPod` mode: each pod's `tls` volume is cert-manager's
+//!   csi-driver, `tessel://{role}/${POD_NAME}`; `shared` mode mounts one
+//!   Secret. `tessel context` (`cli/src/context.rs`) keeps named
+//!   (coordinators, TLS folder) pairs in `~/.config/tessel/config.toml`.
+//! * A worker refuses to start with a certificate of another role, or with a
+//!   `--worker-id` other than its certificate's name (which is the default
+//!   id); a coordinator refuses a non-coordinator certificate.
 
 mod files;
 mod identity;
@@ -38,6 +95,7 @@ pub use verify::{check_client, check_server, Accept, Expect};
 
 use reload::{Current, Resolver};
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -275,28 +333,6 @@ pub fn insecure_configs(
     Ok((quic_server(server)?, quic_client(client)?))
 }
 
-#[cfg(test)]
-mod tests {
-    /// Both ends offer AES-128-GCM first, so a connection between tessel
-    /// processes negotiates it.
-    #[test]
-    fn aes_128_gcm_is_preferred() {
-        let suites: Vec<_> = super::provider()
-            .cipher_suites
-            .iter()
-            .map(|s| s.suite())
-            .collect();
-        assert_eq!(suites[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
-        assert!(suites.contains(&rustls::CipherSuite::TLS13_AES_256_GCM_SHA384));
-        assert_eq!(
-            suites.len(),
-            rustls::crypto::ring::default_provider().cipher_suites.len()
-        );
-    }
-}
-
-use std::net::SocketAddr;
-
 /// A UDP socket bound to `addr` that asks for `buffer`-byte send and
 /// receive buffers (best effort: the kernel caps both, and a smaller
 /// buffer only drops more under load); an IPv6 wildcard takes IPv4 peers
@@ -328,4 +364,24 @@ pub fn check_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Both ends offer AES-128-GCM first, so a connection between tessel
+    /// processes negotiates it.
+    #[test]
+    fn aes_128_gcm_is_preferred() {
+        let suites: Vec<_> = super::provider()
+            .cipher_suites
+            .iter()
+            .map(|s| s.suite())
+            .collect();
+        assert_eq!(suites[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert!(suites.contains(&rustls::CipherSuite::TLS13_AES_256_GCM_SHA384));
+        assert_eq!(
+            suites.len(),
+            rustls::crypto::ring::default_provider().cipher_suites.len()
+        );
+    }
 }

@@ -10,6 +10,26 @@
 //! * [`CollectiveId`]: one id per clique of devices, agreed over the KV.
 //!
 //! The KV keys this crate writes are listed in [`keys`].
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-topology`** (`topology/`).
+//!   * `types` — `LocalTopology` (process index, process count, worker, host,
+//!     boot id, optional slice, devices, transfer endpoint) and
+//!     `GlobalTopology::build`, pure: global ids by slice, then process, then
+//!     local hardware id; slices from explicit indices, else boot ids. Every
+//!     decoded value is validated.
+//!   * `exchange` — XLA's `ExchangeTopologies` over `KvStore`: insert own
+//!     local topology (same bytes on restart accepted, different refused);
+//!     process 0 lists and watches the others, builds, publishes a `Published`
+//!     (topology or failure); the rest blocking-get it. Timeouts name the
+//!     processes that never arrived.
+//!   * `mesh` — `Mesh`: named axes over the devices in global-id order,
+//!     refusing shapes whose innermost axis would split a host unevenly;
+//!     `groups_along(axis)` gives the cliques of a collective.
+//!   * `collective` — `CollectiveId` per `Clique` (sorted devices + stream):
+//!     the owner of the lowest device generates and inserts; the rest
+//!     blocking-get; reuse after.
 
 mod collective;
 mod error;

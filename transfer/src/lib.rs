@@ -35,6 +35,27 @@
 //! assert_eq!(mean.len(), 4096);
 //! # Ok(()) }
 //! ```
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-transfer`** (`transfer/`).
+//!   * `endpoint` — one `TransferEndpoint` per job process: `send_to(peer,
+//!     tag, dtype, dims, bytes)` returns once the peer stored the array;
+//!     `recv(from, tag)` / `recv_first(keys)` take it from the mailbox;
+//!     `send_buffer` / `recv_buffer` move PJRT buffers. Peers with our boot id
+//!     get the shared-memory path unless `force_network`.
+//!   * `collective` — `Communicator` over `members: Vec<Peer>` (rank = index):
+//!     every call first all-gathers `Descriptor`s around the ring (the barrier
+//!     and the mismatch check), then runs ring steps of chunked messages, or,
+//!     when every member is on this host, reads the members' arenas in place;
+//!     `exchange` sends each rank its own message; a failure is broadcast as
+//!     `abort` and breaks the communicator. See "Collectives".
+//!   * `reduce` — sum/mean/max/min on f32, f64, f16, bf16, s32, s64 in place;
+//!     `reference_reduce` applies the ring's exact order in one process;
+//!     `fold_onto` folds one segment in that order in one place (arenas); the
+//!     ring's segments and steps, shared with the benchmark's TCP ring.
+//!   * `memory` — opt-in glibc tuning for large transfers, huge-page advice,
+//!     `copy_streaming` (SSE2 non-temporal stores).
 
 mod collective;
 pub mod dtype;

@@ -17,6 +17,27 @@
 //! * [`reaper`]: orphans reaped when tessel is a container's PID 1.
 //! * [`command`]: command jobs (a training script as the job's processes,
 //!   supervised as a gang).
+//!
+//! # The modules in detail
+//!
+//! * **`tessel-worker`** (`worker/`).
+//!   * `agent` — `Worker::start` (load plugin, probe devices, check the
+//!     certificate, claim the id, register) and `Worker::run` (heartbeat;
+//!     follow assignments; on a lost registration stop that incarnation's
+//!     processes and register again).
+//!   * `claim` — a worker id is taken only when no live process holds it.
+//!   * `process` — one job process: withdraw an ended attempt's assignment,
+//!     or join, per-node client, bind a transfer endpoint (rank = process
+//!     index), exchange, barrier over a `Communicator` (each peer checked to
+//!     be the worker the topology names), publish digest, run the plan through
+//!     the job the `JobRunner` prepared (stopped by a failure event or
+//!     `done`), publish the result, wait for done/failure.
+//!   * `runner` — `JobRunner::prepare` decodes a job's spec once per job
+//!     process into a `PreparedJob` (its plugin options, its command, or its
+//!     plan, run with a `JobProcess`); `JobError` (message and `FailureKind`).
+//!     The hook: the worker crate knows nothing of job specs.
+//!   * `job_kv` — `JobKv`: PJRT's `KeyValueStore` over the coordinator's
+//!     store, under `jobs/{job}/pjrt/`; `put` is an insert, as in XLA.
 
 pub mod agent;
 pub mod claim;

@@ -9,6 +9,31 @@
 //! 2. A worker stopping on SIGTERM keeps its lease until its processes
 //!    have acted on the notice (or the grace and the stop grace passed):
 //!    the scheduler learns of the loss from the processes' own records.
+//!
+//! # Preemption
+//!
+//! A worker given SIGTERM with attempts running, or one whose
+//! `workers/{w}/drain` key appears (`tessel drain`), inserts
+//! `jobs/{attempt}/suspend` = `"{grace_ms} {reason}"` for each attempt it runs
+//! and writes its drain key (the scheduler places nothing on drained
+//! workers). A SIGTERMed worker keeps its lease until its processes acted
+//! (at most the grace + 15 s), then deregisters and removes a drain key of
+//! its own making.
+//!
+//! * Command jobs: every placement writes the reason to the attempt's
+//!   `$TESSEL_PREEMPT_FILE`, sends SIGTERM after the grace, and records a
+//!   `PeerLost` failure at the grace's end (not when its own processes are
+//!   done: others may still be checkpointing); exits after the notice are
+//!   not failures.
+//! * Plan jobs: every process follows the notice. Process 0, at its next step
+//!   boundary, chooses the suspend step: its step plus at least 200 ms of
+//!   steps (≥ 2), inserted at `jobs/{attempt}/suspend_step`. Every process
+//!   checkpoints at that step (off the periodic schedule) and stops with
+//!   `Suspended`, a `PeerLost` failure; the next attempt restores that
+//!   checkpoint and starts at the step after it. A process that learns the
+//!   step only after passing it fails with `SuspendMissed` and the job
+//!   restarts from the newest periodic checkpoint. Without checkpoints the
+//!   plan stops at once and restarts from step 0.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

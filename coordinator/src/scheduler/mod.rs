@@ -31,6 +31,33 @@
 //!    memberships removed.
 //! 8. Restarts back off ([`restart_backoff_ms`]); a process's non-zero exit
 //!    restarts like a lost worker.
+//!
+//! # Restarts
+//!
+//! * `JobFailure.kind`: `WorkerLost` (the monitor: lease expired, new
+//!   incarnation), `PeerLost` (a process: a transfer broke, a collective's
+//!   deadline passed, a peer aborted, the topology exchange timed out, the
+//!   KV was unreachable, a plan suspended for a preemption notice), `Exited`
+//!   (a command job's process exited non-zero or by a signal), `Job`
+//!   (everything else: compile errors, bad bundles, mismatches, restore
+//!   failures, a command that cannot start). All but `Job` restart while
+//!   `max_restarts` allows, after a back-off of 0, 1, 2, 4 … 30 s
+//!   (`scheduler::restart_backoff_ms`).
+//! * A Restarting job goes Pending only once `scheduler::settle` says every
+//!   worker of the failed attempt is lost (dead, or a newer incarnation than
+//!   the one that joined) or alive (its alive key was written at a revision
+//!   after the failure record's), or 30 s passed; the Pending event names
+//!   the lost workers. Placement then avoids the dead and keeps each process
+//!   on its previous worker where it can.
+//! * When an attempt ends, the scheduler writes its `done` key and deletes
+//!   its assignments and memberships; a worker that comes back withdraws any
+//!   assignment whose attempt is done instead of running it.
+//! * A worker that loses its registration (its lease expired while it was
+//!   cut off) stops that incarnation's job processes and registers again
+//!   with a new incarnation; it stops for good only when another live
+//!   process took its id. A new process takes an id only when its alive key
+//!   is absent, its holder ran on this boot and is gone, or the holder wrote
+//!   no heartbeat for its TTL (`claim`).
 mod pass;
 
 use std::collections::BTreeMap;
@@ -50,7 +77,7 @@ pub use pass::{cancel, pass, read_state, run, submit};
 /// Finished jobs kept in the state for listing.
 pub const KEEP_FINISHED: usize = 256;
 
-/// A job's place in its life (ARCHITECTURE.md draws the transitions).
+/// A job's place in its life (its transitions are in the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobState {
     /// Waiting for workers.

@@ -12,7 +12,7 @@
 //! 4. The committed index rides with the next append's sync, never alone:
 //!    after a crash it reads back older than it was, never newer.
 //! 5. The leader's own entries are reported flushed once queued, so its sync
-//!    overlaps the followers' (ARCHITECTURE.md, "The Raft log"); until synced
+//!    overlaps the followers' (`raft` module docs, "The Raft log"); until synced
 //!    ([`LogSynced`]) nothing acts on a commit that counted them:
 //!    - (5a) the state machine applies (and answers) only synced entries;
 //!    - (5b) the commit index sent to followers is bounded by the synced one;

@@ -23,6 +23,30 @@
 //!    a probe file and reports whether it sees all of them.
 //! 5. The newest [`KEEP`] records stay; after each checkpoint process 0
 //!    broadcasts them and every process prunes its folder.
+//!
+//! # Checkpoints
+//!
+//! 1. Open (each attempt, every process): `checkpoint.dir` must be absolute
+//!    and under one of the worker's `--checkpoint-root`s (symbolic links
+//!    resolved); the job's folder is `{dir}/{job id}`. Each process writes a
+//!    probe file `probes/{attempt}-{p}`, a barrier, then an all-gather of
+//!    "I see every probe": all yes = one shared folder.
+//! 2. Save (every `every` steps, every process): write and fsync its blocks
+//!    (`step-{s}/process-{p}/{array}.npy`); on per-host disks also send them
+//!    to process p+1 (`Communicator::exchange`) and write and fsync the
+//!    copy of p−1's; all-gather of the blocks' SHA-256 digests (the barrier:
+//!    every block is durable); process 0 puts the `CheckpointRecord`
+//!    (digests, holders: the workers of p and, per-host, of p+1), deletes
+//!    records beyond the newest 2, and broadcasts the kept steps; every
+//!    process prunes its folder to them.
+//! 3. Restore (each attempt's start): process 0 picks the newest record of
+//!    the spec with the job's process count and broadcasts it; each process
+//!    reads its own blocks if its disk holds them with the recorded digests;
+//!    an all-gather says who lacks theirs, a second which processes hold the
+//!    missing ones (`record::sources`: the lowest holder), and
+//!    `Communicator::exchange` carries them, checked against the digests.
+//!    A block no process holds fails every process with the same message,
+//!    naming the holders.
 
 mod disk;
 mod protocol;

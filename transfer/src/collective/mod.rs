@@ -4,7 +4,7 @@
 //! member runs on this host they read each other's arenas in shared memory
 //! instead (invariant 8). Every call starts with a ring all-gather of a small
 //! [`Descriptor`], which doubles as the barrier; a small all-reduce rides in
-//! it ([`DescriptorFrame`]). ARCHITECTURE.md, "Collectives", has the steps.
+//! it ([`DescriptorFrame`]). "Collectives", below, has the steps.
 //!
 //! Invariants:
 //! 1. Every rank calls the same collectives in the same order; call `n` uses
@@ -30,6 +30,113 @@
 //!     (endpoint invariant 9); the input is only read while the ring runs.
 //! 11. A replaced arena is retired until the next replacement, since a peer
 //!     may still open the old one by name until it passes a descriptor exchange.
+//!
+//! # Collectives
+//!
+//! Tags are `group (16 bits) | call sequence (24) | phase (2) | step (10) |
+//! chunk (12)`; phases: descriptor, reduce, gather, abort. One call:
+//!
+//! 1. Descriptor exchange: a ring all-gather of every rank's `Descriptor
+//!    {kind, op, dtype, bytes, root, shared}` (step s: pass on rank r−s's,
+//!    take rank r−s−1's; only neighbours connect, so a job of n processes
+//!    opens n connections, not n²). If any differs (`shared` aside), every
+//!    rank fails with the same `Mismatch` listing all of them in rank order;
+//!    no data moves. `shared` says the rank reaches every member through
+//!    shared memory (same boot id, network not forced, arenas on); the call
+//!    uses arenas (step 5) when every descriptor says so. Each
+//!    message is a `DescriptorFrame`: `u16` LE descriptor length, the
+//!    descriptor (postcard), then — only for an all-reduce of ≤ 64 KiB
+//!    (`SMALL_ALL_REDUCE`) — the rank's data. Such an all-reduce is complete
+//!    after the exchange: every rank folds the n inputs in rank order
+//!    (`((x0 ⊕ x1) ⊕ …) ⊕ x(n−1)`, mean divides at the end). Frames are
+//!    forwarded whole, so ranks that disagree on the size still finish the
+//!    exchange and fail with the same `Mismatch`.
+//! 2. All-reduce = reduce-scatter + all-gather over a ring (rank r sends to
+//!    r+1). The array is cut into n segments (`segment(count, n, j)`);
+//!    reduce-scatter step s: send segment r−s−1, receive r−s−2 and fold it in
+//!    (incoming ⊕ own), so segment j is folded from rank j+1 around to rank
+//!    j, which ends with it complete (mean divides there). All-gather step s:
+//!    send segment r−s, receive r−s−1. Each segment travels as chunks of
+//!    ≤ 4 MiB: reducing chunk k overlaps with receiving chunk k+1. What a
+//!    rank received at step s is what it sends at step s+1, without a copy
+//!    (collective invariant 10).
+//! 3. Broadcast is a chunked pipeline along the ring from the root; barrier
+//!    is the descriptor exchange alone.
+//! 4. One deadline per call. The first rank to fail sends `abort` (its reason)
+//!    to every rank; waits also watch for aborts, so everyone fails at once.
+//!    The failed call's input is dropped (no partial result), its waiting
+//!    messages are discarded, and the communicator refuses later calls.
+//! 5. Arenas (collective invariant 8, shm invariant 4), when every member is
+//!    on this host: each communicator keeps one tmpfs file
+//!    (`tessel-{pid}-{n}`, as large as the largest call so far, reserved
+//!    with `posix_fallocate` before the descriptor offers it, so a full tmpfs
+//!    or a call over `max_arena_bytes` means the ring, never a `SIGBUS`), mapped
+//!    read-write by its owner and read-only by its peers for the
+//!    communicator's life, so after the first call nothing is mapped or
+//!    faulted in. All-reduce: each rank writes the other ranks' segments of
+//!    its input into its arena and sends the arena's name to every peer
+//!    (reduce phase, step 0; a peer maps a name it has not seen, checking its
+//!    form and that the file is long enough); it then folds its own segment
+//!    from all arenas in the ring's order (`((x[r+1] ⊕ x[r+2]) ⊕ …) ⊕ x[r]`,
+//!    16 KiB at a time, `reduce::fold_onto`; up to 4 ranks, aligned, in one
+//!    fused pass per block that reads each input element once), so results equal the ring's bit
+//!    for bit, writing it into its data and its arena; an empty message to
+//!    every peer (gather phase, step 0); then it copies every other rank's
+//!    folded segment out of that rank's arena, each as soon as that rank's
+//!    message arrives. Reduce-scatter stops after the
+//!    fold; all-gather writes the whole input and copies every peer's;
+//!    broadcast: the root writes and posts, the others copy. An owner writes
+//!    its arena only after the call's descriptor exchange (which no rank
+//!    finishes before every rank has left the previous call) and before its
+//!    post, except its folded segment, read only after the second message.
+//!    With 4 ranks, a 64 MiB all-reduce moves 48 MiB in per rank, folds 64 MiB into 16 and
+//!    copies 48 MiB out, against the ring's 96 MiB through tmpfs files in six
+//!    dependent steps. Copies in and out of arenas of 1 MiB or more use streaming
+//!    (non-temporal) stores (`tessel_transfer::memory::copy_streaming`),
+//!    fenced before the message that follows them: their destinations are
+//!    not read again by the copying core during the call, and skipping the
+//!    read for ownership of every destination line is a third less memory
+//!    traffic per copied byte.
+//! 6. In place (collective invariant 9): `Communicator::buffer(len)` makes a
+//!    `CollectiveBuffer`, a tmpfs file of its own (a `ShmArena`) when step 5
+//!    would apply, else a `Vec`. `all_reduce_in_place` posts the buffer's
+//!    name instead of filling an arena (no copy in), folds its segment into
+//!    the buffer, copies the others' folded segments into the buffer after
+//!    the second post, and sends a third, empty message to every peer: a
+//!    rank returns only when every peer has said it stopped reading its
+//!    buffer, so the caller may write it at once. The descriptor's
+//!    `in_place` flag is compared (an in-place rank waits for that third
+//!    message). A failed call swaps the buffer's storage for zeroed private
+//!    memory; the old file keeps its bytes for peers that still map it. Each
+//!    rank keeps its two most recently used mappings of each peer's files.
+//!
+//! ## What the invariants guard
+//! * Arenas are reserved before the descriptor offers them (over
+//!   `max_arena_bytes`, or no room in the folder: the descriptor says no), and
+//!   the `shared` flag is left out of the mismatch comparison, so every rank
+//!   picks the same algorithm. An owner writes its arena only after the
+//!   call's descriptor exchange, which no rank completes before every rank
+//!   has left the previous call, and before its first post, except its
+//!   folded segment, which nobody reads before the second post: bytes never
+//!   change under a reader.
+//! * An in-place all-reduce's descriptor says `in_place` (compared, since the
+//!   two all-reduces end differently); the call ends with a third post, after
+//!   which no peer reads the caller's buffer. A failed call replaces the
+//!   buffer's storage with zeroed memory, so neither the caller nor a peer
+//!   still reading the old bytes sees a partial result, and what the caller
+//!   writes next never reaches a peer of the broken call.
+//! * The ring's reduce-scatter folds a received chunk, in the pieces it
+//!   arrived in, with the rank's input into fresh memory and sends that as
+//!   it is at the next step; the all-gather forwards what arrives as it is.
+//!   Every segment is written once into the result at the end (for
+//!   `all_reduce`, the input's own memory once the stream let go of it). The
+//!   exception: a rank whose previous rank is on this host receives lent
+//!   files whose senders wait until the mapping is dropped, so it folds or
+//!   copies them at once, straight into the caller's buffer.
+//! * A rank may leave a call before its peers opened its arena by name, and
+//!   grows its arena for the next call before that call's descriptor
+//!   exchange; the replaced arena is kept until the next replacement, by
+//!   which time no peer can still be in the call that used it.
 
 mod arenas;
 mod buffer;

@@ -27,6 +27,89 @@
 //!    never copied into one buffer by us ([`Outgoing::Shared`], [`Payload::Pieces`]).
 //! 10. With certificates an endpoint admits only workers, and a sender checks
 //!     that the peer's certificate names the worker its [`Peer`] runs on.
+//!
+//! # The transfer protocol
+//!
+//! * QUIC (quinn 0.11), ALPN `tessel-transfer`, the same cluster CA and mutual
+//!   TLS as the key-value protocol, admitting workers only (a sender checks
+//!   the peer is the worker its `Peer` names); receive windows 16 MiB per stream, 64 MiB
+//!   per connection; up to `connections_per_peer` (2) connections per peer,
+//!   opened as needed and reused, transfers taking them in turn.
+//! * One bidirectional stream per array: `u32` big-endian header length
+//!   (1–4096), a postcard `TransferHeader {from, tag, dtype, dims, byte_len,
+//!   shm, lent, part}`,
+//!   then exactly `byte_len` raw bytes (never serde). The receiver checks
+//!   dtype, `byte_len = size(dtype) × Π dims` (no overflow) and its limit
+//!   (64 GiB by default) before allocating; a refused stream gets the byte
+//!   `1` and a stop, an accepted one the byte `0` once the array is in the
+//!   mailbox (keyed by sender rank and tag, delivered once, in order).
+//! * Striped payloads (endpoint invariant 8, `stripe.rs`): a network payload
+//!   of at least `stripe_bytes` (16 MiB) travels as one part per connection,
+//!   each on its own stream with the whole array's header plus `part:
+//!   Some({transfer, index, count})` (2–16 parts; part `i` carries bytes
+//!   `[i·len/count, (i+1)·len/count)`). The receiver keys the assembly by the
+//!   sender's address (its connections share one socket) and `transfer`; the
+//!   first part allocates the whole buffer and splits it into one piece per
+//!   part, each part reads into its own piece, and the last joins them in
+//!   place and delivers the array. Every part is answered only once the whole
+//!   is delivered (`0`) or abandoned (`1`): a part that disagrees with the
+//!   first part's header or repeats an index, a part whose stream fails, or a
+//!   sender that stops waiting drops the assembly. quinn drives each
+//!   connection from one task, so two connections seal and open packets on
+//!   two threads.
+//! * Same host (equal boot ids): the header carries `shm: Some("tessel-{pid}-{n}")`
+//!   and the stream no payload; the receiver accepts only names of that form,
+//!   opens the file in `/dev/shm`, checks its length equals `byte_len`,
+//!   reads it, then acknowledges. The file belongs to the sender, which
+//!   reuses it for the next payload of the same length after the
+//!   acknowledgement and removes it on failure or exit; files of dead
+//!   processes are swept by the next endpoint on the host.
+//! * Lent payloads on the network (`lent: true` without `shm`; endpoint
+//!   invariant 9, collective invariant 10): a ring chunk is delivered in the
+//!   pieces quinn's `read_chunk` hands out (slices of the decrypted
+//!   datagrams), not copied into one buffer; the ring folds straight from
+//!   them into fresh memory, or keeps them (all-gather), and sends that on
+//!   with `write_all_chunks`, which quinn keeps by reference until
+//!   acknowledged instead of copying into its send buffer. The result is
+//!   written once at the end, into the input's own memory when the caller
+//!   handed it over (`Bytes::try_into_mut` once quinn has let go of the
+//!   sent slices).
+//! * Lent files (`lent: true` with `shm`; collective invariant 7): a
+//!   ring chunk of an all-reduce, reduce-scatter or all-gather is not copied
+//!   out. The receiver maps the file read-only (`MAP_POPULATE`), the
+//!   collective reduces or copies straight from the mapping, and the
+//!   acknowledgement goes out when the mapping is dropped (or the sender
+//!   stops the stream, or the connection closes); until then the sender
+//!   neither writes nor shortens the file. Only the ring lends,
+//!   since each ring step sends and receives at once; a sender that waits on
+//!   its send before receiving (the descriptor ring, broadcast) would wait on
+//!   a peer doing the same.
+//! * Connection tuning: UDP socket buffers 8 MiB asked (the kernel caps
+//!   them), keep-alive
+//!   500 ms, idle timeout 2 s (a dead peer is noticed within 2 s). Datagram
+//!   size (endpoint invariant 6): the connecting side of a transfer picks
+//!   one of two client profiles. Towards a peer on this host (loopback
+//!   address or same boot id) MTU discovery may reach 65,527 bytes and
+//!   segmentation offload is off (one 64 KiB datagram per `sendmsg`);
+//!   towards other hosts discovery stops at 6,500 bytes and GSO batches stay
+//!   on. The cap exists because quinn hands the socket up to 10 datagrams per
+//!   GSO send and Linux refuses a send above 64 KiB with `EMSGSIZE`, which
+//!   quinn drops silently: with both large datagrams and GSO, every batch is
+//!   lost and black-hole detection falls back to 1,200 bytes. On this host,
+//!   should losses (a receive buffer overflowing) trigger that fallback, MTU
+//!   discovery resumes after 1 s instead of quinn's minute.
+//! * Receiving: the payload is read chunk by chunk (`read_chunk`) into
+//!   capacity reserved from the validated header, with no zero-filling pass,
+//!   and a buffer of several MiB asks for transparent huge pages
+//!   (`tessel_transfer::memory::advise_huge_pages`), since faulting in a
+//!   fresh buffer 4 KiB at a time is a large share of a transfer's CPU
+//!   (docs/performance.md). The shared-memory read does the same.
+//! * Spare buffers (endpoint invariant 7): a buffer handed back with
+//!   `TransferEndpoint::recycle` (≥ 1 MiB, at most `spare_bytes`, 2 GiB by
+//!   default, kept in all) receives a later payload whose length is from half
+//!   its capacity to all of it, so a loop receiving the same sizes every step
+//!   faults in and zeroes its memory once. `recv_buffer` recycles the host
+//!   copy itself once the PJRT buffer holds the array.
 
 mod config;
 mod mailbox;

@@ -24,6 +24,40 @@
 //!    attempt's have stopped.
 //!
 //! [`FailureKind::Exited`]: tessel_coordinator::jobs::FailureKind::Exited
+//!
+//! # Command jobs
+//!
+//! A spec with `command` instead of a plan (`tessel/src/job/command.rs` validates
+//! it) is placed like any job, one placement per worker of
+//! `processes_per_worker` processes. The worker, seeing a command in the
+//! bundle (`PreparedJob::command`), creates no PJRT client: it writes the
+//! shipped files into the attempt's folder under `--work-dir`, takes the
+//! job's gang lock (an earlier attempt's processes here must have stopped),
+//! and placement 0 picks two free ports on its transfer address and inserts
+//! `jobs/{attempt}/rendezvous` (`host jax_port torch_port`); the others read
+//! it. `command::env` (pure) gives each process torchrun's variables
+//! (`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `GROUP_WORLD_SIZE`, `ROLE_RANK`,
+//! `ROLE_WORLD_SIZE`, `ROLE_NAME`, `TORCHELASTIC_RESTART_COUNT`,
+//! `TORCHELASTIC_MAX_RESTARTS`, `TORCHELASTIC_RUN_ID`), JAX's
+//! (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`,
+//! `JAX_LOCAL_DEVICE_IDS` off CPU) and tessel's (`TESSEL_JOB_ID`,
+//! `TESSEL_ATTEMPT`, `TESSEL_PROCESS_INDEX`, `TESSEL_NUM_PROCESSES`,
+//! `TESSEL_LOCAL_RANK`, `TESSEL_WORKER_ID`, `TESSEL_WORK_DIR`,
+//! `TESSEL_CHECKPOINT_DIR`, `TESSEL_PREEMPT_FILE`, `TESSEL_COORDINATORS`,
+//! `TESSEL_TLS_DIR`); a job's `env` cannot set these. `gang` starts each process as the leader of its own
+//! process group, through `setpriv --pdeathsig KILL` so it dies with the
+//! worker, with stdout and stderr piped to `logs`, which ships lines in
+//! chunks of ≤ 32 KiB every 200 ms to `jobs/{id}/logs/{attempt}/{rank}/{seq}`,
+//! deleting chunks older than the newest 64, and keeps each process's last
+//! 12 lines; `echo` prints each line on the worker's stdout as
+//! `[JOB@ATTEMPT pRANK] line` within a token bucket per job (512 KiB/s, 2 MiB
+//! bursts; lines over it are counted and the count printed later). The placement publishes `transfer_ready` once its processes are
+//! started (the scheduler's Running) and its `result` once all exited 0 (its
+//! Succeeded). The first non-zero exit records an `Exited` failure naming the
+//! process, its code or signal and its last lines; a failure elsewhere,
+//! `done` or a lost registration stops the gang (SIGTERM to each group,
+//! SIGKILL after `stop_grace_ms`).
 
 mod echo;
 pub mod env;

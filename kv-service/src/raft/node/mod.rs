@@ -6,7 +6,7 @@
 //!    serve answers `Unavailable` and the client tries another.
 //! 2. A read waits for `ensure_linearizable` and for the read floor (the
 //!    leader's whole log as of its first read in the term), so it never sees
-//!    less than the leader acknowledged (ARCHITECTURE.md, "Reads").
+//!    less than the leader acknowledged (`raft` module docs, "Reads").
 //! 3. Time in requests is the leader's wall clock; only the leader proposes
 //!    `Tick`s, when a lease or barrier is due.
 //! 4. A leader's first write of its term is preceded by `RenewLeases`, so no

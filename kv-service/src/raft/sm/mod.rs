@@ -1,7 +1,7 @@
 //! The replicated state machine on disk: key-value pairs and recent events
 //! in a redb file of their own (`state.redb`), snapshots as files streamed
 //! from it. A replica's memory grows with its keys only by the key filter
-//! (invariant 8). ARCHITECTURE.md, "The state machine", tells how it flows.
+//! (invariant 8). The `raft` module docs, "The state machine", tell how it flows.
 //!
 //! Invariants:
 //! 1. Applied batches collect in an overlay that reads consult first; a flush

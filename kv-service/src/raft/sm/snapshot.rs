@@ -1,4 +1,16 @@
 //! Snapshot files: records written in key order, read back with limits.
+//!
+//! # The snapshot file format
+//!
+//! A file sent in openraft's chunks: records of `u32` little-endian length + postcard
+//! `SnapshotRecord`: one `Header {version 1, meta, state: KvState}` (≤ 64
+//! MiB), then `Pair(KeyValue)`s in key order, `Events {revision, events}`
+//! (a history record's events, keyed by the last revision among them,
+//! split into records of about 1 MiB), and an `End
+//! {pairs, event_records}` trailer whose counts must match. After the
+//! header a record may not exceed the receiving replica's key and value
+//! limits plus 1 MiB; the header must match the announced snapshot meta. A bad file
+//! installs nothing.
 
 use super::*;
 

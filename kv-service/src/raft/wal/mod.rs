@@ -1,7 +1,8 @@
 //! The Raft log as a write-ahead log of its own: segment files in `log/`
 //! under the data directory, appended to and synced, as etcd's WAL does: one
 //! write and one sync per append, where a B-tree commit rewrites more
-//! (docs/performance.md). ARCHITECTURE.md, "The Raft log", has the format.
+//! (docs/performance.md). The format is at the end of these docs; the `raft`
+//! module docs tell the story ("The Raft log").
 //!
 //! Invariants:
 //! 1. A record is `[len: u32 LE][crc32: u32 LE][postcard Record]`; a segment is
@@ -24,6 +25,17 @@
 //! 8. With direct I/O the last segment is zero-filled up to [`ZERO_AHEAD`]
 //!    past its records after a write's callbacks, so a write needs no journal
 //!    commit for a new size; the zeros read as 7's padding.
+//!
+//! # The segment file format
+//!
+//! A segment is `log/{seq:020}.wal` in a replica's data dir: the 8 bytes `TSLWAL\0\x01`, then records of
+//! `u32` little-endian payload length, `u32` crc32 of the payload, and the
+//! postcard `Record`: first a `State {vote, committed, last_purged}` as of
+//! the segment's creation, then `Entry`, `Committed`, `Vote`, `Truncate
+//! (index)` and `Purge(log id)` in the order written. Payloads ≤ 256 MiB; a
+//! segment takes no more records past 64 MiB. Reading stops at the first
+//! record that is short, over the limit, fails its checksum or does not
+//! decode; that is a torn write only in the last segment.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};
