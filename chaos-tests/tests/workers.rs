@@ -11,7 +11,6 @@ use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::{registry, CoordinatorError};
 use tessel_kv::KvStore;
-use tessel_topology::exchange::Published;
 use tessel_topology::GlobalTopology;
 
 async fn assign_all(kv: &dyn KvStore, job: &str, workers: &[&str], n: u32, timeout_ms: u64) {
@@ -40,14 +39,9 @@ async fn digests(kv: &dyn KvStore, job: &str, n: u32, wait: Duration) -> Vec<Vec
 }
 
 async fn published(kv: &dyn KvStore, job: &str) -> GlobalTopology {
-    let bytes = kv
-        .try_get(tessel_topology::keys::global(job).as_bytes())
+    tessel_topology::exchange::global(kv, job, Duration::from_secs(5))
         .await
-        .unwrap();
-    match Published::decode(&bytes).unwrap() {
-        Published::Topology(t) => t,
-        Published::Failed(r) => panic!("builder failed: {r}"),
-    }
+        .unwrap()
 }
 
 fn start_workers(cluster: &KvCluster, n: usize, extra: &[&str]) -> Vec<WorkerProc> {

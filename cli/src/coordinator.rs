@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tessel::identity;
+use tessel_cli::identity;
 use tessel_coordinator::serve::{serve, Backend};
 use tessel_harness::Ready;
 use tessel_kv_service::raft::node::ReplicaConfig;

@@ -9,7 +9,6 @@ use clap::Args;
 use tessel_coordinator::keys;
 use tessel_coordinator::registry::{list_workers, WorkerState};
 use tessel_kv::KvStore;
-use tessel_topology::exchange::Published;
 use tessel_topology::GlobalTopology;
 
 use crate::args::KvTargetArgs;
@@ -115,15 +114,9 @@ pub(crate) async fn read_topology(
     job: &str,
     wait: Duration,
 ) -> Result<GlobalTopology> {
-    let key = tessel_topology::keys::global(job);
-    let bytes = kv
-        .get(key.as_bytes(), wait)
+    tessel_topology::exchange::global(kv, job, wait)
         .await
-        .with_context(|| format!("no topology for job `{job}`"))?;
-    match Published::decode(&bytes)? {
-        Published::Topology(t) => Ok(t),
-        Published::Failed(reason) => bail!("the topology exchange of job `{job}` failed: {reason}"),
-    }
+        .with_context(|| format!("no topology for job `{job}`"))
 }
 
 fn print_table(t: &GlobalTopology) {

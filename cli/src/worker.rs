@@ -142,7 +142,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         let tls = args.target.tls.load()?;
         let (id, source) = worker_identity(&args, tls.as_ref());
         println!("worker id {id} (from {source})");
-        match tessel::identity::env_index(&tessel::identity::process_env) {
+        match tessel_cli::identity::env_index(&tessel_cli::identity::process_env) {
             Ok(Some(i)) => println!("index {} (from {})", i.index, i.source),
             Ok(None) => println!("index: none in the environment"),
             Err(e) => println!("index: {e}"),

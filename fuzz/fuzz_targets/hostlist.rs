@@ -2,7 +2,7 @@
 //! to at most `MAX_HOSTS` non-empty names or is refused, never a panic.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tessel::identity::hostlist::{expand, MAX_HOSTS};
+use tessel_cli::identity::hostlist::{expand, MAX_HOSTS};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };

@@ -26,7 +26,7 @@
 //!   (`metrics_http::Readiness`: a replica that knows a leader, polled every
 //!   250 ms; a worker whose registration watch holds a lease); `tessel
 //!   health` is its client.
-//! * `tessel::identity` (pure, the environment passed in): a coordinator's
+//! * `tessel_cli::identity` (pure, the environment passed in): a coordinator's
 //!   replica id from `--id`, else `JOB_COMPLETION_INDEX`, a StatefulSet
 //!   ordinal (only with `KUBERNETES_SERVICE_HOST`), or `SLURM_PROCID`, plus 1;
 //!   a worker's id from `--worker-id`, its certificate, or the hostname.

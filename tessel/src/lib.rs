@@ -10,8 +10,7 @@
 //!   block of each array a process holds, and its initial values),
 //!   [`checkpoint`] (a job's arrays on disk, complete once recorded in
 //!   the KV), [`report`] (step reports off the critical path), [`names`]
-//!   (the one rule for names that become paths), [`identity`] (a process's
-//!   index and peers from Kubernetes' or Slurm's environment);
+//!   (the one rule for names that become paths);
 //! * one program on one host: [`mod@array`] (inline literals and `.npy`
 //!   files) and [`program`] (its signature, sharding, compile and run);
 //! * processes on this machine: the `tessel-harness` crate (`harness/`).
@@ -87,7 +86,6 @@ pub use tessel_pjrt as pjrt;
 pub mod array;
 pub mod checkpoint;
 pub mod client;
-pub mod identity;
 pub mod init;
 pub mod job;
 pub mod layout;

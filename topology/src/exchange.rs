@@ -228,6 +228,20 @@ async fn missing_error(kv: &dyn KvStore, job: &str, n: u32, after: Duration) -> 
     }
 }
 
+/// Job `job`'s global topology, waiting up to `wait` for its builder
+/// (for readers outside the job: `tessel topology`, tests).
+pub async fn global(kv: &dyn KvStore, job: &str, wait: Duration) -> Result<GlobalTopology> {
+    let key = keys::global(job);
+    let bytes = kv
+        .get(key.as_bytes(), wait)
+        .await
+        .map_err(TopologyError::kv(format!("waiting for {key}")))?;
+    match Published::decode(&bytes)? {
+        Published::Topology(t) => Ok(t),
+        Published::Failed(reason) => Err(TopologyError::BuilderFailed(reason)),
+    }
+}
+
 async fn read_published(kv: &dyn KvStore, job: &str) -> Result<GlobalTopology> {
     let key = keys::global(job);
     let bytes = kv
