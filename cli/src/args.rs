@@ -10,6 +10,8 @@ use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
 use tessel_tls::TlsFiles;
 
+use crate::target_env::EnvTarget;
+
 /// Where to find the TLS folder, or `--insecure`.
 #[derive(Args, Clone)]
 pub(crate) struct TlsArgs {
@@ -28,21 +30,33 @@ pub(crate) struct TlsArgs {
 
 impl TlsArgs {
     /// The loaded certificates, `None` for `--insecure`; neither is an error.
-    /// Without `--tls-dir` or `--insecure`, the active context's
+    /// Without `--tls-dir` or `--insecure`, the environment's
+    /// (`TESSEL_TLS_DIR`, `TESSEL_INSECURE`), else the active context's
     /// (`tessel context`).
     pub(crate) fn load(&self) -> Result<Option<TlsFiles>> {
-        match (&self.tls_dir, self.insecure) {
-            (Some(dir), _) => Ok(Some(TlsFiles::load_trusting(dir, self.tls_ca.as_deref())?)),
-            (None, true) => Ok(None),
-            (None, false) => match crate::context::active()? {
-                Some((_, ctx)) if ctx.tls_dir.is_some() || ctx.insecure => TlsArgs {
-                    tls_dir: ctx.tls_dir,
-                    tls_ca: ctx.tls_ca,
-                    insecure: ctx.insecure,
-                }
-                .load(),
-                _ => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure, or set a context (`tessel context set`)"),
-            },
+        if let Some(dir) = &self.tls_dir {
+            return Ok(Some(TlsFiles::load_trusting(dir, self.tls_ca.as_deref())?));
+        }
+        if self.insecure {
+            return Ok(None);
+        }
+        let from = |tls_dir, tls_ca, insecure| {
+            TlsArgs {
+                tls_dir,
+                tls_ca,
+                insecure,
+            }
+            .load()
+        };
+        let env = EnvTarget::read()?;
+        if env.tls_dir.is_some() || env.insecure {
+            return from(env.tls_dir, env.tls_ca, env.insecure);
+        }
+        match crate::context::active()? {
+            Some((_, ctx)) if ctx.tls_dir.is_some() || ctx.insecure => {
+                from(ctx.tls_dir, ctx.tls_ca, ctx.insecure)
+            }
+            _ => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure, set TESSEL_TLS_DIR, or set a context (`tessel context set`)"),
         }
     }
 }
@@ -105,7 +119,8 @@ impl std::fmt::Display for Endpoints {
 #[derive(Args, Clone)]
 pub(crate) struct KvTargetArgs {
     /// tessel coordinator (replica) addresses, comma separated.
-    /// Default: the active context's (`tessel context`).
+    /// Default: $TESSEL_COORDINATOR, else the active context's (`tessel
+    /// context`).
     #[arg(long, value_name = "ADDR[,ADDR..]")]
     pub coordinator: Option<String>,
     /// An etcd cluster instead: `etcd://HOST:PORT[,HOST:PORT..]` (needs a
@@ -144,20 +159,29 @@ impl std::fmt::Display for KvService {
 impl KvTargetArgs {
     /// The service named, its addresses checked for form.
     pub(crate) fn service(&self) -> Result<KvService> {
+        let with = |coordinator, kv| {
+            KvTargetArgs {
+                coordinator,
+                kv,
+                tls: self.tls.clone(),
+            }
+            .service()
+        };
         let parsed = match (&self.kv, &self.coordinator) {
             (Some(url), _) => Endpoints::parse_etcd(url).map(KvService::Etcd),
             (None, Some(list)) => Endpoints::parse(list).map(KvService::Replicas),
-            (None, None) => match crate::context::active()? {
-                Some((_, ctx)) if ctx.coordinator.is_some() || ctx.kv.is_some() => {
-                    return KvTargetArgs {
-                        coordinator: ctx.coordinator,
-                        kv: ctx.kv,
-                        tls: self.tls.clone(),
-                    }
-                    .service()
+            (None, None) => {
+                let env = EnvTarget::read()?;
+                if env.coordinator.is_some() || env.kv.is_some() {
+                    return with(env.coordinator, env.kv);
                 }
-                _ => Err("give --coordinator ADDRS or --kv etcd://…, or set a context (`tessel context set`)".into()),
-            },
+                return match crate::context::active()? {
+                    Some((_, ctx)) if ctx.coordinator.is_some() || ctx.kv.is_some() => {
+                        with(ctx.coordinator, ctx.kv)
+                    }
+                    _ => bail!("give --coordinator ADDRS or --kv etcd://…, set TESSEL_COORDINATOR, or set a context (`tessel context set`)"),
+                };
+            }
         };
         parsed.map_err(|e| anyhow::anyhow!(e))
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod args;
 mod certs;
@@ -22,6 +22,7 @@ mod logs;
 mod metrics_http;
 mod program;
 mod registry;
+mod target_env;
 mod worker;
 
 /// mimalloc for Rust's allocations (the plugin's C allocations keep
@@ -40,6 +41,14 @@ struct Cli {
     /// Exit when stdin closes (set by `tessel local` on its children).
     #[arg(long, global = true, hide = true)]
     exit_with_parent: bool,
+}
+
+/// The shells `tessel completions` writes for.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Subcommand)]
@@ -98,6 +107,14 @@ enum Command {
     Install {
         /// The folder (a volume the worker's container mounts).
         dir: std::path::PathBuf,
+    },
+    /// Print a completion script for SHELL (bash, zsh, fish):
+    /// `tessel completions bash > /etc/bash_completion.d/tessel`,
+    /// `tessel completions zsh > "${fpath[1]}/_tessel"`,
+    /// `tessel completions fish > ~/.config/fish/completions/tessel.fish`.
+    Completions {
+        /// The shell.
+        shell: Shell,
     },
     /// Inspect and change the replica set.
     Cluster {
@@ -242,6 +259,15 @@ fn run(cli: Cli) -> Result<()> {
             std::env::var_os(tessel::pjrt::locate::PLUGIN_DIR_ENV).map(Into::into),
         ),
         Command::Validate { spec } => program::validate_spec(&spec),
+        Command::Completions { shell } => {
+            let shell = match shell {
+                Shell::Bash => clap_complete::Shell::Bash,
+                Shell::Zsh => clap_complete::Shell::Zsh,
+                Shell::Fish => clap_complete::Shell::Fish,
+            };
+            clap_complete::generate(shell, &mut Cli::command(), "tessel", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Compare { a, b, atol } => program::compare_arrays(&a, &b, atol),
         Command::Plugin {
             command: PluginCommand::Info { plugin },

@@ -530,3 +530,30 @@ fn an_unresolvable_peer_is_retried_and_readiness_follows_the_leader() {
     }
     alone.kill().unwrap();
 }
+
+/// `tessel completions SHELL` writes a script that names the subcommands,
+/// and bash (always here) and zsh and fish (where installed) parse it.
+#[test]
+fn completions_for_bash_zsh_and_fish_parse_and_name_the_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, check) in [("bash", "-n"), ("zsh", "-n"), ("fish", "--no-execute")] {
+        let script = ok(&tessel(&["completions", shell]));
+        assert!(
+            script.contains("submit") && script.contains("completions"),
+            "{shell}: {script}"
+        );
+        let file = dir.path().join(shell);
+        std::fs::write(&file, &script).unwrap();
+        match Command::new(shell).arg(check).arg(&file).output() {
+            Ok(out) => assert!(
+                out.status.success(),
+                "{shell} {check}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(_) if shell != "bash" => eprintln!("{shell} is not installed: not parsed"),
+            Err(e) => panic!("bash: {e}"),
+        }
+    }
+    let bad = tessel(&["completions", "powershell-9"]);
+    assert_eq!(bad.status.code(), Some(2), "a usage error");
+}

@@ -157,3 +157,108 @@ fn a_context_says_which_cluster_and_folder_a_command_means() {
     let list = ok(&tessel(&cfg, &["context", "list"]));
     assert!(!list.contains("dev") && !list.contains('*'), "{list}");
 }
+
+/// A coordinator on loopback, `--insecure`; killed when dropped (its data
+/// folder removed after it).
+struct Coordinator {
+    child: std::process::Child,
+    addr: String,
+    _data: tempfile::TempDir,
+}
+
+impl Coordinator {
+    fn start() -> Coordinator {
+        use std::io::{BufRead, BufReader};
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessel"))
+            .args(["coordinator", "--id", "1", "--listen", "127.0.0.1:0"])
+            .args(["--peers", "1=127.0.0.1:0", "--insecure", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines.next().expect("a readiness line").unwrap();
+        let Some(tessel_harness::Ready::Coordinator { listen, .. }) =
+            tessel_harness::Ready::parse(&line)
+        else {
+            panic!("not a coordinator's readiness line: {line}");
+        };
+        Coordinator {
+            child,
+            addr: listen.to_string(),
+            _data: dir,
+        }
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where the cluster is comes from the flag, else the environment (the
+/// variables a worker exports to its job processes among them), else the
+/// context: each step is tried against a live coordinator and a dead
+/// address, so only the right precedence succeeds.
+#[test]
+fn the_environment_stands_between_the_flags_and_the_context() {
+    let live = Coordinator::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    let dead = "127.0.0.1:1";
+    ok(&tessel(
+        &cfg,
+        &[
+            "context",
+            "set",
+            "gone",
+            "--coordinator",
+            dead,
+            "--insecure",
+        ],
+    ));
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_tessel"));
+        c.args(args)
+            .env("TESSEL_CONFIG", &cfg)
+            .env_remove("TESSEL_CONTEXT");
+        for v in [
+            "TESSEL_COORDINATOR",
+            "TESSEL_COORDINATORS",
+            "TESSEL_KV",
+            "TESSEL_TLS_DIR",
+            "TESSEL_TLS_CA",
+            "TESSEL_INSECURE",
+        ] {
+            c.env_remove(v);
+        }
+        c.envs(env.iter().copied()).output().unwrap()
+    };
+    // The environment over the context, in either spelling.
+    for var in ["TESSEL_COORDINATOR", "TESSEL_COORDINATORS"] {
+        ok(&run(
+            &[(var, &live.addr), ("TESSEL_INSECURE", "1")],
+            &["jobs"],
+        ));
+    }
+    // The flag over the environment.
+    ok(&run(
+        &[("TESSEL_COORDINATOR", dead), ("TESSEL_INSECURE", "1")],
+        &["jobs", "--coordinator", &live.addr],
+    ));
+    // A contradiction or a bad value is refused at once, naming it.
+    let e = err(&run(&[("TESSEL_INSECURE", "yes")], &["jobs"]));
+    assert!(e.contains("TESSEL_INSECURE"), "{e}");
+    let e = err(&run(
+        &[
+            ("TESSEL_COORDINATOR", &live.addr),
+            ("TESSEL_KV", "etcd://e:1"),
+        ],
+        &["jobs"],
+    ));
+    assert!(e.contains("TESSEL_KV"), "{e}");
+}
