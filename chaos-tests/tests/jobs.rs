@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tessel::job::JobSpec;
 use tessel::plan::JobBundle;
 use tessel_chaos_tests::{sample, scrape, spawn_worker, tessel_bin, KvCluster};
-use tessel_coordinator::attempt::{self, Record};
+use tessel_coordinator::attempt::Record;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
@@ -240,7 +240,11 @@ async fn a_killed_worker_fails_the_running_job_for_everyone() {
     );
     // Every surviving process stopped its plan and saw the failure.
     for i in [0, 2, 3] {
-        attempt::wait(&kv, "long", i, Record::FailureSeen, Duration::from_secs(10))
+        Records::new(&kv, "long")
+            .wait(
+                Item::Process(i, Record::FailureSeen),
+                Duration::from_secs(10),
+            )
             .await
             .unwrap_or_else(|e| panic!("process {i} saw no failure: {e}"));
     }
@@ -332,7 +336,8 @@ async fn a_worker_serves_the_metrics_of_its_job_processes() {
     let steps = 5;
     submit(&kv, "metered", &example("job-2x2.toml"), Some(steps)).await;
     for i in 0..2 {
-        attempt::wait(&kv, "metered", i, Record::Result, Duration::from_secs(120))
+        Records::new(&kv, "metered")
+            .wait(Item::Process(i, Record::Result), Duration::from_secs(120))
             .await
             .unwrap_or_else(|e| panic!("process {i} finished no plan: {e}"));
     }

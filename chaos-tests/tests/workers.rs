@@ -7,9 +7,10 @@
 use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
-use tessel_coordinator::attempt::{self, Record};
+use tessel_coordinator::attempt::Record;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::{registry, CoordinatorError};
+use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
 use tessel_topology::GlobalTopology;
 
@@ -30,7 +31,8 @@ async fn digests(kv: &dyn KvStore, job: &str, n: u32, wait: Duration) -> Vec<Vec
     let mut out = Vec::new();
     for i in 0..n {
         out.push(
-            attempt::wait(kv, job, i, Record::Topology, wait)
+            Records::new(kv, job)
+                .wait(Item::Process(i, Record::Topology), wait)
                 .await
                 .unwrap_or_else(|e| panic!("process {i} of {job} published no topology: {e}")),
         );
@@ -89,15 +91,13 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
         .collect();
     assert_eq!(endpoints.len(), 4, "one endpoint per process");
     for i in 0..4 {
-        let ms = attempt::wait(
-            &kv,
-            "topo",
-            i,
-            Record::TransferReady,
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("process {i} never passed the transfer barrier: {e}"));
+        let ms = Records::new(&kv, "topo")
+            .wait(
+                Item::Process(i, Record::TransferReady),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("process {i} never passed the transfer barrier: {e}"));
         let ms: f64 = String::from_utf8(ms).unwrap().parse().unwrap();
         assert!(ms >= 0.0);
     }
@@ -168,15 +168,13 @@ async fn a_killed_worker_fails_the_job_for_everyone_within_ttl_plus_one_second()
     // Up means past the transfer barrier too: kill only then, so the
     // failure comes from the lease, not from a barrier cut short.
     for i in 0..3 {
-        attempt::wait(
-            &kv,
-            "fail",
-            i,
-            Record::TransferReady,
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+        Records::new(&kv, "fail")
+            .wait(
+                Item::Process(i, Record::TransferReady),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
     }
     let killed_at = Instant::now();
     workers[2].kill();
@@ -193,7 +191,11 @@ async fn a_killed_worker_fails_the_job_for_everyone_within_ttl_plus_one_second()
     assert_eq!(failure.incarnation, Some(1));
     // The surviving peers saw it too.
     for i in 0..2 {
-        let seen = attempt::wait(&kv, "fail", i, Record::FailureSeen, Duration::from_secs(3))
+        let seen = Records::new(&kv, "fail")
+            .wait(
+                Item::Process(i, Record::FailureSeen),
+                Duration::from_secs(3),
+            )
             .await
             .unwrap();
         assert!(String::from_utf8_lossy(&seen).contains("w2"));

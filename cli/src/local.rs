@@ -10,9 +10,10 @@ use futures::StreamExt;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
 use tessel::pjrt::locate;
-use tessel_coordinator::attempt::{self, Record};
+use tessel_coordinator::attempt::Record;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::scheduler::JobState;
+use tessel_coordinator::{Item, Records};
 use tessel_harness::LocalCluster;
 
 use crate::args::PluginArg;
@@ -117,7 +118,9 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
     // Every process holds the same topology (the digests it published).
     let want = tessel_topology::digest(&topology);
     for i in 0..args.workers {
-        let got = attempt::wait(&kv, &job, i, Record::Topology, wait).await?;
+        let got = Records::new(&kv, &job)
+            .wait(Item::Process(i, Record::Topology), wait)
+            .await?;
         if got != want.as_bytes() {
             bail!("process {i} holds a different topology");
         }

@@ -38,7 +38,7 @@ pub(crate) struct DrainArgs {
 /// runs gets a preemption notice (plans checkpoint at an agreed step and
 /// resume elsewhere; command jobs' processes find their notice file).
 pub(crate) async fn drain(args: DrainArgs) -> Result<()> {
-    keys::check_id("worker id", &args.worker)?;
+    tessel_coordinator::check_id("worker id", &args.worker)?;
     let kv = args.target.connect().await?;
     let key = keys::drain(&args.worker);
     if args.undo {
@@ -53,7 +53,7 @@ pub(crate) async fn drain(args: DrainArgs) -> Result<()> {
 
 pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
     let kv = args.target.connect().await?;
-    let now = keys::unix_ms();
+    let now = tessel_coordinator::unix_ms();
     println!(
         "{:<16} {:<7} {:>5} {:>15} {:<20} {:>7}  {:<28} JOBS",
         "WORKER", "STATE", "INC", "LAST HEARTBEAT", "HOST", "PID", "DEVICES"

@@ -87,8 +87,9 @@ fn spawn(args: &[&str]) -> Child {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_and_the_coordinator_run_on_etcd() {
     use std::time::{Duration, Instant};
-    use tessel_coordinator::attempt::{self, Record};
+    use tessel_coordinator::attempt::Record;
     use tessel_coordinator::jobs::{self, JobAssignment};
+    use tessel_coordinator::{Item, Records};
     use tessel_kv_service::etcd::{EtcdKv, EtcdOptions};
 
     let etcd = EtcdServers::start(3).await.unwrap();
@@ -130,7 +131,8 @@ async fn workers_and_the_coordinator_run_on_etcd() {
     let mut digests = Vec::new();
     for i in 0..2 {
         digests.push(
-            attempt::wait(&kv, "e", i, Record::Topology, Duration::from_secs(60))
+            Records::new(&kv, "e")
+                .wait(Item::Process(i, Record::Topology), Duration::from_secs(60))
                 .await
                 .unwrap(),
         );
@@ -139,7 +141,11 @@ async fn workers_and_the_coordinator_run_on_etcd() {
     // Kill only once both passed the transfer barrier, so the failure comes
     // from the lease, not from a barrier cut short.
     for i in 0..2 {
-        attempt::wait(&kv, "e", i, Record::TransferReady, Duration::from_secs(60))
+        Records::new(&kv, "e")
+            .wait(
+                Item::Process(i, Record::TransferReady),
+                Duration::from_secs(60),
+            )
             .await
             .unwrap();
     }

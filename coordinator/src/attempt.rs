@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use tessel_kv::{KvError, KvStore};
+use tessel_kv::KvStore;
 
 use crate::error::{CoordinatorError, Result};
 use crate::keys;
@@ -94,37 +94,6 @@ pub async fn publish(
             "publishing process {index}'s {}",
             record.name()
         )))
-}
-
-/// Writes process `index`'s `record` unless it exists: a process that came
-/// back to the same attempt keeps what it published first.
-pub async fn publish_once(
-    kv: &dyn KvStore,
-    attempt: &str,
-    index: u32,
-    record: Record,
-    value: &[u8],
-) -> std::result::Result<(), KvError> {
-    match kv
-        .insert(key(attempt, index, record).as_bytes(), value)
-        .await
-    {
-        Ok(_) | Err(KvError::AlreadyExists(_)) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Waits up to `timeout` for process `index`'s `record`
-/// (`DeadlineExceeded` after it).
-pub async fn wait(
-    kv: &dyn KvStore,
-    attempt: &str,
-    index: u32,
-    record: Record,
-    timeout: std::time::Duration,
-) -> std::result::Result<Vec<u8>, KvError> {
-    kv.get(key(attempt, index, record).as_bytes(), timeout)
-        .await
 }
 
 /// Every process's records of `attempt`, by record, then process index.

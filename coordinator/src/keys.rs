@@ -54,28 +54,28 @@ pub fn alive(worker: &str) -> String {
 }
 
 /// The jobs a worker joined.
-pub fn worker_jobs(worker: &str) -> String {
+pub(crate) fn worker_jobs(worker: &str) -> String {
     format!("workers/{worker}/jobs/")
 }
 
 /// Worker `worker` joined `job`.
-pub fn worker_job(worker: &str, job: &str) -> String {
+pub(crate) fn worker_job(worker: &str, job: &str) -> String {
     format!("workers/{worker}/jobs/{job}")
 }
 
 /// The workers that joined a job.
-pub fn job_members(job: &str) -> String {
+pub(crate) fn job_members(job: &str) -> String {
     format!("jobs/{job}/members/")
 }
 
 /// Worker `worker` is a member of `job`.
-pub fn job_member(job: &str, worker: &str) -> String {
+pub(crate) fn job_member(job: &str, worker: &str) -> String {
     format!("jobs/{job}/members/{worker}")
 }
 
 /// The log chunks of process `process` of attempt `attempt` of job `id`
 /// (a command job's output), or of every process with `None`.
-pub fn job_logs(id: &str, attempt: u32, process: Option<u32>) -> String {
+pub(crate) fn job_logs(id: &str, attempt: u32, process: Option<u32>) -> String {
     match process {
         Some(p) => format!("jobs/{id}/logs/{attempt:05}/{p:05}/"),
         None => format!("jobs/{id}/logs/{attempt:05}/"),
@@ -83,26 +83,26 @@ pub fn job_logs(id: &str, attempt: u32, process: Option<u32>) -> String {
 }
 
 /// One log chunk (see [`job_logs`]), numbered from 0 in order.
-pub fn job_log(id: &str, attempt: u32, process: u32, seq: u64) -> String {
+pub(crate) fn job_log(id: &str, attempt: u32, process: u32, seq: u64) -> String {
     format!("jobs/{id}/logs/{attempt:05}/{process:05}/{seq:010}")
 }
 
 /// Where process 0 of a command job's attempt publishes the rendezvous
 /// address its processes meet at (`host jax_port torch_port`).
-pub fn job_rendezvous(job: &str) -> String {
+pub(crate) fn job_rendezvous(job: &str) -> String {
     format!("jobs/{job}/rendezvous")
 }
 
 /// A request that a running attempt checkpoint and stop (a preemption
 /// notice): `"{grace_ms} {reason}"`. Plan processes checkpoint at a step
 /// they agree on; command processes find their notice file.
-pub fn job_suspend(job: &str) -> String {
+pub(crate) fn job_suspend(job: &str) -> String {
     format!("jobs/{job}/suspend")
 }
 
 /// The step at which a suspended plan's processes checkpoint and stop,
 /// chosen by process 0.
-pub fn job_suspend_step(job: &str) -> String {
+pub(crate) fn job_suspend_step(job: &str) -> String {
     format!("jobs/{job}/suspend_step")
 }
 
@@ -113,7 +113,7 @@ pub fn drain(worker: &str) -> String {
 }
 
 /// A job's first failure (written once).
-pub fn job_failure(job: &str) -> String {
+pub(crate) fn job_failure(job: &str) -> String {
     format!("jobs/{job}/failure")
 }
 
@@ -123,75 +123,49 @@ pub fn assignments(worker: &str) -> String {
 }
 
 /// The scheduler placed attempt `job` on `worker`.
-pub fn assignment(worker: &str, job: &str) -> String {
+pub(crate) fn assignment(worker: &str, job: &str) -> String {
     format!("assignments/{worker}/{job}")
 }
 
-/// A process's local topology.
-pub fn process_topology(job: &str, index: u32) -> String {
-    crate::attempt::key(job, index, crate::attempt::Record::Topology)
-}
-
 /// Every process's keys of a job.
-pub fn process_topologies(job: &str) -> String {
+pub(crate) fn process_topologies(job: &str) -> String {
     format!("jobs/{job}/processes/")
 }
 
-/// A process passed the transfer barrier.
-pub fn process_transfer_ready(job: &str, index: u32) -> String {
-    crate::attempt::key(job, index, crate::attempt::Record::TransferReady)
-}
-
-/// A process saw the job's failure and stopped.
-pub fn process_failure_seen(job: &str, index: u32) -> String {
-    crate::attempt::key(job, index, crate::attempt::Record::FailureSeen)
-}
-
-/// A process's host and slice (`"{slice} {hostname}"`), published before
-/// its client exists for plugins that need every host first (libtpu).
-pub fn process_host(job: &str, index: u32) -> String {
-    crate::attempt::key(job, index, crate::attempt::Record::Host)
-}
-
 /// The job's bundle: its spec text and the files it names.
-pub fn job_spec(job: &str) -> String {
+pub(crate) fn job_spec(job: &str) -> String {
     format!("jobs/{job}/spec")
 }
 
 /// Reported scalars, one key per reported step (zero-padded, so a listing
 /// is in step order).
-pub fn job_reports(job: &str) -> String {
+pub(crate) fn job_reports(job: &str) -> String {
     format!("jobs/{job}/reports/")
 }
 
 /// Reported scalars of step `step`.
-pub fn job_report(job: &str, step: u64) -> String {
+pub(crate) fn job_report(job: &str, step: u64) -> String {
     format!("jobs/{job}/reports/{step:012}")
 }
 
 /// An array's final value (`.npy`), written by process 0 at the end.
-pub fn job_array(job: &str, array: &str) -> String {
+pub(crate) fn job_array(job: &str, array: &str) -> String {
     format!("jobs/{job}/arrays/{array}")
 }
 
 /// A job's complete checkpoints, one record per step (written by the
 /// job's process 0; keyed by the job id, not the attempt).
-pub fn job_checkpoints(job: &str) -> String {
+pub(crate) fn job_checkpoints(job: &str) -> String {
     format!("jobs/{job}/checkpoints/")
 }
 
 /// The checkpoint record of step `step`.
-pub fn job_checkpoint(job: &str, step: u64) -> String {
+pub(crate) fn job_checkpoint(job: &str, step: u64) -> String {
     format!("jobs/{job}/checkpoints/{step:012}")
 }
 
-/// What a process's run of the plan ended with (JSON: steps, timings).
-pub fn process_result(job: &str, index: u32) -> String {
-    crate::attempt::key(job, index, crate::attempt::Record::Result)
-}
-
 /// Every process finished.
-pub fn job_done(job: &str) -> String {
+pub(crate) fn job_done(job: &str) -> String {
     format!("jobs/{job}/done")
 }
 
@@ -199,22 +173,22 @@ pub fn job_done(job: &str) -> String {
 pub const SCHED_STATE: &str = "sched/state";
 
 /// A submitted job's bundle (spec and files), copied to each attempt.
-pub fn sched_bundle(job: &str) -> String {
+pub(crate) fn sched_bundle(job: &str) -> String {
     format!("sched/jobs/{job}/bundle")
 }
 
 /// A request to cancel the job.
-pub fn sched_cancel(job: &str) -> String {
+pub(crate) fn sched_cancel(job: &str) -> String {
     format!("sched/jobs/{job}/cancel")
 }
 
 /// The job's state changes, in order.
-pub fn sched_events(job: &str) -> String {
+pub(crate) fn sched_events(job: &str) -> String {
     format!("sched/jobs/{job}/events/")
 }
 
 /// Event `seq` of a job.
-pub fn sched_event(job: &str, seq: u64) -> String {
+pub(crate) fn sched_event(job: &str, seq: u64) -> String {
     format!("sched/jobs/{job}/events/{seq:012}")
 }
 

@@ -1,6 +1,6 @@
 //! A job's and its attempts' records in the key-value service, typed: with
-//! [`crate::attempt`] (the per-process records) the only code that lays out
-//! or parses their keys. The worker, the job process, the scheduler, the
+//! [`crate::attempt`] (the per-process records' layout, and all of them at
+//! once) the only code that lays out or parses their keys. The worker, the job process, the scheduler, the
 //! client and the CLI hold a [`Records`] for a job or an attempt id and
 //! name what they read or write by an [`Item`]; series (reports,
 //! checkpoints, logs) come back parsed, in order.
@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tessel_kv::{KvError, KvStore};
 
+use crate::attempt::Record;
 use crate::keys;
 
 /// One value of a job or an attempt.
@@ -44,6 +45,8 @@ pub enum Item<'a> {
     Report(u64),
     /// The checkpoint record of a step, by the job id.
     Checkpoint(u64),
+    /// A record of one of the attempt's processes ([`Record`]).
+    Process(u32, Record),
     /// One chunk of a command process's output, by the job id.
     Log {
         /// The attempt's number.
@@ -66,6 +69,7 @@ impl Item<'_> {
             Item::Array(name) => keys::job_array(id, name),
             Item::Report(step) => keys::job_report(id, step),
             Item::Checkpoint(step) => keys::job_checkpoint(id, step),
+            Item::Process(index, record) => crate::attempt::key(id, index, record),
             Item::Log {
                 attempt,
                 process,

@@ -23,7 +23,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tessel_coordinator::attempt::{self, Record};
+use tessel_coordinator::attempt::Record;
+use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
 
 use crate::error::kv_err;
@@ -154,12 +155,14 @@ pub(crate) async fn exchange_hosts(
     timeout: Duration,
 ) -> Result<Vec<TpuHost>> {
     let value = format!("{} {}", mine.slice, mine.hostname);
-    attempt::publish_once(kv, job, me, Record::Host, value.as_bytes())
+    Records::new(kv, job)
+        .first(Item::Process(me, Record::Host), value.as_bytes())
         .await
         .map_err(kv_err("publishing this process's host"))?;
     let mut hosts = Vec::with_capacity(n as usize);
     for p in 0..n {
-        let v = attempt::wait(kv, job, p, Record::Host, timeout)
+        let v = Records::new(kv, job)
+            .wait(Item::Process(p, Record::Host), timeout)
             .await
             .map_err(kv_err("reading the job's hosts"))?;
         let text = String::from_utf8_lossy(&v);
