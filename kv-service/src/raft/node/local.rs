@@ -12,7 +12,8 @@
 //!    own authority, which is the coordinator's.
 //! 2. `Unavailable` is retried with backoff until the request's wait plus
 //!    the client's retry budget; a watch resumes after its last event, and
-//!    gives up after a budget of answering nothing but `Unavailable`.
+//!    gives up after a budget of streams that each broke within it (one
+//!    that served a whole budget, quiet or not, starts the count again).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,16 +117,20 @@ impl Transport for InProcess {
             prefix: prefix.to_vec(),
             next_from: from,
             rx: None,
+            opened: Instant::now(),
             unavailable_since: None,
         };
         Ok(futures::stream::unfold(st, |mut st| async move {
             loop {
                 let rx = match &mut st.rx {
                     Some(rx) => rx,
-                    None => st.rx.insert(st.transport.open(ClientRequest::Watch {
-                        prefix: st.prefix.clone(),
-                        from: st.next_from,
-                    })),
+                    None => {
+                        st.opened = Instant::now();
+                        st.rx.insert(st.transport.open(ClientRequest::Watch {
+                            prefix: st.prefix.clone(),
+                            from: st.next_from,
+                        }))
+                    }
                 };
                 match rx.recv().await {
                     Some(WireResponse::Event(Ok(e))) => {
@@ -139,7 +144,11 @@ impl Transport for InProcess {
                     Some(WireResponse::Event(Err(_))) | None => {
                         // Invariant 2: again from the next revision (an
                         // `Unavailable`, or a forward to the leader that
-                        // broke off).
+                        // broke off). A stream that lived a whole budget
+                        // was serving: its break starts a new count.
+                        if st.opened.elapsed() >= RETRY_BUDGET {
+                            st.unavailable_since = None;
+                        }
                         let since = *st.unavailable_since.get_or_insert_with(Instant::now);
                         if since.elapsed() >= RETRY_BUDGET {
                             let e = KvError::Unavailable("watch: no leader answers".into());
@@ -161,5 +170,8 @@ struct WatchState {
     prefix: Vec<u8>,
     next_from: u64,
     rx: Option<mpsc::Receiver<WireResponse>>,
+    /// When `rx` was opened.
+    opened: Instant,
+    /// Since when only `Unavailable` (or broken streams) came.
     unavailable_since: Option<Instant>,
 }
