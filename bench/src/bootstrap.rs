@@ -119,6 +119,7 @@ async fn processes(
             process_index: i,
             num_processes: n,
             topology_timeout_ms: 300_000,
+            trace: None,
         };
         jobs::assign(kv, &format!("b{n}-{i}"), &a).await?;
     }

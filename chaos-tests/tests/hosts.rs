@@ -386,6 +386,7 @@ async fn names_and_folders_that_would_leave_the_checkpoint_root_are_refused() {
         devices_per_process: 1,
         plugin: "cpu".into(),
         max_restarts: 2,
+        trace: None,
     };
     let id = tessel_coordinator::scheduler::submit(&*kv, &submission, &bundle.encode())
         .await

@@ -199,6 +199,7 @@ async fn assign(kv: &dyn KvStore, id: &str, n: u32) {
             process_index: i,
             num_processes: n,
             topology_timeout_ms: 30_000,
+            trace: None,
         };
         jobs::assign(kv, &format!("w{i}"), &a).await.unwrap();
     }

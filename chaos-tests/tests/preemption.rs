@@ -80,7 +80,8 @@ async fn a_sigterm_suspends_a_plan_at_an_agreed_step_and_it_resumes_exactly_ther
     let calm = client.submit(&mlp(1000, 0, &ckpt)).await.unwrap();
     assert_eq!(client.wait(&calm).await.unwrap().state, JobState::Succeeded);
 
-    let id = client.submit(&mlp(1000, 2, &ckpt)).await.unwrap();
+    // No restart budget: a planned move must not need one.
+    let id = client.submit(&mlp(1000, 0, &ckpt)).await.unwrap();
     Records::new(&*kv, &id)
         .wait(Item::Report(299), Duration::from_secs(120))
         .await
@@ -92,7 +93,11 @@ async fn a_sigterm_suspends_a_plan_at_an_agreed_step_and_it_resumes_exactly_ther
 
     let end = client.wait(&id).await.unwrap();
     assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
-    assert_eq!((end.restarts, end.attempt), (1, 2));
+    assert_eq!(
+        (end.restarts, end.suspensions, end.attempt),
+        (0, 1, 2),
+        "a planned move, not a restart"
+    );
     assert!(!end.placement.contains(&victim));
     let step: u64 = Records::new(&*kv, &format!("{id}@1"))
         .get(Item::SuspendStep)
@@ -148,7 +153,7 @@ time.sleep(600)  # a checkpoint would go here; SIGTERM comes after the grace
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("job.py"), script).unwrap();
     let job = JobSpec::from_toml(
-        "name = \"moving\"\nprocesses = 1\nmax_restarts = 1\ncommand = [\"python3\", \"job.py\"]\nfiles = [\"job.py\"]\n",
+        "name = \"moving\"\nprocesses = 1\nmax_restarts = 0\ncommand = [\"python3\", \"job.py\"]\nfiles = [\"job.py\"]\n",
         "job.toml".as_ref(),
     )
     .unwrap()
@@ -191,7 +196,11 @@ time.sleep(600)  # a checkpoint would go here; SIGTERM comes after the grace
     drain(&["--reason", "node maintenance"]);
     let end = client.wait(&id).await.unwrap();
     assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
-    assert_eq!((end.restarts, end.attempt), (1, 2));
+    assert_eq!(
+        (end.restarts, end.suspensions, end.attempt),
+        (0, 1, 2),
+        "a planned move, not a restart"
+    );
     assert_ne!(end.placement[0], victim);
     assert!(
         drained_at.elapsed() >= Duration::from_secs(2),
@@ -203,6 +212,33 @@ time.sleep(600)  # a checkpoint would go here; SIGTERM comes after the grace
         "{first}"
     );
     assert!(lines(2).await.contains("attempt 2"));
+    // `tessel job` tells the move from a failure, attempt by attempt.
+    let out = Command::new(tessel_bin())
+        .args([
+            "job",
+            &id,
+            "-o",
+            "json",
+            "--coordinator",
+            &coordinators.join(","),
+        ])
+        .arg("--tls-dir")
+        .arg(cluster.tls_dir())
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ends: Vec<(&str, &str)> = doc["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["end"].as_str().unwrap(),
+                a["cause"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(ends, [("Restarting", "suspended"), ("Succeeded", "-")]);
     // Drained: a new job waits for the other worker only... until undone.
     let rec = client.workers().await.unwrap();
     let v = rec

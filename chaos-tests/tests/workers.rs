@@ -21,6 +21,7 @@ async fn assign_all(kv: &dyn KvStore, job: &str, workers: &[&str], n: u32, timeo
             process_index: i as u32,
             num_processes: n,
             topology_timeout_ms: timeout_ms,
+            trace: None,
         };
         jobs::assign(kv, w, &a).await.unwrap();
     }
@@ -138,8 +139,8 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
     let topo = cli(&["topology", "--job", "topo"]);
     assert_eq!(topo.lines().count(), 17, "a header and 16 devices:\n{topo}");
     let json: serde_json::Value =
-        serde_json::from_str(&cli(&["topology", "--job", "topo", "--json"])).unwrap();
-    assert_eq!(json["devices"].as_array().unwrap().len(), 16);
+        serde_json::from_str(&cli(&["topology", "--job", "topo", "-o", "json"])).unwrap();
+    assert_eq!(json["topology"]["devices"].as_array().unwrap().len(), 16);
 }
 
 /// SHA-256 by sha256sum(1): an implementation independent of the worker's.
@@ -260,6 +261,7 @@ async fn bad_assignments_fail_clearly_and_never_hang_past_the_timeout() {
             process_index: i,
             num_processes: 3,
             topology_timeout_ms: timeout_ms,
+            trace: None,
         };
         jobs::assign(&kv, w, &a).await.unwrap();
     }
@@ -280,6 +282,7 @@ async fn bad_assignments_fail_clearly_and_never_hang_past_the_timeout() {
             process_index: i,
             num_processes: n,
             topology_timeout_ms: timeout_ms,
+            trace: None,
         };
         jobs::assign(&kv, w, &a).await.unwrap();
     }

@@ -3,13 +3,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use tessel::pjrt::{locate, Plugin};
 use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
 use tessel_tls::TlsFiles;
 
+use crate::exit::Exit;
 use crate::target_env::EnvTarget;
 
 /// Where to find the TLS folder, or `--insecure`.
@@ -35,7 +36,10 @@ impl TlsArgs {
     /// (`tessel context`).
     pub(crate) fn load(&self) -> Result<Option<TlsFiles>> {
         if let Some(dir) = &self.tls_dir {
-            return Ok(Some(TlsFiles::load_trusting(dir, self.tls_ca.as_deref())?));
+            // A folder that cannot be read is the caller's input (exit 2).
+            return TlsFiles::load_trusting(dir, self.tls_ca.as_deref())
+                .map(Some)
+                .map_err(|e| Exit::bad_input(e).into());
         }
         if self.insecure {
             return Ok(None);
@@ -48,7 +52,7 @@ impl TlsArgs {
             }
             .load()
         };
-        let env = EnvTarget::read()?;
+        let env = EnvTarget::read().map_err(Exit::bad_input)?;
         if env.tls_dir.is_some() || env.insecure {
             return from(env.tls_dir, env.tls_ca, env.insecure);
         }
@@ -56,7 +60,7 @@ impl TlsArgs {
             Some((_, ctx)) if ctx.tls_dir.is_some() || ctx.insecure => {
                 from(ctx.tls_dir, ctx.tls_ca, ctx.insecure)
             }
-            _ => bail!("give --tls-dir DIR (see `tessel certs init`) or --insecure, set TESSEL_TLS_DIR, or set a context (`tessel context set`)"),
+            _ => Err(Exit::bad_input("give --tls-dir DIR (see `tessel certs init`) or --insecure, set TESSEL_TLS_DIR, or set a context (`tessel context set`)").into()),
         }
     }
 }
@@ -171,7 +175,7 @@ impl KvTargetArgs {
             (Some(url), _) => Endpoints::parse_etcd(url).map(KvService::Etcd),
             (None, Some(list)) => Endpoints::parse(list).map(KvService::Replicas),
             (None, None) => {
-                let env = EnvTarget::read()?;
+                let env = EnvTarget::read().map_err(Exit::bad_input)?;
                 if env.coordinator.is_some() || env.kv.is_some() {
                     return with(env.coordinator, env.kv);
                 }
@@ -179,11 +183,11 @@ impl KvTargetArgs {
                     Some((_, ctx)) if ctx.coordinator.is_some() || ctx.kv.is_some() => {
                         with(ctx.coordinator, ctx.kv)
                     }
-                    _ => bail!("give --coordinator ADDRS or --kv etcd://…, set TESSEL_COORDINATOR, or set a context (`tessel context set`)"),
+                    _ => Err(Exit::bad_input("give --coordinator ADDRS or --kv etcd://…, set TESSEL_COORDINATOR, or set a context (`tessel context set`)").into()),
                 };
             }
         };
-        parsed.map_err(|e| anyhow::anyhow!(e))
+        parsed.map_err(|e| Exit::bad_input(e).into())
     }
 
     /// A client of the chosen service.
@@ -209,7 +213,7 @@ pub(crate) async fn connect_etcd(etcd: &Endpoints) -> Result<Box<dyn KvStore>> {
 
 #[cfg(not(feature = "etcd"))]
 pub(crate) async fn connect_etcd(etcd: &Endpoints) -> Result<Box<dyn KvStore>> {
-    bail!("`--kv etcd://{etcd}`: this tessel was built without etcd support; rebuild with `cargo build --features etcd`")
+    anyhow::bail!("`--kv etcd://{etcd}`: this tessel was built without etcd support; rebuild with `cargo build --features etcd`")
 }
 
 /// `--plugin NAME|PATH`, one declaration for every command that loads one.

@@ -8,8 +8,9 @@ use anyhow::Result;
 use clap::Subcommand;
 use tessel_kv_service::wire::ReplicaStatus;
 
-use crate::args::{Endpoints, TlsArgs};
+use crate::args::{Endpoints, KvService, KvTargetArgs, TlsArgs};
 use crate::exit::Exit;
+use crate::output::{print_document, print_table, OutputArgs};
 
 /// What `cluster status` concludes from the replicas' answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,9 +27,9 @@ pub(crate) enum Verdict {
 
 impl Verdict {
     /// Exit code 3: a replica did not answer.
-    pub(crate) const EXIT_UNREACHABLE: u8 = 3;
+    pub(crate) const EXIT_UNREACHABLE: u8 = crate::exit::UNREACHABLE;
     /// Exit code 4: no agreed leader.
-    pub(crate) const EXIT_NO_LEADER: u8 = 4;
+    pub(crate) const EXIT_NO_LEADER: u8 = crate::exit::NO_LEADER;
 
     /// Judges the answers, one per replica address.
     pub(crate) fn of<E: std::fmt::Display>(
@@ -135,10 +136,10 @@ pub(crate) enum ClusterCommand {
     /// Exit 0 when every replica answered and all agree on one leader; 3
     /// when a replica did not answer; 4 when no leader is agreed.
     Status {
-        #[arg(long, value_name = "ADDR[,ADDR..]")]
-        coordinator: String,
         #[command(flatten)]
-        tls: TlsArgs,
+        target: KvTargetArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Remove a replica from the voters.
     Remove {
@@ -152,44 +153,23 @@ pub(crate) enum ClusterCommand {
 
 pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
     match cmd {
-        ClusterCommand::Status { coordinator, tls } => {
-            let kv = Endpoints::parse(&coordinator)
-                .map_err(anyhow::Error::msg)?
-                .client(tls.load()?.as_ref())
-                .await?;
-            println!(
-                "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  MEMBERS",
-                "REPLICA", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "REVISION"
-            );
+        ClusterCommand::Status { target, output } => {
+            let KvService::Replicas(endpoints) = target.service()? else {
+                return Err(Exit::bad_input(
+                    "`cluster status` reads tessel's replicas; for etcd use `etcdctl endpoint status`",
+                )
+                .into());
+            };
+            let kv = endpoints.client(target.tls.load()?.as_ref()).await?;
             let answers = kv.cluster_status().await;
-            for (addr, status) in &answers {
-                match status {
-                    Ok(s) => {
-                        let opt = |v: Option<u64>| v.map_or("-".into(), |x| x.to_string());
-                        let members: Vec<String> = s
-                            .members
-                            .iter()
-                            .map(|(id, a)| format!("{id}={a}"))
-                            .collect();
-                        println!(
-                            "{:<22} {:>3}  {:<10} {:>6} {:>6} {:>9} {:>9} {:>9}  {}",
-                            addr,
-                            s.id,
-                            s.state,
-                            opt(s.leader),
-                            s.term,
-                            opt(s.last_log_index),
-                            opt(s.applied),
-                            s.revision,
-                            members.join(",")
-                        );
-                    }
-                    Err(e) => println!("{:<22} unreachable: {e}", addr),
-                }
-            }
             let verdict = Verdict::of(&answers);
-            if let Verdict::Healthy { leader } = &verdict {
-                println!("healthy: every replica answered; leader {leader}");
+            if output.json() {
+                print_document("ClusterStatus", &status_view(&answers, &verdict))?;
+            } else {
+                status_table(&answers, output.wide());
+                if let Verdict::Healthy { leader } = &verdict {
+                    println!("healthy: every replica answered; leader {leader}");
+                }
             }
             verdict.into_result()
         }
@@ -207,6 +187,103 @@ pub(crate) async fn cluster(cmd: ClusterCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn status_table<E: std::fmt::Display>(answers: &[(String, Result<ReplicaStatus, E>)], wide: bool) {
+    let mut header = vec![
+        "REPLICA", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "REVISION", "MEMBERS",
+    ];
+    if wide {
+        header.extend(["LEARNERS", "SNAPSHOT", "PURGED", "KEYS"]);
+    }
+    let opt = |v: Option<u64>| v.map_or("-".into(), |x| x.to_string());
+    let list = |m: &[(u64, String)]| {
+        m.iter()
+            .map(|(id, a)| format!("{id}={a}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let rows: Vec<Vec<String>> = answers
+        .iter()
+        .map(|(addr, status)| match status {
+            Ok(s) => {
+                let mut row = vec![
+                    addr.clone(),
+                    s.id.to_string(),
+                    s.state.clone(),
+                    opt(s.leader),
+                    s.term.to_string(),
+                    opt(s.last_log_index),
+                    opt(s.applied),
+                    s.revision.to_string(),
+                    list(&s.members),
+                ];
+                if wide {
+                    row.extend([
+                        list(&s.learners),
+                        opt(s.snapshot),
+                        opt(s.purged),
+                        s.keys.to_string(),
+                    ]);
+                }
+                row
+            }
+            Err(e) => vec![addr.clone(), "-".into(), format!("unreachable: {e}")],
+        })
+        .collect();
+    print_table(&header, &rows);
+}
+
+/// `cluster status -o json` (docs/schemas/cluster-status.json).
+fn status_view<E: std::fmt::Display>(
+    answers: &[(String, Result<ReplicaStatus, E>)],
+    verdict: &Verdict,
+) -> serde_json::Value {
+    let members = |m: &[(u64, String)]| -> Vec<serde_json::Value> {
+        m.iter()
+            .map(|(id, a)| serde_json::json!({ "id": id, "address": a }))
+            .collect()
+    };
+    let replicas: Vec<serde_json::Value> = answers
+        .iter()
+        .map(|(addr, status)| match status {
+            Ok(s) => serde_json::json!({
+                "address": addr,
+                "reachable": true,
+                "error": null,
+                "status": {
+                    "id": s.id,
+                    "state": s.state,
+                    "leader": s.leader,
+                    "term": s.term,
+                    "members": members(&s.members),
+                    "learners": members(&s.learners),
+                    "last_log_index": s.last_log_index,
+                    "applied": s.applied,
+                    "snapshot": s.snapshot,
+                    "purged": s.purged,
+                    "revision": s.revision,
+                    "keys": s.keys,
+                },
+            }),
+            Err(e) => serde_json::json!({
+                "address": addr,
+                "reachable": false,
+                "error": e.to_string(),
+                "status": null,
+            }),
+        })
+        .collect();
+    let (name, leader, why) = match verdict {
+        Verdict::Healthy { leader } => ("healthy", Some(*leader), None),
+        Verdict::Unreachable { leader, replicas } => (
+            "replica_unreachable",
+            Some(*leader),
+            Some(format!("did not answer: {}", replicas.join(", "))),
+        ),
+        Verdict::NoLeader { why } => ("no_leader", None, Some(why.clone())),
+    };
+    serde_json::json!({ "verdict": name, "leader": leader, "why": why, "replicas": replicas })
 }
 
 #[cfg(test)]

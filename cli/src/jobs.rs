@@ -4,13 +4,17 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use futures::StreamExt;
+use serde::Serialize;
 use tessel::client::{Client, JobUpdate};
 use tessel::job::ValidatedJob;
 use tessel::plan::{ProcessResult, StepReport};
-use tessel_coordinator::scheduler::JobState;
+use tessel_coordinator::scheduler::{JobRecord, JobState};
 use tessel_kv::KvStore;
+
+use crate::exit::{self, Exit};
+use crate::output::{print_document, print_table, OutputArgs};
 
 /// Submits `job` to the scheduler, follows it (printing state changes and
 /// reports when `print`), and returns its id and every process's result;
@@ -45,7 +49,7 @@ pub(crate) async fn run_scheduled(
             _ => {}
         }
     }
-    succeeded(client, &id).await?;
+    outcome(&id, &client.wait(&id).await?)?;
     let results = client.results(&id).await?;
     Ok((id, results))
 }
@@ -60,19 +64,6 @@ pub(crate) fn state_line(id: &str, e: &tessel_coordinator::scheduler::JobEvent) 
         "job `{id}`: {} → {} (attempt {}){why}",
         e.from, e.to, e.attempt
     )
-}
-
-/// The job's final record once it ended; an error unless it succeeded.
-async fn succeeded(client: &Client, id: &str) -> Result<tessel_coordinator::scheduler::JobRecord> {
-    let rec = client.wait(id).await?;
-    if rec.state != JobState::Succeeded {
-        bail!(
-            "job `{id}` ended {}: {}",
-            rec.state,
-            rec.reason.unwrap_or_else(|| "no reason recorded".into())
-        );
-    }
-    Ok(rec)
 }
 
 fn format_values(r: &StepReport) -> String {
@@ -132,25 +123,68 @@ fn bytes(n: u64) -> String {
     }
 }
 
-/// `tessel submit SPEC [--wait]`.
+/// `tessel submit SPEC [--wait [--timeout D]]`.
 #[derive(clap::Args)]
 pub(crate) struct SubmitArgs {
     /// The job spec (TOML).
     pub spec: std::path::PathBuf,
     #[command(flatten)]
     pub target: crate::args::KvTargetArgs,
-    /// Follow the job with a progress bar until it ends; the exit code is
-    /// 0 only if it succeeded.
+    /// Follow the job until it ends (a progress bar; a command job's
+    /// output, each line prefixed with its process) and exit with its
+    /// outcome: 0 succeeded, 5 failed, 6 cancelled (docs/operations.md).
     #[arg(long)]
     pub wait: bool,
+    /// With `--wait`: stop waiting after this long (`90s`, `15m`, `2h`)
+    /// and exit 7; the job runs on.
+    #[arg(long, value_name = "DURATION", requires = "wait", value_parser = parse_duration)]
+    pub timeout: Option<std::time::Duration>,
 }
 
-/// `tessel jobs`, `tessel job ID`, `tessel cancel ID`.
+/// `90`, `90s`, `15m`, `2h`.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (n, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = n
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as 90s, 15m or 2h"))?;
+    let scale = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("`{s}`: the unit must be ms, s, m or h")),
+    };
+    std::time::Duration::try_from_secs_f64(n * scale).map_err(|e| format!("`{s}`: {e}"))
+}
+
+/// `tessel jobs`.
 #[derive(clap::Args)]
-pub(crate) struct JobIdArgs {
-    pub id: Option<String>,
+pub(crate) struct JobsArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
     #[command(flatten)]
     pub target: crate::args::KvTargetArgs,
+}
+
+/// `tessel job ID`, `tessel cancel ID`.
+#[derive(clap::Args)]
+pub(crate) struct JobIdArgs {
+    /// The job's id (`NAME.N`, as `tessel submit` printed it).
+    pub id: String,
+    #[command(flatten)]
+    pub target: crate::args::KvTargetArgs,
+}
+
+/// `tessel job ID [-o json]`.
+#[derive(clap::Args)]
+pub(crate) struct JobArgs {
+    #[command(flatten)]
+    pub job: JobIdArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// `tessel fetch ID ARRAY --out FILE.npy`.
@@ -174,15 +208,65 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<()> {
     let client = client(&args.target).await?;
     let id = client.submit(&job).await?;
     println!("{id}");
-    if args.wait {
-        follow(&client, &id, job.spec.steps).await?;
+    if !args.wait {
+        return Ok(());
     }
-    Ok(())
+    let follow = follow(&client, &id, &job);
+    let end = match args.timeout {
+        None => follow.await?,
+        Some(t) => match tokio::time::timeout(t, follow).await {
+            Ok(end) => end?,
+            Err(_) => {
+                return Err(Exit::new(
+                    exit::TIMEOUT,
+                    format!("job `{id}` did not end within {t:?}; it runs on (`tessel cancel {id}` stops it)"),
+                )
+                .into())
+            }
+        },
+    };
+    outcome(&id, &end)
 }
 
-/// Progress bar over the job's reports; state changes above it.
-async fn follow(client: &Client, id: &str, steps: u64) -> Result<()> {
-    let bar = indicatif::ProgressBar::new(steps);
+/// The exit a job's end calls for: 0 when it succeeded, else the code of
+/// its end (docs/operations.md).
+fn outcome(id: &str, end: &JobRecord) -> Result<()> {
+    let why = || {
+        end.reason
+            .clone()
+            .unwrap_or_else(|| "no reason recorded".into())
+    };
+    match end.state {
+        JobState::Succeeded => Ok(()),
+        JobState::Cancelled => {
+            Err(Exit::new(exit::JOB_CANCELLED, format!("job `{id}` was cancelled")).into())
+        }
+        _ => Err(Exit::new(exit::JOB_FAILED, format!("job `{id}` failed: {}", why())).into()),
+    }
+}
+
+/// Follows the job until it ends; its final record. State changes go to
+/// stderr; a plan job's reports drive a progress bar, a command job's
+/// output goes to stdout, each line prefixed with its process.
+async fn follow(client: &Client, id: &str, job: &ValidatedJob) -> Result<JobRecord> {
+    if job.spec.is_command() {
+        let states = async {
+            let mut updates = client.events(id).await?;
+            while let Some(u) = updates.next().await {
+                if let JobUpdate::State(e) = u? {
+                    eprintln!("{}", state_line(id, &e));
+                }
+            }
+            anyhow::Ok(())
+        };
+        let (s, l) = tokio::join!(
+            states,
+            crate::logs::print_logs(client, id, None, None, true)
+        );
+        s.and(l)?;
+        return Ok(client.wait(id).await?);
+    }
+    let bar = indicatif::ProgressBar::new(job.spec.steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{msg:32} [{bar:30}] {pos}/{len} steps  {per_sec}  ETA {eta}",
@@ -208,34 +292,129 @@ async fn follow(client: &Client, id: &str, steps: u64) -> Result<()> {
         }
     }
     bar.finish();
-    succeeded(client, id).await.map(drop)
+    Ok(client.wait(id).await?)
 }
 
-pub(crate) async fn jobs(args: JobIdArgs) -> Result<()> {
-    let client = client(&args.target).await?;
-    println!(
-        "{:<24} {:<10} {:>9} {:>7} {:>8}  {:<24} REASON",
-        "ID", "STATE", "PROCESSES", "ATTEMPT", "RESTARTS", "WORKERS"
-    );
-    for j in client.list().await? {
-        println!(
-            "{:<24} {:<10} {:>9} {:>7} {:>8}  {:<24} {}",
-            j.id,
-            j.state.name(),
-            format!("{}×{}", j.processes, j.devices_per_process),
-            j.attempt,
-            format!("{}/{}", j.restarts, j.max_restarts),
-            j.placement.join(","),
-            j.reason.unwrap_or_default()
-        );
+/// A job as `-o json` shows it (docs/schemas/job-list.json, job.json).
+#[derive(Serialize)]
+struct JobView<'a> {
+    id: &'a str,
+    name: &'a str,
+    state: JobState,
+    processes: u32,
+    devices_per_process: u32,
+    plugin: &'a str,
+    attempt: u32,
+    restarts: u32,
+    max_restarts: u32,
+    suspensions: u32,
+    placement: &'a [String],
+    reason: Option<&'a str>,
+    submitted_unix_ms: u64,
+    updated_unix_ms: u64,
+}
+
+impl<'a> From<&'a JobRecord> for JobView<'a> {
+    fn from(j: &'a JobRecord) -> JobView<'a> {
+        JobView {
+            id: &j.id,
+            name: &j.name,
+            state: j.state,
+            processes: j.processes,
+            devices_per_process: j.devices_per_process,
+            plugin: &j.plugin,
+            attempt: j.attempt,
+            restarts: j.restarts,
+            max_restarts: j.max_restarts,
+            suspensions: j.suspensions,
+            placement: &j.placement,
+            reason: j.reason.as_deref(),
+            submitted_unix_ms: j.submitted_unix_ms,
+            updated_unix_ms: j.updated_unix_ms,
+        }
     }
+}
+
+pub(crate) async fn jobs(args: JobsArgs) -> Result<()> {
+    let client = client(&args.target).await?;
+    let list = client.list().await?;
+    if args.output.json() {
+        let jobs: Vec<JobView> = list.iter().map(JobView::from).collect();
+        return print_document("JobList", &serde_json::json!({ "jobs": jobs }));
+    }
+    let mut header = vec![
+        "ID",
+        "STATE",
+        "PROCESSES",
+        "ATTEMPT",
+        "RESTARTS",
+        "WORKERS",
+        "REASON",
+    ];
+    if args.output.wide() {
+        header.splice(5..5, ["MOVES", "PLUGIN", "AGE"]);
+    }
+    let now = tessel_coordinator::unix_ms();
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|j| {
+            let mut row = vec![
+                j.id.clone(),
+                j.state.name().into(),
+                format!("{}×{}", j.processes, j.devices_per_process),
+                j.attempt.to_string(),
+                format!("{}/{}", j.restarts, j.max_restarts),
+                j.placement.join(","),
+                j.reason.clone().unwrap_or_default(),
+            ];
+            if args.output.wide() {
+                let age = now.saturating_sub(j.submitted_unix_ms) / 1000;
+                row.splice(
+                    5..5,
+                    [
+                        j.suspensions.to_string(),
+                        j.plugin.clone(),
+                        format!("{age}s"),
+                    ],
+                );
+            }
+            row
+        })
+        .collect();
+    print_table(&header, &rows);
     Ok(())
 }
 
-pub(crate) async fn job(args: JobIdArgs) -> Result<()> {
-    let id = args.id.context("give a job id")?;
-    let client = client(&args.target).await?;
-    let j = client.job(&id).await?;
+pub(crate) async fn job(args: JobArgs) -> Result<()> {
+    let id = &args.job.id;
+    let client = client(&args.job.target).await?;
+    let j = client.job(id).await?;
+    let attempts = client.attempts(id).await?;
+    let reports = client.reports(id).await?;
+    let last = &reports[reports.len().saturating_sub(5)..];
+    if args.output.json() {
+        let attempts: Vec<serde_json::Value> = attempts
+            .iter()
+            .map(|a| {
+                serde_json::json!({
+                    "attempt": a.attempt,
+                    "placed_unix_ms": a.placed_unix_ms,
+                    "ended_unix_ms": a.ended_unix_ms,
+                    "end": a.end,
+                    "cause": a.cause.map(|c| c.name()),
+                    "reason": a.reason,
+                })
+            })
+            .collect();
+        let reports: Vec<serde_json::Value> = last
+            .iter()
+            .map(|r| serde_json::json!({ "step": r.step + 1, "values": r.values, "unix_ms": r.unix_ms }))
+            .collect();
+        return print_document(
+            "Job",
+            &serde_json::json!({ "job": JobView::from(&j), "attempts": attempts, "reports": reports }),
+        );
+    }
     println!("job {}  ({})", j.id, j.name);
     println!("  state      {}", j.state);
     if let Some(r) = &j.reason {
@@ -246,21 +425,34 @@ pub(crate) async fn job(args: JobIdArgs) -> Result<()> {
         j.processes, j.devices_per_process
     );
     println!(
-        "  attempt    {} (restarts {}/{})",
-        j.attempt, j.restarts, j.max_restarts
+        "  attempt    {} (restarts {}/{}, planned moves {})",
+        j.attempt, j.restarts, j.max_restarts, j.suspensions
     );
     for (i, w) in j.placement.iter().enumerate() {
         println!("  process {i:<3} on worker {w}");
     }
-    let reports = client.reports(&id).await?;
-    for r in reports.iter().rev().take(5).rev() {
+    for a in &attempts {
+        let end = match (a.end, a.cause) {
+            (None, _) => "running".to_owned(),
+            (Some(_), Some(c)) if c.is_planned() => "moved (planned, not a failure)".to_owned(),
+            (Some(e), Some(c)) => format!("{e} ({})", c.name()),
+            (Some(e), None) => e.to_string(),
+        };
+        let why = a
+            .reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        println!("  attempt {:<3} {end}{why}", a.attempt);
+    }
+    for r in last {
         println!("  step {:>8}  {}", r.step + 1, format_values(r));
     }
     Ok(())
 }
 
 pub(crate) async fn cancel(args: JobIdArgs) -> Result<()> {
-    let id = args.id.context("give a job id")?;
+    let id = args.id;
     client(&args.target).await?.cancel(&id).await?;
     println!("cancellation of {id} requested");
     Ok(())

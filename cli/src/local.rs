@@ -104,6 +104,7 @@ async fn run_local(cluster: &mut LocalCluster, args: &LocalArgs) -> Result<()> {
             process_index: i,
             num_processes: args.workers,
             topology_timeout_ms: args.timeout_ms,
+            trace: None,
         };
         jobs::assign(&kv, &format!("w{i}"), &a).await?;
     }

@@ -18,8 +18,10 @@ mod install;
 mod jobs;
 mod kv;
 mod local;
+mod logging;
 mod logs;
 mod metrics_http;
+mod output;
 mod program;
 mod registry;
 mod target_env;
@@ -41,6 +43,10 @@ struct Cli {
     /// Exit when stdin closes (set by `tessel local` on its children).
     #[arg(long, global = true, hide = true)]
     exit_with_parent: bool,
+    /// Log lines (stderr) as text or as JSON, one object a line, with a
+    /// job process's job, attempt and process as fields.
+    #[arg(long, global = true, value_enum, env = logging::ENV, default_value_t)]
+    log_format: logging::LogFormat,
 }
 
 /// The shells `tessel completions` writes for.
@@ -92,9 +98,10 @@ enum Command {
     /// Submit a job spec to the cluster's scheduler (prints the job id).
     Submit(jobs::SubmitArgs),
     /// Jobs the scheduler knows: state, attempt, workers, reason.
-    Jobs(jobs::JobIdArgs),
-    /// One job: state, placement, restarts, last reports.
-    Job(jobs::JobIdArgs),
+    Jobs(jobs::JobsArgs),
+    /// One job: state, placement, restarts, each attempt's end, last
+    /// reports.
+    Job(jobs::JobArgs),
     /// Cancel a job (its devices are freed).
     Cancel(jobs::JobIdArgs),
     /// Write an array a finished job's plan wrote to a `.npy` file.
@@ -169,6 +176,8 @@ enum PluginCommand {
     Info {
         #[command(flatten)]
         plugin: args::PluginArg,
+        #[command(flatten)]
+        output: output::OutputArgs,
     },
 }
 
@@ -186,20 +195,18 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Coordinator(_)) {
         tessel_transfer::memory::retain_large_allocations();
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let service = match cli.command {
+        Command::Coordinator(_) => "tessel-coordinator",
+        Command::Worker(_) => "tessel-worker",
+        _ => "tessel",
+    };
+    // Flushes the last spans when main returns.
+    let _telemetry = logging::init(cli.log_format, service);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", report(&e));
-            match e.downcast_ref::<exit::Exit>() {
-                Some(x) => ExitCode::from(x.code),
-                None => ExitCode::FAILURE,
-            }
+            ExitCode::from(exit::code(&e))
         }
     }
 }
@@ -270,8 +277,8 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Compare { a, b, atol } => program::compare_arrays(&a, &b, atol),
         Command::Plugin {
-            command: PluginCommand::Info { plugin },
-        } => program::plugin_info(&plugin.load()?),
+            command: PluginCommand::Info { plugin, output },
+        } => program::plugin_info(&plugin.load()?, output),
         Command::Run {
             program,
             plugin,

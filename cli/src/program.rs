@@ -1,12 +1,15 @@
 //! One program on this host: `tessel run`, `plugin info`, `validate`,
 //! `compare`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use tessel::array::{format_array, parse_literal, read_npy, write_npy};
 use tessel::pjrt::{Client, ClientOptions, HostBuffer, Plugin};
 use tessel::program::{run_program, RunRequest};
+
+use crate::output::{print_document, print_table, OutputArgs};
 
 /// `tessel run`: compile, feed, execute, print (and write) the outputs.
 pub(crate) fn run(
@@ -148,72 +151,120 @@ fn write_outputs(dir: &Path, outputs: &[HostBuffer]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn plugin_info(plugin: &Plugin) -> Result<()> {
+/// A plugin as `plugin info -o json` shows it (docs/schemas/plugin-info.json).
+#[derive(serde::Serialize)]
+struct PluginInfo {
+    path: String,
+    api_version: [i32; 2],
+    attributes: BTreeMap<String, String>,
+    platform: String,
+    platform_version: String,
+    process_index: i32,
+    addressable_devices: usize,
+    devices: Vec<PluginDevice>,
+}
+
+#[derive(serde::Serialize)]
+struct PluginDevice {
+    id: i32,
+    process_index: i32,
+    kind: String,
+    local_hardware_id: i32,
+    memories: Vec<String>,
+    description: String,
+    attributes: BTreeMap<String, String>,
+}
+
+fn describe_plugin(plugin: &Plugin) -> Result<PluginInfo> {
     let (major, minor) = plugin.api_version();
-    println!("plugin      {}", plugin.path().display());
-    println!("C API       {major}.{minor}");
-    println!("attributes");
-    for a in plugin.attributes()? {
-        println!("  {:<28} {}", a.name, a.value);
-    }
-    let client = Client::create(plugin, ClientOptions::default())?;
-    println!(
-        "platform    {} ({})",
-        client.platform_name()?,
-        client.platform_version()?
-    );
-    println!("process     {}", client.process_index()?);
-    let devices = client.devices()?;
-    let addressable = client.addressable_devices()?.len();
-    println!("devices     {} ({addressable} addressable)", devices.len());
-    let rows: Vec<[String; 6]> = devices
+    let attributes = plugin
+        .attributes()?
         .iter()
-        .map(|d| -> Result<[String; 6]> {
-            let memories: Vec<String> = d
-                .memories()?
-                .iter()
-                .map(|m| m.kind())
-                .collect::<Result<_, _>>()?;
-            Ok([
-                d.id()?.to_string(),
-                d.process_index()?.to_string(),
-                d.kind()?,
-                d.local_hardware_id()?.to_string(),
-                memories.join(","),
-                d.debug_string()?,
-            ])
+        .map(|a| (a.name.clone(), a.value.to_string()))
+        .collect();
+    let client = Client::create(plugin, ClientOptions::default())?;
+    let devices = client
+        .devices()?
+        .iter()
+        .map(|d| -> Result<PluginDevice> {
+            Ok(PluginDevice {
+                id: d.id()?,
+                process_index: d.process_index()?,
+                kind: d.kind()?,
+                local_hardware_id: d.local_hardware_id()?,
+                memories: d
+                    .memories()?
+                    .iter()
+                    .map(|m| m.kind())
+                    .collect::<Result<_, _>>()?,
+                description: d.debug_string()?,
+                attributes: d
+                    .attributes()?
+                    .iter()
+                    .map(|a| (a.name.clone(), a.value.to_string()))
+                    .collect(),
+            })
         })
         .collect::<Result<_>>()?;
-    let header = ["ID", "PROCESS", "KIND", "LOCAL", "MEMORIES", "DESCRIPTION"];
-    let widths: Vec<usize> = (0..6)
-        .map(|c| {
-            rows.iter()
-                .map(|r| r[c].len())
-                .chain([header[c].len()])
-                .max()
-                .unwrap_or(0)
+    Ok(PluginInfo {
+        path: plugin.path().display().to_string(),
+        api_version: [major, minor],
+        attributes,
+        platform: client.platform_name()?,
+        platform_version: client.platform_version()?,
+        process_index: client.process_index()?,
+        addressable_devices: client.addressable_devices()?.len(),
+        devices,
+    })
+}
+
+pub(crate) fn plugin_info(plugin: &Plugin, output: OutputArgs) -> Result<()> {
+    let info = describe_plugin(plugin)?;
+    if output.json() {
+        return print_document("PluginInfo", &info);
+    }
+    println!("plugin      {}", info.path);
+    println!(
+        "C API       {}.{}",
+        info.api_version[0], info.api_version[1]
+    );
+    println!("attributes");
+    for (name, value) in &info.attributes {
+        println!("  {name:<28} {value}");
+    }
+    println!("platform    {} ({})", info.platform, info.platform_version);
+    println!("process     {}", info.process_index);
+    println!(
+        "devices     {} ({} addressable)",
+        info.devices.len(),
+        info.addressable_devices
+    );
+    let rows: Vec<Vec<String>> = info
+        .devices
+        .iter()
+        .map(|d| {
+            vec![
+                d.id.to_string(),
+                d.process_index.to_string(),
+                d.kind.clone(),
+                d.local_hardware_id.to_string(),
+                d.memories.join(","),
+                d.description.clone(),
+            ]
         })
         .collect();
-    let line = |cells: [&str; 6]| {
-        let s: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("  {}", s.join("  ").trim_end());
-    };
-    line(header);
-    for r in &rows {
-        line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]]);
-    }
-    for d in &devices {
-        let attrs = d.attributes()?;
-        if !attrs.is_empty() {
-            let list: Vec<String> = attrs
+    print_table(
+        &["ID", "PROCESS", "KIND", "LOCAL", "MEMORIES", "DESCRIPTION"],
+        &rows,
+    );
+    for d in &info.devices {
+        if !d.attributes.is_empty() {
+            let list: Vec<String> = d
+                .attributes
                 .iter()
-                .map(|a| format!("{}={}", a.name, a.value))
+                .map(|(k, v)| format!("{k}={v}"))
                 .collect();
-            println!("  device {} attributes: {}", d.id()?, list.join(" "));
+            println!("  device {} attributes: {}", d.id, list.join(" "));
         }
     }
     Ok(())

@@ -6,15 +6,19 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use serde::Serialize;
 use tessel_coordinator::keys;
-use tessel_coordinator::registry::{list_workers, WorkerState};
+use tessel_coordinator::registry::{list_workers, WorkerState, WorkerStatus};
 use tessel_kv::KvStore;
 use tessel_topology::GlobalTopology;
 
 use crate::args::KvTargetArgs;
+use crate::output::{print_document, print_table, OutputArgs};
 
 #[derive(Args)]
 pub(crate) struct WorkersArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
     #[command(flatten)]
     pub target: KvTargetArgs,
 }
@@ -51,50 +55,118 @@ pub(crate) async fn drain(args: DrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// A worker as `workers -o json` shows it (docs/schemas/worker-list.json).
+#[derive(Serialize)]
+struct WorkerView<'a> {
+    id: &'a str,
+    /// `alive`, `drained` (alive, taking no placements) or `dead`.
+    state: &'static str,
+    incarnation: u64,
+    last_heartbeat_unix_ms: Option<u64>,
+    hostname: &'a str,
+    boot_id: &'a str,
+    pid: u32,
+    plugin: &'a str,
+    platform: &'a str,
+    devices: Vec<serde_json::Value>,
+    jobs: &'a [String],
+    drained: Option<&'a str>,
+}
+
+impl<'a> From<&'a WorkerStatus> for WorkerView<'a> {
+    fn from(w: &'a WorkerStatus) -> WorkerView<'a> {
+        let info = &w.record.info;
+        let (state, beat) = match (&w.state, &w.drained) {
+            (
+                WorkerState::Alive {
+                    last_heartbeat_unix_ms,
+                    ..
+                },
+                None,
+            ) => ("alive", Some(*last_heartbeat_unix_ms)),
+            (
+                WorkerState::Alive {
+                    last_heartbeat_unix_ms,
+                    ..
+                },
+                Some(_),
+            ) => ("drained", Some(*last_heartbeat_unix_ms)),
+            (WorkerState::Dead, _) => ("dead", None),
+        };
+        WorkerView {
+            id: &info.worker_id,
+            state,
+            incarnation: w.record.incarnation,
+            last_heartbeat_unix_ms: beat,
+            hostname: &info.hostname,
+            boot_id: &info.boot_id,
+            pid: info.pid,
+            plugin: &info.plugin,
+            platform: &info.platform,
+            devices: info
+                .devices
+                .iter()
+                .map(|d| serde_json::json!({ "kind": d.kind, "count": d.count }))
+                .collect(),
+            jobs: &w.jobs,
+            drained: w.drained.as_deref(),
+        }
+    }
+}
+
 pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
     let kv = args.target.connect().await?;
-    let now = tessel_coordinator::unix_ms();
-    println!(
-        "{:<16} {:<7} {:>5} {:>15} {:<20} {:>7}  {:<28} JOBS",
-        "WORKER", "STATE", "INC", "LAST HEARTBEAT", "HOST", "PID", "DEVICES"
-    );
-    for w in list_workers(&*kv).await? {
-        let (state, beat) = match w.state {
-            WorkerState::Alive {
-                last_heartbeat_unix_ms,
-                ..
-            } => (
-                "alive",
-                format!(
-                    "{:.1} s ago",
-                    now.saturating_sub(last_heartbeat_unix_ms) as f64 / 1e3
-                ),
-            ),
-            WorkerState::Dead => ("dead", "-".into()),
-        };
-        let state = match (&w.state, &w.drained) {
-            (WorkerState::Alive { .. }, Some(_)) => "drained",
-            _ => state,
-        };
-        let devices: Vec<String> = w
-            .record
-            .info
-            .devices
-            .iter()
-            .map(|d| format!("{}×{}", d.count, d.kind))
-            .collect();
-        println!(
-            "{:<16} {:<7} {:>5} {:>15} {:<20} {:>7}  {:<28} {}",
-            w.record.info.worker_id,
-            state,
-            w.record.incarnation,
-            beat,
-            w.record.info.hostname,
-            w.record.info.pid,
-            devices.join(","),
-            w.jobs.join(",")
-        );
+    let all = list_workers(&*kv).await?;
+    let views: Vec<WorkerView> = all.iter().map(WorkerView::from).collect();
+    if args.output.json() {
+        return print_document("WorkerList", &serde_json::json!({ "workers": views }));
     }
+    let now = tessel_coordinator::unix_ms();
+    let mut header = vec![
+        "WORKER",
+        "STATE",
+        "INC",
+        "LAST HEARTBEAT",
+        "HOST",
+        "PID",
+        "DEVICES",
+        "JOBS",
+    ];
+    if args.output.wide() {
+        header.extend(["PLUGIN", "PLATFORM", "BOOT", "DRAINED"]);
+    }
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .map(|w| {
+            let devices: Vec<String> = w
+                .devices
+                .iter()
+                .map(|d| format!("{}×{}", d["count"], d["kind"].as_str().unwrap_or("?")))
+                .collect();
+            let mut row = vec![
+                w.id.to_owned(),
+                w.state.to_owned(),
+                w.incarnation.to_string(),
+                w.last_heartbeat_unix_ms.map_or("-".into(), |t| {
+                    format!("{:.1} s ago", now.saturating_sub(t) as f64 / 1e3)
+                }),
+                w.hostname.to_owned(),
+                w.pid.to_string(),
+                devices.join(","),
+                w.jobs.join(","),
+            ];
+            if args.output.wide() {
+                row.extend([
+                    w.plugin.to_owned(),
+                    w.platform.to_owned(),
+                    w.boot_id.get(..8).unwrap_or(w.boot_id).to_owned(),
+                    w.drained.unwrap_or("-").to_owned(),
+                ]);
+            }
+            row
+        })
+        .collect();
+    print_table(&header, &rows);
     Ok(())
 }
 
@@ -104,9 +176,8 @@ pub(crate) struct TopologyArgs {
     pub target: KvTargetArgs,
     #[arg(long)]
     pub job: String,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 pub(crate) async fn read_topology(
@@ -119,24 +190,38 @@ pub(crate) async fn read_topology(
         .with_context(|| format!("no topology for job `{job}`"))
 }
 
-fn print_table(t: &GlobalTopology) {
-    println!(
-        "{:>6} {:>7} {:>5} {:>8}  {:<10} {:<20} BOOT",
-        "DEVICE", "PROCESS", "SLICE", "LOCAL ID", "KIND", "HOST"
-    );
-    for d in &t.devices {
-        let p = &t.processes[d.process_index as usize];
-        println!(
-            "{:>6} {:>7} {:>5} {:>8}  {:<10} {:<20} {}",
-            d.id,
-            d.process_index,
-            d.slice,
-            d.local_hardware_id,
-            d.kind,
-            p.hostname,
-            p.boot_id.get(..8).unwrap_or(&p.boot_id)
-        );
+fn topology_table(t: &GlobalTopology, wide: bool) {
+    let mut header = vec![
+        "DEVICE", "PROCESS", "SLICE", "LOCAL ID", "KIND", "HOST", "BOOT",
+    ];
+    if wide {
+        header.extend(["WORKER", "MEMORY", "ENDPOINT"]);
     }
+    let rows: Vec<Vec<String>> = t
+        .devices
+        .iter()
+        .map(|d| {
+            let p = &t.processes[d.process_index as usize];
+            let mut row = vec![
+                d.id.to_string(),
+                d.process_index.to_string(),
+                d.slice.to_string(),
+                d.local_hardware_id.to_string(),
+                d.kind.clone(),
+                p.hostname.clone(),
+                p.boot_id.get(..8).unwrap_or(&p.boot_id).to_owned(),
+            ];
+            if wide {
+                row.extend([
+                    p.worker.clone(),
+                    d.memory_bytes.map_or("-".into(), |b| b.to_string()),
+                    p.transfer_endpoint.clone().unwrap_or_else(|| "-".into()),
+                ]);
+            }
+            row
+        })
+        .collect();
+    print_table(&header, &rows);
 }
 
 pub(crate) async fn topology(args: TopologyArgs) -> Result<()> {
@@ -149,10 +234,12 @@ pub(crate) async fn topology(args: TopologyArgs) -> Result<()> {
         None => args.job.clone(),
     };
     let t = read_topology(&*kv, &job, Duration::ZERO).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&t)?);
-    } else {
-        print_table(&t);
+    if args.output.json() {
+        return print_document(
+            "Topology",
+            &serde_json::json!({ "job": job, "topology": t }),
+        );
     }
+    topology_table(&t, args.output.wide());
     Ok(())
 }

@@ -125,6 +125,7 @@ async fn workers_and_the_coordinator_run_on_etcd() {
             process_index: i,
             num_processes: 2,
             topology_timeout_ms: 60_000,
+            trace: None,
         };
         jobs::assign(&kv, &format!("w{i}"), &a).await.unwrap();
     }

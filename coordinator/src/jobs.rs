@@ -35,12 +35,32 @@ pub enum FailureKind {
     /// A process of a command job exited with a non-zero code or a
     /// signal: restarted while restarts remain, as torchrun does.
     Exited,
+    /// Not a failure: a planned move. The attempt checkpointed and stopped
+    /// for a preemption notice or a drain; the job resumes elsewhere
+    /// without using its restart budget.
+    Suspended,
 }
 
 impl FailureKind {
     /// Whether a new attempt may cure it.
     pub fn is_restartable(self) -> bool {
         !matches!(self, FailureKind::Job)
+    }
+
+    /// Whether it is a planned move rather than a failure.
+    pub fn is_planned(self) -> bool {
+        matches!(self, FailureKind::Suspended)
+    }
+
+    /// Its name, as `tessel job` and the JSON output show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::WorkerLost => "worker_lost",
+            FailureKind::PeerLost => "peer_lost",
+            FailureKind::Job => "job_error",
+            FailureKind::Exited => "exited",
+            FailureKind::Suspended => "suspended",
+        }
     }
 }
 
@@ -80,6 +100,9 @@ pub struct JobAssignment {
     pub num_processes: u32,
     /// How long the topology exchange may take.
     pub topology_timeout_ms: u64,
+    /// The job's trace context (W3C `traceparent`), so the process's spans
+    /// join the job's trace.
+    pub trace: Option<String>,
 }
 
 impl JobAssignment {

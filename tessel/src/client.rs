@@ -146,14 +146,36 @@ impl Client {
             });
         }
         let s = &job.spec;
+        // Every job gets a trace context (a few random bytes): coordinators
+        // and workers that export traces join it, whether or not this
+        // process exports.
+        let trace = tessel_trace::JobTrace::new();
+        let started = tessel_coordinator::unix_ms();
         let submission = scheduler::Submission {
             name: s.name.clone(),
             processes: s.placements(),
             devices_per_process: s.devices_per_placement(),
             plugin: s.plugin.clone(),
             max_restarts: s.max_restarts,
+            trace: Some(trace.to_string()),
         };
-        Ok(scheduler::submit(&*self.kv, &submission, &bundle).await?)
+        let id = scheduler::submit(&*self.kv, &submission, &bundle).await?;
+        tessel_trace::record(
+            &trace,
+            tessel_trace::JobSpan {
+                name: "submit",
+                id: tessel_trace::Parent::None,
+                parent: tessel_trace::Parent::Root,
+                start_unix_ms: started,
+                end_unix_ms: tessel_coordinator::unix_ms(),
+                attributes: vec![
+                    tessel_trace::KeyValue::new("tessel.job.id", id.clone()),
+                    tessel_trace::KeyValue::new("tessel.bundle_bytes", bundle.len() as i64),
+                ],
+                error: None,
+            },
+        );
+        Ok(id)
     }
 
     /// Validates a spec built in Rust (files read from `folder`) and
@@ -335,6 +357,19 @@ impl Client {
             .iter()
             .map(|(_, v)| serde_json::from_slice(v).map_err(|e| ClientError::Decode(e.to_string())))
             .collect()
+    }
+
+    /// The job's attempts so far, oldest first, each with how it ended (a
+    /// failure's kind, or a planned move), from its events.
+    pub async fn attempts(&self, id: &str) -> Result<Vec<scheduler::Attempt>, ClientError> {
+        let events: Vec<JobEvent> = Records::new(&*self.kv, id)
+            .events()
+            .await
+            .map_err(kv_err("reading the job's events"))?
+            .iter()
+            .map(|(_, v)| postcard::from_bytes(v).map_err(|e| ClientError::Decode(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        Ok(scheduler::attempts(&events))
     }
 
     /// The first failure of attempt `attempt` (from 1) of job `id`.

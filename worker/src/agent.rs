@@ -418,16 +418,38 @@ impl Worker {
         }
         let running = running.clone();
         let reg = reg.clone();
-        tokio::spawn(async move {
-            let job = a.attempt.clone();
-            match self.run_job(&a, &reg).await {
-                Ok(()) => {}
-                Err(WorkerError::Deregistered) => {
-                    tracing::info!(job = %job, "job process stopped with its registration")
+        // Every line this process logs carries its job, attempt and process
+        // (as fields of `--log-format json`), and its spans join the job's
+        // trace under the attempt's span.
+        let (id, attempt) = a.attempt.split_once('@').unwrap_or((&a.attempt, "0"));
+        let span = tracing::info_span!(
+            target: tessel_trace::TARGET,
+            "job_process",
+            job = %id,
+            attempt = %attempt,
+            process = a.process_index,
+            worker = %reg.worker_id,
+        );
+        if let Ok(n) = attempt.parse::<u32>() {
+            tessel_trace::join_attempt(&span, a.trace.as_deref(), n);
+        }
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let job = a.attempt.clone();
+                match self.run_job(&a, &reg).await {
+                    Ok(()) => {}
+                    Err(WorkerError::Deregistered) => {
+                        tracing::info!(job = %job, "job process stopped with its registration")
+                    }
+                    // A planned move (a notice or a drain) is not a failure.
+                    Err(e) if e.kind().is_planned() => {
+                        tracing::info!(job = %job, reason = %e, "job process suspended for a planned move")
+                    }
+                    Err(e) => tracing::error!(job = %job, error = %e, "job process failed"),
                 }
-                Err(e) => tracing::error!(job = %job, error = %e, "job process failed"),
-            }
-            running.lock().expect("not poisoned").remove(&job);
-        });
+                running.lock().expect("not poisoned").remove(&job);
+            },
+            span,
+        ));
     }
 }

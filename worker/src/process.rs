@@ -26,7 +26,9 @@ use tessel_coordinator::{Item, Records, Registration};
 use tessel_kv::KvError;
 use tessel_pjrt::{Client, ClientOptions};
 use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
+use tessel_trace::TARGET;
 use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint};
+use tracing::Instrument;
 
 use crate::agent::{client_options, Worker};
 use crate::error::{kv_err, Result, WorkerError};
@@ -190,7 +192,13 @@ impl Worker {
         if let Some(launch) = job.as_ref().and_then(|j| j.command()) {
             return self.run_command(a, reg, launch).await;
         }
-        let client = &*client.insert(self.job_client(a, job.as_deref()).await?);
+        // The plugin's client for this process (the plugin itself was
+        // loaded when the worker started).
+        let created = self
+            .job_client(a, job.as_deref())
+            .instrument(tracing::info_span!(target: TARGET, "create_client"))
+            .await?;
+        let client = &*client.insert(created);
         let endpoint = Arc::new(TransferEndpoint::bind(
             SocketAddr::new(self.cfg.transfer_ip, 0),
             a.process_index,
@@ -204,7 +212,9 @@ impl Worker {
         local.transfer_endpoint = Some(endpoint.local_addr()?.to_string());
         let timeout = Duration::from_millis(a.topology_timeout_ms);
         let started = std::time::Instant::now();
-        let topology = exchange(&*self.kv, &a.attempt, &local, timeout).await?;
+        let topology = exchange(&*self.kv, &a.attempt, &local, timeout)
+            .instrument(tracing::info_span!(target: TARGET, "topology_exchange"))
+            .await?;
         metrics::histogram!("tessel_worker_topology_exchange_seconds")
             .record(started.elapsed().as_secs_f64());
         tracing::info!(
@@ -225,7 +235,9 @@ impl Worker {
         .await?;
         let comm = comm.insert(communicator(endpoint, &topology, &a.attempt, timeout)?);
         let barrier = std::time::Instant::now();
-        comm.barrier().await?;
+        comm.barrier()
+            .instrument(tracing::info_span!(target: TARGET, "transfer_barrier"))
+            .await?;
         tracing::info!(
             job = %a.attempt,
             process = a.process_index,
@@ -270,6 +282,7 @@ impl Worker {
         // this process's plan at its next await instead of leaving it
         // waiting in a collective until the deadline. Cancellation (the
         // job's `done` key) stops it the same way.
+        let run = run.instrument(tracing::info_span!(target: TARGET, "plan"));
         let result = tokio::select! {
             r = run => r?,
             f = self.job_failed(&a.attempt) => {

@@ -31,16 +31,19 @@
 //!    memberships removed.
 //! 8. Restarts back off ([`restart_backoff_ms`]); a process's non-zero exit
 //!    restarts like a lost worker.
+//! 9. A planned move (`Suspended`: a notice or a drain) restarts the job
+//!    without using `max_restarts`; it counts in `suspensions`.
 //!
 //! # Restarts
 //!
 //! * `JobFailure.kind`: `WorkerLost` (the monitor: lease expired, new
 //!   incarnation), `PeerLost` (a process: a transfer broke, a collective's
 //!   deadline passed, a peer aborted, the topology exchange timed out, the
-//!   KV was unreachable, a plan suspended for a preemption notice), `Exited`
-//!   (a command job's process exited non-zero or by a signal), `Job`
-//!   (everything else: compile errors, bad bundles, mismatches, restore
-//!   failures, a command that cannot start). All but `Job` restart while
+//!   KV was unreachable), `Exited` (a command job's process exited non-zero
+//!   or by a signal), `Suspended` (not a failure: an attempt stopped for a
+//!   preemption notice or a drain), `Job` (everything else: compile errors,
+//!   bad bundles, mismatches, restore failures, a command that cannot
+//!   start). `Suspended` always restarts; the others but `Job` restart while
 //!   `max_restarts` allows, after a back-off of 0, 1, 2, 4 … 30 s
 //!   (`scheduler::restart_backoff_ms`).
 //! * A Restarting job goes Pending only once `scheduler::settle` says every
@@ -58,7 +61,11 @@
 //!   process took its id. A new process takes an id only when its alive key
 //!   is absent, its holder ran on this boot and is gone, or the holder wrote
 //!   no heartbeat for its TTL (`claim`).
+mod history;
 mod pass;
+mod spans;
+
+pub use history::{attempts, Attempt};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -68,7 +75,7 @@ use serde::{Deserialize, Serialize};
 use tessel_kv::{KvError, KvStore};
 
 use crate::error::{CoordinatorError, Result};
-use crate::jobs::{self, JobAssignment, JobFailure};
+use crate::jobs::{self, FailureKind, JobAssignment, JobFailure};
 use crate::keys;
 use crate::registry::{list_workers, WorkerState, WorkerStatus};
 
@@ -153,8 +160,11 @@ pub struct JobRecord {
     pub plugin: String,
     /// Restarts allowed.
     pub max_restarts: u32,
-    /// Restarts so far.
+    /// Restarts so far (failures only).
     pub restarts: u32,
+    /// Planned moves so far (a notice or a drain suspended an attempt):
+    /// not failures, so not counted in `restarts` (invariant 9).
+    pub suspensions: u32,
     /// The current (or last) attempt; 0 before the first placement.
     pub attempt: u32,
     /// The worker of each process of the current attempt.
@@ -167,6 +177,13 @@ pub struct JobRecord {
     pub updated_unix_ms: u64,
     /// Events appended so far (the next event's sequence number).
     pub events: u64,
+    /// When it entered its current state.
+    pub state_since_unix_ms: u64,
+    /// When its current (or last) attempt was placed.
+    pub placed_unix_ms: u64,
+    /// Its trace context (W3C `traceparent`; `tessel_trace::JobTrace`),
+    /// given at submit.
+    pub trace: Option<String>,
 }
 
 impl JobRecord {
@@ -202,6 +219,11 @@ pub struct JobEvent {
     pub attempt: u32,
     /// Why, when there is a reason to give.
     pub reason: Option<String>,
+    /// For the end of an attempt: what ended it (a failure's kind, or
+    /// [`FailureKind::Suspended`] for a planned move).
+    pub cause: Option<FailureKind>,
+    /// When the job entered `from`.
+    pub since_unix_ms: u64,
 }
 
 /// What the workers published about a job's current attempt.
@@ -244,6 +266,8 @@ pub struct Submission {
     pub plugin: String,
     /// Restarts allowed.
     pub max_restarts: u32,
+    /// Its trace context (W3C `traceparent`), if the submitter gave one.
+    pub trace: Option<String>,
 }
 
 /// How long a restart waits at most for the lost attempt's workers to
@@ -339,12 +363,16 @@ impl SchedulerState {
             plugin: job.plugin.clone(),
             max_restarts: job.max_restarts,
             restarts: 0,
+            suspensions: 0,
             attempt: 0,
             placement: Vec::new(),
             reason: None,
             submitted_unix_ms: now,
             updated_unix_ms: now,
             events: 0,
+            state_since_unix_ms: now,
+            placed_unix_ms: 0,
+            trace: job.trace.clone(),
         });
         id
     }
@@ -387,14 +415,17 @@ impl SchedulerState {
             let used = self.used();
             let job = &mut self.jobs[i];
             let from = job.state;
-            let next: Option<(JobState, Option<String>)> = match job.state {
+            let next: Option<(JobState, Option<String>, Option<FailureKind>)> = match job.state {
                 _ if job.state.is_terminal() => None,
-                _ if obs.cancel_requested => Some((JobState::Cancelled, Some("cancelled".into()))),
+                _ if obs.cancel_requested => {
+                    Some((JobState::Cancelled, Some("cancelled".into()), None))
+                }
                 JobState::Pending => match place(job, workers, &used) {
                     Ok(placement) => {
                         job.placement = placement;
                         job.attempt += 1;
-                        Some((JobState::Scheduled, None))
+                        job.placed_unix_ms = now;
+                        Some((JobState::Scheduled, None, None))
                     }
                     Err(why) => {
                         if job.reason.as_deref() != Some(why.as_str()) {
@@ -405,14 +436,21 @@ impl SchedulerState {
                     }
                 },
                 JobState::Scheduled | JobState::Running => match &obs.failure {
+                    // Invariant 9: a planned move is not a failure.
+                    Some(f) if f.kind.is_planned() => {
+                        job.suspensions += 1;
+                        Some((JobState::Restarting, Some(f.to_string()), Some(f.kind)))
+                    }
                     Some(f) if f.kind.is_restartable() && job.restarts < job.max_restarts => {
                         job.restarts += 1;
-                        Some((JobState::Restarting, Some(f.to_string())))
+                        Some((JobState::Restarting, Some(f.to_string()), Some(f.kind)))
                     }
-                    Some(f) => Some((JobState::Failed, Some(f.to_string()))),
-                    None if obs.finished == job.processes => Some((JobState::Succeeded, None)),
+                    Some(f) => Some((JobState::Failed, Some(f.to_string()), Some(f.kind))),
+                    None if obs.finished == job.processes => {
+                        Some((JobState::Succeeded, None, None))
+                    }
                     None if job.state == JobState::Scheduled && obs.ready == job.processes => {
-                        Some((JobState::Running, None))
+                        Some((JobState::Running, None, None))
                     }
                     None => None,
                 },
@@ -437,11 +475,11 @@ impl SchedulerState {
                                 .join(", ")
                         ),
                     };
-                    Some((JobState::Pending, Some(why)))
+                    Some((JobState::Pending, Some(why), None))
                 }
                 _ => None,
             };
-            if let Some((to, reason)) = next {
+            if let Some((to, reason, cause)) = next {
                 job.state = to;
                 job.reason = reason.clone();
                 job.updated_unix_ms = now;
@@ -452,7 +490,10 @@ impl SchedulerState {
                     to,
                     attempt: job.attempt,
                     reason,
+                    cause,
+                    since_unix_ms: job.state_since_unix_ms,
                 };
+                job.state_since_unix_ms = now;
                 job.events += 1;
                 events.push((job.id.clone(), e));
             }

@@ -164,6 +164,9 @@ async fn carry_out(
             Err(e) => return Err(CoordinatorError::kv("appending a job event")(e)),
         }
         tracing::info!(job = %id, from = %e.from, to = %e.to, attempt = e.attempt, reason = ?e.reason, "job state");
+        if let Some(job) = state.job(id) {
+            spans::record(job, e);
+        }
         if matches!(
             e.to,
             JobState::Restarting | JobState::Failed | JobState::Cancelled | JobState::Succeeded
@@ -213,6 +216,7 @@ async fn carry_out(
                     process_index: i as u32,
                     num_processes: job.processes,
                     topology_timeout_ms: topology_timeout.as_millis() as u64,
+                    trace: job.trace.clone(),
                 },
             )
             .await?;

@@ -41,6 +41,7 @@ fn sub(name: &str, processes: u32, max_restarts: u32) -> Submission {
         devices_per_process: 1,
         plugin: "cpu".into(),
         max_restarts,
+        trace: None,
     }
 }
 
@@ -403,4 +404,46 @@ fn a_process_that_exits_restarts_the_job_with_growing_back_off() {
         .as_deref()
         .unwrap()
         .contains("exited with code 3"));
+}
+
+/// Invariant 9: a job with no restart budget is suspended three times
+/// (notices, drains) and each time comes back; the moves are counted as
+/// suspensions and their events carry the cause, and the first real
+/// failure after them still fails it.
+#[test]
+fn planned_moves_do_not_use_the_restart_budget() {
+    let mut s = SchedulerState::default();
+    let id = s.submit(&sub("moved", 1, 0), 0);
+    let w = workers(2, 1);
+    let suspended = Observed {
+        failure: Some(JobFailure {
+            kind: crate::jobs::FailureKind::Suspended,
+            reason: "suspended at step 7 for a preemption notice: worker `w0` drained".into(),
+            ..lost("w0")
+        }),
+        ..Default::default()
+    };
+    let mut now = 1;
+    s.advance(&BTreeMap::new(), &w, now);
+    for moved in 1..=3u32 {
+        now += 1;
+        let e = s.advance(&obs(&id, suspended.clone()), &w, now);
+        assert_eq!(e[0].1.to, JobState::Restarting, "move {moved}");
+        assert_eq!(e[0].1.cause, Some(crate::jobs::FailureKind::Suspended));
+        now += 1;
+        let e = s.advance(&obs(&id, settled(&[])), &w, now);
+        assert_eq!(e[0].1.to, JobState::Pending);
+        s.advance(&BTreeMap::new(), &w, now);
+        assert_eq!(
+            (s.jobs[0].restarts, s.jobs[0].suspensions, s.jobs[0].attempt),
+            (0, moved, moved + 1)
+        );
+    }
+    let failed = Observed {
+        failure: Some(lost("w0")),
+        ..Default::default()
+    };
+    let e = s.advance(&obs(&id, failed), &w, now + 1);
+    assert_eq!(e[0].1.to, JobState::Failed);
+    assert_eq!(e[0].1.cause, Some(crate::jobs::FailureKind::WorkerLost));
 }

@@ -125,7 +125,7 @@ impl PlanError {
         match self {
             PlanError::Collective { source, .. } if source.is_peer_loss() => FailureKind::PeerLost,
             PlanError::Kv { .. } => FailureKind::PeerLost,
-            PlanError::Suspended { .. } | PlanError::SuspendMissed { .. } => FailureKind::PeerLost,
+            PlanError::Suspended { .. } | PlanError::SuspendMissed { .. } => FailureKind::Suspended,
             _ => FailureKind::Job,
         }
     }

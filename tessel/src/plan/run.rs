@@ -5,10 +5,15 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use tessel_trace::TARGET;
+use tracing::Instrument;
 
 use crate::job::ValidatedJob;
 
 use super::{written_arrays, JobBundle, PlanError, PlanTimings, ProcessPlan, MAX_FETCHABLE};
+
+/// Steps per traced batch, at most.
+const STEPS_PER_SPAN: u64 = 100;
 
 /// One report: the step it followed and the scalars.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -59,8 +64,10 @@ pub async fn run_job_process(
         .iter()
         .map(|d| (d.process_index, d.local_hardware_id))
         .collect();
-    let mut plan =
-        tokio::task::block_in_place(|| ProcessPlan::prepare(job, index, client, &mesh_devices))?;
+    let mut plan = tokio::task::block_in_place(|| {
+        let _compile = tracing::info_span!(target: TARGET, "compile").entered();
+        ProcessPlan::prepare(job, index, client, &mesh_devices)
+    })?;
     tracing::info!(
         job = process.job,
         process = index,
@@ -87,7 +94,10 @@ pub async fn run_job_process(
     };
     let mut first_step = 0;
     if let Some(c) = &checkpoints {
-        if let Some((step, restored)) = c.restore(&*process.kv, comm, &written).await? {
+        let restoring = c
+            .restore(&*process.kv, comm, &written)
+            .instrument(tracing::info_span!(target: TARGET, "restore"));
+        if let Some((step, restored)) = restoring.await? {
             plan.restore(restored).map_err(PlanError::Checkpoint)?;
             first_step = step + 1;
         }
@@ -97,7 +107,15 @@ pub async fn run_job_process(
     let mut last_report = None;
     let suspension = super::suspend::Suspension::follow(process.kv.clone(), process.job);
     let loop_started = Instant::now();
+    // Steps are traced in batches (a span per step would cost more than a
+    // small step): a batch ends every STEPS_PER_SPAN steps and at a
+    // checkpoint.
+    let mut batch: Option<tracing::Span> = None;
     for step in first_step..spec.steps {
+        let span = batch.get_or_insert_with(|| {
+            tracing::info_span!(target: TARGET, "steps", first_step = step, last_step = tracing::field::Empty)
+        });
+        span.record("last_step", step);
         // A plan without collectives never waits: yield once a step so the
         // worker can stop it (failure elsewhere, cancellation).
         tokio::task::yield_now().await;
@@ -106,6 +124,7 @@ pub async fn run_job_process(
         let mut saved = false;
         if let Some(c) = &checkpoints {
             if (step + 1) % c.every == 0 && step + 1 < spec.steps {
+                batch = None;
                 save_checkpoint(&mut plan, c, &*process.kv, comm, step, &written).await?;
                 saved = true;
             }
@@ -168,6 +187,9 @@ pub async fn run_job_process(
                 _ => {}
             }
         }
+        if (step + 1 - first_step) % STEPS_PER_SPAN == 0 {
+            batch = None;
+        }
         let bytes = plan.traffic().total() - before;
         if step == first_step {
             plan.timings.first_step_bytes = bytes;
@@ -175,6 +197,7 @@ pub async fn run_job_process(
             plan.timings.later_step_bytes_max = plan.timings.later_step_bytes_max.max(bytes);
         }
     }
+    drop(batch);
     plan.timings.loop_s = loop_started.elapsed().as_secs_f64();
     plan.timings.first_step = first_step;
     let reports_dropped = match reporter {
@@ -230,7 +253,9 @@ async fn save_checkpoint(
             (n.as_str(), value, sharding)
         })
         .collect();
-    c.save(kv, comm, step, &blocks).await?;
+    c.save(kv, comm, step, &blocks)
+        .instrument(tracing::info_span!(target: TARGET, "checkpoint", step))
+        .await?;
     plan.timings.checkpoint_s += t.elapsed().as_secs_f64();
     Ok(())
 }

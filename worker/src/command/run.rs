@@ -159,9 +159,11 @@ impl Worker {
             ms.as_bytes(),
         )
         .await?;
-        let outcome = self
-            .supervise(a, reg, &mut gang, &tails, first_rank, started, &preempt)
-            .await;
+        let outcome = tracing::Instrument::instrument(
+            self.supervise(a, reg, &mut gang, &tails, first_rank, started, &preempt),
+            tracing::info_span!(target: tessel_trace::TARGET, "command", processes = launch.processes_per_worker),
+        )
+        .await;
         gang.stop().await;
         // Let the last lines reach the store before the attempt's folder goes.
         for r in readers {
@@ -258,7 +260,7 @@ impl Worker {
                 _ = self.job_done(&a.attempt) => return self.wait_for_end(a, reg).await,
             }
             let e = WorkerError::Job(JobError {
-                kind: FailureKind::PeerLost,
+                kind: FailureKind::Suspended,
                 message: format!("suspended for a preemption notice: {reason}"),
             });
             self.record_failure(a, reg, &e).await;
