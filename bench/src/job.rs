@@ -39,6 +39,23 @@ pub struct BenchJobArgs {
     /// --plugin-option`); repeat for several.
     #[arg(long = "plugin-option", value_name = "NAME=VALUE")]
     pub plugin_option: Vec<String>,
+    /// Trace export of the cluster's processes, each mode a run per
+    /// repeat, interleaved: `off` (no endpoint), `receiver` (an OTLP
+    /// receiver in this process), `unreachable` (an endpoint where nothing
+    /// listens).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub tracing: Vec<TraceMode>,
+}
+
+/// Where the cluster's spans go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceMode {
+    /// No OTLP endpoint set.
+    Off,
+    /// An OTLP receiver in this process.
+    Receiver,
+    /// An endpoint where nothing listens.
+    Unreachable,
 }
 
 const JAX_MLP: &str = include_str!("../jax/mlp.py");
@@ -53,7 +70,26 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
     let global = s.programs.values().any(|p| p.global);
     let plugin = locate::resolve(Some(&s.plugin))?;
     let mut tessel_ms = Vec::new();
-    for _ in 0..args.repeat {
+    let modes = if args.tracing.is_empty() {
+        vec![None]
+    } else {
+        args.tracing.iter().copied().map(Some).collect()
+    };
+    let receiver = tessel_trace::receiver::Receiver::start().await?;
+    // A port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    for (_, mode) in (0..args.repeat).flat_map(|r| modes.iter().map(move |m| (r, *m))) {
+        // The cluster's processes inherit it.
+        match mode {
+            None | Some(TraceMode::Off) => std::env::remove_var("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            Some(TraceMode::Receiver) => {
+                std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+            }
+            Some(TraceMode::Unreachable) => {
+                std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{closed}"))
+            }
+        }
+        let received_before = receiver.spans().len();
         let mut cluster = LocalCluster::new(crate::tessel_bin()?)?;
         cluster.worker_args = args
             .plugin_option
@@ -82,6 +118,7 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
         );
         let results = client.results(&id).await?;
         drop(cluster);
+        let spans = receiver.spans().len() - received_before;
         // The slowest process sets the pace; shares are its own.
         let slowest = results
             .iter()
@@ -94,6 +131,7 @@ pub async fn run(args: BenchJobArgs) -> Result<()> {
         println!(
             "{}",
             json!({"figure": "job_step", "system": if args.host_staged { "tessel-host-staged" } else { "tessel" }, "spec": s.name,
+                   "tracing": mode.map(|m| format!("{m:?}").to_lowercase()), "spans_received": spans,
                    "processes": s.processes, "devices_per_process": s.devices_per_process,
                    "steps": t.steps, "step_ms": (step_ms * 1000.0).round() / 1000.0,
                    "steps_per_s": (1e3 / step_ms).round(),

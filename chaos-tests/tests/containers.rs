@@ -414,7 +414,7 @@ fn a_container_without_tls_or_insecure_refuses_to_start() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(out.status.code(), Some(2), "bad input: {err}");
     assert!(
         err.contains("--tls-dir") && err.contains("--insecure"),
         "{err}"

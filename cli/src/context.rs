@@ -10,9 +10,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::Subcommand;
 use serde::{Deserialize, Serialize};
+
+use crate::exit::Exit;
 
 /// One cluster as seen by its user.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -92,10 +94,11 @@ pub(crate) fn active() -> Result<Option<(String, Ctx)>> {
     };
     match c.contexts.get(&name) {
         Some(ctx) => Ok(Some((name, ctx.clone()))),
-        None => bail!(
+        None => Err(Exit::bad_input(format!(
             "context `{name}` is not in {} (`tessel context list`)",
             p.display()
-        ),
+        ))
+        .into()),
     }
 }
 
@@ -148,19 +151,20 @@ pub(crate) fn context(cmd: ContextCommand) -> Result<()> {
             tls_ca,
             insecure,
         } => {
-            tessel_kv::check_path_component("context name", &name).map_err(anyhow::Error::msg)?;
+            tessel_kv::check_path_component("context name", &name).map_err(Exit::bad_input)?;
             if let Some(list) = &coordinator {
-                crate::args::Endpoints::parse(list).map_err(anyhow::Error::msg)?;
+                crate::args::Endpoints::parse(list).map_err(Exit::bad_input)?;
             }
             if let Some(url) = &kv {
-                crate::args::Endpoints::parse_etcd(url).map_err(anyhow::Error::msg)?;
+                crate::args::Endpoints::parse_etcd(url).map_err(Exit::bad_input)?;
             }
             // The folder must load now: a context that cannot connect is
             // refused here rather than at its first use.
             let tls_dir = tls_dir.map(|d| std::path::absolute(&d).unwrap_or(d));
             let tls_ca = tls_ca.map(|f| std::path::absolute(&f).unwrap_or(f));
             if let Some(dir) = &tls_dir {
-                let tls = tessel_tls::TlsFiles::load_trusting(dir, tls_ca.as_deref())?;
+                let tls = tessel_tls::TlsFiles::load_trusting(dir, tls_ca.as_deref())
+                    .map_err(Exit::bad_input)?;
                 println!(
                     "context `{name}`: you are {}, until {}",
                     tls.identity(),
@@ -185,10 +189,11 @@ pub(crate) fn context(cmd: ContextCommand) -> Result<()> {
         }
         ContextCommand::Use { name } => {
             if !c.contexts.contains_key(&name) {
-                bail!(
+                return Err(Exit::bad_input(format!(
                     "no context `{name}` in {} (`tessel context list`)",
                     p.display()
-                );
+                ))
+                .into());
             }
             c.current = Some(name.clone());
             write(&p, &c)?;
@@ -216,7 +221,9 @@ pub(crate) fn context(cmd: ContextCommand) -> Result<()> {
         }
         ContextCommand::Delete { name } => {
             if c.contexts.remove(&name).is_none() {
-                bail!("no context `{name}` in {}", p.display());
+                return Err(
+                    Exit::bad_input(format!("no context `{name}` in {}", p.display())).into(),
+                );
             }
             if c.current.as_deref() == Some(&name) {
                 c.current = None;

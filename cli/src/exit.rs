@@ -21,7 +21,8 @@ pub(crate) const NO_LEADER: u8 = 4;
 pub(crate) const JOB_FAILED: u8 = 5;
 /// The job was cancelled.
 pub(crate) const JOB_CANCELLED: u8 = 6;
-/// A wait the user bounded (`--timeout`) ran out.
+/// A wait with a deadline ran out (`submit --wait --timeout`, `kv get
+/// --timeout-ms`).
 pub(crate) const TIMEOUT: u8 = 7;
 
 /// An error that ends the process with a specific exit code.
@@ -82,9 +83,8 @@ pub(crate) fn code(e: &anyhow::Error) -> u8 {
 
 fn of_kv(e: &KvError) -> u8 {
     match e {
-        KvError::Unavailable(_)
-        | KvError::PermissionDenied(_)
-        | KvError::DeadlineExceeded { .. } => UNREACHABLE,
+        KvError::Unavailable(_) | KvError::PermissionDenied(_) => UNREACHABLE,
+        KvError::DeadlineExceeded { .. } => TIMEOUT,
         KvError::InvalidArgument(_) => BAD_INPUT,
         _ => FAILURE,
     }
@@ -106,5 +106,10 @@ mod tests {
         assert_eq!(code(&anyhow::anyhow!("something else")), FAILURE);
         let e = anyhow::Error::new(KvError::NotFound(b"k".to_vec()));
         assert_eq!(code(&e), FAILURE);
+        let e = anyhow::Error::new(KvError::DeadlineExceeded {
+            what: "get".into(),
+            after: std::time::Duration::from_millis(300),
+        });
+        assert_eq!(code(&e), TIMEOUT);
     }
 }

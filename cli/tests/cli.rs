@@ -34,6 +34,17 @@ fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
+/// Refuses bad input: exit code 2 (docs/operations.md), message on stderr.
+fn refused(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected bad input (2), got {}",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Fails cleanly: exit code 1 (not a signal), message on stderr.
 fn fails(out: &Output) -> String {
     assert_eq!(
@@ -243,7 +254,7 @@ fn a_missing_plugin_prints_the_command_that_installs_it() {
 fn a_coordinator_without_tls_or_insecure_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let e = fails(&tessel(&[
+    let e = refused(&tessel(&[
         "coordinator",
         "--id",
         "1",
@@ -256,7 +267,7 @@ fn a_coordinator_without_tls_or_insecure_refuses_to_start() {
     ]));
     assert!(e.contains("--tls-dir") && e.contains("--insecure"), "{e}");
     assert!(!data.exists(), "nothing was created");
-    let e = fails(&tessel(&[
+    let e = refused(&tessel(&[
         "kv",
         "--coordinator",
         "127.0.0.1:1",
@@ -321,7 +332,7 @@ fn validate_accepts_the_example_job_and_names_every_bad_field() {
         );
     let path = dir.path().join("job.toml");
     std::fs::write(&path, spec).unwrap();
-    let err = fails(&tessel(&["validate", path.to_str().unwrap()]));
+    let err = refused(&tessel(&["validate", path.to_str().unwrap()]));
     for want in [
         "mesh: `data=2` has 2 devices, the job has 4",
         "arrays.y.init.file: cannot read",
@@ -335,7 +346,7 @@ fn validate_accepts_the_example_job_and_names_every_bad_field() {
 fn a_global_program_across_processes_is_refused_on_cpu_plugins() {
     let out = ok(&tessel(&["validate", "examples/mlp-global-spmd/job.toml"]));
     assert!(out.contains("is valid"), "{out}");
-    let err = fails(&tessel(&[
+    let err = refused(&tessel(&[
         "validate",
         "examples/mlp-global-spmd/job-4x1.toml",
     ]));
@@ -392,7 +403,7 @@ fn local_refuses_a_bad_spec_before_starting_anything() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("job.toml");
     std::fs::write(&path, "name = \"bad name\"\nprocesses = 0\nmesh = \"data=1\"\nsteps = 1\nplan = []\n[programs]\n[arrays]\n").unwrap();
-    let err = fails(&tessel(&["local", path.to_str().unwrap()]));
+    let err = refused(&tessel(&["local", path.to_str().unwrap()]));
     assert!(err.contains("name: `bad name`: 1-64 letters"), "{err}");
     assert!(err.contains("processes: at least 1"), "{err}");
     assert!(!err.contains("listening"), "nothing was started: {err}");

@@ -46,14 +46,14 @@ async fn kv_commands_work_against_etcd() {
         "{list}"
     );
     let missing = kv(&["get", "jobs/none", "--timeout-ms", "300"]);
-    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(missing.status.code(), Some(7), "a deadline passed");
     assert!(String::from_utf8_lossy(&missing.stderr).contains("deadline"));
 }
 
 #[test]
 fn a_malformed_etcd_url_is_refused() {
     let o = tessel(&["kv", "--kv", "http://127.0.0.1:2379", "try-get", "k"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2), "bad input");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("etcd://"),
         "{o:?}"

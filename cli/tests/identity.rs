@@ -26,7 +26,12 @@ fn ok(out: &Output) -> String {
 }
 
 fn err(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    failed(out, 1)
+}
+
+/// Exits with `code` (docs/operations.md's table); its stderr.
+fn failed(out: &Output, code: i32) -> String {
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -87,21 +92,24 @@ fn a_context_says_which_cluster_and_folder_a_command_means() {
         ],
     ));
     // Nothing set: the flags are needed, and the message says how else.
-    let e = err(&tessel(&cfg, &["jobs"]));
+    let e = failed(&tessel(&cfg, &["jobs"]), 2);
     assert!(e.contains("tessel context set"), "{e}");
     // A folder that does not load is refused when the context is set.
-    let e = err(&tessel(
-        &cfg,
-        &[
-            "context",
-            "set",
-            "prod",
-            "--coordinator",
-            "127.0.0.1:1",
-            "--tls-dir",
-            "/nonexistent",
-        ],
-    ));
+    let e = failed(
+        &tessel(
+            &cfg,
+            &[
+                "context",
+                "set",
+                "prod",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--tls-dir",
+                "/nonexistent",
+            ],
+        ),
+        2,
+    );
     assert!(e.contains("does not exist"), "{e}");
     assert!(!cfg.exists(), "nothing saved");
     let out = ok(&tessel(
@@ -130,17 +138,21 @@ fn a_context_says_which_cluster_and_folder_a_command_means() {
     ));
     let list = ok(&tessel(&cfg, &["context", "list"]));
     assert!(list.contains("* prod") && list.contains("  dev"), "{list}");
-    // Without flags, a command uses the current context's cluster and folder.
-    let e = err(&tessel(&cfg, &["kv", "try-get", "k"]));
+    // Without flags, a command uses the current context's cluster and
+    // folder (nothing listens there: unreachable, 3).
+    let e = failed(&tessel(&cfg, &["kv", "try-get", "k"]), 3);
     assert!(e.contains("127.0.0.1:1"), "{e}");
     ok(&tessel(&cfg, &["context", "use", "dev"]));
-    let e = err(&tessel(&cfg, &["kv", "try-get", "k"]));
+    let e = failed(&tessel(&cfg, &["kv", "try-get", "k"]), 3);
     assert!(e.contains("127.0.0.1:2"), "{e}");
     // A flag wins over the context.
-    let e = err(&tessel(
-        &cfg,
-        &["kv", "--coordinator", "127.0.0.1:3", "try-get", "k"],
-    ));
+    let e = failed(
+        &tessel(
+            &cfg,
+            &["kv", "--coordinator", "127.0.0.1:3", "try-get", "k"],
+        ),
+        3,
+    );
     assert!(e.contains("127.0.0.1:3"), "{e}");
     // $TESSEL_CONTEXT picks another, and an unknown one is named.
     let out = Command::new(env!("CARGO_BIN_EXE_tessel"))
@@ -149,9 +161,9 @@ fn a_context_says_which_cluster_and_folder_a_command_means() {
         .env("TESSEL_CONTEXT", "staging")
         .output()
         .unwrap();
-    let e = err(&out);
+    let e = failed(&out, 2);
     assert!(e.contains("context `staging` is not in"), "{e}");
-    let e = err(&tessel(&cfg, &["context", "use", "staging"]));
+    let e = failed(&tessel(&cfg, &["context", "use", "staging"]), 2);
     assert!(e.contains("no context `staging`"), "{e}");
     ok(&tessel(&cfg, &["context", "delete", "dev"]));
     let list = ok(&tessel(&cfg, &["context", "list"]));
@@ -251,14 +263,17 @@ fn the_environment_stands_between_the_flags_and_the_context() {
         &["jobs", "--coordinator", &live.addr],
     ));
     // A contradiction or a bad value is refused at once, naming it.
-    let e = err(&run(&[("TESSEL_INSECURE", "yes")], &["jobs"]));
+    let e = failed(&run(&[("TESSEL_INSECURE", "yes")], &["jobs"]), 2);
     assert!(e.contains("TESSEL_INSECURE"), "{e}");
-    let e = err(&run(
-        &[
-            ("TESSEL_COORDINATOR", &live.addr),
-            ("TESSEL_KV", "etcd://e:1"),
-        ],
-        &["jobs"],
-    ));
+    let e = failed(
+        &run(
+            &[
+                ("TESSEL_COORDINATOR", &live.addr),
+                ("TESSEL_KV", "etcd://e:1"),
+            ],
+            &["jobs"],
+        ),
+        2,
+    );
     assert!(e.contains("TESSEL_KV"), "{e}");
 }

@@ -57,7 +57,9 @@ pub(super) fn spans(job: &JobRecord, e: &JobEvent) -> Vec<JobSpan> {
                 None,
             ));
         }
-        JobState::Scheduled | JobState::Running => {
+        JobState::Scheduled | JobState::Running
+            if e.to == JobState::Restarting || e.to.is_terminal() =>
+        {
             let mut a = base();
             a.push(KeyValue::new("tessel.placement", job.placement.join(",")));
             a.push(KeyValue::new("tessel.end", e.to.name()));
@@ -168,6 +170,8 @@ mod tests {
             &ev(JobState::Pending, JobState::Scheduled, 100, 150, None),
         );
         assert_eq!(names(&queued), [("queued", Parent::Root, 100)]);
+        let running = ev(JobState::Scheduled, JobState::Running, 150, 160, None);
+        assert!(spans(&job, &running).is_empty(), "the attempt goes on");
         let lost = spans(
             &job,
             &ev(
