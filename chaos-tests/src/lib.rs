@@ -318,6 +318,19 @@ impl KvCluster {
         RaftKv::connect(self.addrs(), Some(&self.tls)).unwrap()
     }
 
+    /// `tessel ARGS --coordinator (every replica) --tls-dir (the
+    /// cluster's)`, run to its end.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        let addrs: Vec<String> = self.addrs().iter().map(|a| a.to_string()).collect();
+        Command::new(tessel_bin())
+            .args(args)
+            .args(["--coordinator", &addrs.join(",")])
+            .arg("--tls-dir")
+            .arg(self.tls_dir())
+            .output()
+            .unwrap()
+    }
+
     /// A client that knows only replica `id`.
     pub fn client_of(&self, id: u64) -> RaftKv {
         RaftKv::connect(vec![self.procs[&id].addr], Some(&self.tls)).unwrap()

@@ -260,20 +260,7 @@ async fn every_launcher_variable_is_set_and_consistent_across_four_processes() {
     assert_eq!(ranks, (0..4).collect());
     assert_eq!(masters.len(), 1, "{masters:?}");
     // The same through the CLI, each line prefixed with its process.
-    let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
-    let out = Command::new(tessel_bin())
-        .args([
-            "logs",
-            &id,
-            "--process",
-            "2",
-            "--coordinator",
-            &coordinators.join(","),
-        ])
-        .arg("--tls-dir")
-        .arg(cluster.tls_dir())
-        .output()
-        .unwrap();
+    let out = cluster.cli(&["logs", &id, "--process", "2"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -7,14 +7,13 @@
 //! Organised by the property each test proves.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
 use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params as params};
-use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
+use tessel_chaos_tests::{spawn_worker, KvCluster, WorkerProc};
 
 use tessel_coordinator::scheduler::JobState;
 use tessel_coordinator::{Item, Records};
@@ -177,15 +176,8 @@ time.sleep(600)  # a checkpoint would go here; SIGTERM comes after the grace
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let victim = client.job(&id).await.unwrap().placement[0].clone();
-    let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
     let drain = |extra: &[&str]| {
-        let out = Command::new(tessel_bin())
-            .args(["drain", &victim, "--coordinator", &coordinators.join(",")])
-            .arg("--tls-dir")
-            .arg(cluster.tls_dir())
-            .args(extra)
-            .output()
-            .unwrap();
+        let out = cluster.cli(&[&["drain", victim.as_str()][..], extra].concat());
         assert!(
             out.status.success(),
             "{}",
@@ -213,19 +205,7 @@ time.sleep(600)  # a checkpoint would go here; SIGTERM comes after the grace
     );
     assert!(lines(2).await.contains("attempt 2"));
     // `tessel job` tells the move from a failure, attempt by attempt.
-    let out = Command::new(tessel_bin())
-        .args([
-            "job",
-            &id,
-            "-o",
-            "json",
-            "--coordinator",
-            &coordinators.join(","),
-        ])
-        .arg("--tls-dir")
-        .arg(cluster.tls_dir())
-        .output()
-        .unwrap();
+    let out = cluster.cli(&["job", &id, "-o", "json"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ends: Vec<(&str, &str)> = doc["attempts"]
         .as_array()

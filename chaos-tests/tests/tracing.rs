@@ -6,13 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessel::client::Client;
 use tessel_chaos_tests::mlp::mlp_dir;
-use tessel_chaos_tests::{spawn_worker, tessel_bin, KvCluster, WorkerProc};
+use tessel_chaos_tests::{spawn_worker, KvCluster, WorkerProc};
 use tessel_coordinator::scheduler::JobState;
 use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
@@ -72,15 +71,7 @@ async fn a_restarted_job_is_one_trace_from_every_process_that_served_it() {
     let client = Client::from_store(kv.clone());
 
     let spec = spec_file(&cluster.dir.path().join("spec"), &ckpt);
-    let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
-    let out = Command::new(tessel_bin())
-        .arg("submit")
-        .arg(&spec)
-        .args(["--coordinator", &coordinators.join(",")])
-        .arg("--tls-dir")
-        .arg(cluster.tls_dir())
-        .output()
-        .unwrap();
+    let out = cluster.cli(&["submit", spec.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",

@@ -13,7 +13,9 @@
 //! `RUST_LOG=warn` does not switch the spans off.
 
 use tessel_trace::export::Telemetry;
+use tracing::Subscriber;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
@@ -36,29 +38,41 @@ pub(crate) enum LogFormat {
 /// traces. Call while no other thread runs (it sets [`ENV`]).
 pub(crate) fn init(format: LogFormat, service: &str) -> Option<Telemetry> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
-    let lines = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .boxed(),
-        LogFormat::Json => {
-            std::env::set_var(ENV, "json");
-            tracing_subscriber::fmt::layer()
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_span_list(true)
-                .with_writer(std::io::stderr)
-                .boxed()
-        }
-    };
+    if format == LogFormat::Json {
+        std::env::set_var(ENV, "json");
+    }
     let telemetry = Telemetry::from_env(service).unwrap_or_else(|e| {
         eprintln!("warning: {e}; traces are not exported");
         None
     });
-    let spans = telemetry.as_ref().map(|t| t.layer());
-    tracing_subscriber::registry()
-        .with(lines.with_filter(filter))
-        .with(spans)
-        .init();
+    let registry = tracing_subscriber::registry();
+    match (format, &telemetry) {
+        // No export: RUST_LOG filters everything, so a disabled span or
+        // event costs what it did before traces existed.
+        (LogFormat::Text, None) => registry.with(filter).with(text()).init(),
+        (LogFormat::Json, None) => registry.with(filter).with(json()).init(),
+        // RUST_LOG filters the lines only: the spans have their own filter.
+        (LogFormat::Text, Some(t)) => registry
+            .with(text().with_filter(filter))
+            .with(t.layer())
+            .init(),
+        (LogFormat::Json, Some(t)) => registry
+            .with(json().with_filter(filter))
+            .with(t.layer())
+            .init(),
+    }
     telemetry
+}
+
+fn text<S: Subscriber + for<'a> LookupSpan<'a>>() -> impl Layer<S> {
+    tracing_subscriber::fmt::layer().with_writer(std::io::stderr)
+}
+
+fn json<S: Subscriber + for<'a> LookupSpan<'a>>() -> impl Layer<S> {
+    tracing_subscriber::fmt::layer()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(true)
+        .with_writer(std::io::stderr)
 }

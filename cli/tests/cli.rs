@@ -36,21 +36,20 @@ fn ok(out: &Output) -> String {
 
 /// Refuses bad input: exit code 2 (docs/operations.md), message on stderr.
 fn refused(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "expected bad input (2), got {}",
-        out.status
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    exits(out, 2)
 }
 
 /// Fails cleanly: exit code 1 (not a signal), message on stderr.
 fn fails(out: &Output) -> String {
+    exits(out, 1)
+}
+
+/// Exits with `code` (not a signal); its stderr.
+fn exits(out: &Output, code: i32) -> String {
     assert_eq!(
         out.status.code(),
-        Some(1),
-        "expected a clean failure, got {}",
+        Some(code),
+        "expected exit {code}, got {}",
         out.status
     );
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -283,3 +283,58 @@ fn every_exit_code_of_the_table_is_what_a_script_sees() {
         .unwrap();
     assert_eq!(code(&out), 3, "{}", stderr(&out));
 }
+
+/// A process killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `--log-format json`: every line a worker writes is one JSON object, and
+/// the lines of a job process carry its job, attempt, process and worker.
+#[test]
+fn a_workers_json_log_lines_carry_the_job_attempt_and_process() {
+    let c = Cluster::start();
+    let log = c.config.path().join("worker.log");
+    let mut cmd = c.local.worker_command("wj", "cpu", 2);
+    cmd.args(["--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let _worker = Killed(cmd.spawn().unwrap());
+    let by = Instant::now() + Duration::from_secs(60);
+    while !stdout(&c.run(&["workers"])).contains("wj ") {
+        assert!(Instant::now() < by, "wj never registered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Three processes: one lands on wj.
+    let spec = c.command_job("logged", 3, "print('hello', flush=True)\n");
+    let out = c.run(&["submit", spec.to_str().unwrap(), "--wait"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let id = stdout(&out).lines().next().unwrap().to_owned();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines
+        .iter()
+        .all(|l| l["level"].is_string() && l["timestamp"].is_string()));
+    let in_job = lines
+        .iter()
+        .filter_map(|l| l["spans"].as_array())
+        .flatten()
+        .find(|s| s["name"] == "job_process")
+        .unwrap_or_else(|| panic!("no line inside a job process:\n{text}"));
+    assert_eq!(in_job["job"], id.as_str());
+    assert_eq!(in_job["attempt"], 1);
+    assert_eq!(in_job["worker"], "wj");
+    assert!(
+        in_job["process"].as_u64().is_some_and(|p| p < 3),
+        "{in_job}"
+    );
+}

@@ -19,7 +19,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
-use tracing_subscriber::filter::{filter_fn, Filtered};
+use tracing_subscriber::filter::{Filtered, Targets};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
@@ -164,15 +164,17 @@ impl Telemetry {
         &self,
     ) -> Filtered<
         tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>,
-        tracing_subscriber::filter::FilterFn,
+        Targets,
         S,
     >
     where
         S: tracing::Subscriber + for<'a> LookupSpan<'a>,
     {
+        // A target filter decides per callsite, once: other callsites
+        // never reach this layer.
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer("tessel"))
-            .with_filter(filter_fn(|m| m.target() == TARGET))
+            .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE))
     }
 }
 

@@ -422,17 +422,16 @@ impl Worker {
         // (as fields of `--log-format json`), and its spans join the job's
         // trace under the attempt's span.
         let (id, attempt) = a.attempt.split_once('@').unwrap_or((&a.attempt, "0"));
+        let attempt: u32 = attempt.parse().unwrap_or(0);
         let span = tracing::info_span!(
             target: tessel_trace::TARGET,
             "job_process",
             job = %id,
-            attempt = %attempt,
+            attempt,
             process = a.process_index,
             worker = %reg.worker_id,
         );
-        if let Ok(n) = attempt.parse::<u32>() {
-            tessel_trace::join_attempt(&span, a.trace.as_deref(), n);
-        }
+        tessel_trace::join_attempt(&span, a.trace.as_deref(), attempt);
         tokio::spawn(tracing::Instrument::instrument(
             async move {
                 let job = a.attempt.clone();
