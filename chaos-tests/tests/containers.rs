@@ -243,13 +243,21 @@ async fn submit_past_step_299(client: &Client, kv: &RaftKv, job: &ValidatedJob) 
     id
 }
 
-/// The job succeeded after one restart, away from `victim`, with the
-/// parameters of the undisturbed run.
-async fn moved_and_undisturbed(client: &Client, id: &str, victim: &str, want: &[Vec<u8>]) {
+/// The job succeeded on a second attempt, away from `victim`, with the
+/// parameters of the undisturbed run; `planned`: the move was a
+/// suspension (counted apart), else a restart after a failure.
+async fn moved_and_undisturbed(
+    client: &Client,
+    id: &str,
+    victim: &str,
+    want: &[Vec<u8>],
+    planned: bool,
+) {
     let end = client.wait(id).await.unwrap();
+    let (restarts, suspensions) = if planned { (0, 1) } else { (1, 0) };
     assert_eq!(
-        (end.state, end.restarts),
-        (JobState::Succeeded, 1),
+        (end.state, end.restarts, end.suspensions, end.attempt),
+        (JobState::Succeeded, restarts, suspensions, 2),
         "{:?}",
         end.reason
     );
@@ -299,7 +307,8 @@ async fn container_faults_end_with_the_undisturbed_result() {
         0,
         "a SIGTERM stop is a success"
     );
-    moved_and_undisturbed(&client, &id, &victim, &want).await;
+    // A planned move: no restart used.
+    moved_and_undisturbed(&client, &id, &victim, &want, true).await;
     eprintln!(
         "docker stop of a worker: job done {:.1} s later",
         stopped.elapsed().as_secs_f64()
@@ -311,7 +320,7 @@ async fn container_faults_end_with_the_undisturbed_result() {
     let victim = client.job(&id).await.unwrap().placement[1].clone();
     let network = format!("{}_tessel", p.name);
     p.docker(&["network", "disconnect", &network, &p.container(&victim)]);
-    moved_and_undisturbed(&client, &id, &victim, &want).await;
+    moved_and_undisturbed(&client, &id, &victim, &want, false).await;
 }
 
 /// A worker container whose certificate comes from another CA is refused
