@@ -175,13 +175,27 @@ struct PluginDevice {
     attributes: BTreeMap<String, String>,
 }
 
-fn describe_plugin(plugin: &Plugin) -> Result<PluginInfo> {
+/// What the plugin says of itself, then what its client says: `before`
+/// sees the first part before the client is created (a plugin that loads
+/// but cannot create a client, as libtpu without a TPU, still shows it).
+fn describe_plugin(plugin: &Plugin, before: impl FnOnce(&PluginInfo)) -> Result<PluginInfo> {
     let (major, minor) = plugin.api_version();
     let attributes = plugin
         .attributes()?
         .iter()
         .map(|a| (a.name.clone(), a.value.to_string()))
         .collect();
+    let mut info = PluginInfo {
+        path: plugin.path().display().to_string(),
+        api_version: [major, minor],
+        attributes,
+        platform: String::new(),
+        platform_version: String::new(),
+        process_index: 0,
+        addressable_devices: 0,
+        devices: Vec::new(),
+    };
+    before(&info);
     let client = Client::create(plugin, ClientOptions::default())?;
     let devices = client
         .devices()?
@@ -206,31 +220,31 @@ fn describe_plugin(plugin: &Plugin) -> Result<PluginInfo> {
             })
         })
         .collect::<Result<_>>()?;
-    Ok(PluginInfo {
-        path: plugin.path().display().to_string(),
-        api_version: [major, minor],
-        attributes,
-        platform: client.platform_name()?,
-        platform_version: client.platform_version()?,
-        process_index: client.process_index()?,
-        addressable_devices: client.addressable_devices()?.len(),
-        devices,
-    })
+    info.platform = client.platform_name()?;
+    info.platform_version = client.platform_version()?;
+    info.process_index = client.process_index()?;
+    info.addressable_devices = client.addressable_devices()?.len();
+    info.devices = devices;
+    Ok(info)
 }
 
 pub(crate) fn plugin_info(plugin: &Plugin, output: OutputArgs) -> Result<()> {
-    let info = describe_plugin(plugin)?;
+    let info = describe_plugin(plugin, |info| {
+        if output.json() {
+            return;
+        }
+        println!("plugin      {}", info.path);
+        println!(
+            "C API       {}.{}",
+            info.api_version[0], info.api_version[1]
+        );
+        println!("attributes");
+        for (name, value) in &info.attributes {
+            println!("  {name:<28} {value}");
+        }
+    })?;
     if output.json() {
         return print_document("PluginInfo", &info);
-    }
-    println!("plugin      {}", info.path);
-    println!(
-        "C API       {}.{}",
-        info.api_version[0], info.api_version[1]
-    );
-    println!("attributes");
-    for (name, value) in &info.attributes {
-        println!("  {name:<28} {value}");
     }
     println!("platform    {} ({})", info.platform, info.platform_version);
     println!("process     {}", info.process_index);
