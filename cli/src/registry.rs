@@ -68,9 +68,16 @@ struct WorkerView<'a> {
     pid: u32,
     plugin: &'a str,
     platform: &'a str,
-    devices: Vec<serde_json::Value>,
+    devices: Vec<DeviceView<'a>>,
     jobs: &'a [String],
     drained: Option<&'a str>,
+}
+
+/// Devices of one kind, as the schema names them.
+#[derive(Serialize)]
+struct DeviceView<'a> {
+    kind: &'a str,
+    count: u32,
 }
 
 impl<'a> From<&'a WorkerStatus> for WorkerView<'a> {
@@ -106,7 +113,10 @@ impl<'a> From<&'a WorkerStatus> for WorkerView<'a> {
             devices: info
                 .devices
                 .iter()
-                .map(|d| serde_json::json!({ "kind": d.kind, "count": d.count }))
+                .map(|d| DeviceView {
+                    kind: &d.kind,
+                    count: d.count,
+                })
                 .collect(),
             jobs: &w.jobs,
             drained: w.drained.as_deref(),
@@ -141,7 +151,7 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
             let devices: Vec<String> = w
                 .devices
                 .iter()
-                .map(|d| format!("{}×{}", d["count"], d["kind"].as_str().unwrap_or("?")))
+                .map(|d| format!("{}×{}", d.count, d.kind))
                 .collect();
             let mut row = vec![
                 w.id.to_owned(),

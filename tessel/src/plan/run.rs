@@ -15,6 +15,28 @@ use super::{written_arrays, JobBundle, PlanError, PlanTimings, ProcessPlan, MAX_
 /// Steps per traced batch, at most.
 const STEPS_PER_SPAN: u64 = 100;
 
+/// A traced batch of steps: the span records its last step when the
+/// batch ends (dropped), so a step costs a store, not a span update.
+struct StepBatch {
+    span: tracing::Span,
+    last: u64,
+}
+
+impl StepBatch {
+    fn open(first_step: u64) -> StepBatch {
+        StepBatch {
+            span: tracing::info_span!(target: TARGET, "steps", first_step, last_step = tracing::field::Empty),
+            last: first_step,
+        }
+    }
+}
+
+impl Drop for StepBatch {
+    fn drop(&mut self) {
+        self.span.record("last_step", self.last);
+    }
+}
+
 /// One report: the step it followed and the scalars.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StepReport {
@@ -110,12 +132,9 @@ pub async fn run_job_process(
     // Steps are traced in batches (a span per step would cost more than a
     // small step): a batch ends every STEPS_PER_SPAN steps and at a
     // checkpoint.
-    let mut batch: Option<tracing::Span> = None;
+    let mut batch: Option<StepBatch> = None;
     for step in first_step..spec.steps {
-        let span = batch.get_or_insert_with(|| {
-            tracing::info_span!(target: TARGET, "steps", first_step = step, last_step = tracing::field::Empty)
-        });
-        span.record("last_step", step);
+        batch.get_or_insert_with(|| StepBatch::open(step)).last = step;
         // A plan without collectives never waits: yield once a step so the
         // worker can stop it (failure elsewhere, cancellation).
         tokio::task::yield_now().await;
