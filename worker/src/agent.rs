@@ -421,8 +421,8 @@ impl Worker {
         // Every line this process logs carries its job, attempt and process
         // (as fields of `--log-format json`), and its spans join the job's
         // trace under the attempt's span.
-        let (id, attempt) = a.attempt.split_once('@').unwrap_or((&a.attempt, "0"));
-        let attempt: u32 = attempt.parse().unwrap_or(0);
+        let id = tessel_coordinator::scheduler::job_of_instance(&a.attempt);
+        let attempt = crate::command::attempt_of(&a.attempt);
         let span = tracing::info_span!(
             target: tessel_trace::TARGET,
             "job_process",

@@ -65,6 +65,8 @@ mod gang;
 mod logs;
 mod run;
 
+pub(crate) use run::attempt_of;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -26,7 +26,7 @@ const TAIL_WAIT: Duration = Duration::from_secs(1);
 pub(crate) const PREEMPT_FILE: &str = ".tessel-preempt";
 
 /// The attempt's attempt number (`ID@A` → A; 1 for a bare id).
-fn attempt_of(instance: &str) -> u32 {
+pub(crate) fn attempt_of(instance: &str) -> u32 {
     instance
         .split_once('@')
         .and_then(|(_, a)| a.parse().ok())
