@@ -23,7 +23,8 @@
 //!    nothing of a lost attempt is reused.
 //! 4. Side effects (bundle, assignments, `done`, events) follow a committed
 //!    state and are idempotent: the next pass completes a dead one's.
-//! 5. Every transition appends one event, inserted once, in transition order.
+//! 5. Every transition appends one event, inserted once, in transition order;
+//!    its log line, metrics and trace spans come from the pass that inserted it.
 //! 6. A lost worker or peer restarts the job while restarts remain, placed only
 //!    once each old worker is known lost or alive ([`settle`], at most
 //!    [`MAX_SETTLE_MS`]); the job's own errors fail it.

@@ -59,8 +59,14 @@ pub async fn read_state(kv: &dyn KvStore) -> Result<(Option<Vec<u8>>, SchedulerS
 /// Compare-and-swap of the state; false when another pass won. A mismatch
 /// that finds exactly `new` is this call's own write: the client retried it
 /// after its first try was applied but not answered (a replica died;
-/// kv-service's client invariant 2).
-async fn commit(kv: &dyn KvStore, old: Option<&[u8]>, new: &SchedulerState) -> Result<bool> {
+/// kv-service's client invariant 2), or another coordinator's pass that
+/// read the same state in the same millisecond and so wrote the same
+/// bytes: both go on to carry it out, which invariant 4 allows.
+pub(super) async fn commit(
+    kv: &dyn KvStore,
+    old: Option<&[u8]>,
+    new: &SchedulerState,
+) -> Result<bool> {
     let new = new.encode();
     match kv
         .compare_and_swap(keys::SCHED_STATE.as_bytes(), old, &new)
@@ -147,25 +153,28 @@ fn capacity(registry: &[WorkerStatus]) -> Vec<WorkerCapacity> {
         .collect()
 }
 
-/// Invariant 4: what a committed state asks for, idempotently.
-async fn carry_out(
+/// Invariant 4: what a committed state asks for, idempotently. Returns
+/// how many of `events` this call appended (invariant 5: the others were
+/// appended by a pass that committed the same state).
+pub(super) async fn carry_out(
     kv: &dyn KvStore,
     state: &SchedulerState,
     events: &[(String, JobEvent)],
     topology_timeout: Duration,
-) -> Result<()> {
+) -> Result<usize> {
+    let mut appended = 0;
     for (id, e) in events {
         let bytes = postcard::to_allocvec(e).expect("always encodes");
         match kv
             .insert(keys::sched_event(id, e.seq).as_bytes(), &bytes)
             .await
         {
-            Ok(_) | Err(KvError::AlreadyExists(_)) => {}
+            Ok(_) => {
+                appended += 1;
+                announce(state, id, e);
+            }
+            Err(KvError::AlreadyExists(_)) => {}
             Err(e) => return Err(CoordinatorError::kv("appending a job event")(e)),
-        }
-        tracing::info!(job = %id, from = %e.from, to = %e.to, attempt = e.attempt, reason = ?e.reason, "job state");
-        if let Some(job) = state.job(id) {
-            spans::record(job, e);
         }
         if matches!(
             e.to,
@@ -222,7 +231,23 @@ async fn carry_out(
             .await?;
         }
     }
-    Ok(())
+    Ok(appended)
+}
+
+/// Invariant 5: an event's log line, metrics and spans, from the pass
+/// that appended it only. Two coordinators' passes that read the same
+/// state in the same millisecond commit the same bytes, and both carry it
+/// out (see [`commit`]); only one of them appends each event.
+fn announce(state: &SchedulerState, id: &str, e: &JobEvent) {
+    tracing::info!(job = %id, from = %e.from, to = %e.to, attempt = e.attempt, reason = ?e.reason, "job state");
+    metrics::counter!("tessel_scheduler_transitions_total", "to" => e.to.name()).increment(1);
+    let Some(job) = state.job(id) else { return };
+    // From submission to the first placement: the queueing time.
+    if e.to == JobState::Scheduled && e.attempt == 1 {
+        let waited = e.unix_ms.saturating_sub(job.submitted_unix_ms);
+        metrics::histogram!("tessel_scheduler_queue_seconds").record(waited as f64 / 1000.0);
+    }
+    spans::record(job, e);
 }
 
 /// One pass: observe, advance, commit, carry out.
@@ -242,17 +267,16 @@ pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
         metrics::counter!("tessel_scheduler_passes_total", "outcome" => "superseded").increment(1);
         return Ok(());
     }
-    record(&state, &workers, &events, state != before, started);
-    carry_out(kv, &state, &events, topology_timeout).await
+    record(&state, &workers, state != before, started);
+    carry_out(kv, &state, &events, topology_timeout).await?;
+    Ok(())
 }
 
 /// The metrics of a pass whose state is the committed one: the gauges
-/// of what it saw, and (`committed`: this pass made the change) each
-/// transition once, as it was committed once.
+/// of what it saw and whether it changed the state (`committed`).
 fn record(
     state: &SchedulerState,
     workers: &[WorkerCapacity],
-    events: &[(String, JobEvent)],
     committed: bool,
     started: std::time::Instant,
 ) {
@@ -264,17 +288,6 @@ fn record(
     metrics::gauge!("tessel_scheduler_devices", "kind" => "alive").set(f64::from(alive));
     metrics::gauge!("tessel_scheduler_devices", "kind" => "in_use")
         .set(f64::from(state.devices_in_use()));
-    for (id, e) in events {
-        metrics::counter!("tessel_scheduler_transitions_total", "to" => e.to.name()).increment(1);
-        // From submission to the first placement: the queueing time.
-        if e.to == JobState::Scheduled && e.attempt == 1 {
-            if let Some(job) = state.job(id) {
-                let waited = e.unix_ms.saturating_sub(job.submitted_unix_ms);
-                metrics::histogram!("tessel_scheduler_queue_seconds")
-                    .record(waited as f64 / 1000.0);
-            }
-        }
-    }
     let outcome = if committed { "committed" } else { "unchanged" };
     metrics::counter!("tessel_scheduler_passes_total", "outcome" => outcome).increment(1);
     metrics::histogram!("tessel_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());

@@ -23,6 +23,29 @@ async fn a_submit_retried_after_it_landed_keeps_its_job_and_bundle() {
     );
 }
 
+/// Two coordinators' passes that read the same state and advance it in
+/// the same millisecond commit the same bytes, and both carry it out:
+/// each event is appended (and logged, counted, traced) by one of them.
+#[tokio::test]
+async fn two_passes_that_commit_the_same_state_announce_each_event_once() {
+    let kv = tessel_kv::MemoryKv::new();
+    submit(&kv, &sub("j", 1, 0), b"bundle").await.unwrap();
+    let (old, read) = read_state(&kv).await.unwrap();
+    let now = keys::unix_ms();
+    let advance = |mut s: SchedulerState| {
+        let events = s.advance(&BTreeMap::new(), &workers(1, 1), now);
+        (s, events)
+    };
+    let (a, a_events) = advance(read.clone());
+    let (b, b_events) = advance(read);
+    assert_eq!(a_events.len(), 1);
+    assert!(pass::commit(&kv, old.as_deref(), &a).await.unwrap());
+    assert!(pass::commit(&kv, old.as_deref(), &b).await.unwrap());
+    let t = Duration::from_secs(1);
+    assert_eq!(pass::carry_out(&kv, &a, &a_events, t).await.unwrap(), 1);
+    assert_eq!(pass::carry_out(&kv, &b, &b_events, t).await.unwrap(), 0);
+}
+
 fn workers(n: u32, devices: u32) -> Vec<WorkerCapacity> {
     (0..n)
         .map(|i| WorkerCapacity {
