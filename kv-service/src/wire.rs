@@ -199,7 +199,7 @@ pub enum WireResponse {
     /// Answers a write.
     Output(Result<Output, KvError>),
     /// Answers a get.
-    Value(Result<Vec<u8>, KvError>),
+    Value(#[serde(with = "value_bytes")] Result<Vec<u8>, KvError>),
     /// Answers a list.
     List(Result<Vec<KeyValue>, KvError>),
     /// Answers `Revision`.
@@ -210,6 +210,44 @@ pub enum WireResponse {
     Status(ReplicaStatus),
     /// Answers requests with nothing to return.
     Done(Result<(), KvError>),
+}
+
+/// A get's answer with its bytes as one byte string. postcard writes the
+/// same bytes as for `Result<Vec<u8>, _>` (a length, then the bytes), but
+/// in one copy instead of a call per byte each way: every process of a job
+/// reads its global topology, so the cost is paid N times.
+mod value_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use tessel_kv::KvError;
+
+    #[derive(Serialize)]
+    enum Ref<'a> {
+        Ok(#[serde(with = "serde_bytes")] &'a [u8]),
+        Err(&'a KvError),
+    }
+
+    #[derive(Deserialize)]
+    enum Owned {
+        Ok(#[serde(with = "serde_bytes")] Vec<u8>),
+        Err(KvError),
+    }
+
+    pub fn serialize<S: Serializer>(v: &Result<Vec<u8>, KvError>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Ok(b) => Ref::Ok(b),
+            Err(e) => Ref::Err(e),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Result<Vec<u8>, KvError>, D::Error> {
+        Ok(match Owned::deserialize(d)? {
+            Owned::Ok(b) => Ok(b),
+            Owned::Err(e) => Err(e),
+        })
+    }
 }
 
 /// Why a frame could not be read or written.
@@ -283,6 +321,36 @@ mod tests {
         );
         let big = WireResponse::Value(Ok(vec![0; 100]));
         assert!(matches!(encode(&big, 50), Err(FrameError::TooLarge { .. })));
+    }
+
+    /// A get's answer is laid out as `Result<Vec<u8>, KvError>` is, so
+    /// replicas and clients of either build understand each other.
+    #[test]
+    fn a_value_is_encoded_as_a_plain_result_of_bytes() {
+        #[derive(Serialize)]
+        enum Plain {
+            _A,
+            _B,
+            _C,
+            _D,
+            Value(Result<Vec<u8>, KvError>),
+        }
+        let bytes: Vec<u8> = (0..=255).collect();
+        for (ours, plain) in [
+            (
+                WireResponse::Value(Ok(bytes.clone())),
+                Plain::Value(Ok(bytes)),
+            ),
+            (
+                WireResponse::Value(Err(KvError::NotFound(b"k".to_vec()))),
+                Plain::Value(Err(KvError::NotFound(b"k".to_vec()))),
+            ),
+        ] {
+            let a = postcard::to_allocvec(&ours).unwrap();
+            assert_eq!(a, postcard::to_allocvec(&plain).unwrap());
+            let back: WireResponse = postcard::from_bytes(&a).unwrap();
+            assert_eq!(format!("{back:?}"), format!("{ours:?}"));
+        }
     }
 
     #[test]

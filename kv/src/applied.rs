@@ -8,12 +8,16 @@
 //!    order: it subscribes before reading history and skips replayed ones.
 //! 3. Live events are published once per batch, shared: a watcher wakes once
 //!    per batch and copies only the events under its prefix.
+//! 4. A blocking get waits on its key alone: a batch wakes the gets of the
+//!    keys it wrote, not every waiter (thousands of processes wait on one
+//!    topology key while thousands of others write theirs).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, watch, Notify};
 use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
@@ -37,6 +41,27 @@ pub struct AppliedState<S> {
     inner: Mutex<Inner<S>>,
     revision: watch::Sender<u64>,
     events: broadcast::Sender<Published>,
+    /// Invariant 4: the keys blocking gets wait for, with how many wait.
+    keys: Mutex<HashMap<Vec<u8>, (Arc<Notify>, usize)>>,
+}
+
+/// A blocking get's place in [`AppliedState::keys`], given up on drop.
+struct KeyWait<'a> {
+    keys: &'a Mutex<HashMap<Vec<u8>, (Arc<Notify>, usize)>>,
+    key: &'a [u8],
+    notify: Arc<Notify>,
+}
+
+impl Drop for KeyWait<'_> {
+    fn drop(&mut self) {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, n)) = keys.get_mut(self.key) {
+            *n -= 1;
+            if *n == 0 {
+                keys.remove(self.key);
+            }
+        }
+    }
 }
 
 impl<S: TablesMut + Send> AppliedState<S> {
@@ -48,6 +73,7 @@ impl<S: TablesMut + Send> AppliedState<S> {
             inner: Mutex::new(Inner { state, store }),
             revision,
             events,
+            keys: Mutex::default(),
         }
     }
 
@@ -91,10 +117,26 @@ impl<S: TablesMut + Send> AppliedState<S> {
             state.revision()
         };
         self.revision.send_replace(revision);
+        let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        for (notify, _) in keys.values() {
+            notify.notify_waiters();
+        }
         Ok(())
     }
 
     fn publish(&self, events: Vec<Event>, revision: u64) {
+        {
+            let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+            if !keys.is_empty() {
+                for e in &events {
+                    if let Event::Put(kv) = e {
+                        if let Some((notify, _)) = keys.get(&kv.key) {
+                            notify.notify_waiters();
+                        }
+                    }
+                }
+            }
+        }
         if !events.is_empty() && self.events.receiver_count() > 0 {
             // A watcher gone since is fine.
             let _ = self.events.send(events.into());
@@ -143,19 +185,41 @@ impl<S: TablesMut + Send> AppliedState<S> {
         self.read(|_, t| t.get(key)).map(|kv| kv.map(|kv| kv.value))
     }
 
-    /// Blocking get.
+    /// Blocking get (invariants 1 and 4).
     pub async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         let deadline = Instant::now() + timeout;
-        self.wait_for(deadline, |_, t| {
-            t.get(key).transpose().map(|r| r.map(|kv| kv.value))
-        })
-        .await
-        .unwrap_or_else(|| {
-            Err(KvError::DeadlineExceeded {
-                what: format!("waiting for key `{}`", crate::show_key(key)),
-                after: timeout,
-            })
-        })
+        let wait = self.wait_on(key);
+        loop {
+            let notified = wait.notify.notified();
+            tokio::pin!(notified);
+            // Invariant 1: registered before the look.
+            notified.as_mut().enable();
+            if let Some(r) = self.read(|_, t| t.get(key).transpose()) {
+                return r.map(|kv| kv.value);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return match self.read(|_, t| t.get(key).transpose()) {
+                    Some(r) => r.map(|kv| kv.value),
+                    None => Err(KvError::DeadlineExceeded {
+                        what: format!("waiting for key `{}`", crate::show_key(key)),
+                        after: timeout,
+                    }),
+                };
+            }
+        }
+    }
+
+    fn wait_on<'a>(&'a self, key: &'a [u8]) -> KeyWait<'a> {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let (notify, n) = keys
+            .entry(key.to_vec())
+            .or_insert_with(|| (Arc::new(Notify::new()), 0));
+        *n += 1;
+        KeyWait {
+            keys: &self.keys,
+            key,
+            notify: notify.clone(),
+        }
     }
 
     /// Changes under `prefix` from `from` on, then live (invariant 2).
@@ -303,5 +367,42 @@ mod tests {
             other => panic!("expected the lag error, got {other:?}"),
         }
         assert!(w.next().await.is_none());
+    }
+
+    /// Invariant 4: each blocking get returns when its own key is written,
+    /// not before (writes of other keys leave it waiting), the deadline
+    /// still holds, and every waiter's place is given up when it returns.
+    #[tokio::test]
+    async fn a_blocking_get_waits_for_its_own_key_only() {
+        let l = Arc::new(applied());
+        let gets: Vec<_> = (0..100)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    l.get(format!("k/{i}").as_bytes(), Duration::from_secs(10))
+                        .await
+                })
+            })
+            .collect();
+        let expires = l.get(b"never", Duration::from_millis(50));
+        for i in 0..100 {
+            l.apply(&put(&format!("other/{i}"))).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(l.keys.lock().unwrap().len(), 100, "every get is waiting");
+        assert!(gets.iter().all(|g| !g.is_finished()));
+        assert!(matches!(
+            expires.await,
+            Err(KvError::DeadlineExceeded { .. })
+        ));
+        for i in 0..100 {
+            l.apply(&put(&format!("k/{i}"))).unwrap();
+        }
+        for g in gets {
+            assert_eq!(g.await.unwrap().unwrap(), b"v");
+        }
+        assert!(l.keys.lock().unwrap().is_empty());
+        // A key already there answers at once.
+        assert_eq!(l.get(b"k/1", Duration::ZERO).await.unwrap(), b"v");
     }
 }

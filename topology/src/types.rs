@@ -296,7 +296,9 @@ impl GlobalTopology {
         Ok(t)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// The invariants a reader relies on ([`GlobalTopology::decode`]
+    /// checks them).
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.processes.len() > MAX_PROCESSES {
             return Err(TopologyError::Invalid("too many processes".into()));
         }

@@ -15,6 +15,10 @@
 //!    forwards. Correctness never depends on the hint.
 //! 5. Replicas named by DNS are looked up again after a while and after a
 //!    failed call: a replica rescheduled under its name is found again.
+//! 6. A client's concurrent calls all go to the same replica (the leader,
+//!    once known); only a failed or abandoned call moves them on. Spreading
+//!    them made followers relay most calls, and thousands of blocked gets
+//!    filled a follower's one connection to the leader.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -223,16 +227,19 @@ impl Quic {
         }
         while Instant::now() < deadline {
             for _ in 0..self.replicas.len() {
-                let i = self.next.load(Ordering::Relaxed) % self.replicas.len();
-                let replica = &self.replicas[i];
+                let at = self.next.load(Ordering::Relaxed);
+                let replica = &self.replicas[at % self.replicas.len()];
                 // A dead replica is noticed once it has been silent for
                 // `rpc::SILENCE` (rpc invariant 4), by the idle timeout at
                 // the latest (a killed process sends no close).
                 let per_call = wait + tessel_tls::IDLE_TIMEOUT;
-                // Point past this replica while the call runs: a caller that
-                // gives up (drops this future) on a dead replica moves the
-                // next request on to another one.
-                self.next.store(i + 1, Ordering::Relaxed);
+                // Invariant 6: `next` stays on this replica while the call
+                // runs; a failure, or a caller giving up (dropping this
+                // future), moves it on.
+                let mut move_on = MoveOn {
+                    next: &self.next,
+                    at: Some(at),
+                };
                 let call = WireRequest::Client(req.clone());
                 match replica.call(&self.client, &call, per_call).await {
                     Ok(resp) => match retryable(&resp) {
@@ -241,7 +248,7 @@ impl Quic {
                             last_error = e
                         }
                         None => {
-                            self.next.store(i, Ordering::Relaxed);
+                            move_on.at = None;
                             return Ok(resp);
                         }
                     },
@@ -255,6 +262,24 @@ impl Quic {
             backoff = (backoff * 2).min(Duration::from_millis(500));
         }
         Err(last_error)
+    }
+}
+
+/// Moves a client's `next` replica on from `at` when dropped armed: once
+/// for all the calls that failed on (or gave up on) the same replica, so
+/// they do not skip the one after it too.
+struct MoveOn<'a> {
+    next: &'a AtomicUsize,
+    at: Option<usize>,
+}
+
+impl Drop for MoveOn<'_> {
+    fn drop(&mut self) {
+        if let Some(at) = self.at {
+            let _ = self
+                .next
+                .compare_exchange(at, at + 1, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 }
 

@@ -528,3 +528,55 @@ fn replicas_applying_the_same_requests_agree() {
     let snap = postcard::to_allocvec(&a).unwrap();
     assert_eq!(postcard::from_bytes::<MemState>(&snap).unwrap(), a);
 }
+
+/// Invariant 7: through grants, keep-alives, revokes, expiries and a
+/// renewal, the expiry index is exactly the leases' deadlines, a state read
+/// back from its bytes rebuilds it, and the next deadline is the earliest.
+#[test]
+fn the_expiry_index_follows_every_lease_change_and_survives_encoding() {
+    let mut s = MemState::default();
+    let mut ids = Vec::new();
+    for i in 0..50u64 {
+        let (r, _) = s.apply(&req(
+            1000 + i,
+            Op::LeaseGrant {
+                ttl_ms: 100 + i * 7 % 300,
+            },
+        ));
+        let Ok(Output::Lease { id, .. }) = r else {
+            panic!("{r:?}")
+        };
+        ids.push(id);
+    }
+    let check = |s: &MemState| {
+        let want: BTreeSet<(u64, u64)> = s
+            .state
+            .leases
+            .iter()
+            .map(|(id, l)| (l.expires_at_ms, *id))
+            .collect();
+        assert_eq!(s.state.expiry, want);
+        let earliest = s.state.leases.values().map(|l| l.expires_at_ms + 1).min();
+        assert_eq!(s.state.next_deadline_ms(), earliest);
+        let back: KvState =
+            postcard::from_bytes(&postcard::to_allocvec(&s.state).unwrap()).unwrap();
+        assert_eq!(back, s.state);
+    };
+    check(&s);
+    for (i, id) in ids.iter().enumerate() {
+        let op = match i % 3 {
+            0 => Op::LeaseKeepAlive { id: *id },
+            1 => Op::LeaseRevoke { id: *id },
+            _ => continue,
+        };
+        must(&mut s, req(1100 + i as u64, op));
+        check(&s);
+    }
+    let (_, _) = s.apply(&req(1250, Op::Tick));
+    check(&s);
+    assert!(s.state.leases.len() < 34, "some expired at 1250");
+    must(&mut s, req(1260, Op::RenewLeases));
+    check(&s);
+    let (_, _) = s.apply(&req(5000, Op::Tick));
+    assert!(s.state.leases.is_empty() && s.state.expiry.is_empty());
+}
