@@ -88,7 +88,7 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
         }));
     }
     for &n in &args.simulated.0 {
-        simulated(&clients, n).await?;
+        simulated(&clients, n, &cluster.coordinator_pids()).await?;
     }
     Ok(())
 }
@@ -195,8 +195,10 @@ fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
     Ok(())
 }
 
-async fn simulated(clients: &[Arc<CountingKv>], n: u32) -> Result<()> {
+async fn simulated(clients: &[Arc<CountingKv>], n: u32, coordinators: &[u32]) -> Result<()> {
     let job = format!("bench-simulated-{n}");
+    let cpu_before: Vec<u64> = coordinators.iter().map(|p| usage(*p).cpu_ns).collect();
+    let own_before = usage(std::process::id());
     let liveness = LivenessConfig {
         heartbeat: Duration::from_secs(10),
         ttl: Duration::from_secs(120),
@@ -256,12 +258,60 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32) -> Result<()> {
     }
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let ops = total_ops(clients) - before;
+    // The busiest coordinator is the leader: it serves every request.
+    let (leader_cpu_ns, leader_peak_kib) = coordinators
+        .iter()
+        .zip(&cpu_before)
+        .map(|(p, before)| {
+            let u = usage(*p);
+            (u.cpu_ns.saturating_sub(*before), u.peak_kib)
+        })
+        .max()
+        .unwrap_or_default();
+    let own = usage(std::process::id());
+    let topology_bytes = clients[0]
+        .try_get(tessel_topology::keys::global(&job).as_bytes())
+        .await
+        .map_or(0, |v| v.len());
     println!(
-        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2}}}",
-        ops as f64 / n as f64
+        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"leader_cpu_ms\":{},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0}}}",
+        ops as f64 / n as f64,
+        leader_cpu_ns / 1_000_000,
+        leader_peak_kib / 1024,
+        own.cpu_ns.saturating_sub(own_before.cpu_ns) as f64 / 1e3 / n as f64,
     );
     jobs::finish_job(&*clients[0], &job).await?;
     Ok(())
+}
+
+/// A process's CPU time so far and its peak resident memory, from
+/// `/proc` (zeros where it cannot be read).
+#[derive(Default)]
+struct Usage {
+    cpu_ns: u64,
+    peak_kib: u64,
+}
+
+fn usage(pid: u32) -> Usage {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+    // stat: utime and stime, all threads, in USER_HZ ticks (100 a second
+    // in /proc on every Linux architecture); fields 14 and 15, counted
+    // after the command name, which may hold spaces.
+    let stat = read("stat");
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    let cpu_ns = ticks * 10_000_000;
+    let peak_kib = read("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    Usage { cpu_ns, peak_kib }
 }
 
 /// Counts every operation it passes on.

@@ -147,6 +147,11 @@ impl LocalCluster {
         }
         Ok(())
     }
+
+    /// The coordinators' process ids, in start order.
+    pub fn coordinator_pids(&self) -> Vec<u32> {
+        self.coordinators.iter().map(Child::pid).collect()
+    }
 }
 
 impl Drop for LocalCluster {

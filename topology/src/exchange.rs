@@ -14,6 +14,9 @@
 //!    watch, which delivers the processes that arrive after the listing.
 //! 4. Every process returns the bytes the builder published, so all hold
 //!    the same topology.
+//! 5. The published value is compressed: N processes each read it, so N
+//!    times its size crosses the network and the leader's memory; names
+//!    of hosts in a cluster repeat their patterns.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,7 +30,17 @@ use crate::error::{Result, TopologyError};
 use crate::keys;
 use crate::types::{GlobalTopology, LocalTopology};
 
-/// What the builder publishes.
+/// The first byte of a compressed [`Published`]: zstd of its postcard
+/// form. (An uncompressed one starts with its variant, 0 or 1, and is
+/// still read, so readers of an older builder's value understand it.)
+const COMPRESSED: u8 = 2;
+
+/// The most a published value may decompress to: a cap on what a value
+/// from the network can make a reader allocate (a global topology of the
+/// most processes with eight devices each is about 12 MiB).
+const MAX_DECOMPRESSED: usize = 64 << 20;
+
+/// What the builder publishes (invariant 5).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Published {
     /// The global topology.
@@ -39,10 +52,20 @@ pub enum Published {
 impl Published {
     /// Decodes and validates.
     pub fn decode(bytes: &[u8]) -> Result<Published> {
-        let p: Published = postcard::from_bytes(bytes).map_err(|e| TopologyError::Decode {
+        let bad = |reason: String| TopologyError::Decode {
             what: "a published topology".into(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let plain;
+        let bytes = match bytes.split_first() {
+            Some((&COMPRESSED, rest)) => {
+                plain = zstd::bulk::decompress(rest, MAX_DECOMPRESSED)
+                    .map_err(|e| bad(format!("decompressing: {e}")))?;
+                &plain[..]
+            }
+            _ => bytes,
+        };
+        let p: Published = postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
         if let Published::Topology(t) = &p {
             // What the validating decoder checks, without decoding twice
             // (every process reads it: the cost is paid N times).
@@ -52,9 +75,16 @@ impl Published {
     }
 
     fn encode(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).expect("always encodes")
+        let plain = postcard::to_allocvec(self).expect("always encodes");
+        let mut out = vec![COMPRESSED];
+        out.extend(zstd::bulk::compress(&plain, ZSTD_LEVEL).expect("compressing into memory"));
+        out
     }
 }
+
+/// zstd's default level: 5x smaller for names like `host-17` at about
+/// 300 MB/s; built once, read by every process.
+const ZSTD_LEVEL: i32 = 3;
 
 /// Exchanges `local` with the other processes of `job` and returns the
 /// global topology, or fails within `timeout` naming what went wrong.
@@ -301,6 +331,33 @@ mod tests {
         }
         assert!(all.windows(2).all(|w| w[0] == w[1]));
         assert_eq!(all[0].num_devices(), 16);
+    }
+
+    /// Invariant 5: the published value is compressed and reads back;
+    /// an uncompressed one (an older builder's) still reads; a value
+    /// that would decompress past the cap, or is not zstd, is refused.
+    #[test]
+    fn a_published_topology_is_compressed_and_bounded() {
+        let locals: Vec<LocalTopology> = (0..512).map(|i| local(i, 512, "host", 1)).collect();
+        let p = Published::Topology(GlobalTopology::build(512, &locals).unwrap());
+        let plain = postcard::to_allocvec(&p).unwrap();
+        let packed = p.encode();
+        assert_eq!(packed[0], COMPRESSED);
+        assert!(
+            packed.len() * 3 < plain.len(),
+            "{} vs {}",
+            packed.len(),
+            plain.len()
+        );
+        assert_eq!(Published::decode(&packed).unwrap(), p);
+        assert_eq!(Published::decode(&plain).unwrap(), p);
+        let bomb = [
+            vec![COMPRESSED],
+            zstd::bulk::compress(&vec![0u8; MAX_DECOMPRESSED + 1], 3).unwrap(),
+        ]
+        .concat();
+        assert!(Published::decode(&bomb).is_err());
+        assert!(Published::decode(&[COMPRESSED, 1, 2, 3]).is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
