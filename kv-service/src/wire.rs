@@ -232,7 +232,10 @@ mod value_bytes {
         Err(KvError),
     }
 
-    pub fn serialize<S: Serializer>(v: &Result<Vec<u8>, KvError>, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(
+        v: &Result<Vec<u8>, KvError>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         match v {
             Ok(b) => Ref::Ok(b),
             Err(e) => Ref::Err(e),
@@ -240,7 +243,7 @@ mod value_bytes {
         .serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Result<Vec<u8>, KvError>, D::Error> {
         Ok(match Owned::deserialize(d)? {

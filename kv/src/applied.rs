@@ -41,13 +41,16 @@ pub struct AppliedState<S> {
     inner: Mutex<Inner<S>>,
     revision: watch::Sender<u64>,
     events: broadcast::Sender<Published>,
-    /// Invariant 4: the keys blocking gets wait for, with how many wait.
-    keys: Mutex<HashMap<Vec<u8>, (Arc<Notify>, usize)>>,
+    /// Invariant 4.
+    keys: Mutex<KeyWaiters>,
 }
+
+/// The keys blocking gets wait for, each with how many wait (invariant 4).
+type KeyWaiters = HashMap<Vec<u8>, (Arc<Notify>, usize)>;
 
 /// A blocking get's place in [`AppliedState::keys`], given up on drop.
 struct KeyWait<'a> {
-    keys: &'a Mutex<HashMap<Vec<u8>, (Arc<Notify>, usize)>>,
+    keys: &'a Mutex<KeyWaiters>,
     key: &'a [u8],
     notify: Arc<Notify>,
 }
