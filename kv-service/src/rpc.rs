@@ -234,9 +234,18 @@ impl PeerClient {
             .get(&addr)
             .cloned()
             .unwrap_or_else(|| server_name(addr));
-        let connecting = self
-            .endpoint
-            .connect(addr, &name)
+        // quinn's connection driver task keeps the tracing span current at
+        // `connect` (it is instrumented with `Span::current()`) until the
+        // connection closes: a pooled connection opened inside a job
+        // process's span kept that span, and so its trace, from ever ending.
+        // A task of its own has no current span.
+        let endpoint = self.endpoint.clone();
+        let connecting = tokio::spawn(async move { endpoint.connect(addr, &name) })
+            .await
+            .map_err(|e| NetError::Connect {
+                addr,
+                reason: e.to_string(),
+            })?
             .map_err(|e| NetError::Connect {
                 addr,
                 reason: e.to_string(),
@@ -582,6 +591,49 @@ mod tests {
         assert!(
             matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
             "{answer:?}"
+        );
+        rt.shutdown_background();
+    }
+
+    /// A pooled connection opened inside a span does not hold that span
+    /// open: quinn instruments its connection driver with the current
+    /// span, and a job process's span would otherwise live as long as the
+    /// worker's connection (and never reach its trace).
+    #[tokio::test]
+    async fn a_connection_opened_inside_a_span_lets_the_span_end() {
+        use tracing::Instrument;
+        use tracing_subscriber::layer::{Context, SubscriberExt};
+        use tracing_subscriber::registry::LookupSpan;
+        struct Closed(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Closed {
+            fn on_close(&self, id: tracing::span::Id, ctx: Context<'_, S>) {
+                let name = ctx.span(&id).map(|s| s.name().to_owned());
+                self.0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(name);
+            }
+        }
+        let closed = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Closed(closed.clone()));
+        // This thread's subscriber: the test's runtime has only this thread.
+        let _default = tracing::subscriber::set_default(subscriber);
+        let (rt, addr, cfg) = server_on_own_runtime(Answer);
+        let client = client_with(cfg);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        let answer = client
+            .call(addr, &req, Duration::from_secs(10))
+            .instrument(tracing::info_span!("job_process"))
+            .await;
+        assert!(
+            matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
+            "{answer:?}"
+        );
+        tokio::task::yield_now().await;
+        let closed = closed.lock().unwrap().clone();
+        assert!(
+            closed.iter().any(|n| n == "job_process"),
+            "still open: {closed:?}"
         );
         rt.shutdown_background();
     }
