@@ -287,12 +287,12 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32, coordinators: &[u32]) ->
 /// A process's CPU time so far and its peak resident memory, from
 /// `/proc` (zeros where it cannot be read).
 #[derive(Default)]
-struct Usage {
-    cpu_ns: u64,
-    peak_kib: u64,
+pub(crate) struct Usage {
+    pub(crate) cpu_ns: u64,
+    pub(crate) peak_kib: u64,
 }
 
-fn usage(pid: u32) -> Usage {
+pub(crate) fn usage(pid: u32) -> Usage {
     let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
     // stat: utime and stime, all threads, in USER_HZ ticks (100 a second
     // in /proc on every Linux architecture); fields 14 and 15, counted

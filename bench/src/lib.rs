@@ -39,6 +39,7 @@ pub fn tessel_bin() -> anyhow::Result<std::path::PathBuf> {
 }
 
 pub mod bootstrap;
+pub mod heartbeat;
 pub mod jax;
 pub mod job;
 pub mod kv;

@@ -29,6 +29,9 @@ enum Command {
     Kv(tessel_bench::kv::BenchKvArgs),
     /// Worker start to global topology known by all, processes and simulated.
     Bootstrap(tessel_bench::bootstrap::BenchBootstrapArgs),
+    /// Simulated workers heartbeating: the leader's load, a put's latency
+    /// meanwhile, and how soon a silent one is seen lost.
+    Heartbeat(tessel_bench::heartbeat::BenchHeartbeatArgs),
     /// Point-to-point throughput between two processes: QUIC against TCP.
     Transfer(tessel_bench::transfer::BenchTransferArgs),
     /// A job's step time on a local cluster (default: the MLP demo), and
@@ -79,6 +82,7 @@ fn run(cli: Cli) -> Result<()> {
                 .context("the bench task failed")?
         }),
         Command::Bootstrap(args) => runtime.block_on(tessel_bench::bootstrap::run(args)),
+        Command::Heartbeat(args) => runtime.block_on(tessel_bench::heartbeat::run(args)),
         Command::Transfer(args) => runtime.block_on(tessel_bench::transfer::run(args)),
         Command::Job(args) => runtime.block_on(tessel_bench::job::run(args)),
         Command::Launch(args) => runtime.block_on(tessel_bench::launch::run(args)),

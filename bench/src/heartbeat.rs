@@ -1,0 +1,172 @@
+//! `tessel-bench heartbeat`: N simulated workers heartbeating at the
+//! default period (1 s, TTL 5 s) against a real 3-replica coordinator on
+//! loopback. Reported per count: the busiest coordinator's (the leader's)
+//! CPU while they beat, a client put's latency meanwhile (its own
+//! connection, one put every 10 ms), and how long after one worker's last
+//! keep-alive its registry entry disappears (its lease expired: what the
+//! monitor reacts to).
+//!
+//! Each simulated worker registers as a real one does
+//! (`registry::register`) and runs the real `registry::Heartbeat`; they
+//! share [`CONNECTIONS`] connections. Left out: the assignment watch and
+//! the drain and notice reads a real worker adds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use futures::{StreamExt, TryStreamExt};
+use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration};
+use tessel_coordinator::{keys, WorkerDevice, WorkerInfo};
+use tessel_harness::LocalCluster;
+use tessel_kv::{Event, KvStore};
+
+use crate::bootstrap::usage;
+
+/// `tessel-bench heartbeat`: leader load and failure detection with N heartbeating workers.
+#[derive(Args)]
+pub struct BenchHeartbeatArgs {
+    /// Simulated-worker counts.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096")]
+    pub workers: Vec<u32>,
+    /// How long each count is measured, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+}
+
+/// Connections the simulated workers share.
+const CONNECTIONS: usize = 16;
+
+/// Runs the benchmark and prints a JSON line per count.
+pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
+    let mut cluster = LocalCluster::new(crate::tessel_bin()?)?;
+    cluster.start_coordinators(3)?;
+    let mut clients: Vec<Arc<dyn KvStore>> = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(Arc::new(cluster.client()?));
+    }
+    let probe = cluster.client()?;
+    for &n in &args.workers {
+        let window = Duration::from_secs(args.seconds);
+        one(&clients, &probe, &cluster.coordinator_pids(), n, window).await?;
+    }
+    Ok(())
+}
+
+fn info(id: &str, liveness: LivenessConfig) -> WorkerInfo {
+    WorkerInfo {
+        worker_id: id.to_owned(),
+        hostname: format!("{id}-host"),
+        boot_id: format!("{id}-boot"),
+        pid: 0,
+        plugin: "simulated".into(),
+        platform: "simulated".into(),
+        plugin_version: "-".into(),
+        devices: vec![WorkerDevice {
+            kind: "sim".into(),
+            count: 1,
+            memory_bytes: None,
+        }],
+        ttl_ms: liveness.ttl.as_millis() as u64,
+    }
+}
+
+async fn one(
+    clients: &[Arc<dyn KvStore>],
+    probe: &dyn KvStore,
+    coordinators: &[u32],
+    n: u32,
+    window: Duration,
+) -> Result<()> {
+    let liveness = LivenessConfig::default();
+    let regs: Vec<Registration> = futures::stream::iter(0..n)
+        .map(|i| {
+            let kv = clients[i as usize % clients.len()].clone();
+            async move {
+                registry::register(&*kv, info(&format!("hb{n}-{i}"), liveness), liveness).await
+            }
+        })
+        .buffer_unordered(512)
+        .try_collect()
+        .await
+        .context("registering the simulated workers")?;
+    // Every worker but the last beats through the real heartbeat; the last
+    // beats here, so its last keep-alive is known.
+    let (victim, rest) = regs.split_last().context("no workers")?;
+    let beats: Vec<Heartbeat> = rest
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Heartbeat::start(clients[i % clients.len()].clone(), r.clone(), liveness))
+        .collect();
+    let mut last_beat = Instant::now();
+    // One period for the heartbeats to spread out.
+    let settle = Instant::now() + liveness.heartbeat;
+    while Instant::now() < settle {
+        probe.keep_alive(victim.lease).await?;
+        last_beat = Instant::now();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before: Vec<u64> = coordinators.iter().map(|p| usage(*p).cpu_ns).collect();
+    let started = Instant::now();
+    let mut latencies = Vec::new();
+    let mut next_beat = Instant::now();
+    while started.elapsed() < window {
+        if Instant::now() >= next_beat {
+            probe.keep_alive(victim.lease).await?;
+            last_beat = Instant::now();
+            next_beat = last_beat + liveness.heartbeat;
+        }
+        let t = Instant::now();
+        probe.put(b"bench/heartbeat/probe", b"x").await?;
+        latencies.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    let leader_cpu_ns = coordinators
+        .iter()
+        .zip(&before)
+        .map(|(p, b)| usage(*p).cpu_ns.saturating_sub(*b))
+        .max()
+        .unwrap_or(0);
+    latencies.sort_unstable();
+    let pct = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+    // The victim stops beating: how long until its alive key is gone.
+    let alive = keys::alive(&victim.worker_id);
+    let rev = probe.revision().await?;
+    let mut events = probe.watch(alive.as_bytes(), rev + 1).await?;
+    let deadline = last_beat + liveness.ttl + Duration::from_secs(10);
+    let lost_ms = loop {
+        match tokio::time::timeout_at(deadline.into(), events.next()).await {
+            Ok(Some(Ok(Event::Delete { .. }))) => {
+                break Some(last_beat.elapsed().as_secs_f64() * 1e3)
+            }
+            Ok(Some(Ok(_))) => continue,
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(None) | Err(_) => break None,
+        }
+    };
+    println!(
+        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{}}}",
+        liveness.heartbeat.as_millis(),
+        liveness.ttl.as_millis(),
+        leader_cpu_ns as f64 / elapsed.as_nanos() as f64 * 100.0,
+        pct(0.5),
+        pct(0.99),
+        latencies.len(),
+        lost_ms.map_or("null".to_owned(), |ms| format!("{ms:.0}")),
+    );
+    for b in beats {
+        b.stop();
+    }
+    futures::stream::iter(rest.iter().enumerate())
+        .map(|(i, r)| {
+            let kv = clients[i % clients.len()].clone();
+            async move { kv.revoke(r.lease).await }
+        })
+        .buffer_unordered(512)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("revoking the simulated workers' leases")?;
+    Ok(())
+}
