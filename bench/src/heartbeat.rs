@@ -8,7 +8,7 @@
 //!
 //! Each simulated worker registers as a real one does
 //! (`registry::register`) and runs the real `registry::Heartbeat`; they
-//! share [`CONNECTIONS`] connections. Left out: the assignment watch and
+//! share 16 connections. Left out: the assignment watch and
 //! the drain and notice reads a real worker adds.
 
 use std::sync::Arc;
