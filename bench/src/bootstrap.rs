@@ -22,11 +22,12 @@ use tessel::pjrt::locate;
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::registry::{self, LivenessConfig};
-use tessel_coordinator::{WorkerDevice, WorkerInfo};
 use tessel_kv::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
 use tessel_topology::{exchange, DeviceDescription, LocalTopology};
 
 use tessel_harness::{Child, LocalCluster, Ready};
+
+use crate::simulated::{usage, worker_info};
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
@@ -211,21 +212,7 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32, coordinators: &[u32]) ->
             let job = job.clone();
             tokio::spawn(async move {
                 let id = format!("sim{n}-{i}");
-                let info = WorkerInfo {
-                    worker_id: id.clone(),
-                    hostname: format!("sim-host-{i}"),
-                    boot_id: format!("sim-boot-{i}"),
-                    pid: i,
-                    plugin: "simulated".into(),
-                    platform: "simulated".into(),
-                    plugin_version: "-".into(),
-                    devices: vec![WorkerDevice {
-                        kind: "sim".into(),
-                        count: 1,
-                        memory_bytes: None,
-                    }],
-                    ttl_ms: liveness.ttl.as_millis() as u64,
-                };
+                let info = worker_info(&id, i, liveness);
                 let reg = registry::register(&*kv, info, liveness).await?;
                 jobs::join_job(&*kv, &job, &reg).await?;
                 let local = LocalTopology {
@@ -282,36 +269,6 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32, coordinators: &[u32]) ->
     );
     jobs::finish_job(&*clients[0], &job).await?;
     Ok(())
-}
-
-/// A process's CPU time so far and its peak resident memory, from
-/// `/proc` (zeros where it cannot be read).
-#[derive(Default)]
-pub(crate) struct Usage {
-    pub(crate) cpu_ns: u64,
-    pub(crate) peak_kib: u64,
-}
-
-pub(crate) fn usage(pid: u32) -> Usage {
-    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
-    // stat: utime and stime, all threads, in USER_HZ ticks (100 a second
-    // in /proc on every Linux architecture); fields 14 and 15, counted
-    // after the command name, which may hold spaces.
-    let stat = read("stat");
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after_name
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse::<u64>().ok())
-        .sum();
-    let cpu_ns = ticks * 10_000_000;
-    let peak_kib = read("status")
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
-    Usage { cpu_ns, peak_kib }
 }
 
 /// Counts every operation it passes on.

@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use futures::{StreamExt, TryStreamExt};
+use tessel_coordinator::keys;
 use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration};
-use tessel_coordinator::{keys, WorkerDevice, WorkerInfo};
 use tessel_harness::LocalCluster;
 use tessel_kv::{Event, KvStore};
 
-use crate::bootstrap::usage;
+use crate::simulated::{usage, worker_info};
 
 /// `tessel-bench heartbeat`: leader load and failure detection with N heartbeating workers.
 #[derive(Args)]
@@ -54,24 +54,6 @@ pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
     Ok(())
 }
 
-fn info(id: &str, liveness: LivenessConfig) -> WorkerInfo {
-    WorkerInfo {
-        worker_id: id.to_owned(),
-        hostname: format!("{id}-host"),
-        boot_id: format!("{id}-boot"),
-        pid: 0,
-        plugin: "simulated".into(),
-        platform: "simulated".into(),
-        plugin_version: "-".into(),
-        devices: vec![WorkerDevice {
-            kind: "sim".into(),
-            count: 1,
-            memory_bytes: None,
-        }],
-        ttl_ms: liveness.ttl.as_millis() as u64,
-    }
-}
-
 async fn one(
     clients: &[Arc<dyn KvStore>],
     probe: &dyn KvStore,
@@ -84,7 +66,8 @@ async fn one(
         .map(|i| {
             let kv = clients[i as usize % clients.len()].clone();
             async move {
-                registry::register(&*kv, info(&format!("hb{n}-{i}"), liveness), liveness).await
+                let info = worker_info(&format!("hb{n}-{i}"), i, liveness);
+                registry::register(&*kv, info, liveness).await
             }
         })
         .buffer_unordered(512)

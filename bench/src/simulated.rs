@@ -1,0 +1,53 @@
+//! What the simulated-worker benchmarks share: a simulated host's worker
+//! record, and a process's CPU and memory as `/proc` reports them.
+
+use tessel_coordinator::{LivenessConfig, WorkerDevice, WorkerInfo};
+
+/// The record worker `id`, simulated host `i`, registers with: one device.
+pub(crate) fn worker_info(id: &str, i: u32, liveness: LivenessConfig) -> WorkerInfo {
+    WorkerInfo {
+        worker_id: id.to_owned(),
+        hostname: format!("sim-host-{i}"),
+        boot_id: format!("sim-boot-{i}"),
+        pid: i,
+        plugin: "simulated".into(),
+        platform: "simulated".into(),
+        plugin_version: "-".into(),
+        devices: vec![WorkerDevice {
+            kind: "sim".into(),
+            count: 1,
+            memory_bytes: None,
+        }],
+        ttl_ms: liveness.ttl.as_millis() as u64,
+    }
+}
+
+/// A process's CPU time so far and its peak resident memory, from
+/// `/proc` (zeros where it cannot be read).
+#[derive(Default)]
+pub(crate) struct Usage {
+    pub(crate) cpu_ns: u64,
+    pub(crate) peak_kib: u64,
+}
+
+pub(crate) fn usage(pid: u32) -> Usage {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+    // stat: utime and stime, all threads, in USER_HZ ticks (100 a second
+    // in /proc on every Linux architecture); fields 14 and 15, counted
+    // after the command name, which may hold spaces.
+    let stat = read("stat");
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    let cpu_ns = ticks * 10_000_000;
+    let peak_kib = read("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    Usage { cpu_ns, peak_kib }
+}
