@@ -242,14 +242,9 @@ impl PeerClient {
         let endpoint = self.endpoint.clone();
         let connecting = tokio::spawn(async move { endpoint.connect(addr, &name) })
             .await
-            .map_err(|e| NetError::Connect {
-                addr,
-                reason: e.to_string(),
-            })?
-            .map_err(|e| NetError::Connect {
-                addr,
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| e.to_string())
+            .and_then(|c| c.map_err(|e| e.to_string()))
+            .map_err(|reason| NetError::Connect { addr, reason })?;
         let conn = connecting.await.map_err(|e| NetError::Connect {
             addr,
             reason: e.to_string(),

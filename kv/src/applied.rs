@@ -192,24 +192,28 @@ impl<S: TablesMut + Send> AppliedState<S> {
     pub async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         let deadline = Instant::now() + timeout;
         let wait = self.wait_on(key);
+        let look = || self.read(|_, t| t.get(key).transpose());
         loop {
             let notified = wait.notify.notified();
             tokio::pin!(notified);
             // Invariant 1: registered before the look.
             notified.as_mut().enable();
-            if let Some(r) = self.read(|_, t| t.get(key).transpose()) {
+            if let Some(r) = look() {
                 return r.map(|kv| kv.value);
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return match self.read(|_, t| t.get(key).transpose()) {
-                    Some(r) => r.map(|kv| kv.value),
-                    None => Err(KvError::DeadlineExceeded {
-                        what: format!("waiting for key `{}`", crate::show_key(key)),
-                        after: timeout,
-                    }),
-                };
+                break;
             }
         }
+        look().map_or_else(
+            || {
+                Err(KvError::DeadlineExceeded {
+                    what: format!("waiting for key `{}`", crate::show_key(key)),
+                    after: timeout,
+                })
+            },
+            |r| r.map(|kv| kv.value),
+        )
     }
 
     fn wait_on<'a>(&'a self, key: &'a [u8]) -> KeyWait<'a> {

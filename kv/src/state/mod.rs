@@ -84,11 +84,7 @@ struct StateFields {
 
 impl From<StateFields> for KvState {
     fn from(f: StateFields) -> KvState {
-        let expiry = f
-            .leases
-            .iter()
-            .map(|(id, l)| (l.expires_at_ms, *id))
-            .collect();
+        let expiry = expiry_index(&f.leases);
         KvState {
             limits: f.limits,
             revision: f.revision,
@@ -100,6 +96,14 @@ impl From<StateFields> for KvState {
             expiry,
         }
     }
+}
+
+/// Invariant 7's index of `leases`.
+fn expiry_index(leases: &BTreeMap<u64, Lease>) -> BTreeSet<(u64, u64)> {
+    leases
+        .iter()
+        .map(|(id, l)| (l.expires_at_ms, *id))
+        .collect()
 }
 
 impl Default for KvState {
@@ -192,11 +196,7 @@ impl KvState {
             for l in self.leases.values_mut() {
                 l.expires_at_ms = l.expires_at_ms.max(now.saturating_add(l.ttl_ms));
             }
-            self.expiry = self
-                .leases
-                .iter()
-                .map(|(id, l)| (l.expires_at_ms, *id))
-                .collect();
+            self.expiry = expiry_index(&self.leases);
         }
         let before = self.revision;
         self.expire(t, &mut events)?;
