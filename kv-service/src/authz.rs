@@ -2,8 +2,10 @@
 //! client's certificate ([`tessel_tls::Identity`]) and the request.
 //!
 //! Invariants:
-//! 1. Raft traffic, forwarded requests, membership changes and guarded
-//!    requests come from coordinators only.
+//! 1. Raft traffic, forwarded requests, membership changes, guarded
+//!    requests and the replicas' own clock and lease writes (`Tick`,
+//!    `RenewLeases`, `ExtendLeases`: a worker sending one could keep every
+//!    lease alive) come from coordinators only.
 //! 2. A worker writes the registry and assignment keys of its own name
 //!    (`workers/{name}/`, `assignments/{name}/`) and the `jobs/` keys of
 //!    attempts assigned to it; the last under a [`Guard`] the state machine
@@ -187,6 +189,9 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
         }
         ClientRequest::Guarded { .. } | ClientRequest::Write(Op::Guarded { .. }) => {
             refuse("send a guarded request (the replicas add guards)".into())
+        }
+        ClientRequest::Write(Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. }) => {
+            refuse("advance the replicas' clock or renew others' leases".into())
         }
         ClientRequest::Write(
             Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. },

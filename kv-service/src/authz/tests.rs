@@ -161,6 +161,25 @@ fn only_coordinators_join_forward_or_guard() {
 }
 
 #[test]
+fn only_coordinators_advance_the_clock_or_renew_leases_in_bulk() {
+    let internal = [
+        Op::Tick,
+        Op::RenewLeases,
+        Op::ExtendLeases {
+            renewed: vec![(7, u64::MAX)],
+        },
+    ];
+    for op in internal {
+        let req = WireRequest::Client(ClientRequest::Write(op));
+        for who in [node(Role::Worker, "h4"), node(Role::Client, "ops")] {
+            let e = authorize(&who, &req).unwrap_err();
+            assert!(e.contains("renew others' leases"), "{e}");
+        }
+        assert_eq!(authorize(&node(Role::Coordinator, "1"), &req), Ok(None));
+    }
+}
+
+#[test]
 fn the_shared_certificate_and_insecure_peers_may_do_anything() {
     for id in [Identity::Shared, Identity::Anonymous] {
         assert_eq!(authorize(&id, &put("workers/h5/alive")), Ok(None));

@@ -19,6 +19,10 @@
 //!    once known); only a failed or abandoned call moves them on. Spreading
 //!    them made followers relay most calls, and thousands of blocked gets
 //!    filled a follower's one connection to the leader.
+//! 7. A call waits for a replica that is alive, however busy, until its
+//!    deadline: giving up on a slow leader after a fixed time re-sent the
+//!    writes queued there, adding to its queue (a retry storm at 8,192
+//!    workers). Dead and cut-off replicas are left by other means (above).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -229,10 +233,11 @@ impl Quic {
             for _ in 0..self.replicas.len() {
                 let at = self.next.load(Ordering::Relaxed);
                 let replica = &self.replicas[at % self.replicas.len()];
-                // A dead replica is noticed once it has been silent for
-                // `rpc::SILENCE` (rpc invariant 4), by the idle timeout at
-                // the latest (a killed process sends no close).
-                let per_call = wait + tessel_tls::IDLE_TIMEOUT;
+                // Invariant 7: a live replica is waited for until the
+                // deadline; a dead one is noticed once it has been silent
+                // for `rpc::SILENCE` (rpc invariant 4), and a leader cut
+                // off from its majority answers `Unavailable`.
+                let per_call = deadline.saturating_duration_since(Instant::now());
                 // Invariant 6: `next` stays on this replica while the call
                 // runs; a failure, or a caller giving up (dropping this
                 // future), moves it on.

@@ -18,6 +18,8 @@
 //! 7. `expiry` holds exactly `(expires_at_ms, id)` of every lease: finding
 //!    what expires costs O(log n) a request, not a scan of every lease (a
 //!    cluster of 16,384 workers holds as many).
+//! 8. `ExtendLeases` only lengthens leases, to at most their TTL past the
+//!    request's clock, and is applied before the request expires anything.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -167,6 +169,20 @@ impl KvState {
         self.barriers.get(id).map(|b| &b.status)
     }
 
+    /// Lease `id`'s TTL and the last millisecond it lives through, if it
+    /// exists.
+    pub fn lease(&self, id: u64) -> Option<(u64, u64)> {
+        self.leases.get(&id).map(|l| (l.ttl_ms, l.expires_at_ms))
+    }
+
+    /// Every lease as `(expires_at_ms, id, ttl_ms)`, the soonest to expire
+    /// first.
+    pub fn leases_by_expiry(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.expiry
+            .iter()
+            .map(|&(at, id)| (at, id, self.leases[&id].ttl_ms))
+    }
+
     /// The earliest time at which something expires, if anything can: a
     /// request stamped with it (a `Tick`) expires it (invariant 6).
     pub fn next_deadline_ms(&self) -> Option<u64> {
@@ -191,12 +207,29 @@ impl KvState {
     ) -> Result<(Result<Output>, Vec<Event>)> {
         let mut events = Vec::new();
         self.clock_ms = self.clock_ms.max(req.now_ms);
-        if let Op::RenewLeases = req.op {
-            let now = self.clock_ms;
-            for l in self.leases.values_mut() {
-                l.expires_at_ms = l.expires_at_ms.max(now.saturating_add(l.ttl_ms));
+        match &req.op {
+            Op::RenewLeases => {
+                let now = self.clock_ms;
+                for l in self.leases.values_mut() {
+                    l.expires_at_ms = l.expires_at_ms.max(now.saturating_add(l.ttl_ms));
+                }
+                self.expiry = expiry_index(&self.leases);
             }
-            self.expiry = expiry_index(&self.leases);
+            // Before expiring anything: these leases were alive (invariant 8).
+            Op::ExtendLeases { renewed } => {
+                for &(id, at) in renewed {
+                    let Some(l) = self.leases.get_mut(&id) else {
+                        continue;
+                    };
+                    let until = at.min(self.clock_ms).saturating_add(l.ttl_ms);
+                    if until > l.expires_at_ms {
+                        self.expiry.remove(&(l.expires_at_ms, id));
+                        l.expires_at_ms = until;
+                        self.expiry.insert((until, id));
+                    }
+                }
+            }
+            _ => {}
         }
         let before = self.revision;
         self.expire(t, &mut events)?;
@@ -528,7 +561,7 @@ impl KvState {
                 }
                 Ok(Output::Barrier(b.status.clone()))
             }
-            Op::Tick | Op::RenewLeases => Ok(Output::Ticked),
+            Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } => Ok(Output::Ticked),
             Op::Guarded { guard, op } => {
                 if !guard.holds(t)? {
                     return Err(guard.refusal("write", op.key().unwrap_or_default()));

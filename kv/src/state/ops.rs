@@ -77,7 +77,8 @@ impl Limits {
             | Op::LeaseKeepAlive { .. }
             | Op::LeaseRevoke { .. }
             | Op::Tick
-            | Op::RenewLeases => Ok(()),
+            | Op::RenewLeases
+            | Op::ExtendLeases { .. } => Ok(()),
             Op::Guarded { op, .. } => self.check_op(op),
         }
     }
@@ -261,6 +262,14 @@ pub enum Op {
     /// now, renewed before anything expires, so no lease dies for the time
     /// no leader could renew it (as etcd's lessor does on promotion).
     RenewLeases,
+    /// Keep-alives the leader answered from memory, written down before
+    /// they matter: each lease lives at least its TTL from its renewal
+    /// (`(lease, renewed at ms)`, a time no later than the request's).
+    /// Applied before anything expires; unknown leases are skipped.
+    ExtendLeases {
+        /// (lease, when it was last renewed).
+        renewed: Vec<(u64, u64)>,
+    },
     /// `op`, applied only if `guard` holds ([`Guard`], invariant 1): the
     /// replica's form of a worker's write to a job's keys.
     Guarded {
@@ -307,7 +316,8 @@ impl Op {
             | Op::LeaseKeepAlive { .. }
             | Op::LeaseRevoke { .. }
             | Op::Tick
-            | Op::RenewLeases => None,
+            | Op::RenewLeases
+            | Op::ExtendLeases { .. } => None,
         }
     }
 
@@ -332,6 +342,7 @@ impl Op {
             | Op::LeaseRevoke { .. }
             | Op::Tick
             | Op::RenewLeases => 0,
+            Op::ExtendLeases { renewed } => renewed.len() * 16,
             Op::Guarded { op, .. } => op.payload_bytes(),
         }
     }

@@ -255,6 +255,48 @@ fn a_new_leader_renews_overdue_leases_before_expiring_them() {
 }
 
 #[test]
+fn an_extension_saves_a_lease_renewed_in_time_even_when_applied_after_its_expiry() {
+    let mut s = MemState::new(Limits::default(), 100);
+    let id = leased_key(&mut s, 0, 1000, "k");
+    let dead = leased_key(&mut s, 0, 1000, "d");
+    // Renewed at 900 in the leader's memory, written down at 1500: the
+    // lease lives to 1900, the one not renewed expires.
+    must(
+        &mut s,
+        req(
+            1500,
+            Op::ExtendLeases {
+                renewed: vec![(id, 900), (404, 900)],
+            },
+        ),
+    );
+    assert!(s.get(b"k").is_some(), "extended before expiring");
+    assert!(s.get(b"d").is_none(), "not renewed: expired");
+    assert_eq!(s.state.lease(dead), None);
+    must(&mut s, req(1900, Op::Tick));
+    assert!(s.get(b"k").is_some());
+    must(&mut s, req(1901, Op::Tick));
+    assert!(s.get(b"k").is_none(), "expires a TTL after its renewal");
+}
+
+#[test]
+fn an_extension_never_shortens_a_lease_nor_reaches_past_the_clock() {
+    let mut s = MemState::new(Limits::default(), 100);
+    let id = leased_key(&mut s, 0, 1000, "k");
+    must(&mut s, req(800, Op::LeaseKeepAlive { id }));
+    let older = Op::ExtendLeases {
+        renewed: vec![(id, 100)],
+    };
+    must(&mut s, req(850, older));
+    assert_eq!(s.state.lease(id), Some((1000, 1800)), "not shortened");
+    let future = Op::ExtendLeases {
+        renewed: vec![(id, 1_000_000)],
+    };
+    must(&mut s, req(900, future));
+    assert_eq!(s.state.lease(id), Some((1000, 1900)), "capped at the clock");
+}
+
+#[test]
 fn barriers_pass_fail_and_stay_decided() {
     let mut s = MemState::default();
     let arrive = |p: &str| Op::BarrierArrive {
@@ -576,6 +618,9 @@ fn the_expiry_index_follows_every_lease_change_and_survives_encoding() {
     check(&s);
     assert!(s.state.leases.len() < 34, "some expired at 1250");
     must(&mut s, req(1260, Op::RenewLeases));
+    check(&s);
+    let renewed = ids.iter().map(|id| (*id, 1500)).collect();
+    must(&mut s, req(1500, Op::ExtendLeases { renewed }));
     check(&s);
     let (_, _) = s.apply(&req(5000, Op::Tick));
     assert!(s.state.leases.is_empty() && s.state.expiry.is_empty());

@@ -20,9 +20,13 @@
 mod local;
 mod network;
 mod proposer;
+mod quorum;
+mod renewals;
 
 use network::*;
 use proposer::*;
+use quorum::QuorumWatch;
+use renewals::Renewals;
 
 use crate::raft::client::KvClient;
 use local::Answers;
@@ -179,24 +183,34 @@ impl Replica {
             client: client.clone(),
             log_synced,
         };
-        let raft = Raft::new(cfg.id, config, network, log, sm)
+        let raft = Raft::new(cfg.id, config.clone(), network, log, sm)
             .await
             .map_err(|e| ReplicaError::Raft(e.to_string()))?;
         let leases_renewed = Arc::new(AtomicU64::new(0));
+        let quorum = QuorumWatch::start(&raft, &config);
+        let leases = LeaseBook {
+            applied: applied.clone(),
+            renewals: Arc::new(Renewals::default()),
+        };
+        let proposer = Proposer::start(raft.clone(), quorum.clone(), leases.clone());
         let handler = Arc::new(ReplicaHandler {
             id: cfg.id,
             raft: raft.clone(),
             applied: applied.clone(),
             client,
             leases_renewed: leases_renewed.clone(),
-            proposer: Proposer::start(raft.clone()),
+            proposer: proposer.clone(),
+            quorum: quorum.clone(),
+            renewals: leases.renewals.clone(),
             read_floor: std::sync::Mutex::new(None),
         });
         tokio::spawn(rpc::serve(endpoint.clone(), handler.clone()));
         tokio::spawn(tick_when_due(
             raft.clone(),
-            applied.clone(),
+            leases,
+            proposer,
             cfg.id,
+            quorum,
             leases_renewed,
         ));
         let initialized = raft
@@ -260,17 +274,23 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Invariant 3: the leader proposes a `Tick` when something is due.
+/// Invariant 3: the leader proposes a `Tick` when something is due, or
+/// when the renewals it holds in memory must be written down (`renewals`
+/// invariant 2: the proposer adds them to the tick's proposal).
 async fn tick_when_due(
     raft: Raft<TypeConfig>,
-    applied: Arc<AppliedState<SmTables>>,
+    leases: LeaseBook,
+    proposer: Proposer,
     id: u64,
+    quorum: QuorumWatch,
     leases_renewed: Arc<AtomicU64>,
 ) {
+    let LeaseBook { applied, renewals } = &leases;
+    let next_wake = || applied.read(|s, _| renewals.next_wake_ms(s, wall_ms()));
     let mut changes = applied.changes();
+    let mut forgotten_at = tokio::time::Instant::now();
     loop {
-        let next = applied.read(|s, _| s.next_deadline_ms());
-        let wait = match next {
+        let wait = match next_wake() {
             Some(ms) => Duration::from_millis(ms.saturating_sub(wall_ms())),
             None => Duration::from_secs(1),
         }
@@ -283,21 +303,23 @@ async fn tick_when_due(
             }
         }
         let leader = raft.metrics().borrow().current_leader;
-        let due = applied
-            .read(|s, _| s.next_deadline_ms())
-            .is_some_and(|ms| ms <= wall_ms());
+        let due = next_wake().is_some_and(|ms| ms <= wall_ms());
         if leader == Some(id)
             && due
-            && renew_leases_once_per_term(&raft, &leases_renewed)
+            && renew_leases_once_per_term(&raft, &quorum, &leases_renewed)
                 .await
                 .is_ok()
         {
-            let _ = raft
-                .client_write(Proposal::one(Request {
+            let _ = proposer
+                .propose(Request {
                     now_ms: wall_ms(),
                     op: Op::Tick,
-                }))
+                })
                 .await;
+        }
+        if forgotten_at.elapsed() > Duration::from_secs(10) {
+            applied.read(|s, _| renewals.retain_known(s));
+            forgotten_at = tokio::time::Instant::now();
         }
         if raft.metrics().borrow().running_state.is_err() {
             return;
@@ -312,6 +334,8 @@ struct ReplicaHandler {
     client: PeerClient,
     leases_renewed: Arc<AtomicU64>,
     proposer: Proposer,
+    quorum: QuorumWatch,
+    renewals: Arc<Renewals>,
     /// (term, log index) of invariant 2's read floor.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
 }
@@ -587,13 +611,32 @@ impl ReplicaHandler {
             .map_err(|e| unavailable(format!("remove {id}: {e}")))
     }
 
+    /// `renewals` invariant 1: a leader recently acknowledged by a
+    /// majority, whose term's `RenewLeases` has committed.
+    fn may_renew_from_memory(&self) -> bool {
+        let term = self.raft.metrics().borrow().current_term;
+        self.quorum.fresh_term() == Some(term)
+            && self.leases_renewed.load(Ordering::Acquire) == term
+    }
+
     /// Invariant 2.
     async fn linearizable(&self) -> Result<(), KvError> {
         let failed = |e: String| unavailable(format!("linearizable read: {e}"));
-        self.raft
-            .ensure_linearizable()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        // A majority's recent acknowledgement confirms leadership without
+        // another round: its members refuse other candidates for the
+        // leader lease (the longest election timeout) after it (`quorum`
+        // invariant 3). One round per read cost every read two
+        // AppendEntries, and thousands of them starved the heartbeats.
+        let term_now = self.raft.metrics().borrow().current_term;
+        if self.quorum.fresh_term() != Some(term_now) {
+            let confirmed = async {
+                self.raft
+                    .ensure_linearizable()
+                    .await
+                    .map_err(|e| failed(e.to_string()))
+            };
+            self.quorum.unless_lost(confirmed).await?;
+        }
         let (term, last_log, applied) = {
             let m = self.raft.metrics();
             let m = m.borrow();
@@ -662,10 +705,21 @@ impl ReplicaHandler {
             Err((r, e)) => return reply(send, error_response(&r, e)).await,
         };
         let response = match req {
+            // `renewals` invariant 1: from memory where it may.
+            ClientRequest::Write(Op::LeaseKeepAlive { id }) if self.may_renew_from_memory() => {
+                let now = wall_ms();
+                WireResponse::Output(
+                    self.applied
+                        .read(|s, _| self.renewals.keep_alive(s, id, now)),
+                )
+            }
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
                 let checked = match self.applied.read(|s, _| s.limits().check_op(&op)) {
-                    Ok(()) => renew_leases_once_per_term(&self.raft, &self.leases_renewed).await,
+                    Ok(()) => {
+                        renew_leases_once_per_term(&self.raft, &self.quorum, &self.leases_renewed)
+                            .await
+                    }
                     invalid => invalid,
                 };
                 let r = match checked {
@@ -683,10 +737,11 @@ impl ReplicaHandler {
             }
             ClientRequest::Get { key, timeout_ms } => {
                 let r = match self.linearizable().await {
+                    // A leader cut off from its majority may never see the
+                    // key written: the client asks another replica.
                     Ok(()) => {
-                        self.applied
-                            .get(&key, Duration::from_millis(timeout_ms))
-                            .await
+                        let wait = self.applied.get(&key, Duration::from_millis(timeout_ms));
+                        self.quorum.unless_lost(wait).await
                     }
                     Err(e) => Err(e),
                 };

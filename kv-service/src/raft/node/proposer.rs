@@ -22,9 +22,13 @@ pub(super) struct Proposer {
 }
 
 impl Proposer {
-    pub(super) fn start(raft: Raft<TypeConfig>) -> Proposer {
+    pub(super) fn start(
+        raft: Raft<TypeConfig>,
+        quorum: QuorumWatch,
+        leases: LeaseBook,
+    ) -> Proposer {
         let (queue, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(propose_loop(raft, rx));
+        tokio::spawn(propose_loop(raft, quorum, leases, rx));
         Proposer { queue }
     }
 
@@ -38,8 +42,28 @@ impl Proposer {
     }
 }
 
+/// What the proposer needs to write the leader's renewals down in time
+/// (`renewals` invariant 2): the applied state and the renewals.
+#[derive(Clone)]
+pub(super) struct LeaseBook {
+    pub(super) applied: Arc<AppliedState<SmTables>>,
+    pub(super) renewals: Arc<Renewals>,
+}
+
+impl LeaseBook {
+    /// The `ExtendLeases` a proposal formed now must start with, if any.
+    fn extension(&self) -> Option<Request> {
+        let now_ms = wall_ms();
+        self.applied
+            .read(|s, _| self.renewals.extension(s, now_ms))
+            .map(|op| Request { now_ms, op })
+    }
+}
+
 pub(super) async fn propose_loop(
     raft: Raft<TypeConfig>,
+    quorum: QuorumWatch,
+    leases: LeaseBook,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(Request, Waiter)>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(PROPOSALS_IN_FLIGHT));
@@ -61,17 +85,33 @@ pub(super) async fn propose_loop(
         }
         metrics::histogram!("tessel_kv_proposal_requests").record(batch.len() as f64);
         let raft = raft.clone();
+        let quorum = quorum.clone();
+        // Formed while no other proposal is in flight (one slot), so the
+        // applied state holds every extension proposed before.
+        let extension = leases.extension();
         tokio::spawn(async move {
-            let (reqs, waiters): (Vec<Request>, Vec<Waiter>) = batch.into_iter().unzip();
-            match raft.client_write(Proposal::new(reqs)).await {
+            let (mut reqs, waiters): (Vec<Request>, Vec<Waiter>) = batch.into_iter().unzip();
+            let extended = extension.is_some();
+            if let Some(e) = extension {
+                reqs.insert(0, e);
+            }
+            // A leader cut off from its majority answers rather than hold
+            // the writes (they may still commit: client invariant 2).
+            let write = async {
+                raft.client_write(Proposal::new(reqs))
+                    .await
+                    .map_err(|e| unavailable(format!("write: {e}")))
+            };
+            match quorum.unless_lost(write).await {
                 Ok(resp) => {
-                    for (w, r) in waiters.into_iter().zip(resp.data.0) {
+                    let answers = resp.data.0.into_iter().skip(usize::from(extended));
+                    for (w, r) in waiters.into_iter().zip(answers) {
                         let _ = w.send(r);
                     }
                 }
                 Err(e) => {
                     for w in waiters {
-                        let _ = w.send(Err(unavailable(format!("write: {e}"))));
+                        let _ = w.send(Err(e.clone()));
                     }
                 }
             }
@@ -86,20 +126,24 @@ pub(super) async fn propose_loop(
 /// would expire the leases that fell due while nobody could renew them.
 pub(super) async fn renew_leases_once_per_term(
     raft: &Raft<TypeConfig>,
+    quorum: &QuorumWatch,
     renewed: &AtomicU64,
 ) -> Result<(), KvError> {
     let term = raft.metrics().borrow().current_term;
     if renewed.load(Ordering::Acquire) == term {
         return Ok(());
     }
-    raft.client_write(Proposal::one(Request {
-        now_ms: wall_ms(),
-        op: Op::RenewLeases,
-    }))
-    .await
-    .map_err(|e| {
+    let renew = async {
+        raft.client_write(Proposal::one(Request {
+            now_ms: wall_ms(),
+            op: Op::RenewLeases,
+        }))
+        .await
+        .map_err(|e| unavailable(format!("renewing leases: {e}")))
+    };
+    quorum.unless_lost(renew).await.map_err(|e| {
         tracing::warn!(term, error = %e, "renewing leases failed");
-        unavailable(format!("renewing leases: {e}"))
+        e
     })?;
     renewed.store(term, Ordering::Release);
     tracing::info!(term, "renewed every lease for the new term");
