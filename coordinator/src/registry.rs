@@ -9,6 +9,14 @@
 //!    exists: one that stops beating is dead within its TTL.
 //! 4. Each keep-alive and timestamp write is given up after one interval, so
 //!    a dead replica costs one beat; a retried write finding its own value wins.
+//! 5. A keep-alive every interval, a timestamp write once a TTL: the
+//!    keep-alive is answered from the leader's memory, the timestamp is a
+//!    replicated write (and an event for every registry watcher), which
+//!    once a second from each of 16,384 workers saturated the leader. A
+//!    stale incarnation is thus refused within a TTL and an interval.
+//! 6. Each worker beats at its own phase within the interval, and writes
+//!    its first timestamp at its own point of the TTL's second half, so
+//!    workers started together do not all beat (or write) in one instant.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -215,6 +223,11 @@ impl Heartbeat {
         }
     }
 
+    /// Why the registration was lost, if it was by now.
+    pub fn lost_now(&self) -> Option<CoordinatorError> {
+        self.lost.borrow().clone()
+    }
+
     /// Stops renewing (the lease then expires by itself).
     pub fn stop(self) {
         self.task.abort();
@@ -227,7 +240,7 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Invariant 4: a keep-alive, then the timestamp write, every interval.
+/// Invariants 4–6: a keep-alive every interval, the timestamp once a TTL.
 async fn heartbeat_loop(
     kv: &dyn KvStore,
     reg: &Registration,
@@ -235,8 +248,22 @@ async fn heartbeat_loop(
 ) -> CoordinatorError {
     let key = keys::alive(&reg.worker_id);
     let mut last: Option<Vec<u8>> = None;
-    let mut tick = tokio::time::interval(liveness.heartbeat);
+    // Invariant 6: a phase of this worker's own, in [0, 1).
+    let phase = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&reg.worker_id, reg.incarnation).hash(&mut h);
+        (h.finish() % 1024) as f64 / 1024.0
+    };
+    let now = tokio::time::Instant::now();
+    let mut tick =
+        tokio::time::interval_at(now + liveness.heartbeat.mul_f64(phase), liveness.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Invariant 5: registering wrote the first timestamp; invariant 6: the
+    // next falls due somewhere in the TTL's second half.
+    let mut stamped = now
+        .checked_sub(liveness.ttl.mul_f64(phase / 2.0))
+        .unwrap_or(now);
     loop {
         tick.tick().await;
         let started = std::time::Instant::now();
@@ -265,9 +292,15 @@ async fn heartbeat_loop(
                 continue;
             }
         }
+        if stamped.elapsed() + liveness.heartbeat <= liveness.ttl {
+            continue;
+        }
         let stamp = write_stamp(kv, &key, reg, last.take());
         match tokio::time::timeout(liveness.heartbeat, stamp).await {
-            Ok(Ok(written)) => last = written,
+            Ok(Ok(written)) => {
+                last = written;
+                stamped = tokio::time::Instant::now();
+            }
             Ok(Err(stale)) => return stale,
             // Whether it was applied is unknown: read the key next time.
             Err(_) => tracing::warn!("heartbeat timestamp write timed out"),
@@ -331,7 +364,8 @@ pub enum WorkerState {
     Alive {
         /// The incarnation that holds it.
         incarnation: u64,
-        /// When it last beat.
+        /// When its heartbeat last wrote its timestamp (once a TTL,
+        /// invariant 5).
         last_heartbeat_unix_ms: u64,
     },
     /// Its lease expired or was revoked.
