@@ -19,6 +19,7 @@
 //!    of hosts in a cluster repeat their patterns.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 
 use crate::error::{Result, TopologyError};
 use crate::keys;
+use crate::shared::{Known, TopologyCache};
 use crate::types::{GlobalTopology, LocalTopology};
 
 /// The first byte of a compressed [`Published`]: zstd of its postcard
@@ -94,15 +96,44 @@ pub async fn exchange(
     local: &LocalTopology,
     timeout: Duration,
 ) -> Result<GlobalTopology> {
+    let known = exchange_in(kv, job, local, timeout, None).await?;
+    // Not shared without a cache: this is the only reference.
+    Ok(match Arc::try_unwrap(known) {
+        Ok(k) => k.into_topology(),
+        Err(shared) => shared.topology().clone(),
+    })
+}
+
+/// [`exchange`], decoding the published value once for all of this
+/// process's callers that share `cache` (every KV operation is still each
+/// caller's own).
+pub async fn exchange_shared(
+    kv: &dyn KvStore,
+    job: &str,
+    local: &LocalTopology,
+    timeout: Duration,
+    cache: &TopologyCache,
+) -> Result<Arc<Known>> {
+    exchange_in(kv, job, local, timeout, Some(cache)).await
+}
+
+async fn exchange_in(
+    kv: &dyn KvStore,
+    job: &str,
+    local: &LocalTopology,
+    timeout: Duration,
+    cache: Option<&TopologyCache>,
+) -> Result<Arc<Known>> {
     keys::check_component("job id", job)?;
     local.validate()?;
     let deadline = Instant::now() + timeout;
     publish_local(kv, job, local).await?;
-    let topology = if local.process_index == 0 {
-        build_and_publish(kv, job, local.num_processes, deadline, timeout).await?
+    let known = if local.process_index == 0 {
+        build_and_publish(kv, job, local.num_processes, deadline, timeout, cache).await?
     } else {
-        wait_for_global(kv, job, local.num_processes, deadline, timeout).await?
+        wait_for_global(kv, job, local.num_processes, deadline, timeout, cache).await?
     };
+    let topology = known.topology();
     if topology.num_processes() != local.num_processes {
         return Err(TopologyError::WrongProcessCount {
             index: local.process_index,
@@ -110,7 +141,20 @@ pub async fn exchange(
             num_processes: topology.num_processes(),
         });
     }
-    Ok(topology)
+    Ok(known)
+}
+
+/// Job `job`'s published value, decoded (once per `cache` where one is
+/// given).
+fn open(job: &str, bytes: &[u8], cache: Option<&TopologyCache>) -> Result<Arc<Known>> {
+    let decode = |b: &[u8]| match Published::decode(b)? {
+        Published::Topology(t) => Ok(t),
+        Published::Failed(reason) => Err(TopologyError::BuilderFailed(reason)),
+    };
+    match cache {
+        Some(c) => c.decoded(job, bytes, decode),
+        None => decode(bytes).map(|t| Arc::new(Known::new(t))),
+    }
 }
 
 /// Invariant 1.
@@ -152,7 +196,8 @@ async fn build_and_publish(
     n: u32,
     deadline: Instant,
     timeout: Duration,
-) -> Result<GlobalTopology> {
+    cache: Option<&TopologyCache>,
+) -> Result<Arc<Known>> {
     let built = gather(kv, job, n, deadline, timeout)
         .await
         .and_then(|locals| GlobalTopology::build(n, &locals));
@@ -162,9 +207,9 @@ async fn build_and_publish(
     };
     let key = keys::global(job);
     match kv.insert(key.as_bytes(), &published.encode()).await {
-        Ok(_) => built,
+        Ok(_) => built.map(|t| Arc::new(Known::new(t))),
         // A restarted builder: the first outcome stands (invariant 4).
-        Err(KvError::AlreadyExists(_)) => read_published(kv, job).await,
+        Err(KvError::AlreadyExists(_)) => read_published(kv, job, cache).await,
         Err(e) => Err(TopologyError::Kv {
             context: format!("publishing {key}"),
             source: e,
@@ -273,16 +318,17 @@ pub async fn global(kv: &dyn KvStore, job: &str, wait: Duration) -> Result<Globa
     }
 }
 
-async fn read_published(kv: &dyn KvStore, job: &str) -> Result<GlobalTopology> {
+async fn read_published(
+    kv: &dyn KvStore,
+    job: &str,
+    cache: Option<&TopologyCache>,
+) -> Result<Arc<Known>> {
     let key = keys::global(job);
     let bytes = kv
         .try_get(key.as_bytes())
         .await
         .map_err(TopologyError::kv(format!("reading {key}")))?;
-    match Published::decode(&bytes)? {
-        Published::Topology(t) => Ok(t),
-        Published::Failed(reason) => Err(TopologyError::BuilderFailed(reason)),
-    }
+    open(job, &bytes, cache)
 }
 
 async fn wait_for_global(
@@ -291,14 +337,12 @@ async fn wait_for_global(
     n: u32,
     deadline: Instant,
     timeout: Duration,
-) -> Result<GlobalTopology> {
+    cache: Option<&TopologyCache>,
+) -> Result<Arc<Known>> {
     let key = keys::global(job);
     let left = deadline.saturating_duration_since(Instant::now());
     match kv.get(key.as_bytes(), left).await {
-        Ok(bytes) => match Published::decode(&bytes)? {
-            Published::Topology(t) => Ok(t),
-            Published::Failed(reason) => Err(TopologyError::BuilderFailed(reason)),
-        },
+        Ok(bytes) => open(job, &bytes, cache),
         Err(KvError::DeadlineExceeded { .. }) => Err(missing_error(kv, job, n, timeout).await),
         Err(e) => Err(TopologyError::Kv {
             context: format!("waiting for {key}"),

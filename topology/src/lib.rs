@@ -23,7 +23,8 @@
 //!     local topology (same bytes on restart accepted, different refused);
 //!     process 0 lists and watches the others, builds, publishes a `Published`
 //!     (topology or failure); the rest blocking-get it. Timeouts name the
-//!     processes that never arrived.
+//!     processes that never arrived. `exchange_shared` decodes the published
+//!     value once for all of a process's callers (`shared::TopologyCache`).
 //!   * `mesh` — `Mesh`: named axes over the devices in global-id order,
 //!     refusing shapes whose innermost axis would split a host unevenly;
 //!     `groups_along(axis)` gives the cliques of a collective.
@@ -36,12 +37,14 @@ mod error;
 pub mod exchange;
 pub mod keys;
 mod mesh;
+mod shared;
 mod types;
 
 pub use collective::{collective_id, random_id, Clique, CollectiveId, COLLECTIVE_ID_BYTES};
 pub use error::{Result, TopologyError};
-pub use exchange::exchange;
+pub use exchange::{exchange, exchange_shared};
 pub use mesh::Mesh;
+pub use shared::{Known, TopologyCache};
 pub use types::{DeviceDescription, GlobalDevice, GlobalTopology, LocalTopology, ProcessEntry};
 
 /// SHA-256 of `bytes`, in lowercase hex (KV keys of collective ids, the
