@@ -11,6 +11,12 @@ use tessel_transfer::{TransferConfig, TransferEndpoint, TransferError, TransferH
 
 const T: Duration = Duration::from_secs(60);
 
+/// The path-MTU test measures what loss does to datagram sizes: the other
+/// tests' transfers on the same two cores made its receiver drop
+/// datagrams, quinn then took the path for a black hole and fell back to
+/// 1,200 bytes. It runs alone; the others share.
+static ALONE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn certs() -> (tempfile::TempDir, TlsFiles) {
     let dir = tempfile::tempdir().unwrap();
     init_certs(&dir.path().join("tls"), &["127.0.0.1".into()]).unwrap();
@@ -35,6 +41,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dtype_arrives_byte_for_byte() {
+    let _shared = ALONE.read().await;
     let (_d, tls) = certs();
     let (a, b, to) = pair(&tls, TransferConfig::default());
     for (i, dtype) in ElementType::ALL.into_iter().enumerate() {
@@ -49,6 +56,7 @@ async fn every_dtype_arrives_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_small_arrays_arrive_in_order_per_tag() {
+    let _shared = ALONE.read().await;
     let (_d, tls) = certs();
     let (a, b, to) = pair(&tls, TransferConfig::default());
     let a = std::sync::Arc::new(a);
@@ -79,6 +87,7 @@ async fn ten_thousand_small_arrays_arrive_in_order_per_tag() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_array_streams_through() {
+    let _shared = ALONE.read().await;
     let (_d, tls) = certs();
     let (a, b, to) = pair(&tls, TransferConfig::default());
     let len = 256usize << 20;
@@ -127,6 +136,7 @@ async fn path_mtu_after(ip: std::net::IpAddr, tls: &TlsFiles, len: usize) -> u16
 /// that is not known to be on this host they stay within a GSO batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datagrams_grow_on_this_host_and_stay_within_gso_batches_elsewhere() {
+    let _alone = ALONE.write().await;
     let (_d, tls) = certs();
     let len = 64usize << 20;
     let loopback = path_mtu_after("127.0.0.1".parse().unwrap(), &tls, len).await;
@@ -140,6 +150,7 @@ async fn datagrams_grow_on_this_host_and_stay_within_gso_batches_elsewhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_limit_and_lying_headers_are_refused_and_the_endpoint_keeps_serving() {
+    let _shared = ALONE.read().await;
     let (_d, tls) = certs();
     let small = TransferConfig {
         max_bytes: 1 << 20,
@@ -185,6 +196,7 @@ async fn over_the_limit_and_lying_headers_are_refused_and_the_endpoint_keeps_ser
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_from_another_ca_is_refused() {
+    let _shared = ALONE.read().await;
     let (_d1, tls) = certs();
     let (_d2, other) = certs();
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -212,6 +224,7 @@ async fn a_peer_from_another_ca_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_with_nothing_sent_times_out() {
+    let _shared = ALONE.read().await;
     let (_d, tls) = certs();
     let (_a, b, _) = pair(&tls, TransferConfig::default());
     assert!(matches!(
@@ -223,6 +236,7 @@ async fn a_receive_with_nothing_sent_times_out() {
 /// A PJRT buffer on one client arrives on the device the receiver picks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pjrt_buffers_arrive_on_the_chosen_device() {
+    let _shared = ALONE.read().await;
     use tessel_pjrt::{locate, Client, ClientOptions, Plugin};
     let plugin = Plugin::load(locate::resolve(Some("cpu")).expect("the CPU plugin")).unwrap();
     let opts = || ClientOptions::default().option("cpu_device_count", 2i64);
