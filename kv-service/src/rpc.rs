@@ -96,15 +96,22 @@ fn take_end(recv: &mut RecvStream) {
 pub const SILENCE: Duration = Duration::from_secs(1);
 const SILENCE_CHECK: Duration = Duration::from_millis(250);
 
-/// Returns once `conn` has received nothing for [`SILENCE`].
+/// Returns once `conn` has received nothing for [`SILENCE`] while this
+/// process could run: a check that comes late (this process was starved
+/// of CPU, and its datagrams wait in the socket unread) starts the count
+/// again rather than blame the peer.
 async fn until_silent(conn: &Connection) {
     let mut seen = conn.stats().udp_rx.datagrams;
     let mut since = tokio::time::Instant::now();
+    let mut checked = since;
     loop {
         tokio::time::sleep(SILENCE_CHECK).await;
-        let now = conn.stats().udp_rx.datagrams;
-        if now != seen {
-            (seen, since) = (now, tokio::time::Instant::now());
+        let now = tokio::time::Instant::now();
+        let late = now.duration_since(checked) > SILENCE_CHECK * 2;
+        checked = now;
+        let received = conn.stats().udp_rx.datagrams;
+        if received != seen || late {
+            (seen, since) = (received, now);
         } else if since.elapsed() >= SILENCE {
             return;
         }

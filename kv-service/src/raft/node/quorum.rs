@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::{Raft, ServerState};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::raft::TypeConfig;
@@ -45,6 +46,8 @@ fn fresh_within(config: &openraft::Config) -> Duration {
 #[derive(Clone)]
 pub(super) struct QuorumWatch {
     last_ack: Arc<Mutex<Option<(u64, Instant)>>>,
+    /// Woken on every report.
+    reported: Arc<Notify>,
     fresh: Duration,
     lost: Duration,
 }
@@ -53,8 +56,10 @@ impl QuorumWatch {
     /// Follows `raft`'s metrics for as long as it runs.
     pub(super) fn start(raft: &Raft<TypeConfig>, config: &openraft::Config) -> QuorumWatch {
         let last_ack = Arc::new(Mutex::new(None));
+        let reported = Arc::new(Notify::new());
         let watch = QuorumWatch {
             last_ack: last_ack.clone(),
+            reported: reported.clone(),
             fresh: fresh_within(config),
             lost: lost_after(config),
         };
@@ -82,6 +87,7 @@ impl QuorumWatch {
                     }
                 };
                 *last_ack.lock().unwrap_or_else(|p| p.into_inner()) = seen;
+                reported.notify_waiters();
                 if metrics.changed().await.is_err() {
                     return;
                 }
@@ -94,6 +100,30 @@ impl QuorumWatch {
     /// enough for it to act alone (invariant 3), if it did.
     pub(super) fn fresh_term(&self) -> Option<u64> {
         self.acked_within(self.fresh)
+    }
+
+    /// Returns once a majority has acknowledged this replica as leader of
+    /// `term` recently enough (invariant 3), or `Unavailable` once it has
+    /// not for the leader lease. Waiting asks nothing of the followers:
+    /// openraft's heartbeats bring the acknowledgement. (A round of
+    /// AppendEntries per read, openraft's `ensure_linearizable`, is what a
+    /// busy leader could least afford: at 8,192 workers thousands of them
+    /// pushed the heartbeats past their deadline and cost the leadership.)
+    pub(super) async fn confirmed(&self, term: u64) -> Result<(), KvError> {
+        loop {
+            let next = self.reported.notified();
+            if self.fresh_term() == Some(term) {
+                return Ok(());
+            }
+            if self.acked_within(self.lost) != Some(term) {
+                return Err(KvError::Unavailable(format!(
+                    "this replica has not been acknowledged as leader of term {term} by a majority for {:?}",
+                    self.lost
+                )));
+            }
+            // Also as the acknowledgement ages without a report.
+            let _ = tokio::time::timeout(self.fresh / 8, next).await;
+        }
     }
 
     fn acked_within(&self, within: Duration) -> Option<u64> {
