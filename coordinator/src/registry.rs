@@ -17,6 +17,10 @@
 //! 6. Each worker beats at its own phase within the interval, and writes
 //!    its first timestamp at its own point of the TTL's second half, so
 //!    workers started together do not all beat (or write) in one instant.
+//! 7. A registration whose new lease expired before the alive key was
+//!    bound to it (the leader's queue held the record's write for a TTL,
+//!    as with 16,384 workers registering at once) grants another lease and
+//!    tries again, a few times.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -136,35 +140,52 @@ pub async fn register(
         kv.increment(keys::incarnation(&id).as_bytes(), 1)
             .await
             .map_err(CoordinatorError::kv(format!("registering worker `{id}`")))? as u64;
-    let lease = kv
-        .grant(liveness.ttl)
+    // Invariant 7: a lease that expired before it was used is replaced.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let lease = kv
+            .grant(liveness.ttl)
+            .await
+            .map_err(CoordinatorError::kv("granting the worker's lease"))?;
+        let record = WorkerRecord {
+            info: info.clone(),
+            incarnation,
+            lease,
+            registered_unix_ms: keys::unix_ms(),
+        };
+        kv.put(
+            keys::info(&id).as_bytes(),
+            &postcard::to_allocvec(&record).expect("always encodes"),
+        )
         .await
-        .map_err(CoordinatorError::kv("granting the worker's lease"))?;
-    let record = WorkerRecord {
-        info,
-        incarnation,
-        lease,
-        registered_unix_ms: keys::unix_ms(),
-    };
-    kv.put(
-        keys::info(&id).as_bytes(),
-        &postcard::to_allocvec(&record).expect("always encodes"),
-    )
-    .await
-    .map_err(CoordinatorError::kv("writing the worker record"))?;
-    kv.put_with_lease(
-        keys::alive(&id).as_bytes(),
-        keys::alive_value(incarnation, keys::unix_ms()).as_bytes(),
-        lease,
-    )
-    .await
-    .map_err(CoordinatorError::kv("marking the worker alive"))?;
-    Ok(Registration {
-        worker_id: id,
-        incarnation,
-        lease,
-    })
+        .map_err(CoordinatorError::kv("writing the worker record"))?;
+        let alive = kv
+            .put_with_lease(
+                keys::alive(&id).as_bytes(),
+                keys::alive_value(incarnation, keys::unix_ms()).as_bytes(),
+                lease,
+            )
+            .await;
+        match alive {
+            Ok(_) => {
+                return Ok(Registration {
+                    worker_id: id,
+                    incarnation,
+                    lease,
+                })
+            }
+            Err(KvError::LeaseNotFound(_)) if tries < REGISTER_TRIES => {
+                tracing::warn!(worker = %id, lease, "the new lease expired before it was used; granting another");
+            }
+            Err(e) => return Err(CoordinatorError::kv("marking the worker alive")(e)),
+        }
+    }
 }
+
+/// Grants a registration tries when the lease expires on the way
+/// (invariant 7).
+const REGISTER_TRIES: u32 = 3;
 
 /// Refuses anything from an incarnation that is not the worker's latest
 /// (invariant 2).
@@ -509,6 +530,29 @@ pub(crate) mod tests {
             check_current(&*kv, "nobody", 1).await,
             Err(CoordinatorError::UnknownWorker(_))
         ));
+    }
+
+    /// Invariant 7: the record's write outlasted the new lease's TTL; the
+    /// registration takes another lease and the worker is alive on it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registration_whose_lease_expired_on_the_way_takes_another() {
+        let kv = Arc::new(FaultyKv::new());
+        *kv.slow_next_put.lock().unwrap() = Some(fast().ttl * 2);
+        let reg = register(&*kv, info("w"), fast()).await.unwrap();
+        assert_eq!(reg.incarnation, 1);
+        assert_ne!(
+            reg.lease, 1,
+            "the first lease expired: a second was granted"
+        );
+        let workers = list_workers(&*kv).await.unwrap();
+        assert!(
+            matches!(workers[0].state, WorkerState::Alive { incarnation: 1, .. }),
+            "{workers:?}"
+        );
+        let _hb = Heartbeat::start(kv.clone(), reg.clone(), fast());
+        tokio::time::sleep(fast().ttl * 2).await;
+        check_current(&*kv, "w", 1).await.unwrap();
+        assert!(kv.inner.keep_alive(reg.lease).await.is_ok(), "kept alive");
     }
 
     /// Invariants 2-4: a worker is alive while it beats, for many TTLs,

@@ -9,11 +9,13 @@ use tessel_kv::{CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
 /// when `cas_hangs` (a replica that died mid-call). While
 /// `retry_next_cas` is set, the next one is applied twice, the caller
 /// hearing the second answer (a client retrying a write whose first try
-/// was applied but not answered), and the flag is cleared.
+/// was applied but not answered), and the flag is cleared. The next plain
+/// put waits `slow_next_put` first, when set (a leader's long queue).
 pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
     pub cas_hangs: bool,
     pub retry_next_cas: AtomicBool,
+    pub slow_next_put: std::sync::Mutex<Option<Duration>>,
 }
 
 impl FaultyKv {
@@ -23,6 +25,7 @@ impl FaultyKv {
             inner: MemoryKv::new(),
             cas_hangs: false,
             retry_next_cas: AtomicBool::new(false),
+            slow_next_put: std::sync::Mutex::new(None),
         }
     }
 }
@@ -33,6 +36,10 @@ impl KvStore for FaultyKv {
         self.inner.insert(k, v).await
     }
     async fn put(&self, k: &[u8], v: &[u8]) -> Result<u64> {
+        let slow = self.slow_next_put.lock().expect("not poisoned").take();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
         self.inner.put(k, v).await
     }
     async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> Result<u64> {
