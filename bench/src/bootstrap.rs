@@ -86,17 +86,26 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
             jax_processes(python, n)?;
         }
     }
-    // Simulated workers share a few connections, as hosts would each have
-    // their own.
+    // Simulated workers share connections (hosts would each have their
+    // own), at most `WORKERS_PER_CONNECTION` each: every one of them holds
+    // a stream open while it waits for the global topology, and a
+    // connection takes `tessel_tls` MAX_STREAMS (1,024) at once.
+    let largest = args.simulated.0.iter().copied().max().unwrap_or(0) as usize;
     let mut clients: Vec<Arc<CountingKv>> = Vec::new();
-    for _ in 0..SIMULATED_CONNECTIONS {
+    for _ in 0..largest
+        .div_ceil(WORKERS_PER_CONNECTION)
+        .max(MIN_CONNECTIONS)
+    {
         clients.push(Arc::new(CountingKv {
             inner: Arc::new(cluster.client()?),
             ops: AtomicU64::new(0),
         }));
     }
     for &n in &args.simulated.0 {
-        simulated(&clients, n, &cluster.coordinator_pids()).await?;
+        let used = (n as usize)
+            .div_ceil(WORKERS_PER_CONNECTION)
+            .max(MIN_CONNECTIONS);
+        simulated(&clients[..used], n, &cluster.coordinator_pids()).await?;
     }
     Ok(())
 }
@@ -175,8 +184,10 @@ async fn processes(
     Ok(())
 }
 
-/// Connections the simulated workers share.
-const SIMULATED_CONNECTIONS: usize = 16;
+/// Connections the simulated workers share: at least 16, and no more
+/// than 256 workers on one (whose blocked gets must leave streams free).
+const MIN_CONNECTIONS: usize = 16;
+const WORKERS_PER_CONNECTION: usize = 256;
 
 fn total_ops(clients: &[Arc<CountingKv>]) -> u64 {
     clients.iter().map(|c| c.ops.load(Ordering::Relaxed)).sum()

@@ -62,12 +62,15 @@ async fn one(
     window: Duration,
 ) -> Result<()> {
     let liveness = LivenessConfig::default();
-    let regs: Vec<Registration> = futures::stream::iter(0..n)
+    // Each worker beats from its own registration on, as a real one does
+    // (registering 16,384 takes longer than a TTL).
+    let beats: Vec<(Registration, Heartbeat)> = futures::stream::iter(0..n - 1)
         .map(|i| {
             let kv = clients[i as usize % clients.len()].clone();
             async move {
                 let info = worker_info(&format!("hb{n}-{i}"), i, liveness);
-                registry::register(&*kv, info, liveness).await
+                let reg = registry::register(&*kv, info, liveness).await?;
+                anyhow::Ok((reg.clone(), Heartbeat::start(kv, reg, liveness)))
             }
         })
         .buffer_unordered(512)
@@ -75,14 +78,14 @@ async fn one(
         .await
         .context("registering the simulated workers")?;
     tracing::info!(workers = n, "registered");
-    // Every worker but the last beats through the real heartbeat; the last
-    // beats here, so its last keep-alive is known.
-    let (victim, rest) = regs.split_last().context("no workers")?;
-    let beats: Vec<Heartbeat> = rest
-        .iter()
-        .enumerate()
-        .map(|(i, r)| Heartbeat::start(clients[i % clients.len()].clone(), r.clone(), liveness))
-        .collect();
+    // The last worker beats here, so its last keep-alive is known.
+    let victim = registry::register(
+        probe,
+        worker_info(&format!("hb{n}-{}", n - 1), n - 1, liveness),
+        liveness,
+    )
+    .await
+    .context("registering the last worker")?;
     let mut last_beat = Instant::now();
     // One period for the heartbeats to spread out.
     let settle = Instant::now() + liveness.heartbeat;
@@ -118,7 +121,7 @@ async fn one(
     }
     let elapsed = started.elapsed();
     // Workers the coordinator declared lost while they beat: must be none.
-    let lost_while_beating = beats.iter().filter(|b| b.lost_now().is_some()).count();
+    let lost_while_beating = beats.iter().filter(|(_, b)| b.lost_now().is_some()).count();
     let leader_cpu_ns = coordinators
         .iter()
         .zip(&before)
@@ -152,10 +155,12 @@ async fn one(
         latencies.len(),
         lost_ms.map_or("null".to_owned(), |ms| format!("{ms:.0}")),
     );
-    for b in beats {
+    let mut regs = Vec::new();
+    for (r, b) in beats {
         b.stop();
+        regs.push(r);
     }
-    futures::stream::iter(rest.iter().enumerate())
+    futures::stream::iter(regs.iter().enumerate())
         .map(|(i, r)| {
             let kv = clients[i % clients.len()].clone();
             // Stopped beating above: a lease may expire before its turn.
