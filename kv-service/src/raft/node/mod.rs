@@ -85,7 +85,7 @@ pub struct ReplicaConfig {
 }
 
 impl ReplicaConfig {
-    /// Raft timing for a LAN or loopback: 250 ms heartbeats (openraft also
+    /// Raft timing for a LAN or loopback: 500 ms heartbeats (openraft also
     /// uses this as the deadline of each AppendEntries, which must fit a
     /// 4 MiB value), elections after 1–2 s of silence, snapshots every
     /// 20 000 entries.
