@@ -121,10 +121,20 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
             .await
             .unwrap();
     }
-    let purged = status_of(&kv.cluster_status().await, leader)
-        .unwrap()
-        .purged
-        .unwrap_or(0);
+    // Purging is the leader's own business, after a snapshot and once no
+    // AppendEntries to the stopped follower is in flight (each waits out
+    // its deadline, the heartbeat interval): wait for it, with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let purged = loop {
+        let purged = status_of(&kv.cluster_status().await, leader)
+            .unwrap()
+            .purged
+            .unwrap_or(0);
+        if purged > applied_before || std::time::Instant::now() > deadline {
+            break purged;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         purged > applied_before,
         "the leader compacted past the follower (purged {purged}, follower applied {applied_before})"
