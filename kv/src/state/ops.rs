@@ -262,14 +262,6 @@ pub enum Op {
     /// now, renewed before anything expires, so no lease dies for the time
     /// no leader could renew it (as etcd's lessor does on promotion).
     RenewLeases,
-    /// Keep-alives the leader answered from memory, written down before
-    /// they matter: each lease lives at least its TTL from its renewal
-    /// (`(lease, renewed at ms)`, a time no later than the request's).
-    /// Applied before anything expires; unknown leases are skipped.
-    ExtendLeases {
-        /// (lease, when it was last renewed).
-        renewed: Vec<(u64, u64)>,
-    },
     /// `op`, applied only if `guard` holds ([`Guard`], invariant 1): the
     /// replica's form of a worker's write to a job's keys.
     Guarded {
@@ -277,6 +269,16 @@ pub enum Op {
         guard: Guard,
         /// The write.
         op: Box<Op>,
+    },
+    // Appended: a variant's position is its number in the log's and the
+    // snapshots' encoding (postcard).
+    /// Keep-alives the leader answered from memory, written down before
+    /// they matter: each lease lives at least its TTL from its renewal
+    /// (`(lease, renewed at ms)`, a time no later than the request's).
+    /// Applied before anything expires; unknown leases are skipped.
+    ExtendLeases {
+        /// (lease, when it was last renewed).
+        renewed: Vec<(u64, u64)>,
     },
 }
 

@@ -625,3 +625,21 @@ fn the_expiry_index_follows_every_lease_change_and_survives_encoding() {
     let (_, _) = s.apply(&req(5000, Op::Tick));
     assert!(s.state.leases.is_empty() && s.state.expiry.is_empty());
 }
+
+#[test]
+fn operations_keep_their_numbers_in_the_log() {
+    // A variant's position is its number in logs and snapshots on disk:
+    // new ones are appended, never inserted.
+    let number = |op: &Op| postcard::to_allocvec(op).unwrap()[0];
+    assert_eq!(number(&Op::Tick), 11);
+    assert_eq!(number(&Op::RenewLeases), 12);
+    let guarded = Op::Guarded {
+        guard: Guard {
+            who: "w".into(),
+            any_of: vec![],
+        },
+        op: Box::new(Op::Tick),
+    };
+    assert_eq!(number(&guarded), 13);
+    assert_eq!(number(&Op::ExtendLeases { renewed: vec![] }), 14);
+}
