@@ -1,0 +1,58 @@
+//! The leader's clock (node invariant 3): it proposes a `Tick` when a
+//! lease or barrier falls due, or when renewals held in memory must be
+//! written down (`renewals` invariant 2; the proposer adds them).
+
+use super::*;
+
+/// Invariant 3: the leader proposes a `Tick` when something is due, or
+/// when the renewals it holds in memory must be written down (`renewals`
+/// invariant 2: the proposer adds them to the tick's proposal).
+pub(super) async fn tick_when_due(
+    raft: Raft<TypeConfig>,
+    leases: LeaseBook,
+    proposer: Proposer,
+    id: u64,
+    quorum: QuorumWatch,
+    leases_renewed: Arc<AtomicU64>,
+) {
+    let LeaseBook { applied, renewals } = &leases;
+    let next_wake = || applied.read(|s, _| renewals.next_wake_ms(s, wall_ms()));
+    let mut changes = applied.changes();
+    let mut forgotten_at = tokio::time::Instant::now();
+    loop {
+        let wait = match next_wake() {
+            Some(ms) => Duration::from_millis(ms.saturating_sub(wall_ms())),
+            None => Duration::from_secs(1),
+        }
+        .min(Duration::from_secs(1));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            r = changes.changed() => {
+                if r.is_err() { return; }
+                continue;
+            }
+        }
+        let leader = raft.metrics().borrow().current_leader;
+        let due = next_wake().is_some_and(|ms| ms <= wall_ms());
+        if leader == Some(id)
+            && due
+            && renew_leases_once_per_term(&raft, &quorum, &leases_renewed)
+                .await
+                .is_ok()
+        {
+            let _ = proposer
+                .propose(Request {
+                    now_ms: wall_ms(),
+                    op: Op::Tick,
+                })
+                .await;
+        }
+        if forgotten_at.elapsed() > Duration::from_secs(10) {
+            applied.read(|s, _| renewals.retain_known(s));
+            forgotten_at = tokio::time::Instant::now();
+        }
+        if raft.metrics().borrow().running_state.is_err() {
+            return;
+        }
+    }
+}
