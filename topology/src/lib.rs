@@ -43,7 +43,7 @@ mod types;
 pub use collective::{collective_id, random_id, Clique, CollectiveId, COLLECTIVE_ID_BYTES};
 pub use error::{Result, TopologyError};
 pub use exchange::{exchange, exchange_shared};
-pub use mesh::Mesh;
+pub use mesh::{Mesh, MAX_DEVICES};
 pub use shared::{Known, TopologyCache};
 pub use types::{DeviceDescription, GlobalDevice, GlobalTopology, LocalTopology, ProcessEntry};
 

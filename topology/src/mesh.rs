@@ -10,6 +10,10 @@
 use crate::error::{Result, TopologyError};
 use crate::types::GlobalTopology;
 
+/// The most devices a mesh (and so a job) may have: 2^20, far beyond any
+/// pod, small enough that every product of sizes fits an `i64`.
+pub const MAX_DEVICES: usize = 1 << 20;
+
 /// A device mesh: named axes and the device at every position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mesh {
@@ -19,7 +23,7 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// Parses `data=4,model=2`.
+    /// Parses `data=4,model=2`; the axes meet [`Mesh::check_axes`].
     pub fn parse_axes(spec: &str) -> Result<Vec<(String, usize)>> {
         let mut axes = Vec::new();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -27,34 +31,61 @@ impl Mesh {
                 TopologyError::InvalidMesh(format!("`{part}`: expected NAME=SIZE"))
             })?;
             let size: usize = size.trim().parse().map_err(|_| {
-                TopologyError::InvalidMesh(format!("`{part}`: the size is not a number"))
+                TopologyError::InvalidMesh(format!(
+                    "`{part}`: the size is not a number from 1 to {MAX_DEVICES}"
+                ))
             })?;
             axes.push((name.trim().to_owned(), size));
         }
+        Mesh::check_axes(&axes)?;
         Ok(axes)
+    }
+
+    /// Every rule axes meet, checked once here so that no caller forms a
+    /// product that wraps or divides by zero; returns the device count.
+    ///
+    /// 1. At least one axis; each `NAME=SIZE` with NAME a letter or `_`,
+    ///    then letters, digits or `_` (at most 64), and SIZE at least 1.
+    /// 2. No name twice.
+    /// 3. The sizes multiply to at most [`MAX_DEVICES`], checked step by
+    ///    step before the product is formed.
+    pub fn check_axes(axes: &[(String, usize)]) -> Result<usize> {
+        let bad = |m: String| Err(TopologyError::InvalidMesh(m));
+        if axes.is_empty() {
+            return bad("a mesh needs an axis, e.g. `data=4`".into());
+        }
+        let mut total: usize = 1;
+        for (i, (name, size)) in axes.iter().enumerate() {
+            let ident = name.len() <= 64
+                && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ident {
+                return bad(format!(
+                    "axis `{}`: a name is a letter or `_`, then letters, digits or `_` (at most 64)",
+                    name.escape_debug()
+                ));
+            }
+            if *size == 0 {
+                return bad(format!("axis `{name}` of size 0: at least 1"));
+            }
+            if axes[..i].iter().any(|(n, _)| n == name) {
+                return bad(format!("axis `{name}` named twice"));
+            }
+            match total.checked_mul(*size).filter(|&t| t <= MAX_DEVICES) {
+                Some(t) => total = t,
+                None => {
+                    return bad(format!(
+                        "more than {MAX_DEVICES} devices (the most a job can have) by axis `{name}`"
+                    ))
+                }
+            }
+        }
+        Ok(total)
     }
 
     /// A mesh of `axes` over every device of `topology`.
     pub fn new(topology: &GlobalTopology, axes: &[(String, usize)]) -> Result<Mesh> {
-        if axes.is_empty() {
-            return Err(TopologyError::InvalidMesh("a mesh needs an axis".into()));
-        }
-        for (i, (name, size)) in axes.iter().enumerate() {
-            if name.is_empty() || *size == 0 {
-                return Err(TopologyError::InvalidMesh(format!(
-                    "axis `{name}` of size {size}"
-                )));
-            }
-            if axes[..i].iter().any(|(n, _)| n == name) {
-                return Err(TopologyError::InvalidMesh(format!(
-                    "axis `{name}` named twice"
-                )));
-            }
-        }
-        let total = axes
-            .iter()
-            .try_fold(1usize, |acc, (_, s)| acc.checked_mul(*s))
-            .unwrap_or(usize::MAX);
+        let total = Mesh::check_axes(axes)?;
         let n = topology.devices.len();
         if total != n {
             return Err(TopologyError::InvalidMesh(format!(
@@ -159,6 +190,14 @@ mod tests {
             ("data=3,model=2", "8"),
             ("data=8,data=1", "twice"),
             ("data=0,model=8", "size 0"),
+            ("data=4,data=1", "twice"),
+            ("data=18446744073709551615", "more than 1048576 devices"),
+            ("data=4294967296,model=4294967296", "more than"),
+            ("data=-1", "not a number"),
+            ("data-parallel=8", "a name is"),
+            ("9x=8", "a name is"),
+            ("", "needs an axis"),
+            (" , ", "needs an axis"),
             ("x=2,model=3", "devices"),
             ("model", "NAME=SIZE"),
         ] {

@@ -62,6 +62,10 @@
 //! 7. A command job (`command = [...]`) has no plan fields; its processes
 //!    divide over workers evenly, its files are plain relative paths that
 //!    travel in the bundle, and its `env` sets none of tessel's variables.
+//! 8. Counts are bounded before they are multiplied: at most
+//!    [`tessel_topology::MAX_DEVICES`] devices in all, mesh axes as
+//!    [`tessel_topology::Mesh::check_axes`] says, at most 1 TiB per array;
+//!    no size wraps and none is zero where it divides.
 //!
 //! A command job runs an existing script as the job's processes:
 //!

@@ -103,7 +103,9 @@ impl JobSpec {
     /// Devices each placement needs.
     pub fn devices_per_placement(&self) -> u32 {
         if self.is_command() {
-            self.devices_per_process * self.processes_per_worker
+            // Saturating: a spec is bounded only once validated.
+            self.devices_per_process
+                .saturating_mul(self.processes_per_worker)
         } else {
             self.devices_per_process
         }

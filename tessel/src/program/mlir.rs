@@ -327,6 +327,14 @@ pub fn parse_tensor_type(s: &str) -> Result<TensorType, MlirError> {
                 .ok_or_else(|| syntax("type", s, format!("bad dimension `{d}`"))),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // Bounded before any product is formed: `byte_len` and every buffer
+    // size after it then fit (1 TiB, the most a job's array may hold).
+    let bytes = dims.iter().try_fold(element_type.size() as u64, |acc, &d| {
+        acc.checked_mul(d as u64).filter(|&b| b <= 1 << 40)
+    });
+    if bytes.is_none() {
+        return Err(syntax("type", s, "more than 1 TiB"));
+    }
     Ok(TensorType { element_type, dims })
 }
 

@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use tessel_pjrt::ElementType;
 
 use super::spec::*;
+use tessel_topology::MAX_DEVICES;
+
+/// The most bytes one array may hold, whole (invariant 8): 1 TiB.
+pub(super) const MAX_ARRAY_BYTES: u64 = 1 << 40;
 use crate::program::mlir::{parse_signature, Signature, TensorType};
 
 #[derive(Default)]
@@ -16,6 +20,13 @@ pub(super) struct Validation {
     pub(super) signatures: BTreeMap<String, Signature>,
     pub(super) local_types: BTreeMap<String, TensorType>,
     pub(super) files: BTreeMap<PathBuf, Vec<u8>>,
+}
+
+/// The job's device count, if within [`MAX_DEVICES`] (invariant 8).
+fn job_devices(s: &JobSpec) -> Option<usize> {
+    (s.processes as usize)
+        .checked_mul(s.devices_per_process as usize)
+        .filter(|&n| n <= MAX_DEVICES)
 }
 
 impl Validation {
@@ -48,6 +59,15 @@ impl Validation {
         }
         if s.devices_per_process == 0 {
             self.err("devices_per_process", "at least 1");
+        }
+        if job_devices(s).is_none() {
+            self.err(
+                "devices_per_process",
+                format!(
+                    "{} processes × {} devices is more than {MAX_DEVICES}, the most a job can have",
+                    s.processes, s.devices_per_process
+                ),
+            );
         }
         if s.is_command() {
             self.check_command(s, base);
@@ -104,11 +124,16 @@ impl Validation {
         }
     }
 
+    /// The mesh's axes, kept only when they cover exactly the job's
+    /// devices, so later checks (splits, process blocks) see sizes that
+    /// divide and products that cannot wrap (invariant 8).
     fn check_mesh(&mut self, s: &JobSpec) {
+        let Some(want) = job_devices(s) else {
+            return; // Said by `check`.
+        };
         match tessel_topology::Mesh::parse_axes(&s.mesh) {
             Ok(axes) => {
                 let devices: usize = axes.iter().map(|(_, n)| n).product();
-                let want = s.processes as usize * s.devices_per_process as usize;
                 if devices != want {
                     self.err(
                         "mesh",
@@ -117,8 +142,9 @@ impl Validation {
                             s.mesh, s.processes, s.devices_per_process
                         ),
                     );
+                } else {
+                    self.mesh = axes;
                 }
-                self.mesh = axes;
             }
             Err(e) => self.err("mesh", e.to_string()),
         }
@@ -187,7 +213,8 @@ impl Validation {
             }
         }
         for (mesh, axes) in &sig.meshes {
-            if *axes != self.mesh {
+            // An empty mesh is invalid, and says so itself.
+            if *axes != self.mesh && !self.mesh.is_empty() {
                 let show = |a: &[(String, usize)]| {
                     a.iter()
                         .map(|(n, k)| format!("{n}={k}"))
@@ -222,6 +249,21 @@ impl Validation {
         };
         if let Some(d) = a.shape.iter().find(|&&d| d < 0) {
             self.err(format!("{field}.shape"), format!("negative dimension {d}"));
+            return;
+        }
+        // Invariant 8: the byte count, formed step by step, stays bounded.
+        let bytes = a.shape.iter().try_fold(dtype.size() as u64, |acc, &d| {
+            acc.checked_mul(d as u64).filter(|&b| b <= MAX_ARRAY_BYTES)
+        });
+        if bytes.is_none() {
+            self.err(
+                format!("{field}.shape"),
+                format!(
+                    "{dtype}{:?} is more than {} GiB, the most an array can hold",
+                    a.shape,
+                    MAX_ARRAY_BYTES >> 30
+                ),
+            );
             return;
         }
         if let Some(local) =
@@ -284,6 +326,9 @@ impl Validation {
         let ShardingSpec::Split { split, dim } = sharding else {
             return Some(shape.to_vec());
         };
+        if self.mesh.is_empty() {
+            return None; // The mesh's own error says why.
+        }
         let Some(k) = self.mesh.iter().position(|(a, _)| a == split) else {
             let axes: Vec<&str> = self.mesh.iter().map(|(a, _)| a.as_str()).collect();
             self.err(
@@ -636,6 +681,43 @@ every = 5
             "arrays.x.sharding",
             "does not divide"
         ));
+    }
+
+    /// Invariant 8: meshes and sizes found to panic, pass or wrap are
+    /// refused with a message, never a panic or a negative shape.
+    #[test]
+    fn sizes_are_bounded_before_they_are_multiplied() {
+        for (mesh, words) in [
+            ("data=0", "size 0"),
+            ("data=4,data=1", "named twice"),
+            ("data=18446744073709551615", "more than 1048576 devices"),
+            ("data=65536,model=65536", "more than 1048576 devices"),
+            ("data=-4", "not a number"),
+            ("", "needs an axis"),
+        ] {
+            let e = errors("mesh = \"data=4\"", &format!("mesh = \"{mesh}\""));
+            assert!(has(&e, "mesh", words), "{mesh}: {e:?}");
+            assert!(
+                !e.iter()
+                    .any(|e| e.message.contains('-') && e.message.contains("f32[")),
+                "{mesh}: no wrapped shape in {e:?}"
+            );
+        }
+        // The scheduler checks the same bound of what it places.
+        assert_eq!(
+            tessel_coordinator::scheduler::MAX_JOB_DEVICES,
+            MAX_DEVICES as u64
+        );
+        let e = errors(
+            "processes = 4",
+            "processes = 4294967295\ndevices_per_process = 4294967295",
+        );
+        assert!(has(&e, "devices_per_process", "more than 1048576"), "{e:?}");
+        let e = errors(
+            "shape = [8, 4]\ninit",
+            "shape = [9223372036854775807, 4]\ninit",
+        );
+        assert!(has(&e, "arrays.w.shape", "more than 1024 GiB"), "{e:?}");
     }
 
     #[test]
