@@ -34,6 +34,9 @@
 //!    restarts like a lost worker.
 //! 9. A planned move (`Suspended`: a notice or a drain) restarts the job
 //!    without using `max_restarts`; it counts in `suspensions`.
+//! 10. The scheduler checks what it places itself ([`check_request`]),
+//!     whichever client wrote it: a job it could never run correctly fails
+//!     at once, naming why, instead of being placed.
 //!
 //! # Restarts
 //!
@@ -191,6 +194,18 @@ impl JobRecord {
     /// The KV namespace of the current attempt (invariant 3).
     pub fn instance(&self) -> String {
         instance(&self.id, self.attempt)
+    }
+
+    /// What was asked for, as [`check_request`] checks it.
+    fn request(&self) -> Submission {
+        Submission {
+            name: self.name.clone(),
+            processes: self.processes,
+            devices_per_process: self.devices_per_process,
+            plugin: self.plugin.clone(),
+            max_restarts: self.max_restarts,
+            trace: None,
+        }
     }
 }
 
@@ -351,7 +366,8 @@ impl SchedulerState {
         self.jobs.iter().find(|j| j.id == id)
     }
 
-    /// Queues a job (Pending) and returns its id.
+    /// Queues a job (Pending) and returns its id; [`SchedulerState::advance`]
+    /// fails it at once if [`check_request`] refuses it (invariant 10).
     pub fn submit(&mut self, job: &Submission, now: u64) -> String {
         self.next_id += 1;
         let id = format!("{}.{}", job.name, self.next_id);
@@ -421,6 +437,12 @@ impl SchedulerState {
                 _ if obs.cancel_requested => {
                     Some((JobState::Cancelled, Some("cancelled".into()), None))
                 }
+                // Invariant 10.
+                JobState::Pending if check_request(&job.request()).is_err() => Some((
+                    JobState::Failed,
+                    check_request(&job.request()).err(),
+                    Some(FailureKind::Job),
+                )),
                 JobState::Pending => match place(job, workers, &used) {
                     Ok(placement) => {
                         job.placement = placement;
@@ -514,6 +536,33 @@ impl SchedulerState {
         }
         events
     }
+}
+
+/// The most devices one job may hold: the job spec's bound
+/// (`tessel_topology::MAX_DEVICES`; a test in `tessel` keeps them equal).
+pub const MAX_JOB_DEVICES: u64 = 1 << 20;
+
+/// Invariant 10: what a job must be for the scheduler to place it, however
+/// it was submitted: the spec's name rule (ids are `NAME.N`, attempts
+/// `NAME.N@A`), at least one process and one device each, at most
+/// [`MAX_JOB_DEVICES`] in all, a plugin name that can be a key.
+pub fn check_request(job: &Submission) -> std::result::Result<(), String> {
+    let good = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if job.name.is_empty() || job.name.len() > 64 || !job.name.chars().all(good) {
+        return Err(format!(
+            "invalid submission: the name `{}` is not 1-64 letters, digits, `-` or `_`",
+            job.name.escape_debug()
+        ));
+    }
+    let devices = u64::from(job.processes) * u64::from(job.devices_per_process);
+    if job.processes == 0 || job.devices_per_process == 0 || devices > MAX_JOB_DEVICES {
+        return Err(format!(
+            "invalid submission: {} processes × {} devices (1 to {MAX_JOB_DEVICES} devices in all)",
+            job.processes, job.devices_per_process
+        ));
+    }
+    tessel_kv::check_path_component("plugin", &job.plugin)
+        .map_err(|e| format!("invalid submission: {e}"))
 }
 
 /// Invariant 2: one process per worker, on workers with the job's plugin

@@ -4,7 +4,12 @@
 use super::*;
 
 /// Queues a job: stores its bundle and adds it to the state (invariant 1).
+/// Refused at once if [`check_request`] would fail it (invariant 10).
 pub async fn submit(kv: &dyn KvStore, job: &Submission, bundle: &[u8]) -> Result<String> {
+    check_request(job).map_err(|reason| CoordinatorError::Invalid {
+        what: "submission".into(),
+        reason,
+    })?;
     loop {
         let (old, mut state) = read_state(kv).await?;
         let id = state.submit(job, keys::unix_ms());

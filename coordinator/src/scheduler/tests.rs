@@ -470,3 +470,34 @@ fn planned_moves_do_not_use_the_restart_budget() {
     assert_eq!(e[0].1.to, JobState::Failed);
     assert_eq!(e[0].1.cause, Some(crate::jobs::FailureKind::WorkerLost));
 }
+
+/// Invariant 10: a submission no spec check would pass (a client that
+/// wrote the state itself) fails at once with its cause; it is never
+/// placed, nor does it stop the valid job behind it.
+#[test]
+fn a_submission_the_cli_would_refuse_fails_naming_why() {
+    let mut s = SchedulerState::default();
+    let mut zero = sub("zero", 0, 3);
+    let mut huge = sub("huge", u32::MAX, 0);
+    huge.devices_per_process = u32::MAX;
+    let slash = sub("../x", 1, 0);
+    zero.max_restarts = 3;
+    let ids: Vec<String> = [zero, huge, slash].iter().map(|j| s.submit(j, 0)).collect();
+    let ok = s.submit(&sub("fine", 2, 0), 0);
+    let e = s.advance(&BTreeMap::new(), &workers(2, 1), 1);
+    assert_eq!(e.len(), 4, "{e:?}");
+    for (id, words) in ids
+        .iter()
+        .zip(["0 processes", "4294967295 processes", "name"])
+    {
+        let j = s.job(id).unwrap();
+        assert_eq!(j.state, JobState::Failed, "{id}");
+        let why = j.reason.as_deref().unwrap();
+        assert!(
+            why.starts_with("invalid submission") && why.contains(words),
+            "{why}"
+        );
+        assert!(j.placement.is_empty(), "{id} was never placed");
+    }
+    assert_eq!(s.job(&ok).unwrap().state, JobState::Scheduled);
+}
