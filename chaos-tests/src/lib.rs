@@ -257,21 +257,33 @@ impl KvCluster {
 
     /// Replica 1 bootstraps alone; the others join it.
     pub fn start(n: u64, extra: &[&str]) -> KvCluster {
+        let mut c = KvCluster::prepare();
+        c.start_prepared(n, extra);
+        c
+    }
+
+    /// The folders and certificates, no replica started yet (a test may
+    /// mount something at a [`KvCluster::data_dir`] first).
+    pub fn prepare() -> KvCluster {
         let dir = tempfile::tempdir().unwrap();
         init_certs(&dir.path().join("tls"), &["127.0.0.1".into()]).unwrap();
         let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-        let mut c = KvCluster {
+        KvCluster {
             dir,
             tls,
             procs: BTreeMap::new(),
-        };
+        }
+    }
+
+    /// [`KvCluster::start`] on a prepared cluster.
+    pub fn start_prepared(&mut self, n: u64, extra: &[&str]) {
+        let c = self;
         let first = c.spawn(1, "127.0.0.1:0".into(), None, extra);
         c.procs.insert(1, first);
         for id in 2..=n {
             let p = c.spawn(id, "127.0.0.1:0".into(), Some(c.procs[&1].addr), extra);
             c.procs.insert(id, p);
         }
-        c
     }
 
     /// Starts replica `id` (not yet in `procs`).

@@ -167,7 +167,16 @@ pub(crate) async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         },
     }
     .announce();
-    wait_for_signal().await;
+    // `serve` invariant 4: a replica whose Raft core stopped exits.
+    let stopped = served.stopped();
+    tokio::select! {
+        _ = wait_for_signal() => {}
+        why = stopped => {
+            tracing::error!(why, "the replica's Raft core stopped; exiting so that a supervisor restarts it");
+            served.shutdown().await;
+            anyhow::bail!("the replica stopped serving: {why}");
+        }
+    }
     served.shutdown().await;
     Ok(())
 }

@@ -13,6 +13,10 @@
 //! 3. The monitor and the scheduler reach this replica in-process
 //!    ([`Replica::local_client`]): never over the network, so no
 //!    certificate has to name an address for them.
+//! 4. A replica whose Raft core stopped (a disk full or failing) is not
+//!    ready, and [`Served::stopped`] resolves: the process exits nonzero,
+//!    for its supervisor to restart it from disk once the disk serves
+//!    again, instead of living on while serving nothing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -89,10 +93,10 @@ pub async fn serve(
     };
     let mut tasks = Vec::new();
     if let Some(r) = &replica {
-        let leader = r.leader_probe();
+        let probe = r.readiness_probe();
         tasks.push(tokio::spawn(async move {
             loop {
-                readiness(leader().map(|_| ()).ok_or_else(|| "no leader known".into()));
+                readiness(probe().map(|_| ()));
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }));
@@ -120,6 +124,18 @@ impl Served {
     /// The replica's bound address (`None` when attached to etcd).
     pub fn addr(&self) -> Option<SocketAddr> {
         self.addr
+    }
+
+    /// Resolves, with why, when the replica's Raft core stopped on an
+    /// error (invariant 4); never when attached to etcd.
+    pub fn stopped(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let stopped = self.replica.as_ref().map(|r| r.stopped());
+        async move {
+            match stopped {
+                Some(s) => s.await,
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// Its Raft id.

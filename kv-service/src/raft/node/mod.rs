@@ -16,6 +16,9 @@
 //!    commit), applied in arrival order, each with its own result and revision.
 //! 6. Every request is authorized by its connection's certificate first
 //!    ([`crate::authz`]); the leader trusts only coordinators' relays.
+//! 7. A storage error stops the Raft core (openraft never counts an entry
+//!    durable that its log could not write); [`Replica::stopped`] says so,
+//!    and its process exits so that a supervisor restarts it from disk.
 
 mod local;
 mod network;
@@ -245,11 +248,35 @@ impl Replica {
         self.endpoint.local_addr()
     }
 
-    /// A handle that tells the leader this replica knows of, if any (its
-    /// readiness), for as long as the replica runs.
-    pub fn leader_probe(&self) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
+    /// A handle that tells this replica's readiness: the leader it knows
+    /// of, or why it serves nothing (no leader known; its Raft core
+    /// stopped, invariant 7).
+    pub fn readiness_probe(&self) -> impl Fn() -> Result<u64, String> + Send + Sync + 'static {
         let metrics = self.raft.metrics();
-        move || metrics.borrow().current_leader
+        move || {
+            let m = metrics.borrow();
+            match (&m.running_state, m.current_leader) {
+                (Err(e), _) => Err(format!("its Raft core stopped: {e}")),
+                (Ok(()), Some(leader)) => Ok(leader),
+                (Ok(()), None) => Err("no leader known".into()),
+            }
+        }
+    }
+
+    /// Resolves, with why, once the Raft core has stopped on an error it
+    /// cannot go on after (a full or failing disk: invariant 7).
+    pub fn stopped(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut metrics = self.raft.metrics();
+        async move {
+            loop {
+                if let Err(e) = &metrics.borrow_and_update().running_state {
+                    return e.to_string();
+                }
+                if metrics.changed().await.is_err() {
+                    return "the Raft core ended".into();
+                }
+            }
+        }
     }
 
     /// A client of this replica for its own process: no network, the

@@ -99,6 +99,11 @@ pub(super) fn write_overlay(
     metrics::histogram!("tessel_kv_state_flush_seconds", "kind" => kind)
         .record(started.elapsed().as_secs_f64());
     metrics::counter!("tessel_kv_state_flushed_keys_total").increment(o.data.len() as u64);
+    if result.is_err() {
+        // A full or failing disk; the Raft core stops on it next (`node`
+        // invariant 7).
+        metrics::counter!("tessel_kv_state_flush_failures_total").increment(1);
+    }
     result?;
     if !c.rebuild_filter {
         return Ok(None);

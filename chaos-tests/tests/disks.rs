@@ -1,0 +1,154 @@
+//! Property: a replica whose disk fills up under writes stops
+//! acknowledging and exits (nonzero, for its supervisor to restart it)
+//! instead of living on while serving nothing; the majority keeps serving
+//! and loses no acknowledged write; restarted once space returns, the
+//! replica catches up and counts in a quorum again.
+//!
+//! Each replica's data folder is its own size-limited tmpfs (mounted by
+//! the test, which runs as root like the host tests); "full" is a filler
+//! file written until ENOSPC, and "space returns" is its removal.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessel_chaos_tests::{KvCluster, Signal};
+use tessel_kv::KvStore;
+use tessel_kv_service::raft::client::RaftKv;
+
+/// A tmpfs of `size` mounted at a folder, lazily unmounted when dropped
+/// (the replicas still running then keep it until they are killed).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mounting a tmpfs at {} needs root", at.display());
+        Tmpfs(at.to_owned())
+    }
+
+    /// Writes a filler file until the filesystem is full.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0x5a; 64 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn value(i: u32) -> Vec<u8> {
+    let mut v = vec![(i % 251) as u8; 100 << 10];
+    v[..4].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+enum Which {
+    Follower,
+    Leader,
+}
+
+async fn full_disk(which: Which) {
+    let mut c = KvCluster::prepare();
+    let disks: Vec<Tmpfs> = (1..=3)
+        .map(|id| Tmpfs::mount(&c.data_dir(id), "48m"))
+        .collect();
+    c.start_prepared(3, &[]);
+    let leader = c.leader().await;
+    let victim = match which {
+        Which::Leader => leader,
+        Which::Follower => (1..=3).find(|&id| id != leader).unwrap(),
+    };
+    let kv = Arc::new(c.client());
+    kv.put(b"before", b"full").await.unwrap();
+    let filler = disks[victim as usize - 1].fill();
+
+    // 100 KB puts until the victim has exited and 20 more were acked.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (mut acked, mut exited, mut after) = (Vec::new(), None, 0);
+    let mut i = 0u32;
+    while after < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "replica {victim} (full disk) exited: {exited:?}; {} puts acked",
+            acked.len()
+        );
+        let (key, v) = (format!("full/{i:04}"), value(i));
+        let put = tokio::time::timeout(Duration::from_secs(20), kv.put(key.as_bytes(), &v));
+        if let Ok(Ok(_)) = put.await {
+            acked.push(i);
+            after += exited.is_some() as u32;
+        }
+        i += 1;
+        if exited.is_none() {
+            exited = c.procs.get_mut(&victim).unwrap().child.try_wait();
+        }
+    }
+    let status = exited.unwrap();
+    assert!(
+        !status.success(),
+        "a replica that cannot write exits nonzero: {status}"
+    );
+
+    // Nothing acknowledged is lost.
+    let survivors: Vec<_> = c
+        .procs
+        .iter()
+        .filter(|(id, _)| **id != victim)
+        .map(|(_, p)| p.addr)
+        .collect();
+    let kv2 = RaftKv::connect(survivors, Some(&c.tls)).unwrap();
+    for &i in &acked {
+        let v = kv2.try_get(format!("full/{i:04}").as_bytes()).await;
+        assert_eq!(v.unwrap(), value(i), "acknowledged put {i}");
+    }
+
+    // Space returns; the supervisor (this test) restarts it. With another
+    // replica stopped, writes commit only if the restarted one caught up.
+    std::fs::remove_file(filler).unwrap();
+    c.restart(victim);
+    let other = (1..=3).find(|&id| id != victim).unwrap();
+    c.procs[&other].signal(Signal::SIGSTOP);
+    let kv = c.client();
+    for k in 0..5u32 {
+        let key = format!("back/{k}");
+        let put = kv.put(key.as_bytes(), b"v");
+        tokio::time::timeout(Duration::from_secs(30), put)
+            .await
+            .unwrap_or_else(|_| panic!("a write with replica {victim} back and {other} stopped"))
+            .unwrap();
+    }
+    c.procs[&other].signal(Signal::SIGCONT);
+    for &i in &acked {
+        let v = kv.try_get(format!("full/{i:04}").as_bytes()).await;
+        assert_eq!(
+            v.unwrap(),
+            value(i),
+            "acknowledged put {i} after the restart"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_disk_fills_exits_and_rejoins_losing_nothing() {
+    full_disk(Which::Follower).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_fills_exits_and_rejoins_losing_nothing() {
+    full_disk(Which::Leader).await;
+}
