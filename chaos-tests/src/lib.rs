@@ -155,8 +155,13 @@ pub fn spawn_worker_cmd(mut cmd: Command, name: &str) -> Result<WorkerProc, Stri
 
 /// Starts `tessel ARGS...` (a coordinator) and waits until it is ready.
 pub fn spawn_replica(args: &[String]) -> Proc {
+    spawn_replica_env(args, &[])
+}
+
+/// [`spawn_replica`] with more environment variables.
+pub fn spawn_replica_env(args: &[String], env: &[(String, String)]) -> Proc {
     let mut cmd = Command::new(tessel_bin());
-    cmd.args(args);
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
     spawn_replica_cmd(cmd)
 }
 
@@ -242,6 +247,8 @@ pub struct KvCluster {
     pub tls: TlsFiles,
     /// Replicas by id.
     pub procs: BTreeMap<u64, Proc>,
+    /// More environment for replica `id`'s process, each time it starts.
+    pub env: BTreeMap<u64, Vec<(String, String)>>,
 }
 
 impl KvCluster {
@@ -272,6 +279,7 @@ impl KvCluster {
             dir,
             tls,
             procs: BTreeMap::new(),
+            env: BTreeMap::new(),
         }
     }
 
@@ -290,14 +298,15 @@ impl KvCluster {
     pub fn spawn(&self, id: u64, listen: String, join: Option<SocketAddr>, extra: &[&str]) -> Proc {
         let data = self.data_dir(id);
         let tls = self.tls_dir();
-        spawn_replica(&replica_args(&ReplicaSpec {
+        let args = replica_args(&ReplicaSpec {
             id,
             listen,
             data_dir: &data,
             tls_dir: &tls,
             join,
             extra,
-        }))
+        });
+        spawn_replica_env(&args, self.env.get(&id).map_or(&[], Vec::as_slice))
     }
 
     /// Restarts replica `id` on its old address from its data folder.
@@ -316,7 +325,7 @@ impl KvCluster {
         // The cluster is already formed: no peer list needed.
         let at = args.iter().position(|a| a == "--peers").unwrap();
         args.drain(at..at + 2);
-        let p = spawn_replica(&args);
+        let p = spawn_replica_env(&args, self.env.get(&id).map_or(&[], Vec::as_slice));
         self.procs.insert(id, p);
     }
 

@@ -76,6 +76,7 @@ async fn full_disk(which: Which) {
     let kv = Arc::new(c.client());
     kv.put(b"before", b"full").await.unwrap();
     let filler = disks[victim as usize - 1].fill();
+    let filled = Instant::now();
 
     // 100 KB puts until the victim has exited and 20 more were acked.
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -96,6 +97,12 @@ async fn full_disk(which: Which) {
         i += 1;
         if exited.is_none() {
             exited = c.procs.get_mut(&victim).unwrap().child.try_wait();
+            if exited.is_some() {
+                eprintln!(
+                    "replica {victim} exited {:?} after its disk filled",
+                    filled.elapsed()
+                );
+            }
         }
     }
     let status = exited.unwrap();
@@ -120,6 +127,7 @@ async fn full_disk(which: Which) {
     // Space returns; the supervisor (this test) restarts it. With another
     // replica stopped, writes commit only if the restarted one caught up.
     std::fs::remove_file(filler).unwrap();
+    let back = Instant::now();
     c.restart(victim);
     let other = (1..=3).find(|&id| id != victim).unwrap();
     c.procs[&other].signal(Signal::SIGSTOP);
@@ -132,6 +140,11 @@ async fn full_disk(which: Which) {
             .unwrap_or_else(|_| panic!("a write with replica {victim} back and {other} stopped"))
             .unwrap();
     }
+    eprintln!(
+        "replica {victim} restarted and in a quorum {:?} after space returned; {} puts acked, none lost",
+        back.elapsed(),
+        acked.len()
+    );
     c.procs[&other].signal(Signal::SIGCONT);
     for &i in &acked {
         let v = kv.try_get(format!("full/{i:04}").as_bytes()).await;

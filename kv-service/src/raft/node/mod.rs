@@ -7,8 +7,9 @@
 //! 2. A read waits for `ensure_linearizable` and for the read floor (the
 //!    leader's whole log as of its first read in the term), so it never sees
 //!    less than the leader acknowledged (`raft` module docs, "Reads").
-//! 3. Time in requests is the leader's wall clock; only the leader proposes
-//!    `Tick`s, when a lease or barrier is due.
+//! 3. Time in requests is the leader's clock ([`clock`]: monotonic, never
+//!    the wall's); only the leader proposes `Tick`s, when a lease or
+//!    barrier is due.
 //! 4. A leader's first write of its term is preceded by `RenewLeases`, so no
 //!    lease expires for the leaderless gap; until it commits, client writes
 //!    answer `Unavailable` and ticks wait.
@@ -20,6 +21,7 @@
 //!    durable that its log could not write); [`Replica::stopped`] says so,
 //!    and its process exits so that a supervisor restarts it from disk.
 
+mod clock;
 mod local;
 mod network;
 mod proposer;
@@ -27,6 +29,7 @@ mod quorum;
 mod renewals;
 mod ticker;
 
+use clock::LeaderClock;
 use network::*;
 use proposer::*;
 use quorum::QuorumWatch;
@@ -43,7 +46,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::StreamExt;
 use openraft::error::{
@@ -196,6 +199,7 @@ impl Replica {
         let leases = LeaseBook {
             applied: applied.clone(),
             renewals: Arc::new(Renewals::default()),
+            clock: Arc::new(LeaderClock::new(&raft, applied.clone())),
         };
         let proposer = Proposer::start(raft.clone(), quorum.clone(), leases.clone());
         let handler = Arc::new(ReplicaHandler {
@@ -207,6 +211,7 @@ impl Replica {
             proposer: proposer.clone(),
             quorum: quorum.clone(),
             renewals: leases.renewals.clone(),
+            clock: leases.clock.clone(),
             read_floor: std::sync::Mutex::new(None),
         });
         tokio::spawn(rpc::serve(endpoint.clone(), handler.clone()));
@@ -248,9 +253,7 @@ impl Replica {
         self.endpoint.local_addr()
     }
 
-    /// A handle that tells this replica's readiness: the leader it knows
-    /// of, or why it serves nothing (no leader known; its Raft core
-    /// stopped, invariant 7).
+    /// Its readiness: the leader it knows, or why it serves nothing.
     pub fn readiness_probe(&self) -> impl Fn() -> Result<u64, String> + Send + Sync + 'static {
         let metrics = self.raft.metrics();
         move || {
@@ -263,8 +266,7 @@ impl Replica {
         }
     }
 
-    /// Resolves, with why, once the Raft core has stopped on an error it
-    /// cannot go on after (a full or failing disk: invariant 7).
+    /// Resolves, with why, once the Raft core stopped (invariant 7).
     pub fn stopped(&self) -> impl Future<Output = String> + Send + 'static {
         let mut metrics = self.raft.metrics();
         async move {
@@ -297,12 +299,6 @@ impl Replica {
     }
 }
 
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 struct ReplicaHandler {
     id: u64,
     raft: Raft<TypeConfig>,
@@ -312,6 +308,7 @@ struct ReplicaHandler {
     proposer: Proposer,
     quorum: QuorumWatch,
     renewals: Arc<Renewals>,
+    clock: Arc<LeaderClock>,
     /// (term, log index) of invariant 2's read floor.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
 }
@@ -676,7 +673,7 @@ impl ReplicaHandler {
         let response = match req {
             // `renewals` invariant 1: from memory where it may.
             ClientRequest::Write(Op::LeaseKeepAlive { id }) if self.may_renew_from_memory() => {
-                let now = wall_ms();
+                let now = self.clock.now_ms();
                 WireResponse::Output(
                     self.applied
                         .read(|s, _| self.renewals.keep_alive(s, id, now)),
@@ -686,8 +683,13 @@ impl ReplicaHandler {
                 // Validated before it can enter the log.
                 let checked = match self.applied.read(|s, _| s.limits().check_op(&op)) {
                     Ok(()) => {
-                        renew_leases_once_per_term(&self.raft, &self.quorum, &self.leases_renewed)
-                            .await
+                        renew_leases_once_per_term(
+                            &self.raft,
+                            &self.quorum,
+                            &self.leases_renewed,
+                            &self.clock,
+                        )
+                        .await
                     }
                     invalid => invalid,
                 };
@@ -696,7 +698,7 @@ impl ReplicaHandler {
                     Ok(()) => {
                         self.proposer
                             .propose(Request {
-                                now_ms: wall_ms(),
+                                now_ms: self.clock.now_ms(),
                                 op,
                             })
                             .await

@@ -48,12 +48,13 @@ impl Proposer {
 pub(super) struct LeaseBook {
     pub(super) applied: Arc<AppliedState<SmTables>>,
     pub(super) renewals: Arc<Renewals>,
+    pub(super) clock: Arc<LeaderClock>,
 }
 
 impl LeaseBook {
     /// The `ExtendLeases` a proposal formed now must start with, if any.
     fn extension(&self) -> Option<Request> {
-        let now_ms = wall_ms();
+        let now_ms = self.clock.now_ms();
         self.applied
             .read(|s, _| self.renewals.extension(s, now_ms))
             .map(|op| Request { now_ms, op })
@@ -128,6 +129,7 @@ pub(super) async fn renew_leases_once_per_term(
     raft: &Raft<TypeConfig>,
     quorum: &QuorumWatch,
     renewed: &AtomicU64,
+    clock: &LeaderClock,
 ) -> Result<(), KvError> {
     let term = raft.metrics().borrow().current_term;
     if renewed.load(Ordering::Acquire) == term {
@@ -135,7 +137,7 @@ pub(super) async fn renew_leases_once_per_term(
     }
     let renew = async {
         raft.client_write(Proposal::one(Request {
-            now_ms: wall_ms(),
+            now_ms: clock.now_ms(),
             op: Op::RenewLeases,
         }))
         .await

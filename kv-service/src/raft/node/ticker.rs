@@ -15,13 +15,21 @@ pub(super) async fn tick_when_due(
     quorum: QuorumWatch,
     leases_renewed: Arc<AtomicU64>,
 ) {
-    let LeaseBook { applied, renewals } = &leases;
-    let next_wake = || applied.read(|s, _| renewals.next_wake_ms(s, wall_ms()));
+    let LeaseBook {
+        applied,
+        renewals,
+        clock,
+    } = &leases;
+    // The clock is read outside `applied.read` (`clock::LeaderClock::now_ms`).
+    let next_wake = || {
+        let now = clock.now_ms();
+        applied.read(|s, _| renewals.next_wake_ms(s, now))
+    };
     let mut changes = applied.changes();
     let mut forgotten_at = tokio::time::Instant::now();
     loop {
         let wait = match next_wake() {
-            Some(ms) => Duration::from_millis(ms.saturating_sub(wall_ms())),
+            Some(ms) => Duration::from_millis(ms.saturating_sub(clock.now_ms())),
             None => Duration::from_secs(1),
         }
         .min(Duration::from_secs(1));
@@ -33,16 +41,16 @@ pub(super) async fn tick_when_due(
             }
         }
         let leader = raft.metrics().borrow().current_leader;
-        let due = next_wake().is_some_and(|ms| ms <= wall_ms());
+        let due = next_wake().is_some_and(|ms| ms <= clock.now_ms());
         if leader == Some(id)
             && due
-            && renew_leases_once_per_term(&raft, &quorum, &leases_renewed)
+            && renew_leases_once_per_term(&raft, &quorum, &leases_renewed, clock)
                 .await
                 .is_ok()
         {
             let _ = proposer
                 .propose(Request {
-                    now_ms: wall_ms(),
+                    now_ms: clock.now_ms(),
                     op: Op::Tick,
                 })
                 .await;

@@ -1,0 +1,105 @@
+//! Property: leases follow real (monotonic) time, never a replica's wall
+//! clock: the leader's wall clock stepping an hour ahead expires no lease
+//! early, stepping back half an hour delays none, and a lease no longer
+//! renewed still ends about its TTL after its last renewal.
+//!
+//! Each replica runs under libfaketime (`LD_PRELOAD`, Debian's `faketime`)
+//! with its own offset file, re-read every second; only the wall clock is
+//! faked (`FAKETIME_DONT_FAKE_MONOTONIC`), as an NTP step or a resumed VM
+//! moves it. Not modelled: clocks that drift (run fast or slow), and jumps
+//! past a certificate's validity (a TLS failure; certificates are
+//! backdated an hour, so the backward step here is half an hour).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessel_chaos_tests::KvCluster;
+use tessel_kv::{KvError, KvStore};
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Sets the wall-clock offset of the replica reading `file`; libfaketime
+/// sees it within its one-second cache.
+fn step(file: &Path, offset: &str) {
+    std::fs::write(file, offset).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+}
+
+async fn present(kv: &impl KvStore, key: &[u8]) -> bool {
+    match kv.try_get(key).await {
+        Ok(_) => true,
+        Err(KvError::NotFound(_)) => false,
+        Err(e) => panic!("reading {}: {e}", String::from_utf8_lossy(key)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_wall_clock_stepping_either_way_expires_no_lease_early_or_late() {
+    assert!(
+        Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} is missing: install Debian's faketime (scripts/test does)"
+    );
+    let mut c = KvCluster::prepare();
+    let clock = |id: u64| -> PathBuf { c.dir.path().join(format!("clock-{id}")) };
+    let files: Vec<PathBuf> = (1..=3).map(clock).collect();
+    for (id, file) in (1..=3).zip(&files) {
+        std::fs::write(file, "+0").unwrap();
+        let env = [
+            ("LD_PRELOAD", LIBFAKETIME.to_owned()),
+            ("FAKETIME_TIMESTAMP_FILE", file.display().to_string()),
+            ("FAKETIME_CACHE_DURATION", "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+        ];
+        c.env
+            .insert(id, env.map(|(k, v)| (k.to_owned(), v)).to_vec());
+    }
+    c.start_prepared(3, &[]);
+    let leader = c.leader().await;
+    let kv = Arc::new(c.client());
+
+    // One lease kept alive (TTL 3 s), one left alone (TTL 30 s).
+    let kept = kv.grant(Duration::from_secs(3)).await.unwrap();
+    kv.put_with_lease(b"kept", b"v", kept).await.unwrap();
+    let long = kv.grant(Duration::from_secs(30)).await.unwrap();
+    kv.put_with_lease(b"long", b"v", long).await.unwrap();
+    let renewing = Arc::new(AtomicBool::new(true));
+    let keeper = {
+        let (kv, renewing) = (kv.clone(), renewing.clone());
+        tokio::spawn(async move {
+            while renewing.load(Ordering::Relaxed) {
+                let _ = kv.keep_alive(kept).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
+    let leader_clock = &files[leader as usize - 1];
+    step(leader_clock, "+1h");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(present(&*kv, b"kept").await, "no early expiry after +1 h");
+    assert!(present(&*kv, b"long").await, "no early expiry after +1 h");
+
+    step(leader_clock, "-30m");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(present(&*kv, b"kept").await, "alive after -30 min");
+
+    // Renewals stop: the lease ends about its TTL later, not 30 min later.
+    renewing.store(false, Ordering::Relaxed);
+    keeper.await.unwrap();
+    let stopped = Instant::now();
+    while present(&*kv, b"kept").await {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(3 + 5),
+            "a lease no longer renewed outlived its TTL by 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(2),
+        "ended {:?} after the last renewal's TTL of 3 s began",
+        stopped.elapsed()
+    );
+    assert!(present(&*kv, b"long").await, "the 30 s lease lives on");
+}
