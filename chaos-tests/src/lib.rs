@@ -6,9 +6,11 @@
 
 pub mod cluster;
 pub mod docker;
+pub mod faults;
 pub mod hosts;
 pub mod linearizability;
 pub mod mlp;
+pub mod nemesis;
 pub mod relay;
 
 use std::collections::BTreeMap;

@@ -1,5 +1,6 @@
 //! A linearizability checker for histories of single-key registers
-//! (Wing & Gong's search with memoization, per key: registers compose).
+//! (Wing & Gong's search with memoization, per key: registers compose):
+//! writes, deletes, reads and compare-and-swaps.
 //!
 //! A write whose outcome is unknown (it timed out or its connection broke)
 //! may take effect at any point after it was invoked, or never. A read
@@ -25,6 +26,18 @@ pub enum Kind {
     Write(u64),
     /// Read the value (`None`: the key did not exist).
     Read(Option<u64>),
+    /// Deleted the key.
+    Delete,
+    /// Compare-and-swap: `new` if the value was `expect`; when known,
+    /// `found` is `None` for a swap, else the value the mismatch reported.
+    Cas {
+        /// The value expected (`None`: absent).
+        expect: Option<u64>,
+        /// The value written on a match.
+        new: u64,
+        /// `Some(v)`: a mismatch that found `v` (`Some(None)`: absent).
+        found: Option<Option<u64>>,
+    },
 }
 
 /// Checks every key's history; returns the first key that has no
@@ -81,7 +94,23 @@ fn search(
         }
         let next = match o.kind {
             Kind::Write(v) => Some(Some(v)),
+            Kind::Delete => Some(None),
             Kind::Read(r) => (r == value).then_some(value),
+            // Unknown outcome: if it took effect here, it swapped on a
+            // match and did nothing otherwise.
+            Kind::Cas { expect, new, .. } if o.complete.is_none() => {
+                Some(if value == expect { Some(new) } else { value })
+            }
+            Kind::Cas {
+                expect,
+                new,
+                found: None,
+            } => (value == expect).then_some(Some(new)),
+            Kind::Cas {
+                expect,
+                found: Some(found),
+                ..
+            } => (value != expect && value == found).then_some(value),
         };
         if let Some(v) = next {
             if search(ops, done | (1 << i), v, seen) {
@@ -143,6 +172,73 @@ mod tests {
         assert!(linearizable(&[w(0, None, 7), r(5, 6, Some(7))]));
         // ...but not before they were invoked.
         assert!(!linearizable(&[r(0, 1, Some(7)), w(2, None, 7)]));
+    }
+
+    fn cas(
+        invoke: u64,
+        complete: Option<u64>,
+        expect: Option<u64>,
+        new: u64,
+        found: Option<Option<u64>>,
+    ) -> Op {
+        Op {
+            invoke,
+            complete,
+            kind: Kind::Cas { expect, new, found },
+        }
+    }
+
+    #[test]
+    fn deletes_and_compare_and_swaps() {
+        let del = |i, c| Op {
+            invoke: i,
+            complete: Some(c),
+            kind: Kind::Delete,
+        };
+        assert!(linearizable(&[w(0, Some(1), 1), del(2, 3), r(4, 5, None)]));
+        assert!(!linearizable(&[
+            w(0, Some(1), 1),
+            del(2, 3),
+            r(4, 5, Some(1))
+        ]));
+        // A swap needs its expected value; a mismatch reports what was there.
+        assert!(linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, Some(3), Some(1), 2, None),
+            r(4, 5, Some(2))
+        ]));
+        assert!(!linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, Some(3), Some(9), 2, None)
+        ]));
+        assert!(linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, Some(3), Some(9), 2, Some(Some(1)))
+        ]));
+        assert!(!linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, Some(3), Some(1), 2, Some(Some(1)))
+        ]));
+        assert!(!linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, Some(3), Some(9), 2, Some(None))
+        ]));
+        // Unknown: may have swapped, or not.
+        assert!(linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, None, Some(1), 2, None),
+            r(4, 5, Some(2))
+        ]));
+        assert!(linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, None, Some(1), 2, None),
+            r(4, 5, Some(1))
+        ]));
+        assert!(!linearizable(&[
+            w(0, Some(1), 1),
+            cas(2, None, Some(7), 2, None),
+            r(4, 5, Some(2))
+        ]));
     }
 
     #[test]

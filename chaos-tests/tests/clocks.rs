@@ -10,22 +10,14 @@
 //! past a certificate's validity (a TLS failure; certificates are
 //! backdated an hour, so the backward step here is half an hour).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tessel_chaos_tests::faults::{faketime_env, step_clock};
 use tessel_chaos_tests::KvCluster;
 use tessel_kv::{KvError, KvStore};
-
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-/// Sets the wall-clock offset of the replica reading `file`; libfaketime
-/// sees it within its one-second cache.
-fn step(file: &Path, offset: &str) {
-    std::fs::write(file, offset).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-}
 
 async fn present(kv: &impl KvStore, key: &[u8]) -> bool {
     match kv.try_get(key).await {
@@ -37,23 +29,12 @@ async fn present(kv: &impl KvStore, key: &[u8]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaders_wall_clock_stepping_either_way_expires_no_lease_early_or_late() {
-    assert!(
-        Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} is missing: install Debian's faketime (scripts/test does)"
-    );
     let mut c = KvCluster::prepare();
-    let clock = |id: u64| -> PathBuf { c.dir.path().join(format!("clock-{id}")) };
-    let files: Vec<PathBuf> = (1..=3).map(clock).collect();
+    let files: Vec<PathBuf> = (1..=3)
+        .map(|id| c.dir.path().join(format!("clock-{id}")))
+        .collect();
     for (id, file) in (1..=3).zip(&files) {
-        std::fs::write(file, "+0").unwrap();
-        let env = [
-            ("LD_PRELOAD", LIBFAKETIME.to_owned()),
-            ("FAKETIME_TIMESTAMP_FILE", file.display().to_string()),
-            ("FAKETIME_CACHE_DURATION", "1".into()),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
-        ];
-        c.env
-            .insert(id, env.map(|(k, v)| (k.to_owned(), v)).to_vec());
+        c.env.insert(id, faketime_env(file));
     }
     c.start_prepared(3, &[]);
     let leader = c.leader().await;
@@ -76,12 +57,12 @@ async fn a_leaders_wall_clock_stepping_either_way_expires_no_lease_early_or_late
     };
 
     let leader_clock = &files[leader as usize - 1];
-    step(leader_clock, "+1h");
+    step_clock(leader_clock, "+1h").await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(present(&*kv, b"kept").await, "no early expiry after +1 h");
     assert!(present(&*kv, b"long").await, "no early expiry after +1 h");
 
-    step(leader_clock, "-30m");
+    step_clock(leader_clock, "-30m").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(present(&*kv, b"kept").await, "alive after -30 min");
 

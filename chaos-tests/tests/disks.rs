@@ -8,48 +8,13 @@
 //! the test, which runs as root like the host tests); "full" is a filler
 //! file written until ENOSPC, and "space returns" is its removal.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tessel_chaos_tests::faults::Tmpfs;
 use tessel_chaos_tests::{KvCluster, Signal};
 use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
-
-/// A tmpfs of `size` mounted at a folder, lazily unmounted when dropped
-/// (the replicas still running then keep it until they are killed).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mounting a tmpfs at {} needs root", at.display());
-        Tmpfs(at.to_owned())
-    }
-
-    /// Writes a filler file until the filesystem is full.
-    fn fill(&self) -> PathBuf {
-        use std::io::Write;
-        let path = self.0.join("filler");
-        let mut f = std::fs::File::create(&path).unwrap();
-        let chunk = vec![0x5a; 64 << 10];
-        while f.write_all(&chunk).is_ok() {}
-        let _ = f.sync_all();
-        path
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 fn value(i: u32) -> Vec<u8> {
     let mut v = vec![(i % 251) as u8; 100 << 10];

@@ -7,22 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::linearizability::{check, Kind, Op};
+use tessel_chaos_tests::nemesis::Lcg;
 use tessel_chaos_tests::KvCluster;
 use tessel_kv::{KvError, KvStore};
 
 const KEYS: [&str; 4] = ["lin/a", "lin/b", "lin/c", "lin/d"];
-
-/// A tiny deterministic generator (no external randomness in tests).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_recorded_under_leader_kills_is_linearizable() {
@@ -38,9 +27,9 @@ async fn a_history_recorded_under_leader_kills_is_linearizable() {
             let mut rng = Lcg(c + 1);
             for n in 0..40u64 {
                 tokio::time::sleep(Duration::from_millis(40)).await;
-                let key = KEYS[(rng.next() % KEYS.len() as u64) as usize];
+                let key = KEYS[(rng.draw() % KEYS.len() as u64) as usize];
                 let invoke = now();
-                let op = if rng.next() % 2 == 0 {
+                let op = if rng.draw() % 2 == 0 {
                     let v = c * 1000 + n;
                     let r = kv.put(key.as_bytes(), &v.to_le_bytes()).await;
                     Some(Op {

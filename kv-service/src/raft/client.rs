@@ -23,6 +23,10 @@
 //!    deadline: giving up on a slow leader after a fixed time re-sent the
 //!    writes queued there, adding to its queue (a retry storm at 8,192
 //!    workers). Dead and cut-off replicas are left by other means (above).
+//! 8. An at-most-once client ([`KvClient::at_most_once`]) sends a request
+//!    once: any failure comes back to the caller, for whom the outcome is
+//!    unknown, and no write is ever applied twice (invariant 2's retries
+//!    can apply one twice, or report a CAS it applied as a mismatch).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -98,6 +102,8 @@ pub struct Quic {
     /// Whether `next` was pointed at the leader since the last retry
     /// (invariant 4).
     leader_sought: AtomicBool,
+    /// Invariant 8.
+    once: bool,
 }
 
 impl KvClient<Quic> {
@@ -155,7 +161,14 @@ impl KvClient<Quic> {
             client: PeerClient::new(endpoint.0.clone()),
             next: AtomicUsize::new(0),
             leader_sought: AtomicBool::new(false),
+            once: false,
         }))
+    }
+
+    /// The same client, sending each request once (invariant 8).
+    pub fn at_most_once(mut self) -> RaftKv {
+        self.transport.once = true;
+        self
     }
 
     /// The replica the next request goes to first, as it was given.
@@ -261,6 +274,9 @@ impl Quic {
                         self.leader_sought.store(false, Ordering::Relaxed);
                         last_error = KvError::Unavailable(e.to_string())
                     }
+                }
+                if self.once {
+                    return Err(last_error);
                 }
             }
             tokio::time::sleep(backoff).await;

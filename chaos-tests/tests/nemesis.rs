@@ -1,0 +1,365 @@
+//! Property: under a seeded schedule of faults (kills, pauses, wall-clock
+//! steps, full disks, one-way and two-way partitions of the leader or a
+//! follower: `nemesis::schedule`), a history of puts, reads, deletes and
+//! compare-and-swaps from four clients is linearizable; a watch delivers
+//! every acknowledged write's revision once, in order; a lease kept alive
+//! never expires.
+//!
+//! Five seeds run here; `scripts/soak` runs many (`TESSEL_NEMESIS_SEEDS`).
+//! A failing seed prints its schedule and reruns with
+//! `TESSEL_NEMESIS_SEEDS=N cargo test -p tessel-chaos-tests --test nemesis -- --ignored`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tessel_chaos_tests::faults::{faketime_env, step_clock, sweep_stale_rules, PortDrop, Tmpfs};
+use tessel_chaos_tests::linearizability::{check, Kind, Op};
+use tessel_chaos_tests::nemesis::{schedule, Fault, Lcg, Step, Target};
+use tessel_chaos_tests::{leader_of, KvCluster, Signal};
+use tessel_kv::{CasOutcome, Event, KvStore};
+
+const KEYS: usize = 8;
+const OPS_PER_CLIENT: u64 = 100;
+const OP_DEADLINE: Duration = Duration::from_millis(1500);
+
+type History = Arc<Mutex<BTreeMap<String, Vec<Op>>>>;
+/// Acknowledged writes: (revision, key, value; `None` for a delete).
+type Acked = Arc<Mutex<Vec<(u64, String, u64)>>>;
+
+fn decode(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().expect("8-byte values only"))
+}
+
+/// One client: `OPS_PER_CLIENT` operations, key `(n + c) % KEYS` (about
+/// 50 per key, within the checker's 64).
+async fn client(c: u64, kv: Arc<dyn KvStore>, t0: Instant, history: History, acked: Acked) {
+    let now = || t0.elapsed().as_micros() as u64;
+    let mut rng = Lcg(c * 7919 + 1);
+    let mut last_seen: BTreeMap<usize, Option<u64>> = BTreeMap::new();
+    for n in 0..OPS_PER_CLIENT {
+        tokio::time::sleep(Duration::from_millis(60 + rng.below(60))).await;
+        let k = ((n + c) % KEYS as u64) as usize;
+        let key = format!("nem/{k}");
+        let v = c * 100_000 + n + 1;
+        let invoke = now();
+        let (kind, ok) = match rng.below(20) {
+            0..=7 => {
+                match tokio::time::timeout(OP_DEADLINE, kv.put(key.as_bytes(), &v.to_le_bytes()))
+                    .await
+                {
+                    Ok(Ok(rev)) => {
+                        acked.lock().unwrap().push((rev, key.clone(), v));
+                        (Kind::Write(v), true)
+                    }
+                    _ => (Kind::Write(v), false),
+                }
+            }
+            8..=13 => match tokio::time::timeout(OP_DEADLINE, kv.try_get(key.as_bytes())).await {
+                Ok(Ok(b)) => (Kind::Read(Some(decode(&b))), true),
+                Ok(Err(tessel_kv::KvError::NotFound(_))) => (Kind::Read(None), true),
+                _ => continue, // A failed read has no effect.
+            },
+            14..=16 => {
+                let expect = last_seen.get(&k).copied().flatten();
+                let (bytes, new) = (expect.map(u64::to_le_bytes), v.to_le_bytes());
+                let cas = kv.compare_and_swap(key.as_bytes(), bytes.as_ref().map(|b| &b[..]), &new);
+                let (found, ok) = match tokio::time::timeout(OP_DEADLINE, cas).await {
+                    Ok(Ok(CasOutcome::Swapped { revision })) => {
+                        acked.lock().unwrap().push((revision, key.clone(), v));
+                        (None, true)
+                    }
+                    Ok(Ok(CasOutcome::Mismatch { current })) => {
+                        (Some(current.as_deref().map(decode)), true)
+                    }
+                    _ => (None, false),
+                };
+                (
+                    Kind::Cas {
+                        expect,
+                        new: v,
+                        found,
+                    },
+                    ok,
+                )
+            }
+            _ => match tokio::time::timeout(OP_DEADLINE, kv.delete(key.as_bytes())).await {
+                Ok(Ok(_)) => (Kind::Delete, true),
+                _ => (Kind::Delete, false),
+            },
+        };
+        last_seen.insert(
+            k,
+            match &kind {
+                Kind::Read(r) => *r,
+                Kind::Write(v) if ok => Some(*v),
+                Kind::Cas { found: Some(f), .. } if ok => *f,
+                Kind::Cas { new, .. } if ok => Some(*new),
+                Kind::Delete if ok => None,
+                _ => last_seen.get(&k).copied().flatten(),
+            },
+        );
+        let complete = ok.then(now);
+        history.lock().unwrap().entry(key).or_default().push(Op {
+            invoke,
+            complete,
+            kind,
+        });
+    }
+}
+
+/// Every event under `nem/`, re-watching after the last revision seen
+/// whenever the stream breaks, until `stop` and the cluster's revision is
+/// reached.
+async fn watcher(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>) -> Vec<Event> {
+    let mut events: Vec<Event> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut target = None;
+    while Instant::now() < deadline {
+        let from = events.last().map_or(1, |e| e.revision() + 1);
+        if let Ok(mut stream) = kv.watch(b"nem/", from).await {
+            loop {
+                if stop.load(Ordering::Relaxed) && target.is_none() {
+                    target = kv.revision().await.ok();
+                }
+                let reached = |events: &Vec<Event>| {
+                    target.is_some_and(|t| events.last().is_some_and(|e| e.revision() >= t))
+                };
+                if reached(&events) {
+                    return events;
+                }
+                match tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
+                    Ok(Some(Ok(e))) => events.push(e),
+                    Ok(_) => break,
+                    // Quiet: nothing under `nem/` after the last event.
+                    Err(_) if target.is_some() => return events,
+                    Err(_) => {}
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the watch did not catch up within 180 s");
+}
+
+/// A lease of 10 s kept alive every second; returns whether its key is
+/// still there at the end, and the longest time between acknowledged
+/// keep-alives.
+async fn lease_keeper(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>) -> (u64, Duration) {
+    let lease = kv.grant(Duration::from_secs(10)).await.unwrap();
+    kv.put_with_lease(b"nem-lease/k", b"v", lease)
+        .await
+        .unwrap();
+    let (mut last, mut gap) = (Instant::now(), Duration::ZERO);
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(3), kv.keep_alive(lease)).await
+        {
+            gap = gap.max(last.elapsed());
+            last = Instant::now();
+        }
+    }
+    gap = gap.max(last.elapsed());
+    (lease, gap)
+}
+
+struct Rig {
+    c: KvCluster,
+    disks: Vec<Tmpfs>,
+    clocks: Vec<PathBuf>,
+}
+
+impl Rig {
+    fn start() -> Rig {
+        sweep_stale_rules();
+        let mut c = KvCluster::prepare();
+        let disks: Vec<Tmpfs> = (1..=3)
+            .map(|id| Tmpfs::mount(&c.data_dir(id), "64m"))
+            .collect();
+        let clocks: Vec<PathBuf> = (1..=3)
+            .map(|id| c.dir.path().join(format!("clock-{id}")))
+            .collect();
+        for (id, f) in (1..=3).zip(&clocks) {
+            c.env.insert(id, faketime_env(f));
+        }
+        c.start_prepared(3, &[]);
+        Rig { c, disks, clocks }
+    }
+
+    fn port(&self, id: u64) -> u16 {
+        self.c.procs[&id].addr.port()
+    }
+
+    /// Restarts every replica that exited (a supervisor's job).
+    fn supervise(&mut self) {
+        for id in 1..=3 {
+            if self
+                .c
+                .procs
+                .get_mut(&id)
+                .unwrap()
+                .child
+                .try_wait()
+                .is_some()
+            {
+                self.c.restart(id);
+            }
+        }
+    }
+
+    async fn apply(&mut self, step: &Step) {
+        let leader = leader_of(&self.c.client(), Duration::from_secs(30)).await;
+        let v = match step.target {
+            Target::Leader => leader,
+            Target::Follower => (1..=3).find(|&i| i != leader).unwrap(),
+        };
+        let others: Vec<u64> = (1..=3).filter(|&i| i != v).collect();
+        let i = v as usize - 1;
+        match &step.fault {
+            Fault::Kill => {
+                self.c.procs.get_mut(&v).unwrap().kill();
+                tokio::time::sleep(step.lasts).await;
+                self.c.restart(v);
+            }
+            Fault::Pause => {
+                self.c.procs[&v].signal(Signal::SIGSTOP);
+                tokio::time::sleep(step.lasts).await;
+                self.c.procs[&v].signal(Signal::SIGCONT);
+            }
+            Fault::ClockStep(offset) => {
+                step_clock(&self.clocks[i], offset).await;
+                tokio::time::sleep(step.lasts).await;
+                step_clock(&self.clocks[i], "+0").await;
+            }
+            Fault::DiskFull => {
+                let filler = self.disks[i].fill();
+                tokio::time::sleep(step.lasts).await;
+                std::fs::remove_file(filler).unwrap();
+            }
+            Fault::OneWay => {
+                let cut = PortDrop::new(&[(self.port(v), self.port(others[0]))]);
+                tokio::time::sleep(step.lasts).await;
+                assert!(cut.dropped() > 0, "the one-way cut dropped nothing");
+            }
+            Fault::Isolate => {
+                let pairs: Vec<(u16, u16)> = others
+                    .iter()
+                    .flat_map(|&o| [(self.port(v), self.port(o)), (self.port(o), self.port(v))])
+                    .collect();
+                let cut = PortDrop::new(&pairs);
+                tokio::time::sleep(step.lasts).await;
+                assert!(cut.dropped() > 0, "the isolation dropped nothing");
+            }
+        }
+        self.supervise();
+    }
+}
+
+async fn run_seed(seed: u64) {
+    let steps = schedule(seed, 5);
+    eprintln!("nemesis seed {seed}: {steps:?}");
+    let mut rig = Rig::start();
+    let t0 = Instant::now();
+    let (history, acked): (History, Acked) = Default::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let kv = |rig: &Rig| -> Arc<dyn KvStore> { Arc::new(rig.c.client()) };
+    // The history's clients send each request once (`client` invariant 8):
+    // the library's retries could apply a write twice.
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let kv = Arc::new(rig.c.client().at_most_once());
+            tokio::spawn(client(c, kv, t0, history.clone(), acked.clone()))
+        })
+        .collect();
+    let watch = tokio::spawn(watcher(kv(&rig), stop.clone()));
+    let keeper = tokio::spawn(lease_keeper(kv(&rig), stop.clone()));
+    for step in &steps {
+        tokio::time::sleep(step.after).await;
+        rig.apply(step).await;
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (lease, gap) = keeper.await.unwrap();
+    let events = watch.await.unwrap();
+
+    // One last read of every key joins the history.
+    let kv = kv(&rig);
+    for k in 0..KEYS {
+        let key = format!("nem/{k}");
+        let invoke = t0.elapsed().as_micros() as u64;
+        let value = match kv.try_get(key.as_bytes()).await {
+            Ok(b) => Some(decode(&b)),
+            Err(tessel_kv::KvError::NotFound(_)) => None,
+            Err(e) => panic!("seed {seed}: reading {key} after the faults: {e}"),
+        };
+        let complete = Some(t0.elapsed().as_micros() as u64);
+        let op = Op {
+            invoke,
+            complete,
+            kind: Kind::Read(value),
+        };
+        history.lock().unwrap().entry(key).or_default().push(op);
+    }
+    let history = history.lock().unwrap().clone();
+    let acknowledged = history
+        .values()
+        .flatten()
+        .filter(|o| o.complete.is_some())
+        .count();
+    eprintln!("seed {seed}: {acknowledged} operations acknowledged, {} events watched, longest keep-alive gap {gap:?}", events.len());
+    assert!(
+        acknowledged >= 150,
+        "seed {seed}: too little history ({acknowledged})"
+    );
+    check(&history).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+
+    // The watch: each revision once, in order, every acknowledged write there.
+    assert!(
+        events.windows(2).all(|w| w[0].revision() < w[1].revision()),
+        "seed {seed}: watch revisions repeat or go back"
+    );
+    let by_rev: BTreeMap<u64, &Event> = events.iter().map(|e| (e.revision(), e)).collect();
+    for (rev, key, v) in acked.lock().unwrap().iter() {
+        match by_rev.get(rev) {
+            Some(Event::Put(kv)) if kv.key == key.as_bytes() && decode(&kv.value) == *v => {}
+            other => panic!("seed {seed}: write of {key} at revision {rev} watched as {other:?}"),
+        }
+    }
+    // The lease: kept alive at least every 8 s, so it lives.
+    if gap < Duration::from_secs(8) {
+        assert!(
+            kv.try_get(b"nem-lease/k").await.is_ok(),
+            "seed {seed}: lease {lease} expired though renewed every {gap:?} at worst"
+        );
+    }
+}
+
+macro_rules! seeds {
+    ($($name:ident = $seed:expr),*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            run_seed($seed).await;
+        }
+    )*};
+}
+
+seeds!(seed_1 = 1, seed_2 = 2, seed_3 = 3, seed_4 = 4, seed_5 = 5);
+
+/// `TESSEL_NEMESIS_SEEDS=FIRST-LAST` (or one seed): the soak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the soak: scripts/soak"]
+async fn soak() {
+    let spec = std::env::var("TESSEL_NEMESIS_SEEDS").unwrap_or_else(|_| "1-100".into());
+    let (first, last) = match spec.split_once('-') {
+        Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+        None => (spec.parse().unwrap(), spec.parse().unwrap()),
+    };
+    for seed in first..=last {
+        run_seed(seed).await;
+    }
+}
