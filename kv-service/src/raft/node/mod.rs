@@ -7,7 +7,7 @@
 //! 2. A read waits for `ensure_linearizable` and for the read floor (the
 //!    leader's whole log as of its first read in the term), so it never sees
 //!    less than the leader acknowledged (`raft` module docs, "Reads").
-//! 3. Time in requests is the leader's clock ([`clock`]: monotonic, never
+//! 3. Time in requests is the leader's clock (`clock`: monotonic, never
 //!    the wall's); only the leader proposes `Tick`s, when a lease or
 //!    barrier is due.
 //! 4. A leader's first write of its term is preceded by `RenewLeases`, so no
