@@ -1,8 +1,10 @@
-//! Property: a replica whose disk fills up under writes stops
+//! Properties: a replica whose disk fills up under writes stops
 //! acknowledging and exits (nonzero, for its supervisor to restart it)
 //! instead of living on while serving nothing; the majority keeps serving
 //! and loses no acknowledged write; restarted once space returns, the
-//! replica catches up and counts in a quorum again.
+//! replica catches up and counts in a quorum again. A worker whose
+//! checkpoint folder is full fails its job naming the disk, recording no
+//! checkpoint.
 //!
 //! Each replica's data folder is its own size-limited tmpfs (mounted by
 //! the test, which runs as root like the host tests); "full" is a filler
@@ -129,4 +131,47 @@ async fn a_follower_whose_disk_fills_exits_and_rejoins_losing_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_disk_fills_exits_and_rejoins_losing_nothing() {
     full_disk(Which::Leader).await;
+}
+
+/// A full checkpoint folder on the workers: the job fails at once naming
+/// the file and the disk's error (a job error: another attempt would meet
+/// the same disk), and no checkpoint is recorded, since a record follows
+/// every block's fsync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_checkpoint_disk_fails_the_job_naming_it_and_records_nothing() {
+    use tessel::client::Client;
+    use tessel_chaos_tests::mlp::{mlp_dir, mlp_job};
+    use tessel_coordinator::scheduler::JobState;
+    use tessel_coordinator::Records;
+
+    let cluster = KvCluster::start(3, &[]);
+    let root = cluster.dir.path().join("ckpt");
+    let disk = Tmpfs::mount(&root, "4m");
+    let _filler = disk.fill();
+    let root_flag = root.display().to_string();
+    let flags = ["--devices", "1", "--checkpoint-root", &root_flag];
+    let flags = flags
+        .iter()
+        .copied()
+        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"]);
+    let flags: Vec<&str> = flags.collect();
+    let _workers: Vec<_> = (0..4)
+        .map(|i| tessel_chaos_tests::spawn_worker(&cluster, &format!("w{i}"), &flags))
+        .collect();
+    let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
+    let client = Client::from_store(kv.clone());
+    let id = client
+        .submit(&mlp_job(&mlp_dir(), "job.toml", 300, 1, &root))
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(180), client.wait(&id))
+        .await
+        .expect("the job ended within 180 s")
+        .unwrap();
+    let why = end.reason.clone().unwrap_or_default();
+    assert_eq!(end.state, JobState::Failed, "{why}");
+    assert!(why.contains("No space left on device"), "{why}");
+    let records = Records::new(&*kv, &id).checkpoints().await.unwrap();
+    assert!(records.is_empty(), "{} checkpoints recorded", records.len());
+    eprintln!("the job failed: {why}");
 }
