@@ -5,6 +5,10 @@
 //! * [`faketime_env`] and [`step_clock`]: a process's wall clock under
 //!   libfaketime (Debian's `faketime`), stepped through its offset file;
 //!   monotonic time is left real, as an NTP step or a resumed VM does;
+//! * [`disk_shim`] and [`disk_fault_env`]: an LD_PRELOAD shim
+//!   (`chaos-tests/shim/disk_faults.c`, built with cc) that fails a
+//!   process's writes and syncs on some files with EIO, or slows them,
+//!   while a fault file says so;
 //! * [`PortDrop`]: iptables rules on loopback dropping UDP datagrams from
 //!   one port to another (one-way partitions between QUIC endpoints).
 //!   Rules carry the test process's pid, and [`sweep_stale_rules`] removes
@@ -79,6 +83,37 @@ pub fn faketime_env(file: &Path) -> Vec<(String, String)> {
 pub async fn step_clock(file: &Path, offset: &str) {
     std::fs::write(file, offset).unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+/// Builds the disk-fault shim into `dir`; returns the library's path.
+pub fn disk_shim(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/disk_faults.c");
+    let out = dir.join("disk_faults.so");
+    let ok = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "building {} with cc failed", src.display());
+    out
+}
+
+/// The environment that puts the shim under a process: writes and syncs
+/// of files whose path contains `matching` fail or slow down as `fault`
+/// says (`eio`, `slow MS`, or empty: nothing).
+pub fn disk_fault_env(shim: &Path, fault: &Path, matching: &Path) -> Vec<(String, String)> {
+    if !fault.exists() {
+        std::fs::write(fault, "").unwrap();
+    }
+    [
+        ("LD_PRELOAD", shim.display().to_string()),
+        ("TESSEL_FAULT_FILE", fault.display().to_string()),
+        ("TESSEL_FAULT_MATCH", matching.display().to_string()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec()
 }
 
 fn tag() -> String {

@@ -1,0 +1,165 @@
+//! Properties: a replica whose Raft log returns EIO stops and exits
+//! (nonzero) rather than serving from a log it could not write; the rest
+//! lose no acknowledged write, and it rejoins from its folder once the disk
+//! serves again. A slow log on the leader costs latency, not an election.
+//!
+//! The faults come from an LD_PRELOAD shim (`chaos-tests/shim/`) on each
+//! replica's `pwrite`/`fsync`/`fdatasync` of files under its `log/` folder;
+//! device-mapper's error and delay targets are not used (they need a block
+//! device this machine's tests do not set up). The shim's comment says
+//! what it models and what not.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessel_chaos_tests::faults::{disk_fault_env, disk_shim};
+use tessel_chaos_tests::{KvCluster, Signal};
+use tessel_kv::KvStore;
+
+/// Three replicas under the shim; returns the cluster and each replica's
+/// fault file (index `id - 1`).
+fn cluster() -> (KvCluster, Vec<PathBuf>) {
+    let mut c = KvCluster::prepare();
+    let shim = disk_shim(c.dir.path());
+    let faults: Vec<PathBuf> = (1..=3)
+        .map(|id| c.dir.path().join(format!("disk-fault-{id}")))
+        .collect();
+    for (id, f) in (1..=3).zip(&faults) {
+        let log = c.data_dir(id).join("log");
+        c.env.insert(id, disk_fault_env(&shim, f, &log));
+    }
+    c.start_prepared(3, &[]);
+    (c, faults)
+}
+
+/// When process `pid` exited (became a zombie), polled every 5 ms in the
+/// background so that a put in flight does not delay the observation.
+fn exit_time(pid: u32) -> tokio::task::JoinHandle<Instant> {
+    tokio::spawn(async move {
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit_once(") ").map(|(_, s)| s.chars().next());
+            if matches!(state, None | Some(Some('Z'))) {
+                return Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+}
+
+/// Puts `eio/{n}` one after another until the replica `victim` exits;
+/// returns the acknowledged `n`s.
+async fn put_until_exit(c: &mut KvCluster, victim: u64, from: u32) -> Vec<u32> {
+    let kv = c.client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut acked = Vec::new();
+    let mut n = from;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "replica {victim} still runs 60 s after its log failed"
+        );
+        let key = format!("eio/{n}");
+        let put = tokio::time::timeout(Duration::from_secs(20), kv.put(key.as_bytes(), b"v"));
+        if let Ok(Ok(_)) = put.await {
+            acked.push(n);
+        }
+        n += 1;
+        if let Some(status) = c.procs.get_mut(&victim).unwrap().child.try_wait() {
+            assert!(
+                !status.success(),
+                "a replica whose log failed exits nonzero"
+            );
+            return acked;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_returns_eio_stops_its_replica_and_nothing_acknowledged_is_lost() {
+    let (mut c, faults) = cluster();
+    let mut acked = Vec::new();
+    let mut from = 0;
+    for which in ["follower", "leader"] {
+        let leader = c.leader().await;
+        let victim = match which {
+            "leader" => leader,
+            _ => (1..=3).find(|&i| i != leader).unwrap(),
+        };
+        let exited = exit_time(c.procs[&victim].pid());
+        let failed_at = Instant::now();
+        std::fs::write(&faults[victim as usize - 1], "eio").unwrap();
+        let got = put_until_exit(&mut c, victim, from).await;
+        eprintln!(
+            "{which} {victim}: its log failing, it exited after {:?}; {} puts acked meanwhile",
+            exited.await.unwrap() - failed_at,
+            got.len()
+        );
+        from += got.len() as u32 + 1000;
+        acked.extend(got);
+        // The disk serves again; a supervisor restarts it. With another
+        // replica stopped, writes commit only if it caught up.
+        std::fs::write(&faults[victim as usize - 1], "").unwrap();
+        c.restart(victim);
+        let other = (1..=3).find(|&i| i != victim).unwrap();
+        c.procs[&other].signal(Signal::SIGSTOP);
+        let kv = c.client();
+        let back = Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), kv.put(b"back", which.as_bytes()))
+            .await
+            .unwrap_or_else(|_| panic!("no write with {victim} back and {other} stopped"))
+            .unwrap();
+        eprintln!(
+            "{which} {victim}: back in a quorum {:?} after its restart",
+            back.elapsed()
+        );
+        c.procs[&other].signal(Signal::SIGCONT);
+    }
+    let kv = c.client();
+    for n in &acked {
+        let key = format!("eio/{n}");
+        assert_eq!(
+            kv.try_get(key.as_bytes()).await.unwrap(),
+            b"v",
+            "acknowledged {key}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_log_on_the_leader_costs_latency_but_no_election() {
+    let (c, faults) = cluster();
+    let leader = c.leader().await;
+    let kv = Arc::new(c.client());
+    let term = |kv: Arc<tessel_kv_service::raft::client::RaftKv>| async move {
+        let mut terms = Vec::new();
+        for (_, s) in kv.cluster_status().await {
+            terms.push(s.unwrap().term);
+        }
+        terms.into_iter().max().unwrap()
+    };
+    let before = term(kv.clone()).await;
+    std::fs::write(&faults[leader as usize - 1], "slow 100").unwrap();
+    let mut latencies = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut n = 0u32;
+    while Instant::now() < until {
+        let t = Instant::now();
+        kv.put(format!("slow/{n}").as_bytes(), b"v").await.unwrap();
+        latencies.push(t.elapsed());
+        n += 1;
+    }
+    std::fs::write(&faults[leader as usize - 1], "").unwrap();
+    latencies.sort();
+    let p99 = latencies[latencies.len() * 99 / 100];
+    let after = term(kv.clone()).await;
+    eprintln!(
+        "leader's log 100 ms a write: {} puts, p50 {:?}, p99 {p99:?}, term {before} → {after}",
+        latencies.len(),
+        latencies[latencies.len() / 2]
+    );
+    assert_eq!(after, before, "a slow disk caused an election");
+    assert!(p99 < Duration::from_secs(2), "p99 {p99:?}");
+    assert_eq!(c.leader().await, leader, "the leader kept its place");
+}
