@@ -37,6 +37,9 @@ pub enum Fault {
     /// Cut off from both other replicas both ways while clients still
     /// reach it.
     Isolate,
+    /// [`Fault::Isolate`] switched on and off every 300 ms (a flapping
+    /// link).
+    Flap,
 }
 
 /// A fault, whom it hits, when it starts (after the previous one healed)
@@ -77,14 +80,15 @@ pub fn schedule(seed: u64, steps: usize) -> Vec<Step> {
     let mut rng = Lcg(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     (0..steps)
         .map(|_| {
-            let fault = match rng.below(7) {
+            let fault = match rng.below(8) {
                 0 => Fault::Kill,
                 1 => Fault::Pause,
                 2 => Fault::ClockStep("+1h"),
                 3 => Fault::ClockStep("-30m"),
                 4 => Fault::DiskFull,
                 5 => Fault::OneWay,
-                _ => Fault::Isolate,
+                6 => Fault::Isolate,
+                _ => Fault::Flap,
             };
             let target = match rng.below(2) {
                 0 => Target::Leader,
@@ -118,6 +122,7 @@ mod tests {
             Fault::DiskFull,
             Fault::OneWay,
             Fault::Isolate,
+            Fault::Flap,
         ] {
             assert!(all.iter().any(|s| s.fault == f), "{f:?}");
         }

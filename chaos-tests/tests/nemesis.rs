@@ -1,6 +1,6 @@
 //! Property: under a seeded schedule of faults (kills, pauses, wall-clock
-//! steps, full disks, one-way and two-way partitions of the leader or a
-//! follower: `nemesis::schedule`), a history of puts, reads, deletes and
+//! steps, full disks, one-way, two-way and flapping partitions of the
+//! leader or a follower: `nemesis::schedule`), a history of puts, reads, deletes and
 //! compare-and-swaps from four clients is linearizable; a watch delivers
 //! every acknowledged write's revision once, in order; a lease kept alive
 //! never expires.
@@ -25,6 +25,8 @@ use tessel_kv::{CasOutcome, Event, KvStore};
 const KEYS: usize = 8;
 const OPS_PER_CLIENT: u64 = 100;
 const OP_DEADLINE: Duration = Duration::from_millis(1500);
+/// How long a flapping link stays cut, then open.
+const FLAP: Duration = Duration::from_millis(300);
 
 type History = Arc<Mutex<BTreeMap<String, Vec<Op>>>>;
 /// Acknowledged writes: (revision, key, value; `None` for a delete).
@@ -244,14 +246,24 @@ impl Rig {
                 tokio::time::sleep(step.lasts).await;
                 assert!(cut.dropped() > 0, "the one-way cut dropped nothing");
             }
-            Fault::Isolate => {
+            Fault::Isolate | Fault::Flap => {
                 let pairs: Vec<(u16, u16)> = others
                     .iter()
                     .flat_map(|&o| [(self.port(v), self.port(o)), (self.port(o), self.port(v))])
                     .collect();
-                let cut = PortDrop::new(&pairs);
-                tokio::time::sleep(step.lasts).await;
-                assert!(cut.dropped() > 0, "the isolation dropped nothing");
+                let (flap, end) = (step.fault == Fault::Flap, Instant::now() + step.lasts);
+                let mut dropped = 0;
+                while Instant::now() < end {
+                    let cut = PortDrop::new(&pairs);
+                    let on = if flap { FLAP } else { step.lasts };
+                    tokio::time::sleep(on).await;
+                    dropped += cut.dropped();
+                    drop(cut);
+                    if flap {
+                        tokio::time::sleep(FLAP).await;
+                    }
+                }
+                assert!(dropped > 0, "the cut dropped nothing");
             }
         }
         self.supervise();
