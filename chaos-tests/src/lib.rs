@@ -117,13 +117,24 @@ fn log_level() -> String {
 /// Starts `tessel worker` against `cluster` as `worker_id` with `extra`
 /// flags, and waits for its registration.
 pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> WorkerProc {
+    spawn_worker_env(cluster, worker_id, extra, &[])
+}
+
+/// [`spawn_worker`] with more environment variables.
+pub fn spawn_worker_env(
+    cluster: &KvCluster,
+    worker_id: &str,
+    extra: &[&str],
+    env: &[(String, String)],
+) -> WorkerProc {
     let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
     let mut cmd = Command::new(tessel_bin());
     cmd.args(["worker", "--coordinator", &coordinators.join(",")])
         .arg("--tls-dir")
         .arg(cluster.tls_dir())
         .args(["--plugin", "cpu", "--worker-id", worker_id])
-        .args(extra);
+        .args(extra)
+        .envs(env.iter().map(|(k, v)| (k, v)));
     spawn_worker_cmd(cmd, worker_id).unwrap_or_else(|e| panic!("{e}"))
 }
 

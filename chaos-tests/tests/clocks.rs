@@ -1,7 +1,9 @@
-//! Property: leases follow real (monotonic) time, never a replica's wall
+//! Properties: leases follow real (monotonic) time, never a replica's wall
 //! clock: the leader's wall clock stepping an hour ahead expires no lease
 //! early, stepping back half an hour delays none, and a lease no longer
-//! renewed still ends about its TTL after its last renewal.
+//! renewed still ends about its TTL after its last renewal. A worker's
+//! wall clock stepping either way mid-job fails no job and costs it no
+//! registration.
 //!
 //! Each replica runs under libfaketime (`LD_PRELOAD`, Debian's `faketime`)
 //! with its own offset file, re-read every second; only the wall clock is
@@ -83,4 +85,60 @@ async fn a_leaders_wall_clock_stepping_either_way_expires_no_lease_early_or_late
         stopped.elapsed()
     );
     assert!(present(&*kv, b"long").await, "the 30 s lease lives on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_wall_clock_stepping_mid_job_fails_nothing() {
+    use tessel::client::Client;
+    use tessel_chaos_tests::mlp::{mlp_dir, mlp_job};
+    use tessel_chaos_tests::spawn_worker_env;
+    use tessel_coordinator::scheduler::JobState;
+    use tessel_coordinator::{keys, Item, Records};
+
+    let c = KvCluster::start(3, &[]);
+    let ckpt = c.dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let root = ckpt.display().to_string();
+    let flags = ["--devices", "1", "--checkpoint-root", &root];
+    let flags: Vec<&str> = flags
+        .into_iter()
+        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"])
+        .collect();
+    let clock = c.dir.path().join("clock-w0");
+    let env = faketime_env(&clock);
+    let workers: Vec<_> = (0..4)
+        .map(|i| {
+            let env = if i == 0 { env.as_slice() } else { &[] };
+            spawn_worker_env(&c, &format!("w{i}"), &flags, env)
+        })
+        .collect();
+    let kv: Arc<dyn KvStore> = Arc::new(c.client());
+    let incarnation = kv
+        .try_get(keys::incarnation("w0").as_bytes())
+        .await
+        .unwrap();
+    let client = Client::from_store(kv.clone());
+    let id = client
+        .submit(&mlp_job(&mlp_dir(), "job.toml", 3000, 0, &ckpt))
+        .await
+        .unwrap();
+    Records::new(&*kv, &id)
+        .wait(Item::Report(99), Duration::from_secs(120))
+        .await
+        .expect("the job reached step 100");
+    step_clock(&clock, "+1h").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    step_clock(&clock, "-30m").await;
+    let end = tokio::time::timeout(Duration::from_secs(300), client.wait(&id))
+        .await
+        .expect("the job ended")
+        .unwrap();
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    assert_eq!((end.attempt, end.restarts), (1, 0));
+    let now = kv
+        .try_get(keys::incarnation("w0").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(now, incarnation, "w0 kept its registration");
+    drop(workers);
 }

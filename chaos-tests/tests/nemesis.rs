@@ -351,6 +351,74 @@ async fn run_seed(seed: u64) {
     }
 }
 
+/// Jobs under the nemesis: the MLP demo runs while seed 11's schedule
+/// (the leader isolated, a follower paused, a follower isolated, the
+/// leader's disk full) hits the coordinators; it ends Succeeded with exactly
+/// the parameters of a calm run, or the test says which cause it named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_under_the_nemesis_ends_with_a_calm_runs_parameters() {
+    use tessel::client::Client;
+    use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params};
+    use tessel_chaos_tests::spawn_worker;
+    use tessel_coordinator::scheduler::JobState;
+
+    let mut rig = Rig::start();
+    let ckpt = rig.c.dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let root = ckpt.display().to_string();
+    let flags = ["--devices", "1", "--checkpoint-root", &root];
+    let flags: Vec<&str> = flags
+        .into_iter()
+        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"])
+        .collect();
+    let _workers: Vec<_> = (0..4)
+        .map(|i| spawn_worker(&rig.c, &format!("w{i}"), &flags))
+        .collect();
+    let client = Client::from_store(Arc::new(rig.c.client()));
+    let job = || mlp_job(&mlp_dir(), "job.toml", 1500, 3, &ckpt);
+    let calm = client.submit(&job()).await.unwrap();
+    let done = client.wait(&calm).await.unwrap();
+    assert_eq!(done.state, JobState::Succeeded, "{:?}", done.reason);
+
+    let id = client.submit(&job()).await.unwrap();
+    let steps = schedule(11, 4);
+    eprintln!("the job's nemesis: {steps:?}");
+    for step in &steps {
+        tokio::time::sleep(step.after).await;
+        rig.apply(step).await;
+    }
+    let end = tokio::time::timeout(Duration::from_secs(300), client.wait(&id))
+        .await
+        .expect("the job ended within 300 s of the last fault")
+        .unwrap();
+    let kv = rig.c.client();
+    let causes: Vec<String> = tessel_coordinator::Records::new(&kv, &id)
+        .events()
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|(_, v)| {
+            let e: tessel_coordinator::scheduler::JobEvent = postcard::from_bytes(v).ok()?;
+            Some(format!(
+                "{} → {}: {}",
+                e.from,
+                e.to,
+                e.reason.unwrap_or_default()
+            ))
+        })
+        .collect();
+    eprintln!(
+        "the job under the nemesis: {} after {} attempt(s), {} restart(s); {causes:#?}",
+        end.state, end.attempt, end.restarts
+    );
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    assert_eq!(
+        mlp_params(&client, &id).await,
+        mlp_params(&client, &calm).await,
+        "the parameters of a calm run"
+    );
+}
+
 macro_rules! seeds {
     ($($name:ident = $seed:expr),*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
