@@ -78,6 +78,18 @@ pub fn faketime_env(file: &Path) -> Vec<(String, String)> {
     .to_vec()
 }
 
+/// Puts every replica of `c` (ids `1..=n`, not started yet) under
+/// libfaketime; returns each one's offset file (index `id - 1`).
+pub fn faketime_replicas(c: &mut crate::KvCluster, n: u64) -> Vec<PathBuf> {
+    (1..=n)
+        .map(|id| {
+            let file = c.dir.path().join(format!("clock-{id}"));
+            c.env.insert(id, faketime_env(&file));
+            file
+        })
+        .collect()
+}
+
 /// Steps the wall clock of the processes reading `file` to `offset`, and
 /// waits until libfaketime's one-second cache has seen it.
 pub async fn step_clock(file: &Path, offset: &str) {

@@ -120,6 +120,17 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
     spawn_worker_env(cluster, worker_id, extra, &[])
 }
 
+/// The flags of a job's workers in these tests: one CPU device,
+/// checkpoints under `root`, beating every 300 ms with a 1.5 s TTL.
+pub fn job_worker_flags(root: &Path) -> Vec<String> {
+    let root = root.display().to_string();
+    ["--devices", "1", "--checkpoint-root", &root]
+        .into_iter()
+        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"])
+        .map(str::to_owned)
+        .collect()
+}
+
 /// [`spawn_worker`] with more environment variables.
 pub fn spawn_worker_env(
     cluster: &KvCluster,

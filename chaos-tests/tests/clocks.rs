@@ -12,12 +12,11 @@
 //! past a certificate's validity (a TLS failure; certificates are
 //! backdated an hour, so the backward step here is half an hour).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessel_chaos_tests::faults::{faketime_env, step_clock};
+use tessel_chaos_tests::faults::{faketime_env, faketime_replicas, step_clock};
 use tessel_chaos_tests::KvCluster;
 use tessel_kv::{KvError, KvStore};
 
@@ -32,12 +31,7 @@ async fn present(kv: &impl KvStore, key: &[u8]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaders_wall_clock_stepping_either_way_expires_no_lease_early_or_late() {
     let mut c = KvCluster::prepare();
-    let files: Vec<PathBuf> = (1..=3)
-        .map(|id| c.dir.path().join(format!("clock-{id}")))
-        .collect();
-    for (id, file) in (1..=3).zip(&files) {
-        c.env.insert(id, faketime_env(file));
-    }
+    let files = faketime_replicas(&mut c, 3);
     c.start_prepared(3, &[]);
     let leader = c.leader().await;
     let kv = Arc::new(c.client());
@@ -91,19 +85,15 @@ async fn a_leaders_wall_clock_stepping_either_way_expires_no_lease_early_or_late
 async fn a_workers_wall_clock_stepping_mid_job_fails_nothing() {
     use tessel::client::Client;
     use tessel_chaos_tests::mlp::{mlp_dir, mlp_job};
-    use tessel_chaos_tests::spawn_worker_env;
+    use tessel_chaos_tests::{job_worker_flags, spawn_worker_env};
     use tessel_coordinator::scheduler::JobState;
     use tessel_coordinator::{keys, Item, Records};
 
     let c = KvCluster::start(3, &[]);
     let ckpt = c.dir.path().join("ckpt");
     std::fs::create_dir_all(&ckpt).unwrap();
-    let root = ckpt.display().to_string();
-    let flags = ["--devices", "1", "--checkpoint-root", &root];
-    let flags: Vec<&str> = flags
-        .into_iter()
-        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"])
-        .collect();
+    let flags = job_worker_flags(&ckpt);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let clock = c.dir.path().join("clock-w0");
     let env = faketime_env(&clock);
     let workers: Vec<_> = (0..4)

@@ -148,13 +148,8 @@ async fn a_full_checkpoint_disk_fails_the_job_naming_it_and_records_nothing() {
     let root = cluster.dir.path().join("ckpt");
     let disk = Tmpfs::mount(&root, "4m");
     let _filler = disk.fill();
-    let root_flag = root.display().to_string();
-    let flags = ["--devices", "1", "--checkpoint-root", &root_flag];
-    let flags = flags
-        .iter()
-        .copied()
-        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"]);
-    let flags: Vec<&str> = flags.collect();
+    let flags = tessel_chaos_tests::job_worker_flags(&root);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let _workers: Vec<_> = (0..4)
         .map(|i| tessel_chaos_tests::spawn_worker(&cluster, &format!("w{i}"), &flags))
         .collect();

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use tessel_chaos_tests::faults::{faketime_env, step_clock, sweep_stale_rules, PortDrop, Tmpfs};
+use tessel_chaos_tests::faults::{
+    faketime_replicas, step_clock, sweep_stale_rules, PortDrop, Tmpfs,
+};
 use tessel_chaos_tests::linearizability::{check, Kind, Op};
 use tessel_chaos_tests::nemesis::{schedule, Fault, Lcg, Step, Target};
 use tessel_chaos_tests::{leader_of, KvCluster, Signal};
@@ -181,12 +183,7 @@ impl Rig {
         let disks: Vec<Tmpfs> = (1..=3)
             .map(|id| Tmpfs::mount(&c.data_dir(id), "64m"))
             .collect();
-        let clocks: Vec<PathBuf> = (1..=3)
-            .map(|id| c.dir.path().join(format!("clock-{id}")))
-            .collect();
-        for (id, f) in (1..=3).zip(&clocks) {
-            c.env.insert(id, faketime_env(f));
-        }
+        let clocks = faketime_replicas(&mut c, 3);
         c.start_prepared(3, &[]);
         Rig { c, disks, clocks }
     }
@@ -359,18 +356,14 @@ async fn run_seed(seed: u64) {
 async fn a_job_under_the_nemesis_ends_with_a_calm_runs_parameters() {
     use tessel::client::Client;
     use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params};
-    use tessel_chaos_tests::spawn_worker;
+    use tessel_chaos_tests::{job_worker_flags, spawn_worker};
     use tessel_coordinator::scheduler::JobState;
 
     let mut rig = Rig::start();
     let ckpt = rig.c.dir.path().join("ckpt");
     std::fs::create_dir_all(&ckpt).unwrap();
-    let root = ckpt.display().to_string();
-    let flags = ["--devices", "1", "--checkpoint-root", &root];
-    let flags: Vec<&str> = flags
-        .into_iter()
-        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"])
-        .collect();
+    let flags = job_worker_flags(&ckpt);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let _workers: Vec<_> = (0..4)
         .map(|i| spawn_worker(&rig.c, &format!("w{i}"), &flags))
         .collect();

@@ -12,13 +12,11 @@ use std::time::{Duration, Instant};
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
 use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params as params};
-use tessel_chaos_tests::{sample, scrape, spawn_worker, KvCluster, WorkerProc};
+use tessel_chaos_tests::{job_worker_flags, sample, scrape, spawn_worker, KvCluster, WorkerProc};
 
 use tessel_coordinator::scheduler::{JobRecord, JobState};
 use tessel_coordinator::{jobs, Item, Records};
 use tessel_kv::KvStore;
-
-const LIVENESS: [&str; 4] = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
 
 /// The MLP demo spec with `steps`, `max_restarts` and checkpoints every
 /// 100 steps under `ckpt` (absolute).
@@ -34,12 +32,8 @@ fn ckpt_root(cluster: &KvCluster) -> PathBuf {
 
 /// `n` workers with one CPU device each.
 fn workers(cluster: &KvCluster, n: usize) -> HashMap<String, WorkerProc> {
-    let root = ckpt_root(cluster).display().to_string();
-    let flags: Vec<&str> = LIVENESS
-        .iter()
-        .copied()
-        .chain(["--devices", "1", "--checkpoint-root", &root])
-        .collect();
+    let flags = job_worker_flags(&ckpt_root(cluster));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     (0..n)
         .map(|i| {
             let id = format!("w{i}");
