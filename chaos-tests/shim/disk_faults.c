@@ -4,9 +4,10 @@
  *
  * For a file descriptor whose path contains $TESSEL_FAULT_MATCH, every
  * pwrite, pwrite64, fsync and fdatasync first reads $TESSEL_FAULT_FILE:
- *   "eio"     -> the call fails with EIO and writes nothing;
- *   "slow N"  -> the call waits N ms, then runs;
+ *   "eio [PART]"    -> the call fails with EIO and writes nothing;
+ *   "slow N [PART]" -> the call waits N ms, then runs;
  *   anything else (or no file) -> the call runs.
+ * With PART, only paths that also contain PART are hit.
  * What it models: a disk that returns EIO (as a dying device or a lost
  * network volume does) or that stalls. What it does not: torn or silently
  * corrupted writes, errors on reads, and calls through other entry points
@@ -37,11 +38,16 @@ static int fault_for(int fd, long *ms) {
     int saved = errno;
     int f = open(file, O_RDONLY | O_CLOEXEC);
     if (f < 0) { errno = saved; return 0; }
-    char what[32] = {0};
+    char what[256] = {0};
     ssize_t got = read(f, what, sizeof what - 1);
     close(f);
     errno = saved;
     if (got <= 0) return 0;
+    what[strcspn(what, "\n")] = 0;
+    /* The optional PART: the word after "eio", or after "slow N". */
+    char *part = strchr(what, ' ');
+    if (part && strncmp(what, "slow ", 5) == 0) part = strchr(part + 1, ' ');
+    if (part && *(part + 1) && !strstr(path, part + 1)) return 0;
     if (strncmp(what, "eio", 3) == 0) return 1;
     if (strncmp(what, "slow ", 5) == 0) { *ms = atol(what + 5); return 2; }
     return 0;

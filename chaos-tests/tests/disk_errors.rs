@@ -1,11 +1,11 @@
-//! Properties: a replica whose Raft log returns EIO stops and exits
+//! Properties: a replica whose Raft log or state file returns EIO stops and exits
 //! (nonzero) rather than serving from a log it could not write; the rest
 //! lose no acknowledged write, and it rejoins from its folder once the disk
 //! serves again. A slow log, on the leader or a follower, costs latency,
 //! not an election.
 //!
 //! The faults come from an LD_PRELOAD shim (`chaos-tests/shim/`) on each
-//! replica's `pwrite`/`fsync`/`fdatasync` of files under its `log/` folder;
+//! replica's `pwrite`/`fsync`/`fdatasync` of its log or state files;
 //! device-mapper's error and delay targets are not used (they need a block
 //! device this machine's tests do not set up). The shim's comment says
 //! what it models and what not.
@@ -26,8 +26,7 @@ fn cluster() -> (KvCluster, Vec<PathBuf>) {
         .map(|id| c.dir.path().join(format!("disk-fault-{id}")))
         .collect();
     for (id, f) in (1..=3).zip(&faults) {
-        let log = c.data_dir(id).join("log");
-        c.env.insert(id, disk_fault_env(&shim, f, &log));
+        c.env.insert(id, disk_fault_env(&shim, f, &c.data_dir(id)));
     }
     c.start_prepared(3, &[]);
     (c, faults)
@@ -81,7 +80,13 @@ async fn a_log_that_returns_eio_stops_its_replica_and_nothing_acknowledged_is_lo
     let (mut c, faults) = cluster();
     let mut acked = Vec::new();
     let mut from = 0;
-    for which in ["follower", "leader"] {
+    // The log of a follower, then the leader's; then the state machine's
+    // file of a follower.
+    for (which, file) in [
+        ("follower", "log/"),
+        ("leader", "log/"),
+        ("follower", "state.redb"),
+    ] {
         let leader = c.leader().await;
         let victim = match which {
             "leader" => leader,
@@ -89,10 +94,10 @@ async fn a_log_that_returns_eio_stops_its_replica_and_nothing_acknowledged_is_lo
         };
         let exited = exit_time(c.procs[&victim].pid());
         let failed_at = Instant::now();
-        std::fs::write(&faults[victim as usize - 1], "eio").unwrap();
+        std::fs::write(&faults[victim as usize - 1], format!("eio {file}")).unwrap();
         let got = put_until_exit(&mut c, victim, from).await;
         eprintln!(
-            "{which} {victim}: its log failing, it exited after {:?}; {} puts acked meanwhile",
+            "{which} {victim}: its {file} failing, it exited after {:?}; {} puts acked meanwhile",
             exited.await.unwrap() - failed_at,
             got.len()
         );
@@ -158,7 +163,7 @@ async fn a_slow_log_costs_latency_but_no_election() {
     };
     let before = term().await;
     for (who, id) in [("leader", leader), ("follower", follower)] {
-        std::fs::write(&faults[id as usize - 1], "slow 100").unwrap();
+        std::fs::write(&faults[id as usize - 1], "slow 100 log/").unwrap();
         let l = put_for_5s(&kv, who).await;
         std::fs::write(&faults[id as usize - 1], "").unwrap();
         let (p50, p99) = (l[l.len() / 2], l[l.len() * 99 / 100]);
