@@ -381,6 +381,29 @@ impl KvCluster {
         RaftKv::connect(vec![self.procs[&id].addr], Some(&self.tls)).unwrap()
     }
 
+    /// Restarts replica `id` (a supervisor's part) and proves it rejoined:
+    /// with the third replica (not the leader, so no election) stopped, a
+    /// write commits only with it. Returns how long that took from the
+    /// restart, start-up included.
+    pub async fn restart_and_prove_rejoined(&mut self, id: u64) -> Duration {
+        let back = std::time::Instant::now();
+        self.restart(id);
+        let leader = self.leader().await;
+        let other = (1..=3).find(|&i| i != id && i != leader).unwrap();
+        self.procs[&other].signal(Signal::SIGSTOP);
+        let kv = self.client();
+        let value = id.to_le_bytes();
+        let put = tessel_kv::KvStore::put(&kv, b"rejoined", &value);
+        let done = tokio::time::timeout(Duration::from_secs(30), put).await;
+        self.procs[&other].signal(Signal::SIGCONT);
+        match done {
+            Ok(Ok(_)) => back.elapsed(),
+            other_outcome => {
+                panic!("no write with replica {id} back and {other} stopped: {other_outcome:?}")
+            }
+        }
+    }
+
     /// The leader's id, once one is elected (panics after 20 s).
     pub async fn leader(&self) -> u64 {
         leader_of(&self.client(), Duration::from_secs(20)).await

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::faults::{disk_fault_env, disk_shim};
-use tessel_chaos_tests::{KvCluster, Signal};
+use tessel_chaos_tests::KvCluster;
 use tessel_kv::KvStore;
 
 /// Three replicas under the shim; returns the cluster and each replica's
@@ -103,25 +103,10 @@ async fn a_log_that_returns_eio_stops_its_replica_and_nothing_acknowledged_is_lo
         );
         from += got.len() as u32 + 1000;
         acked.extend(got);
-        // The disk serves again; a supervisor restarts it. With the third
-        // replica (not the leader: no election) stopped, writes commit
-        // only if it caught up.
+        // The disk serves again; a supervisor restarts it, and it rejoins.
         std::fs::write(&faults[victim as usize - 1], "").unwrap();
-        let back = Instant::now();
-        c.restart(victim);
-        let leader = c.leader().await;
-        let other = (1..=3).find(|&i| i != victim && i != leader).unwrap();
-        c.procs[&other].signal(Signal::SIGSTOP);
-        let kv = c.client();
-        tokio::time::timeout(Duration::from_secs(30), kv.put(b"back", which.as_bytes()))
-            .await
-            .unwrap_or_else(|_| panic!("no write with {victim} back and {other} stopped"))
-            .unwrap();
-        eprintln!(
-            "{which} {victim}: back in a quorum {:?} after its restart",
-            back.elapsed()
-        );
-        c.procs[&other].signal(Signal::SIGCONT);
+        let back = c.restart_and_prove_rejoined(victim).await;
+        eprintln!("{which} {victim}: back in a quorum {back:?} after its restart");
     }
     let kv = c.client();
     for n in &acked {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::faults::Tmpfs;
-use tessel_chaos_tests::{KvCluster, Signal};
+use tessel_chaos_tests::KvCluster;
 use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
 
@@ -91,30 +91,15 @@ async fn full_disk(which: Which) {
         assert_eq!(v.unwrap(), value(i), "acknowledged put {i}");
     }
 
-    // Space returns; the supervisor (this test) restarts it. With the
-    // third replica (not the leader: no election) stopped, writes commit
-    // only if the restarted one caught up.
+    // Space returns; the supervisor (this test) restarts it, and it
+    // rejoins.
     std::fs::remove_file(filler).unwrap();
-    let back = Instant::now();
-    c.restart(victim);
-    let leader = c.leader().await;
-    let other = (1..=3).find(|&i| i != victim && i != leader).unwrap();
-    c.procs[&other].signal(Signal::SIGSTOP);
-    let kv = c.client();
-    for k in 0..5u32 {
-        let key = format!("back/{k}");
-        let put = kv.put(key.as_bytes(), b"v");
-        tokio::time::timeout(Duration::from_secs(30), put)
-            .await
-            .unwrap_or_else(|_| panic!("a write with replica {victim} back and {other} stopped"))
-            .unwrap();
-    }
+    let back = c.restart_and_prove_rejoined(victim).await;
     eprintln!(
-        "replica {victim} restarted and in a quorum {:?} after space returned; {} puts acked, none lost",
-        back.elapsed(),
+        "replica {victim} restarted and in a quorum {back:?} after space returned; {} puts acked, none lost",
         acked.len()
     );
-    c.procs[&other].signal(Signal::SIGCONT);
+    let kv = c.client();
     for &i in &acked {
         let v = kv.try_get(format!("full/{i:04}").as_bytes()).await;
         assert_eq!(
