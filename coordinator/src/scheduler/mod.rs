@@ -195,18 +195,6 @@ impl JobRecord {
     pub fn instance(&self) -> String {
         instance(&self.id, self.attempt)
     }
-
-    /// What was asked for, as [`check_request`] checks it.
-    fn request(&self) -> Submission {
-        Submission {
-            name: self.name.clone(),
-            processes: self.processes,
-            devices_per_process: self.devices_per_process,
-            plugin: self.plugin.clone(),
-            max_restarts: self.max_restarts,
-            trace: None,
-        }
-    }
 }
 
 /// The KV namespace of attempt `attempt` of job `id`: `ID@ATTEMPT`.
@@ -437,27 +425,31 @@ impl SchedulerState {
                 _ if obs.cancel_requested => {
                     Some((JobState::Cancelled, Some("cancelled".into()), None))
                 }
-                // Invariant 10.
-                JobState::Pending if check_request(&job.request()).is_err() => Some((
-                    JobState::Failed,
-                    check_request(&job.request()).err(),
-                    Some(FailureKind::Job),
-                )),
-                JobState::Pending => match place(job, workers, &used) {
-                    Ok(placement) => {
-                        job.placement = placement;
-                        job.attempt += 1;
-                        job.placed_unix_ms = now;
-                        Some((JobState::Scheduled, None, None))
-                    }
-                    Err(why) => {
-                        if job.reason.as_deref() != Some(why.as_str()) {
-                            job.reason = Some(why);
-                            job.updated_unix_ms = now;
+                JobState::Pending => {
+                    let checked = check_request(
+                        &job.name,
+                        job.processes,
+                        job.devices_per_process,
+                        &job.plugin,
+                    );
+                    match checked.map(|()| place(job, workers, &used)) {
+                        // Invariant 10.
+                        Err(why) => Some((JobState::Failed, Some(why), Some(FailureKind::Job))),
+                        Ok(Ok(placement)) => {
+                            job.placement = placement;
+                            job.attempt += 1;
+                            job.placed_unix_ms = now;
+                            Some((JobState::Scheduled, None, None))
                         }
-                        None
+                        Ok(Err(why)) => {
+                            if job.reason.as_deref() != Some(why.as_str()) {
+                                job.reason = Some(why);
+                                job.updated_unix_ms = now;
+                            }
+                            None
+                        }
                     }
-                },
+                }
                 JobState::Scheduled | JobState::Running => match &obs.failure {
                     // Invariant 9: a planned move is not a failure.
                     Some(f) if f.kind.is_planned() => {
@@ -542,26 +534,38 @@ impl SchedulerState {
 /// (`tessel_topology::MAX_DEVICES`; a test in `tessel` keeps them equal).
 pub const MAX_JOB_DEVICES: u64 = 1 << 20;
 
-/// Invariant 10: what a job must be for the scheduler to place it, however
-/// it was submitted: the spec's name rule (ids are `NAME.N`, attempts
-/// `NAME.N@A`), at least one process and one device each, at most
-/// [`MAX_JOB_DEVICES`] in all, a plugin name that can be a key.
-pub fn check_request(job: &Submission) -> std::result::Result<(), String> {
+/// The rule for a job's name, the spec's and the scheduler's (invariant
+/// 10): ids are `NAME.N` and attempts `NAME.N@A`, so a name is 1-64
+/// letters, digits, `-` or `_`.
+pub fn check_job_name(name: &str) -> std::result::Result<(), String> {
     let good = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
-    if job.name.is_empty() || job.name.len() > 64 || !job.name.chars().all(good) {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(good) {
         return Err(format!(
-            "invalid submission: the name `{}` is not 1-64 letters, digits, `-` or `_`",
-            job.name.escape_debug()
+            "`{}`: 1-64 letters, digits, `-` or `_`",
+            name.escape_debug()
         ));
     }
-    let devices = u64::from(job.processes) * u64::from(job.devices_per_process);
-    if job.processes == 0 || job.devices_per_process == 0 || devices > MAX_JOB_DEVICES {
+    Ok(())
+}
+
+/// Invariant 10: what a job must be for the scheduler to place it, however
+/// it was submitted: a name by [`check_job_name`], at least one process
+/// and one device each, at most [`MAX_JOB_DEVICES`] in all, a plugin name
+/// that can be a key.
+pub fn check_request(
+    name: &str,
+    processes: u32,
+    devices_per_process: u32,
+    plugin: &str,
+) -> std::result::Result<(), String> {
+    check_job_name(name).map_err(|e| format!("invalid submission: the name {e}"))?;
+    let devices = u64::from(processes) * u64::from(devices_per_process);
+    if processes == 0 || devices_per_process == 0 || devices > MAX_JOB_DEVICES {
         return Err(format!(
-            "invalid submission: {} processes × {} devices (1 to {MAX_JOB_DEVICES} devices in all)",
-            job.processes, job.devices_per_process
+            "invalid submission: {processes} processes × {devices_per_process} devices (1 to {MAX_JOB_DEVICES} devices in all)"
         ));
     }
-    tessel_kv::check_path_component("plugin", &job.plugin)
+    tessel_kv::check_path_component("plugin", plugin)
         .map_err(|e| format!("invalid submission: {e}"))
 }
 

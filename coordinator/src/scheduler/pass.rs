@@ -6,7 +6,13 @@ use super::*;
 /// Queues a job: stores its bundle and adds it to the state (invariant 1).
 /// Refused at once if [`check_request`] would fail it (invariant 10).
 pub async fn submit(kv: &dyn KvStore, job: &Submission, bundle: &[u8]) -> Result<String> {
-    check_request(job).map_err(|reason| CoordinatorError::Invalid {
+    let checked = check_request(
+        &job.name,
+        job.processes,
+        job.devices_per_process,
+        &job.plugin,
+    );
+    checked.map_err(|reason| CoordinatorError::Invalid {
         what: "submission".into(),
         reason,
     })?;

@@ -42,17 +42,10 @@ impl Validation {
     }
 
     pub(super) fn check(&mut self, s: &JobSpec, base: &dyn SpecFiles) {
-        // Letters, digits, `-` and `_`: the scheduler derives ids from it
-        // (`NAME.N`, attempts `NAME.N@A`) that no name can collide with.
-        let good = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
-        if s.name.is_empty() || s.name.len() > 64 || !s.name.chars().all(good) {
-            self.err(
-                "name",
-                format!(
-                    "`{}`: 1-64 letters, digits, `-` or `_`",
-                    s.name.escape_debug()
-                ),
-            );
+        // The scheduler's own rule: it derives ids from the name (`NAME.N`,
+        // attempts `NAME.N@A`) that no name can collide with.
+        if let Err(e) = tessel_coordinator::scheduler::check_job_name(&s.name) {
+            self.err("name", e);
         }
         if s.processes == 0 {
             self.err("processes", "at least 1");
