@@ -10,6 +10,10 @@ use tessel_pjrt::{ElementType, HostBuffer, NativeType};
 
 /// The largest array a literal or `.npy` file may describe (4 GiB).
 pub const MAX_ARRAY_BYTES: usize = 4 << 30;
+/// The largest array a job's spec or program may declare, whole (1 TiB;
+/// `job` invariant 8): far past any host, small enough that every size
+/// derived from it fits.
+pub const MAX_JOB_ARRAY_BYTES: usize = 1 << 40;
 /// The largest `.npy` header accepted.
 const MAX_NPY_HEADER: usize = 64 << 10;
 
@@ -51,18 +55,20 @@ fn literal_err(literal: &str, reason: impl Into<String>) -> ArrayError {
 }
 
 /// Number of elements and bytes of a shape, refusing overflow and
-/// anything above [`MAX_ARRAY_BYTES`].
-fn checked_size(ty: ElementType, dims: &[i64]) -> Result<(usize, usize), String> {
+/// anything above `max_bytes`.
+pub(crate) fn checked_size(
+    ty: ElementType,
+    dims: &[i64],
+    max_bytes: usize,
+) -> Result<(usize, usize), String> {
     let mut n: usize = 1;
     for &d in dims {
         let d = usize::try_from(d).map_err(|_| format!("negative dimension {d}"))?;
         n = n.checked_mul(d).ok_or("shape overflows")?;
     }
     let bytes = n.checked_mul(ty.size()).ok_or("shape overflows")?;
-    if bytes > MAX_ARRAY_BYTES {
-        return Err(format!(
-            "{bytes} bytes exceeds the {MAX_ARRAY_BYTES}-byte limit"
-        ));
+    if bytes > max_bytes {
+        return Err(format!("{bytes} bytes exceeds the {max_bytes}-byte limit"));
     }
     Ok((n, bytes))
 }
@@ -98,7 +104,7 @@ pub fn parse_literal(spec: &str) -> Result<HostBuffer, ArrayError> {
     };
     let ty =
         ElementType::parse(ty_name).ok_or_else(|| ArrayError::UnknownType(ty_name.to_owned()))?;
-    let (count, _) = checked_size(ty, &dims).map_err(|r| literal_err(spec, r))?;
+    let (count, _) = checked_size(ty, &dims, MAX_ARRAY_BYTES).map_err(|r| literal_err(spec, r))?;
     let raw: Vec<&str> = values.split(',').map(str::trim).collect();
     if raw.len() != count && raw.len() != 1 {
         return Err(literal_err(
@@ -259,7 +265,7 @@ pub fn read_npy(data: &[u8]) -> Result<HostBuffer, ArrayError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (ty, big_endian) = type_of_descr(descr)?;
-    let (_, nbytes) = checked_size(ty, &dims).map_err(ArrayError::Npy)?;
+    let (_, nbytes) = checked_size(ty, &dims, MAX_ARRAY_BYTES).map_err(ArrayError::Npy)?;
     let body = &data[end..];
     if body.len() != nbytes {
         return Err(ArrayError::Npy(format!(

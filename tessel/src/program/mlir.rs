@@ -328,11 +328,9 @@ pub fn parse_tensor_type(s: &str) -> Result<TensorType, MlirError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     // Bounded before any product is formed: `byte_len` and every buffer
-    // size after it then fit (1 TiB, the most a job's array may hold).
-    let bytes = dims.iter().try_fold(element_type.size() as u64, |acc, &d| {
-        acc.checked_mul(d as u64).filter(|&b| b <= 1 << 40)
-    });
-    if bytes.is_none() {
+    // size after it then fit.
+    use crate::array::{checked_size, MAX_JOB_ARRAY_BYTES};
+    if checked_size(element_type, &dims, MAX_JOB_ARRAY_BYTES).is_err() {
         return Err(syntax("type", s, "more than 1 TiB"));
     }
     Ok(TensorType { element_type, dims })

@@ -7,11 +7,9 @@ use std::path::PathBuf;
 use tessel_pjrt::ElementType;
 
 use super::spec::*;
-use tessel_topology::MAX_DEVICES;
-
-/// The most bytes one array may hold, whole (invariant 8): 1 TiB.
-pub(super) const MAX_ARRAY_BYTES: u64 = 1 << 40;
+use crate::array::{checked_size, MAX_JOB_ARRAY_BYTES};
 use crate::program::mlir::{parse_signature, Signature, TensorType};
+use tessel_topology::MAX_DEVICES;
 
 #[derive(Default)]
 pub(super) struct Validation {
@@ -245,16 +243,13 @@ impl Validation {
             return;
         }
         // Invariant 8: the byte count, formed step by step, stays bounded.
-        let bytes = a.shape.iter().try_fold(dtype.size() as u64, |acc, &d| {
-            acc.checked_mul(d as u64).filter(|&b| b <= MAX_ARRAY_BYTES)
-        });
-        if bytes.is_none() {
+        if checked_size(dtype, &a.shape, MAX_JOB_ARRAY_BYTES).is_err() {
             self.err(
                 format!("{field}.shape"),
                 format!(
                     "{dtype}{:?} is more than {} GiB, the most an array can hold",
                     a.shape,
-                    MAX_ARRAY_BYTES >> 30
+                    MAX_JOB_ARRAY_BYTES >> 30
                 ),
             );
             return;
