@@ -1,12 +1,11 @@
-//! The leader's clock (node invariant 3): it proposes a `Tick` when a
-//! lease or barrier falls due, or when renewals held in memory must be
-//! written down (`renewals` invariant 2; the proposer adds them).
+//! The leader's ticks (node invariant 3), stamped by its clock (`clock`):
+//! it proposes a `Tick` when a lease or barrier falls due, or when
+//! renewals held in memory must be written down (`renewals` invariant 2;
+//! the proposer adds them to the tick's proposal).
 
 use super::*;
 
-/// Invariant 3: the leader proposes a `Tick` when something is due, or
-/// when the renewals it holds in memory must be written down (`renewals`
-/// invariant 2: the proposer adds them to the tick's proposal).
+/// Runs for as long as the replica does; ticks only while it leads.
 pub(super) async fn tick_when_due(
     raft: Raft<TypeConfig>,
     leases: LeaseBook,
