@@ -124,10 +124,12 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
 /// checkpoints under `root`, beating every 300 ms with a 1.5 s TTL.
 pub fn job_worker_flags(root: &Path) -> Vec<String> {
     let root = root.display().to_string();
-    ["--devices", "1", "--checkpoint-root", &root]
-        .into_iter()
-        .chain(["--heartbeat-ms", "300", "--ttl-ms", "1500"])
-        .map(str::to_owned)
+    let flags = ["--devices", "1", "--checkpoint-root", &root];
+    let liveness = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
+    flags
+        .iter()
+        .chain(&liveness)
+        .map(|f| f.to_string())
         .collect()
 }
 
@@ -381,15 +383,36 @@ impl KvCluster {
         RaftKv::connect(vec![self.procs[&id].addr], Some(&self.tls)).unwrap()
     }
 
-    /// Restarts replica `id` (a supervisor's part) and proves it rejoined:
-    /// with the third replica (not the leader, so no election) stopped, a
-    /// write commits only with it. Returns how long that took from the
+    /// The first replica that is none of `not` (a follower, given the
+    /// leader).
+    pub fn replica_other_than(&self, not: &[u64]) -> u64 {
+        *self
+            .procs
+            .keys()
+            .find(|id| !not.contains(id))
+            .expect("a replica left")
+    }
+
+    /// A client of every replica but `id` (the survivors of its loss).
+    pub fn client_without(&self, id: u64) -> RaftKv {
+        let addrs = self
+            .procs
+            .iter()
+            .filter(|(i, _)| **i != id)
+            .map(|(_, p)| p.addr)
+            .collect();
+        RaftKv::connect(addrs, Some(&self.tls)).unwrap()
+    }
+
+    /// Restarts replica `id` (a supervisor's part) and proves it rejoined
+    /// a cluster of three: with the third replica (not the leader, so no
+    /// election) stopped, a write commits only with it. Returns how long that took from the
     /// restart, start-up included.
     pub async fn restart_and_prove_rejoined(&mut self, id: u64) -> Duration {
         let back = std::time::Instant::now();
         self.restart(id);
         let leader = self.leader().await;
-        let other = (1..=3).find(|&i| i != id && i != leader).unwrap();
+        let other = self.replica_other_than(&[id, leader]);
         self.procs[&other].signal(Signal::SIGSTOP);
         let kv = self.client();
         let value = id.to_le_bytes();

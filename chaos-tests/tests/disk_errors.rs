@@ -90,7 +90,7 @@ async fn a_log_that_returns_eio_stops_its_replica_and_nothing_acknowledged_is_lo
         let leader = c.leader().await;
         let victim = match which {
             "leader" => leader,
-            _ => (1..=3).find(|&i| i != leader).unwrap(),
+            _ => c.replica_other_than(&[leader]),
         };
         let exited = exit_time(c.procs[&victim].pid());
         let failed_at = Instant::now();
@@ -137,7 +137,7 @@ async fn put_for_5s(kv: &impl KvStore, prefix: &str) -> Vec<Duration> {
 async fn a_slow_log_costs_latency_but_no_election() {
     let (c, faults) = cluster();
     let leader = c.leader().await;
-    let follower = (1..=3).find(|&i| i != leader).unwrap();
+    let follower = c.replica_other_than(&[leader]);
     let kv = c.client();
     let term = || async {
         let mut terms = Vec::new();

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use tessel_chaos_tests::faults::Tmpfs;
 use tessel_chaos_tests::KvCluster;
 use tessel_kv::KvStore;
-use tessel_kv_service::raft::client::RaftKv;
 
 fn value(i: u32) -> Vec<u8> {
     let mut v = vec![(i % 251) as u8; 100 << 10];
@@ -38,7 +37,7 @@ async fn full_disk(which: Which) {
     let leader = c.leader().await;
     let victim = match which {
         Which::Leader => leader,
-        Which::Follower => (1..=3).find(|&id| id != leader).unwrap(),
+        Which::Follower => c.replica_other_than(&[leader]),
     };
     let kv = Arc::new(c.client());
     kv.put(b"before", b"full").await.unwrap();
@@ -79,13 +78,7 @@ async fn full_disk(which: Which) {
     );
 
     // Nothing acknowledged is lost.
-    let survivors: Vec<_> = c
-        .procs
-        .iter()
-        .filter(|(id, _)| **id != victim)
-        .map(|(_, p)| p.addr)
-        .collect();
-    let kv2 = RaftKv::connect(survivors, Some(&c.tls)).unwrap();
+    let kv2 = c.client_without(victim);
     for &i in &acked {
         let v = kv2.try_get(format!("full/{i:04}").as_bytes()).await;
         assert_eq!(v.unwrap(), value(i), "acknowledged put {i}");

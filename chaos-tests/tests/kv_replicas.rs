@@ -47,13 +47,7 @@ async fn killing_the_leader_under_write_load_loses_no_acknowledged_write() {
     );
     let new = c.leader().await;
     assert_ne!(new, old, "a new leader was elected");
-    let survivors: Vec<SocketAddr> = c
-        .procs
-        .iter()
-        .filter(|(id, _)| **id != old)
-        .map(|(_, p)| p.addr)
-        .collect();
-    let kv = RaftKv::connect(survivors, Some(&c.tls)).unwrap();
+    let kv = c.client_without(old);
     for i in &acked {
         let v = kv.try_get(format!("load/{i:04}").as_bytes()).await.unwrap();
         assert_eq!(v, i.to_le_bytes(), "acknowledged write {i} is readable");
@@ -109,13 +103,7 @@ async fn a_stopped_follower_catches_up_by_snapshot_after_compaction() {
         .applied
         .unwrap_or(0);
     c.procs[&follower].signal(Signal::SIGSTOP);
-    let others: Vec<SocketAddr> = c
-        .procs
-        .iter()
-        .filter(|(id, _)| **id != follower)
-        .map(|(_, p)| p.addr)
-        .collect();
-    let kv = RaftKv::connect(others, Some(&c.tls)).unwrap();
+    let kv = c.client_without(follower);
     for i in 0..300u32 {
         kv.put(format!("snap/{i}").as_bytes(), &i.to_le_bytes())
             .await
