@@ -156,8 +156,19 @@ fn written(op: &Op) -> Vec<(&[u8], bool)> {
         | Op::CompareAndSwap { key, .. } => vec![(key, false)],
         Op::DeletePrefix { prefix } => vec![(prefix, true)],
         Op::BarrierArrive { id, .. } | Op::BarrierCancel { id, .. } => vec![(id, false)],
-        _ => vec![],
+        Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. } => vec![],
+        // Refused before (`authorize`).
+        Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } | Op::Guarded { .. } => vec![],
+        Op::Once { op, .. } => written(op),
     }
+}
+
+/// The write inside any [`Op::Once`]: what authorization judges.
+fn sent_once(mut op: &Op) -> &Op {
+    while let Op::Once { op: inner, .. } = op {
+        op = inner;
+    }
+    op
 }
 
 /// Invariants 1-5: `Ok(None)` to serve `req` as it is, `Ok(Some(guard))`
@@ -183,20 +194,26 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
     if role == Role::Coordinator {
         return Ok(None);
     }
-    match c {
-        ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. } => {
+    let write = match c {
+        ClientRequest::Write(op) => Some(sent_once(op)),
+        _ => None,
+    };
+    match (c, write) {
+        (ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. }, _) => {
             refuse("change the replica set".into())
         }
-        ClientRequest::Guarded { .. } | ClientRequest::Write(Op::Guarded { .. }) => {
+        (ClientRequest::Guarded { .. }, _) | (_, Some(Op::Guarded { .. })) => {
             refuse("send a guarded request (the replicas add guards)".into())
         }
-        ClientRequest::Write(Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. }) => {
+        (_, Some(Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. })) => {
             refuse("advance the replicas' clock or renew others' leases".into())
         }
-        ClientRequest::Write(
-            Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. },
-        ) if role == Role::Client => refuse("hold leases".into()),
-        ClientRequest::Write(op) => {
+        (_, Some(Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. }))
+            if role == Role::Client =>
+        {
+            refuse("hold leases".into())
+        }
+        (ClientRequest::Write(op), _) => {
             let mut guard = None;
             for (key, prefix) in written(op) {
                 match may_write(role, name, key, prefix) {
@@ -206,10 +223,12 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
             }
             Ok(guard)
         }
-        ClientRequest::Get { key, .. } | ClientRequest::TryGet { key } if role == Role::Worker => {
+        (ClientRequest::Get { key, .. } | ClientRequest::TryGet { key }, _)
+            if role == Role::Worker =>
+        {
             may_read(name, key, false).or_else(refuse)
         }
-        ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. }
+        (ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. }, _)
             if role == Role::Worker =>
         {
             may_read(name, prefix, true).or_else(refuse)

@@ -1,6 +1,7 @@
 //! Property: a 3-replica Raft cluster over QUIC with mutual TLS behaves
 //! exactly like the specification (the conformance suite, through any
-//! replica, and in a replica's own process), and refuses peers whose certificate is from another CA.
+//! replica, and in a replica's own process), applies a write sent twice
+//! once, and refuses peers whose certificate is from another CA.
 //! (Replicas run as tasks here; the process-level tests kill real
 //! processes.)
 
@@ -8,10 +9,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tessel_kv::KvStore;
-use tessel_kv_service::raft::client::RaftKv;
+use tessel_kv::{CasOutcome, KvStore, WatchStream};
+use tessel_kv_service::raft::client::{KvClient, RaftKv, Transport};
 use tessel_kv_service::raft::node::{wait_for_leader, Replica, ReplicaConfig};
 use tessel_kv_service::raft::wal::LogIo;
+use tessel_kv_service::wire::{ClientRequest, WireResponse};
 use tessel_tls::{init_certs, TlsFiles};
 
 /// Three replicas, each bound to port 0 (a reserved-then-released port
@@ -229,6 +231,65 @@ async fn a_bad_frame_resets_its_stream_and_the_server_keeps_serving() {
         tessel_kv_service::wire::WireResponse::Status(_)
     ));
     assert!(conn.close_reason().is_none(), "the connection survived");
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// A transport that loses its first answer to every write: the write goes
+/// twice, as a client's retry sends it after an answer lost to a cut link
+/// or a leader change.
+struct LosesFirstAnswer<T>(T);
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for LosesFirstAnswer<T> {
+    async fn request(&self, req: ClientRequest, wait: Duration) -> tessel_kv::Result<WireResponse> {
+        if matches!(req, ClientRequest::Write(_)) {
+            let _lost = self.0.request(req.clone(), wait).await;
+        }
+        self.0.request(req, wait).await
+    }
+
+    async fn watch(&self, prefix: &[u8], from: u64) -> tessel_kv::Result<WatchStream> {
+        self.0.watch(prefix, from).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_was_lost_is_applied_once_when_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let (replicas, _) = cluster(dir.path(), &tls).await;
+    let all: Vec<&Replica> = replicas.iter().collect();
+    let leader = wait_for_leader(&all, Duration::from_secs(10))
+        .await
+        .unwrap();
+    // Through a follower, which forwards each copy to the leader.
+    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
+    let kv = KvClient::new(LosesFirstAnswer(
+        follower.local_client().transport().clone(),
+    ));
+    let start = kv.revision().await.unwrap();
+    assert_eq!(kv.increment(b"n", 5).await, Ok(5));
+    assert_eq!(kv.increment(b"n", 5).await, Ok(10));
+    assert_eq!(
+        kv.compare_and_swap(b"c", None, b"v").await,
+        Ok(CasOutcome::Swapped {
+            revision: start + 3
+        })
+    );
+    assert_eq!(kv.insert(b"i", b"v").await, Ok(start + 4));
+    assert_eq!(kv.put(b"p", b"v").await, Ok(start + 5));
+    assert_eq!(kv.delete(b"p").await, Ok(1));
+    let lease = kv.grant(Duration::from_secs(60)).await.unwrap();
+    kv.revoke(lease).await.unwrap();
+    assert_eq!(kv.revision().await, Ok(start + 6), "one revision a change");
+    assert_eq!(
+        kv.grant(Duration::from_secs(60)).await,
+        Ok(lease + 1),
+        "one lease a grant"
+    );
     for r in replicas {
         r.shutdown().await;
     }

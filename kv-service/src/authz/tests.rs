@@ -187,3 +187,39 @@ fn the_shared_certificate_and_insecure_peers_may_do_anything() {
         assert_eq!(authorize(&id, &list("jobs/")), Ok(None));
     }
 }
+
+#[test]
+fn a_write_sent_once_is_judged_as_the_write_inside() {
+    let once = |req: WireRequest| match req {
+        WireRequest::Client(ClientRequest::Write(op)) => {
+            let inner = Op::Once {
+                client: 1,
+                seq: 2,
+                floor: 2,
+                op: Box::new(op),
+            };
+            // Twice wrapped: the state refuses it, authorization looks inside.
+            WireRequest::Client(ClientRequest::Write(Op::Once {
+                client: 1,
+                seq: 3,
+                floor: 3,
+                op: Box::new(inner),
+            }))
+        }
+        other => other,
+    };
+    let h4 = node(Role::Worker, "h4");
+    assert_eq!(authorize(&h4, &once(put("workers/h4/alive"))), Ok(None));
+    assert_eq!(
+        guard_of(&h4, &once(put("jobs/j@1/processes/00001/result"))),
+        ["assignments/h4/j@1"]
+    );
+    let e = authorize(&h4, &once(put("workers/h5/alive"))).unwrap_err();
+    assert!(e.contains("may not write `workers/h5/alive`"), "{e}");
+    let tick = WireRequest::Client(ClientRequest::Write(Op::Tick));
+    let e = authorize(&h4, &once(tick)).unwrap_err();
+    assert!(e.contains("renew others' leases"), "{e}");
+    let grant = WireRequest::Client(ClientRequest::Write(Op::LeaseGrant { ttl_ms: 5 }));
+    let e = authorize(&node(Role::Client, "ops"), &once(grant)).unwrap_err();
+    assert!(e.contains("hold leases"), "{e}");
+}

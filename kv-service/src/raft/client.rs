@@ -6,8 +6,11 @@
 //! Invariants:
 //! 1. A transport error or `Unavailable` is retried on the next replica with
 //!    backoff until the deadline; every other answer is final.
-//! 2. A retried write may have been applied once already; inserts and CAS
-//!    then report `AlreadyExists` / `Mismatch` rather than write twice.
+//! 2. A retried write is applied at most once and answered as it was the
+//!    first time: every write but a keep-alive (which is idempotent, and
+//!    the leader answers from memory) travels as `Op::Once` in the client's
+//!    session (`tessel_kv::state` sessions invariants). A call that gives up
+//!    leaves its outcome unknown, and the state refuses its late copies.
 //! 3. A watch that loses its replica resumes after the last event it
 //!    delivered: no event lost or repeated.
 //! 4. Requests go to the leader directly when its address is known (asked
@@ -23,10 +26,6 @@
 //!    deadline: giving up on a slow leader after a fixed time re-sent the
 //!    writes queued there, adding to its queue (a retry storm at 8,192
 //!    workers). Dead and cut-off replicas are left by other means (above).
-//! 8. An at-most-once client ([`KvClient::at_most_once`]) sends a request
-//!    once: any failure comes back to the caller, for whom the outcome is
-//!    unknown, and no write is ever applied twice (invariant 2's retries
-//!    can apply one twice, or report a CAS it applied as a mismatch).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -42,6 +41,9 @@ use tessel_kv::state::{KeyValue, Limits, Op, Output};
 use tessel_kv::{CasOutcome, KvStore, WatchStream};
 use tessel_kv::{KvError, Result};
 use tessel_tls::TlsFiles;
+
+mod session;
+use session::Session;
 
 /// How long a request keeps trying replicas, beyond its own timeout.
 pub(crate) const RETRY_BUDGET: Duration = Duration::from_secs(15);
@@ -89,6 +91,7 @@ pub trait Transport: Send + Sync + 'static {
 pub struct KvClient<T> {
     transport: T,
     limits: Limits,
+    session: Session,
 }
 
 /// A client of a replicated key-value cluster, over QUIC.
@@ -102,8 +105,6 @@ pub struct Quic {
     /// Whether `next` was pointed at the leader since the last retry
     /// (invariant 4).
     leader_sought: AtomicBool,
-    /// Invariant 8.
-    once: bool,
 }
 
 impl KvClient<Quic> {
@@ -161,14 +162,7 @@ impl KvClient<Quic> {
             client: PeerClient::new(endpoint.0.clone()),
             next: AtomicUsize::new(0),
             leader_sought: AtomicBool::new(false),
-            once: false,
         }))
-    }
-
-    /// The same client, sending each request once (invariant 8).
-    pub fn at_most_once(mut self) -> RaftKv {
-        self.transport.once = true;
-        self
     }
 
     /// The replica the next request goes to first, as it was given.
@@ -275,9 +269,6 @@ impl Quic {
                         last_error = KvError::Unavailable(e.to_string())
                     }
                 }
-                if self.once {
-                    return Err(last_error);
-                }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(500));
@@ -358,7 +349,13 @@ impl<T: Transport> KvClient<T> {
         KvClient {
             transport,
             limits: Limits::default(),
+            session: Session::new(),
         }
+    }
+
+    /// The transport its requests go through.
+    pub fn transport(&self) -> &T {
+        &self.transport
     }
 
     async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
@@ -368,6 +365,15 @@ impl<T: Transport> KvClient<T> {
     async fn write(&self, op: Op) -> Result<Output> {
         // Refuse oversized data here rather than ship it to be refused.
         self.limits.check_op(&op)?;
+        // Invariant 2; `_call` leaves the calls in flight when this returns
+        // or is dropped.
+        let (op, _call) = match op {
+            Op::LeaseKeepAlive { .. } => (op, None),
+            op => {
+                let call = self.session.begin();
+                (call.wrap(op), Some(call))
+            }
+        };
         match self
             .request(ClientRequest::Write(op), Duration::ZERO)
             .await?

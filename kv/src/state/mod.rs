@@ -20,6 +20,9 @@
 //!    cluster of 16,384 workers holds as many).
 //! 8. `ExtendLeases` only lengthens leases, to at most their TTL past the
 //!    request's clock, and is applied before the request expires anything.
+//! 9. A write sent [`Op::Once`] is applied at most once, and a repeat gets
+//!    the first answer (`sessions` invariants); its outcome, error or not,
+//!    is kept in its client's session (an exception to invariant 5).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,6 +34,8 @@ mod guard;
 pub use guard::{Guard, Needed};
 mod ops;
 pub use ops::*;
+mod sessions;
+pub use sessions::{ClientSession, SESSION_IDLE_MS, SESSION_SWEEP_MS};
 mod tables;
 pub use tables::{MemState, MemTables, Tables, TablesMut};
 
@@ -206,6 +211,7 @@ impl KvState {
         req: &Request,
     ) -> Result<(Result<Output>, Vec<Event>)> {
         let mut events = Vec::new();
+        let clock_before = self.clock_ms;
         self.clock_ms = self.clock_ms.max(req.now_ms);
         match &req.op {
             Op::RenewLeases => {
@@ -233,6 +239,7 @@ impl KvState {
         }
         let before = self.revision;
         self.expire(t, &mut events)?;
+        self.sweep_sessions(t, clock_before)?;
         let result = match self.apply_op(t, &req.op, &mut events) {
             Err(KvError::Storage(e)) => return Err(KvError::Storage(e)),
             r => r,
@@ -568,6 +575,12 @@ impl KvState {
                 }
                 self.apply_op(t, op, events)
             }
+            Op::Once {
+                client,
+                seq,
+                floor,
+                op,
+            } => self.apply_once(t, (*client, *seq, *floor), op, events),
         }
     }
 }

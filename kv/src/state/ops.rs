@@ -79,7 +79,7 @@ impl Limits {
             | Op::Tick
             | Op::RenewLeases
             | Op::ExtendLeases { .. } => Ok(()),
-            Op::Guarded { op, .. } => self.check_op(op),
+            Op::Guarded { op, .. } | Op::Once { op, .. } => self.check_op(op),
         }
     }
 
@@ -280,6 +280,18 @@ pub enum Op {
         /// (lease, when it was last renewed).
         renewed: Vec<(u64, u64)>,
     },
+    /// `op` as call `seq` of client session `client`, applied at most once
+    /// (the `sessions` invariants): what a client that retries sends.
+    Once {
+        /// The session (the client's random id).
+        client: u128,
+        /// The call's sequence number in its session.
+        seq: u64,
+        /// The lowest sequence number among the client's calls in flight.
+        floor: u64,
+        /// The write.
+        op: Box<Op>,
+    },
 }
 
 /// The value an increment of `delta` gives the counter at `key` holding
@@ -313,7 +325,7 @@ impl Op {
             | Op::CompareAndSwap { key, .. } => Some(key),
             Op::DeletePrefix { prefix } => Some(prefix),
             Op::BarrierArrive { id, .. } | Op::BarrierCancel { id, .. } => Some(id),
-            Op::Guarded { op, .. } => op.key(),
+            Op::Guarded { op, .. } | Op::Once { op, .. } => op.key(),
             Op::LeaseGrant { .. }
             | Op::LeaseKeepAlive { .. }
             | Op::LeaseRevoke { .. }
@@ -346,6 +358,7 @@ impl Op {
             | Op::RenewLeases => 0,
             Op::ExtendLeases { renewed } => renewed.len() * 16,
             Op::Guarded { op, .. } => op.payload_bytes(),
+            Op::Once { op, .. } => 32 + op.payload_bytes(),
         }
     }
 

@@ -22,6 +22,10 @@ pub trait Tables {
     fn count(&self) -> Result<u64>;
     /// Recorded events with revision >= `from` under `prefix`, in order.
     fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>>;
+    /// Client session `client`, if it is kept.
+    fn session(&self, client: u128) -> Result<Option<ClientSession>>;
+    /// The sessions whose last write is before `before_ms`.
+    fn idle_sessions(&self, before_ms: u64) -> Result<Vec<u128>>;
 }
 
 /// The writes [`KvState::apply`] makes.
@@ -34,6 +38,8 @@ pub trait TablesMut: Tables {
     fn record(&mut self, revision: u64, events: &[Event]) -> Result<()>;
     /// Drops recorded events with revisions below `revision`.
     fn forget_below(&mut self, revision: u64) -> Result<()>;
+    /// Keeps (`Some`) or forgets (`None`) client session `client`.
+    fn set_session(&mut self, client: u128, session: Option<&ClientSession>) -> Result<()>;
 }
 
 /// Tables in memory: the test double's and the unit tests' storage.
@@ -41,6 +47,7 @@ pub trait TablesMut: Tables {
 pub struct MemTables {
     data: BTreeMap<Vec<u8>, KeyValue>,
     history: VecDeque<Event>,
+    sessions: BTreeMap<u128, ClientSession>,
 }
 
 impl Tables for MemTables {
@@ -69,6 +76,19 @@ impl Tables for MemTables {
             .cloned()
             .collect())
     }
+
+    fn session(&self, client: u128) -> Result<Option<ClientSession>> {
+        Ok(self.sessions.get(&client).cloned())
+    }
+
+    fn idle_sessions(&self, before_ms: u64) -> Result<Vec<u128>> {
+        Ok(self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.last_ms < before_ms)
+            .map(|(c, _)| *c)
+            .collect())
+    }
 }
 
 impl TablesMut for MemTables {
@@ -94,6 +114,14 @@ impl TablesMut for MemTables {
         {
             self.history.pop_front();
         }
+        Ok(())
+    }
+
+    fn set_session(&mut self, client: u128, session: Option<&ClientSession>) -> Result<()> {
+        match session {
+            Some(s) => self.sessions.insert(client, s.clone()),
+            None => self.sessions.remove(&client),
+        };
         Ok(())
     }
 }

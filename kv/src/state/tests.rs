@@ -642,4 +642,11 @@ fn operations_keep_their_numbers_in_the_log() {
     };
     assert_eq!(number(&guarded), 13);
     assert_eq!(number(&Op::ExtendLeases { renewed: vec![] }), 14);
+    let once = Op::Once {
+        client: 1,
+        seq: 0,
+        floor: 0,
+        op: Box::new(Op::Tick),
+    };
+    assert_eq!(number(&once), 15);
 }

@@ -45,7 +45,8 @@ use serde::{Deserialize, Serialize};
 use crate::raft::key_filter::{self, KeyFilter};
 use crate::raft::storage::LogSynced;
 use crate::raft::{Response, TypeConfig};
-use tessel_kv::state::{Event, KeyValue, KvState, Limits, Output, Tables, TablesMut};
+use tessel_kv::state::{ClientSession, Event, KeyValue, KvState, Limits, Output};
+use tessel_kv::state::{Tables, TablesMut};
 use tessel_kv::AppliedState;
 use tessel_kv::{KvError, Result};
 
@@ -57,6 +58,10 @@ type StorageResult<T> = std::result::Result<T, StorageError<NodeId>>;
 const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
 /// Revision → its events (postcard `Vec<Event>`).
 const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
+/// Client session id → its postcard [`ClientSession`] (`kv::state`
+/// sessions): in the tables, not the state, because the state is written
+/// whole with every flush and there is a session per client.
+const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("sessions");
 /// [`STATE`], [`APPLIED`], [`MEMBERSHIP`].
 const SM: TableDefinition<&str, &[u8]> = TableDefinition::new("sm");
 const STATE: &str = "state";
@@ -83,7 +88,9 @@ pub const DURABLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs
 pub const MAX_SNAPSHOT_HEADER: usize = 64 << 20;
 /// A history record's events travel in records of about this many bytes.
 const EVENTS_PER_RECORD_BYTES: usize = 1 << 20;
-const SNAPSHOT_VERSION: u32 = 1;
+/// 2: client sessions (`Session` records, a `Trailer` that counts them);
+/// version 1 files (no sessions, an `End`) are still read.
+const SNAPSHOT_VERSION: u32 = 2;
 
 fn storage<E: std::fmt::Display>(e: E) -> KvError {
     KvError::Storage(e.to_string())

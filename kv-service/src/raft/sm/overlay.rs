@@ -8,11 +8,13 @@ pub(super) struct Overlay {
     pub(super) data: BTreeMap<Vec<u8>, Option<KeyValue>>,
     pub(super) history: BTreeMap<u64, Vec<Event>>,
     pub(super) forget_below: Option<u64>,
+    /// Client sessions written (`None`: forgotten).
+    pub(super) sessions: BTreeMap<u128, Option<ClientSession>>,
 }
 
 impl Overlay {
     pub(super) fn entries(&self) -> usize {
-        self.data.len() + self.history.len()
+        self.data.len() + self.history.len() + self.sessions.len()
     }
 }
 
@@ -138,6 +140,18 @@ pub(super) fn write_overlay_once(db: &Database, o: &Overlay, c: &FlushCommit) ->
         }
         if let Some(below) = o.forget_below {
             history.retain_in(..below, |_, _| false).map_err(storage)?;
+        }
+        let mut sessions = txn.open_table(SESSIONS).map_err(storage)?;
+        for (client, s) in &o.sessions {
+            match s {
+                Some(s) => {
+                    let bytes = postcard::to_allocvec(s).map_err(storage)?;
+                    sessions.insert(client, bytes.as_slice()).map_err(storage)?;
+                }
+                None => {
+                    sessions.remove(client).map_err(storage)?;
+                }
+            }
         }
     }
     commit_with_state(txn, &c.state, c.applied, &c.membership, c.durable)

@@ -3,11 +3,12 @@
 //! # The snapshot file format
 //!
 //! A file sent in openraft's chunks: records of `u32` little-endian length + postcard
-//! `SnapshotRecord`: one `Header {version 1, meta, state: KvState}` (≤ 64
+//! `SnapshotRecord`: one `Header {version 2, meta, state: KvState}` (≤ 64
 //! MiB), then `Pair(KeyValue)`s in key order, `Events {revision, events}`
 //! (a history record's events, keyed by the last revision among them,
-//! split into records of about 1 MiB), and an `End
-//! {pairs, event_records}` trailer whose counts must match. After the
+//! split into records of about 1 MiB), `Session {client, session}`s, and a
+//! `Trailer {pairs, event_records, sessions}` whose counts must match
+//! (version 1: no sessions, an `End {pairs, event_records}`). After the
 //! header a record may not exceed the receiving replica's key and value
 //! limits plus 1 MiB; the header must match the announced snapshot meta. A bad file
 //! installs nothing.
@@ -37,12 +38,29 @@ pub enum SnapshotRecord {
         /// Its events.
         events: Vec<Event>,
     },
-    /// The last record, with counts the reader checks.
+    /// The last record of a version 1 file, with counts the reader checks.
     End {
         /// Pairs written.
         pairs: u64,
         /// Event records written.
         event_records: u64,
+    },
+    // Appended (version 2): a variant's position is its number.
+    /// One client session (`kv::state` sessions).
+    Session {
+        /// The session's id.
+        client: u128,
+        /// What it holds.
+        session: ClientSession,
+    },
+    /// The last record of a version 2 file, with counts the reader checks.
+    Trailer {
+        /// Pairs written.
+        pairs: u64,
+        /// Event records written.
+        event_records: u64,
+        /// Sessions written.
+        sessions: u64,
     },
 }
 
@@ -135,11 +153,25 @@ pub(super) fn write_snapshot(
             events = rest;
         }
     }
+    let mut sessions = 0u64;
+    for item in txn
+        .open_table(SESSIONS)
+        .map_err(storage)?
+        .iter()
+        .map_err(storage)?
+    {
+        let (client, v) = item.map_err(storage)?;
+        let session = postcard::from_bytes(v.value()).map_err(storage)?;
+        let client = client.value();
+        write_record(&mut out, &SnapshotRecord::Session { client, session })?;
+        sessions += 1;
+    }
     write_record(
         &mut out,
-        &SnapshotRecord::End {
+        &SnapshotRecord::Trailer {
             pairs,
             event_records,
+            sessions,
         },
     )?;
     let file = out.into_inner().map_err(|e| storage(e.error()))?;
@@ -162,16 +194,16 @@ pub(super) fn sync_dir(path: &Path) -> Result<()> {
 pub(super) fn read_snapshot_header(
     input: &mut impl Read,
     expected: Option<&SnapshotMeta<NodeId, Node>>,
-) -> Result<(SnapshotMeta<NodeId, Node>, KvState)> {
+) -> Result<(u32, SnapshotMeta<NodeId, Node>, KvState)> {
     match read_record(input, MAX_SNAPSHOT_HEADER)? {
         Some(SnapshotRecord::Header {
             version,
             meta,
             state,
         }) => {
-            if version != SNAPSHOT_VERSION {
+            if !(1..=SNAPSHOT_VERSION).contains(&version) {
                 return Err(KvError::InvalidArgument(format!(
-                    "snapshot format {version}, this replica reads {SNAPSHOT_VERSION}"
+                    "snapshot format {version}, this replica reads 1 to {SNAPSHOT_VERSION}"
                 )));
             }
             if let Some(expected) = expected {
@@ -185,7 +217,7 @@ pub(super) fn read_snapshot_header(
                     )));
                 }
             }
-            Ok((meta, state))
+            Ok((version, meta, state))
         }
         _ => Err(KvError::InvalidArgument(
             "a snapshot must start with its header".into(),
@@ -202,9 +234,18 @@ pub fn read_snapshot(
     expected: Option<&SnapshotMeta<NodeId, Node>>,
     mut each: impl FnMut(SnapshotRecord) -> Result<()>,
 ) -> Result<(SnapshotMeta<NodeId, Node>, KvState)> {
-    let header = read_snapshot_header(input, expected)?;
-    let (mut pairs, mut event_records) = (0u64, 0u64);
+    let (version, meta, state) = read_snapshot_header(input, expected)?;
+    let (mut pairs, mut event_records, mut sessions) = (0u64, 0u64, 0u64);
     let max = max_record(limits);
+    let counted = |p: u64, e: u64, s: u64, held: (u64, u64, u64)| {
+        if (p, e, s) != held {
+            return Err(KvError::InvalidArgument(format!(
+                "snapshot trailer counts {p} pairs, {e} event records and {s} sessions, the file held {} and {} and {}",
+                held.0, held.1, held.2
+            )));
+        }
+        Ok((meta.clone(), state.clone()))
+    };
     loop {
         match read_record(input, max)? {
             Some(SnapshotRecord::Pair(kv)) => {
@@ -217,16 +258,25 @@ pub fn read_snapshot(
                 event_records += 1;
                 each(r)?;
             }
+            Some(r @ SnapshotRecord::Session { .. }) if version >= 2 => {
+                sessions += 1;
+                each(r)?;
+            }
             Some(SnapshotRecord::End {
                 pairs: p,
                 event_records: e,
-            }) => {
-                if (p, e) != (pairs, event_records) {
-                    return Err(KvError::InvalidArgument(format!(
-                        "snapshot trailer counts {p} pairs and {e} event records, the file held {pairs} and {event_records}"
-                    )));
-                }
-                return Ok(header);
+            }) if version == 1 => return counted(p, e, 0, (pairs, event_records, sessions)),
+            Some(SnapshotRecord::Trailer {
+                pairs: p,
+                event_records: e,
+                sessions: s,
+            }) if version >= 2 => return counted(p, e, s, (pairs, event_records, sessions)),
+            Some(SnapshotRecord::Session { .. })
+            | Some(SnapshotRecord::End { .. })
+            | Some(SnapshotRecord::Trailer { .. }) => {
+                return Err(KvError::InvalidArgument(format!(
+                    "a record that a version {version} snapshot does not have"
+                )))
             }
             Some(SnapshotRecord::Header { .. }) => {
                 return Err(KvError::InvalidArgument("a second snapshot header".into()))
@@ -243,7 +293,8 @@ pub fn read_snapshot(
 /// Reads the header of the snapshot at `path`.
 pub(super) fn read_header(path: &Path) -> Result<(SnapshotMeta<NodeId, Node>, KvState)> {
     let file = std::fs::File::open(path).map_err(storage)?;
-    read_snapshot_header(&mut BufReader::new(file), None)
+    let (_, meta, state) = read_snapshot_header(&mut BufReader::new(file), None)?;
+    Ok((meta, state))
 }
 
 /// Loads the snapshot in `file` into a new write transaction replacing the
@@ -264,9 +315,11 @@ pub(super) fn load_snapshot(
     let txn = db.begin_write().map_err(storage)?;
     txn.delete_table(DATA).map_err(storage)?;
     txn.delete_table(HISTORY).map_err(storage)?;
+    txn.delete_table(SESSIONS).map_err(storage)?;
     let (_, state) = {
         let mut data = txn.open_table(DATA).map_err(storage)?;
         let mut history = txn.open_table(HISTORY).map_err(storage)?;
+        let mut sessions = txn.open_table(SESSIONS).map_err(storage)?;
         read_snapshot(&mut input, limits, Some(expected), |record| {
             match record {
                 SnapshotRecord::Pair(kv) => {
@@ -289,7 +342,13 @@ pub(super) fn load_snapshot(
                         .insert(revision, bytes.as_slice())
                         .map_err(storage)?;
                 }
-                SnapshotRecord::Header { .. } | SnapshotRecord::End { .. } => {}
+                SnapshotRecord::Session { client, session } => {
+                    let bytes = postcard::to_allocvec(&session).map_err(storage)?;
+                    sessions.insert(client, bytes.as_slice()).map_err(storage)?;
+                }
+                SnapshotRecord::Header { .. }
+                | SnapshotRecord::End { .. }
+                | SnapshotRecord::Trailer { .. } => {}
             }
             Ok(())
         })?

@@ -40,6 +40,8 @@ impl StateMachineStore {
             .map_err(|e| sm_err(ErrorVerb::Write, e))?;
         txn.open_table(HISTORY)
             .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        txn.open_table(SESSIONS)
+            .map_err(|e| sm_err(ErrorVerb::Write, e))?;
         txn.commit().map_err(|e| sm_err(ErrorVerb::Write, e))?;
         let txn = db.begin_read().map_err(|e| sm_err(ErrorVerb::Read, e))?;
         let limits = initial.limits();

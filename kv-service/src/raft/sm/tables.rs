@@ -117,6 +117,7 @@ pub struct SmTables {
     /// overlay being flushed (a read would see its writes twice).
     pub(super) base: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     pub(super) base_history: redb::ReadOnlyTable<u64, &'static [u8]>,
+    pub(super) base_sessions: redb::ReadOnlyTable<u128, &'static [u8]>,
     /// Every key in the tables and overlays (invariant 8).
     pub(super) filter: KeyFilter,
 }
@@ -144,6 +145,7 @@ impl SmTables {
             filter: filter_of(&base)?,
             base,
             base_history: open_read(&db, HISTORY)?,
+            base_sessions: open_read(&db, SESSIONS)?,
             flusher: Flusher::start(db.clone())?,
             db,
             live: Overlay::default(),
@@ -278,6 +280,7 @@ impl SmTables {
     pub(super) fn reopen_base(&mut self, durable: bool) -> Result<()> {
         self.base = open_read(&self.db, DATA)?;
         self.base_history = open_read(&self.db, HISTORY)?;
+        self.base_sessions = open_read(&self.db, SESSIONS)?;
         if durable {
             self.last_durable = self.last_flush;
         }
@@ -377,6 +380,42 @@ impl Tables for SmTables {
         }
         Ok(out)
     }
+
+    fn session(&self, client: u128) -> Result<Option<ClientSession>> {
+        for o in [
+            Some(&self.live),
+            self.flushing.as_ref().map(|f| &*f.overlay),
+        ] {
+            if let Some(written) = o.and_then(|o| o.sessions.get(&client)) {
+                return Ok(written.clone());
+            }
+        }
+        let got = self.base_sessions.get(client).map_err(storage)?;
+        got.map(|v| postcard::from_bytes(v.value()).map_err(storage))
+            .transpose()
+    }
+
+    fn idle_sessions(&self, before_ms: u64) -> Result<Vec<u128>> {
+        let mut all = BTreeMap::new();
+        for item in self.base_sessions.iter().map_err(storage)? {
+            let (client, v) = item.map_err(storage)?;
+            let s: ClientSession = postcard::from_bytes(v.value()).map_err(storage)?;
+            all.insert(client.value(), s.last_ms);
+        }
+        for o in self.overlays() {
+            for (client, s) in &o.sessions {
+                match s {
+                    Some(s) => all.insert(*client, s.last_ms),
+                    None => all.remove(client),
+                };
+            }
+        }
+        Ok(all
+            .into_iter()
+            .filter(|(_, last)| *last < before_ms)
+            .map(|(c, _)| c)
+            .collect())
+    }
 }
 
 impl TablesMut for SmTables {
@@ -409,6 +448,12 @@ impl TablesMut for SmTables {
     fn forget_below(&mut self, revision: u64) -> Result<()> {
         let bound = self.overlays().filter_map(|o| o.forget_below).max();
         self.live.forget_below = Some(bound.unwrap_or(0).max(revision));
+        Ok(())
+    }
+
+    fn set_session(&mut self, client: u128, session: Option<&ClientSession>) -> Result<()> {
+        self.bytes += 64;
+        self.live.sessions.insert(client, session.cloned());
         Ok(())
     }
 }

@@ -1,11 +1,42 @@
 //! The on-disk state machine against the in-memory one, snapshots, the key filter.
 
 use super::*;
-use tessel_kv::state::{MemState, Op, Request};
+use tessel_kv::state::{MemState, Op, Request, SESSION_IDLE_MS};
 
 /// Every kind of write, with leases expiring, prefixes deleted inside a
-/// batch, counters and barriers.
+/// batch, counters and barriers; some sent once in two client sessions,
+/// some of those twice, and the sessions forgotten at the end.
 fn requests() -> Vec<Request> {
+    let mut out = Vec::new();
+    for (i, r) in plain_requests().into_iter().enumerate() {
+        let i = i as u64;
+        if i % 3 != 0 || matches!(r.op, Op::Tick) {
+            out.push(r);
+            continue;
+        }
+        let once = Request {
+            // Past the sessions' idle time at the end (a sweep).
+            now_ms: if i >= 390 {
+                r.now_ms + 3 * SESSION_IDLE_MS
+            } else {
+                r.now_ms
+            },
+            op: Op::Once {
+                client: 1 + u128::from(i % 2 == 0),
+                seq: i,
+                floor: i.saturating_sub(30),
+                op: Box::new(r.op),
+            },
+        };
+        if i % 9 == 0 {
+            out.push(once.clone());
+        }
+        out.push(once);
+    }
+    out
+}
+
+fn plain_requests() -> Vec<Request> {
     (0..400u64)
         .map(|i| {
             let key = format!("k/{}", i % 23).into_bytes();
@@ -57,6 +88,17 @@ fn assert_same(applied: &AppliedState<SmTables>, mem: &MemState) {
     assert_eq!(applied.state(), mem.state);
     assert_eq!(applied.read(|_, t| t.list(b"")).unwrap(), mem.list(b""));
     assert_eq!(applied.read(|_, t| t.count()).unwrap(), mem.len() as u64);
+    let sessions = |t: &dyn Fn(u128) -> Option<ClientSession>| [1, 2].map(t);
+    assert_eq!(
+        applied
+            .read(|_, t| Ok::<_, KvError>(sessions(&|c| t.session(c).unwrap())))
+            .unwrap(),
+        sessions(&|c| mem.tables.session(c).unwrap()),
+    );
+    assert_eq!(
+        applied.read(|_, t| t.idle_sessions(u64::MAX)).unwrap(),
+        mem.tables.idle_sessions(u64::MAX).unwrap()
+    );
     // From every retained revision: a flushed record may begin below
     // the revision asked for (invariant 5).
     for from in mem.state.compacted_below()..=mem.state.revision() + 1 {
@@ -242,4 +284,47 @@ fn records_over_the_limit_or_cut_short_are_refused() {
     cut.pop();
     assert!(read_record(&mut cut.as_slice(), 1 << 20).is_err());
     assert!(read_record(&mut [].as_slice(), 1 << 20).unwrap().is_none());
+}
+
+#[test]
+fn version_1_snapshots_are_still_read_and_each_version_ends_its_own_way() {
+    let file = |version: u32, records: &[SnapshotRecord]| {
+        let mut out = Vec::new();
+        let header = SnapshotRecord::Header {
+            version,
+            meta: SnapshotMeta::default(),
+            state: KvState::default(),
+        };
+        for r in std::iter::once(&header).chain(records) {
+            write_record(&mut out, r).unwrap();
+        }
+        out
+    };
+    let read =
+        |bytes: Vec<u8>| read_snapshot(&mut bytes.as_slice(), Limits::default(), None, |_| Ok(()));
+    let end = || SnapshotRecord::End {
+        pairs: 0,
+        event_records: 0,
+    };
+    let session = || SnapshotRecord::Session {
+        client: 9,
+        session: ClientSession::default(),
+    };
+    let trailer = |sessions| SnapshotRecord::Trailer {
+        pairs: 0,
+        event_records: 0,
+        sessions,
+    };
+    assert!(read(file(1, &[end()])).is_ok());
+    assert!(read(file(2, &[session(), trailer(1)])).is_ok());
+    for (version, records) in [
+        (1, vec![session(), end()]),
+        (1, vec![trailer(0)]),
+        (2, vec![end()]),
+        (2, vec![session(), trailer(0)]),
+        (3, vec![trailer(0)]),
+    ] {
+        let e = read(file(version, &records)).unwrap_err();
+        assert!(matches!(e, KvError::InvalidArgument(_)), "{version}: {e}");
+    }
 }
