@@ -37,6 +37,11 @@
 //! 10. The scheduler checks what it places itself ([`check_request`]),
 //!     whichever client wrote it: a job it could never run correctly fails
 //!     at once, naming why, instead of being placed.
+//! 11. A restart's timers (back-off, settle) run from the job's last change,
+//!     stamped by whichever coordinator's wall clock made it. A pass whose
+//!     clock is behind that stamp (a coordinator that ran ahead, or its own
+//!     clock stepped back) stamps it again with its own: a clock step delays
+//!     a restart by at most one back-off and settle, never by the step.
 //!
 //! # Restarts
 //!
@@ -420,6 +425,10 @@ impl SchedulerState {
             let used = self.used();
             let job = &mut self.jobs[i];
             let from = job.state;
+            // Invariant 11.
+            if job.state == JobState::Restarting && job.updated_unix_ms > now {
+                job.updated_unix_ms = now;
+            }
             let next: Option<(JobState, Option<String>, Option<FailureKind>)> = match job.state {
                 _ if job.state.is_terminal() => None,
                 _ if obs.cancel_requested => {

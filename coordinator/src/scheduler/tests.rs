@@ -429,6 +429,42 @@ fn a_process_that_exits_restarts_the_job_with_growing_back_off() {
         .contains("exited with code 3"));
 }
 
+/// Invariant 11: a restart stamped by a coordinator an hour ahead waits
+/// one back-off from the next pass of a coordinator with the right time,
+/// not an hour.
+#[test]
+fn a_restart_stamped_by_a_clock_that_ran_ahead_waits_its_back_off_not_the_step() {
+    let mut s = SchedulerState::default();
+    let id = s.submit(&sub("j", 1, 5), 0);
+    let w = workers(1, 1);
+    let failed = |now| Observed {
+        failure: Some(JobFailure {
+            unix_ms: now,
+            ..lost("w0")
+        }),
+        ..Default::default()
+    };
+    let hour = 3_600_000;
+    let mut now = 10;
+    s.advance(&BTreeMap::new(), &w, now);
+    // Two restarts (the second backs off 1 s), the second stamped by a
+    // coordinator whose clock is an hour ahead.
+    for ahead in [0, hour] {
+        now += 1;
+        s.advance(&obs(&id, failed(now + ahead)), &w, now + ahead);
+        if ahead == 0 {
+            s.advance(&obs(&id, settled(&[])), &w, now);
+            s.advance(&BTreeMap::new(), &w, now);
+        }
+    }
+    assert_eq!(s.jobs[0].state, JobState::Restarting);
+    // The coordinators with the right time: re-stamped, then the back-off.
+    assert!(s.advance(&obs(&id, settled(&[])), &w, now + 1).is_empty());
+    assert_eq!(s.jobs[0].updated_unix_ms, now + 1);
+    let e = s.advance(&obs(&id, settled(&[])), &w, now + 1 + restart_backoff_ms(2));
+    assert_eq!(e[0].1.to, JobState::Pending);
+}
+
 /// Invariant 9: a job with no restart budget is suspended three times
 /// (notices, drains) and each time comes back; the moves are counted as
 /// suspensions and their events carry the cause, and the first real
