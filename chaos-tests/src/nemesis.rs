@@ -5,7 +5,11 @@
 //! Invariants:
 //! 1. Faults come one at a time and each is healed before the next, so a
 //!    majority is always up once the fault ends.
-//! 2. The schedule depends only on the seed ([`schedule`] is pure).
+//! 2. The schedule depends only on the seed ([`schedule`] and
+//!    [`worker_schedule`] are pure).
+//! 3. A job's workers get faults of their own between the replicas' ones:
+//!    killed (and restarted under the same id, as a supervisor would) or
+//!    paused for less or more than their lease's TTL.
 
 use std::time::Duration;
 
@@ -104,6 +108,46 @@ pub fn schedule(seed: u64, steps: usize) -> Vec<Step> {
         .collect()
 }
 
+/// One fault on one of a job's workers (invariant 3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerFault {
+    /// SIGKILL, then the same worker id started again.
+    Kill,
+    /// SIGSTOP, then SIGCONT.
+    Pause,
+}
+
+/// A worker fault, whom it hits (an index among the job's workers), when
+/// it starts and how long it lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStep {
+    /// The fault.
+    pub fault: WorkerFault,
+    /// The worker's index.
+    pub worker: usize,
+    /// Quiet time before it.
+    pub after: Duration,
+    /// How long it lasts: 0.5–4 s, both sides of the tests' 1.5 s TTL.
+    pub lasts: Duration,
+}
+
+/// The schedule of `steps` worker faults among `workers` for `seed`
+/// (invariant 2).
+pub fn worker_schedule(seed: u64, steps: usize, workers: usize) -> Vec<WorkerStep> {
+    let mut rng = Lcg(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+    (0..steps)
+        .map(|_| WorkerStep {
+            fault: match rng.below(2) {
+                0 => WorkerFault::Kill,
+                _ => WorkerFault::Pause,
+            },
+            worker: rng.below(workers as u64) as usize,
+            after: Duration::from_millis(200 + rng.below(800)),
+            lasts: Duration::from_millis(500 + rng.below(3500)),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +172,12 @@ mod tests {
         }
         assert!(all.iter().any(|s| s.target == Target::Leader));
         assert!(all.iter().any(|s| s.target == Target::Follower));
+        let workers: Vec<WorkerStep> = (1..=20).flat_map(|s| worker_schedule(s, 4, 4)).collect();
+        assert_eq!(worker_schedule(7, 4, 4), worker_schedule(7, 4, 4));
+        for f in [WorkerFault::Kill, WorkerFault::Pause] {
+            assert!(workers.iter().any(|s| s.fault == f), "{f:?}");
+        }
+        let ttl = Duration::from_millis(1500);
+        assert!(workers.iter().any(|s| s.lasts < ttl) && workers.iter().any(|s| s.lasts > ttl));
     }
 }

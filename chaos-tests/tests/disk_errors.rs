@@ -2,20 +2,22 @@
 //! (nonzero) rather than serving from a log it could not write; the rest
 //! lose no acknowledged write, and it rejoins from its folder once the disk
 //! serves again. A slow log, on the leader or a follower, costs latency,
-//! not an election.
+//! not an election; a stalled state file costs neither.
 //!
 //! The faults come from an LD_PRELOAD shim (`chaos-tests/shim/`) on each
 //! replica's `pwrite`/`fsync`/`fdatasync` of its log or state files;
-//! device-mapper's error and delay targets are not used (they need a block
-//! device this machine's tests do not set up). The shim's comment says
-//! what it models and what not.
+//! device-mapper's error and delay targets are not used: this machine's
+//! kernel has no device-mapper (no `device-mapper` in /proc/misc, no
+//! /dev/mapper/control). The shim's comment says what it models and what
+//! not.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tessel_chaos_tests::faults::{disk_fault_env, disk_shim};
-use tessel_chaos_tests::KvCluster;
+use tessel_chaos_tests::{sample, scrape, KvCluster};
 use tessel_kv::KvStore;
+use tessel_kv_service::raft::client::RaftKv;
 
 /// Three replicas under the shim; returns the cluster and each replica's
 /// fault file (index `id - 1`).
@@ -28,8 +30,18 @@ fn cluster() -> (KvCluster, Vec<PathBuf>) {
     for (id, f) in (1..=3).zip(&faults) {
         c.env.insert(id, disk_fault_env(&shim, f, &c.data_dir(id)));
     }
-    c.start_prepared(3, &[]);
+    c.start_prepared(3, &["--metrics-listen", "127.0.0.1:0"]);
     (c, faults)
+}
+
+/// Seconds replica `id`'s state flushes took so far (all kinds).
+fn flush_seconds(c: &KvCluster, id: u64) -> f64 {
+    let addr = c.procs[&id].metrics.as_deref().expect("metrics");
+    let name = "tessel_kv_state_flush_seconds_sum";
+    ["kind=\"buffered\"", "kind=\"durable\""]
+        .iter()
+        .filter_map(|kind| sample(&scrape(addr), name, &[kind]))
+        .sum()
 }
 
 /// When process `pid` exited (became a zombie), polled every 5 ms in the
@@ -139,14 +151,7 @@ async fn a_slow_log_costs_latency_but_no_election() {
     let leader = c.leader().await;
     let follower = c.replica_other_than(&[leader]);
     let kv = c.client();
-    let term = || async {
-        let mut terms = Vec::new();
-        for (_, s) in kv.cluster_status().await {
-            terms.push(s.unwrap().term);
-        }
-        terms.into_iter().max().unwrap()
-    };
-    let before = term().await;
+    let before = term(&kv).await;
     for (who, id) in [("leader", leader), ("follower", follower)] {
         std::fs::write(&faults[id as usize - 1], "slow 100 log/").unwrap();
         let l = put_for_5s(&kv, who).await;
@@ -158,7 +163,66 @@ async fn a_slow_log_costs_latency_but_no_election() {
         );
         assert!(p99 < Duration::from_secs(2), "{who}: p99 {p99:?}");
     }
-    let after = term().await;
-    assert_eq!(after, before, "a slow disk caused an election");
+    assert_eq!(term(&kv).await, before, "a slow disk caused an election");
+    assert_eq!(c.leader().await, leader, "the leader kept its place");
+}
+
+/// The first `Some` of `f`, polled every 100 ms until `within`.
+async fn until<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some(t) = f() {
+            return Some(t);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// The highest term any replica reports.
+async fn term(kv: &RaftKv) -> u64 {
+    let mut terms = Vec::new();
+    for (_, s) in kv.cluster_status().await {
+        terms.push(s.unwrap().term);
+    }
+    terms.into_iter().max().unwrap()
+}
+
+/// A state file whose every write and sync stalls 2 s (a disk that hangs
+/// behind a full queue): flushes run on their own thread behind an overlay
+/// that reads consult (`sm` invariants 1, 6), so writes keep committing,
+/// nothing is lost and leadership stays; the replica serves on afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_state_file_delays_flushes_not_writes_or_leadership() {
+    let (c, faults) = cluster();
+    let leader = c.leader().await;
+    let follower = c.replica_other_than(&[leader]);
+    let kv = c.client();
+    let before = term(&kv).await;
+    for (who, id) in [("leader", leader), ("follower", follower)] {
+        let prefix = format!("stall-{who}");
+        let flushed_before = flush_seconds(&c, id);
+        std::fs::write(&faults[id as usize - 1], "slow 2000 state.redb").unwrap();
+        let l = put_for_5s(&kv, &prefix).await;
+        std::fs::write(&faults[id as usize - 1], "").unwrap();
+        // A flush is timed when it ends: the one the stall held ends now.
+        let stalled = until(Duration::from_secs(60), || {
+            let took = flush_seconds(&c, id) - flushed_before;
+            (took >= 2.0).then_some(took)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{who}: no flush took the stall's 2 s"));
+        let (p50, p99) = (l[l.len() / 2], l[l.len() * 99 / 100]);
+        eprintln!(
+            "the {who}'s state file 2 s a write: {} puts, p50 {p50:?}, p99 {p99:?}; flushes took {stalled:.1} s",
+            l.len()
+        );
+        assert!(p99 < Duration::from_secs(2), "{who}: p99 {p99:?}");
+        // Every acknowledged put, asked of the stalled replica.
+        let own = c.client_of(id);
+        let listed = own.list(format!("{prefix}/").as_bytes()).await.unwrap();
+        assert_eq!(listed.len(), l.len(), "{who}: acknowledged puts");
+    }
+    assert_eq!(term(&kv).await, before, "a stalled disk caused an election");
     assert_eq!(c.leader().await, leader, "the leader kept its place");
 }

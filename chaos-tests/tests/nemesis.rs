@@ -20,7 +20,9 @@ use tessel_chaos_tests::faults::{
     faketime_replicas, step_clock, sweep_stale_rules, PortDrop, Tmpfs,
 };
 use tessel_chaos_tests::linearizability::{check, Kind, Op};
-use tessel_chaos_tests::nemesis::{schedule, Fault, Lcg, Step, Target};
+use tessel_chaos_tests::nemesis::{
+    schedule, worker_schedule, Fault, Lcg, Step, Target, WorkerFault,
+};
 use tessel_chaos_tests::{leader_of, KvCluster, Signal};
 use tessel_kv::{CasOutcome, Event, KvStore};
 
@@ -278,11 +280,11 @@ async fn run_seed(seed: u64) {
     let (history, acked): (History, Acked) = Default::default();
     let stop = Arc::new(AtomicBool::new(false));
     let kv = |rig: &Rig| -> Arc<dyn KvStore> { Arc::new(rig.c.client()) };
-    // The history's clients send each request once (`client` invariant 8):
-    // the library's retries could apply a write twice.
+    // The history's clients retry as every tessel client does: each write
+    // is applied once however often it is sent (`client` invariant 2).
     let clients: Vec<_> = (0..4)
         .map(|c| {
-            let kv = Arc::new(rig.c.client().at_most_once());
+            let kv = Arc::new(rig.c.client());
             tokio::spawn(client(c, kv, t0, history.clone(), acked.clone()))
         })
         .collect();
@@ -353,8 +355,10 @@ async fn run_seed(seed: u64) {
 
 /// Jobs under the nemesis: the MLP demo runs while seed 11's schedule
 /// (the leader isolated, a follower paused, a follower isolated, the
-/// leader's disk full) hits the coordinators; it ends Succeeded with exactly
-/// the parameters of a calm run, and its events' causes are printed.
+/// leader's disk full) hits the coordinators and, between those, its own
+/// workers are killed and restarted or paused past their TTL (nemesis
+/// invariant 3); it ends Succeeded with exactly the parameters of a calm
+/// run, and its events' causes are printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_under_the_nemesis_ends_with_a_calm_runs_parameters() {
     use tessel::client::Client;
@@ -367,21 +371,40 @@ async fn a_job_under_the_nemesis_ends_with_a_calm_runs_parameters() {
     std::fs::create_dir_all(&ckpt).unwrap();
     let flags = job_worker_flags(&ckpt);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let _workers: Vec<_> = (0..4)
+    let mut workers: Vec<_> = (0..4)
         .map(|i| spawn_worker(&rig.c, &format!("w{i}"), &flags))
         .collect();
     let client = Client::from_store(Arc::new(rig.c.client()));
-    let job = || mlp_job(&mlp_dir(), "job.toml", 1500, 3, &ckpt);
+    // Every worker fault may cost a restart, as may the coordinators'.
+    let job = || mlp_job(&mlp_dir(), "job.toml", 1500, 12, &ckpt);
     let calm = client.submit(&job()).await.unwrap();
     let done = client.wait(&calm).await.unwrap();
     assert_eq!(done.state, JobState::Succeeded, "{:?}", done.reason);
 
     let id = client.submit(&job()).await.unwrap();
     let steps = schedule(11, 4);
-    eprintln!("the job's nemesis: {steps:?}");
-    for step in &steps {
+    let worker_steps = worker_schedule(11, 4, workers.len());
+    eprintln!("the job's nemesis: {steps:?}, on its workers {worker_steps:?}");
+    let mut running_at_a_worker_fault = 0;
+    for (step, w) in steps.iter().zip(&worker_steps) {
         tokio::time::sleep(step.after).await;
         rig.apply(step).await;
+        tokio::time::sleep(w.after).await;
+        let status = client.job(&id).await.unwrap();
+        running_at_a_worker_fault += usize::from(!status.state.is_terminal());
+        let name = format!("w{}", w.worker);
+        match w.fault {
+            WorkerFault::Kill => {
+                workers[w.worker].kill();
+                tokio::time::sleep(w.lasts).await;
+                workers[w.worker] = spawn_worker(&rig.c, &name, &flags);
+            }
+            WorkerFault::Pause => {
+                workers[w.worker].child.signal(Signal::SIGSTOP);
+                tokio::time::sleep(w.lasts).await;
+                workers[w.worker].child.signal(Signal::SIGCONT);
+            }
+        }
     }
     let end = tokio::time::timeout(Duration::from_secs(300), client.wait(&id))
         .await
@@ -408,6 +431,10 @@ async fn a_job_under_the_nemesis_ends_with_a_calm_runs_parameters() {
         end.state, end.attempt, end.restarts
     );
     assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    assert!(
+        running_at_a_worker_fault > 0,
+        "the job ended before any worker fault: they tested nothing"
+    );
     assert_eq!(
         mlp_params(&client, &id).await,
         mlp_params(&client, &calm).await,
