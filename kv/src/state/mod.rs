@@ -35,7 +35,7 @@ pub use guard::{Guard, Needed};
 mod ops;
 pub use ops::*;
 mod sessions;
-pub use sessions::{ClientSession, SESSION_IDLE_MS, SESSION_SWEEP_MS};
+pub use sessions::{ClientSession, MAX_CALLS_IN_FLIGHT, SESSION_IDLE_MS, SESSION_SWEEP_MS};
 mod tables;
 pub use tables::{MemState, MemTables, Tables, TablesMut};
 

@@ -5,16 +5,23 @@
 //! unknown: a lost answer, a leader change) wraps it in [`Op::Once`] with
 //! its session id, the call's sequence number and its *floor*, the lowest
 //! sequence number among its calls still in flight. The state machine keeps,
-//! per session, the outcome of every call at or above the floor.
+//! per session, the answers of its calls at or above the floor that changed
+//! the state.
 //!
 //! Invariants:
-//! 1. A sequence number is applied at most once per session: a repeat
-//!    answers the first outcome (success or error) and changes nothing else.
+//! 1. A call that changed the state is applied at most once: a repeat gets
+//!    the first answer and changes nothing. A call that changed nothing (an
+//!    error, a CAS mismatch, a delete of nothing) and a barrier call (one
+//!    arrival per participant, a cancel once) keep no answer: a repeat runs
+//!    again, as if the first had not been. So every answer kept is a few
+//!    bytes (those not kept may hold a value or a reason).
 //! 2. A sequence number below its session's floor that the session does not
 //!    hold was given up by its client (the call returned): it is refused, not
 //!    applied late.
-//! 3. A session holds only outcomes at or above its floor, so its size is
-//!    the client's calls in flight; the floor never goes down.
+//! 3. A session holds only answers at or above its floor, at most
+//!    [`MAX_CALLS_IN_FLIGHT`] (a call past that is refused unapplied), so
+//!    its record stays far below a snapshot record's limit; the floor never
+//!    goes down.
 //! 4. A session idle for [`SESSION_IDLE_MS`] of the state's clock is
 //!    forgotten, at the first request of a new [`SESSION_SWEEP_MS`] period:
 //!    deterministic, so every replica forgets the same sessions at the same
@@ -30,6 +37,8 @@ use super::*;
 pub const SESSION_IDLE_MS: u64 = 10 * 60 * 1000;
 /// How often idle sessions are looked for (invariant 4).
 pub const SESSION_SWEEP_MS: u64 = 60 * 1000;
+/// The most answers a session keeps (invariant 3): about 40 bytes each.
+pub const MAX_CALLS_IN_FLIGHT: usize = 4096;
 
 /// One client's session: outcomes of its calls at or above `floor`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,13 +83,20 @@ impl KvState {
                 "call {seq} of a session arrived after its client gave up on it"
             )));
         }
+        session.floor = session.floor.max(floor);
+        session.done = session.done.split_off(&session.floor);
+        if session.done.len() >= MAX_CALLS_IN_FLIGHT {
+            return Err(KvError::InvalidArgument(format!(
+                "a session may have at most {MAX_CALLS_IN_FLIGHT} writes in flight"
+            )));
+        }
         let result = match self.apply_op(t, op, events) {
             Err(KvError::Storage(e)) => return Err(KvError::Storage(e)),
             r => r,
         };
-        session.floor = session.floor.max(floor);
-        session.done = session.done.split_off(&session.floor);
-        session.done.insert(seq, result.clone());
+        if changed_state(op, &result) {
+            session.done.insert(seq, result.clone());
+        }
         session.last_ms = self.clock_ms;
         t.set_session(client, Some(&session))?;
         result
@@ -97,6 +113,20 @@ impl KvState {
             t.set_session(client, None)?;
         }
         Ok(())
+    }
+}
+
+/// Whether `op`, answered `result`, changed the state and is not a
+/// barrier call (invariant 1): its answer is kept.
+fn changed_state(op: &Op, result: &Result<Output>) -> bool {
+    match (op, result) {
+        // An error leaves the state untouched (`state` invariant 5).
+        (_, Err(_)) | (_, Ok(Output::Mismatch { .. })) => false,
+        (Op::Delete { .. } | Op::DeletePrefix { .. }, Ok(Output::Deleted { count, .. })) => {
+            *count > 0
+        }
+        (Op::BarrierArrive { .. } | Op::BarrierCancel { .. }, _) => false,
+        _ => true,
     }
 }
 
@@ -156,12 +186,76 @@ mod tests {
     }
 
     #[test]
-    fn an_error_is_kept_as_the_answer_too() {
+    fn a_call_that_changed_nothing_runs_again_and_one_that_did_does_not() {
         let mut s = MemState::default();
-        let revoke = once(1, 1, Op::LeaseRevoke { id: 99 });
-        let first = apply(&mut s, 1, revoke.clone());
-        assert_eq!(first, Err(KvError::LeaseNotFound(99)));
-        assert_eq!(apply(&mut s, 2, revoke), first);
+        let insert = |seq| {
+            once(
+                seq,
+                1,
+                Op::Insert {
+                    key: b"k".to_vec(),
+                    value: b"v".to_vec(),
+                    lease: None,
+                },
+            )
+        };
+        apply(
+            &mut s,
+            1,
+            Op::Insert {
+                key: b"k".to_vec(),
+                value: b"old".to_vec(),
+                lease: None,
+            },
+        )
+        .unwrap();
+        let first = apply(&mut s, 2, insert(1));
+        assert!(matches!(first, Err(KvError::AlreadyExists(_))));
+        apply(&mut s, 3, Op::Delete { key: b"k".to_vec() }).unwrap();
+        // The first changed nothing: the repeat is the call.
+        assert_eq!(
+            apply(&mut s, 4, insert(1)),
+            Ok(Output::Written { revision: 3 })
+        );
+        assert_eq!(
+            apply(&mut s, 5, insert(1)),
+            Ok(Output::Written { revision: 3 })
+        );
+        // A revoke of a lease without keys deletes nothing but the lease:
+        // its repeat does not come back as "no such lease".
+        let id = apply(&mut s, 6, Op::LeaseGrant { ttl_ms: 1000 })
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        let revoke = once(2, 1, Op::LeaseRevoke { id });
+        let first = apply(&mut s, 7, revoke.clone());
+        assert_eq!(
+            first,
+            Ok(Output::Deleted {
+                revision: 0,
+                count: 0
+            })
+        );
+        assert_eq!(apply(&mut s, 8, revoke), first);
+        let kept = s.tables.session(7).unwrap().unwrap();
+        assert_eq!(kept.done.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[test]
+    fn a_session_with_too_many_calls_in_flight_refuses_the_next_unapplied() {
+        let mut s = MemState::default();
+        for seq in 0..MAX_CALLS_IN_FLIGHT as u64 {
+            apply(&mut s, 1, once(seq, 0, incr())).unwrap();
+        }
+        let r = apply(&mut s, 1, once(MAX_CALLS_IN_FLIGHT as u64, 0, incr()));
+        assert!(matches!(r, Err(KvError::InvalidArgument(ref m)) if m.contains("in flight")));
+        assert_eq!(
+            s.get(b"n").unwrap().value,
+            MAX_CALLS_IN_FLIGHT.to_string().as_bytes()
+        );
+        // Once the oldest returned (the floor moved), the next goes in.
+        let seq = MAX_CALLS_IN_FLIGHT as u64;
+        assert!(apply(&mut s, 1, once(seq, 1, incr())).is_ok());
     }
 
     #[test]
