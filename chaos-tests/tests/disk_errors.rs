@@ -145,6 +145,20 @@ async fn put_for_5s(kv: &impl KvStore, prefix: &str) -> Vec<Duration> {
     latencies
 }
 
+/// [`put_for_5s`] with `fault` in the fault file `file`, healed after: how
+/// many puts, their p50 and p99.
+async fn put_for_5s_under(
+    kv: &impl KvStore,
+    file: &std::path::Path,
+    fault: &str,
+    prefix: &str,
+) -> (usize, Duration, Duration) {
+    std::fs::write(file, fault).unwrap();
+    let l = put_for_5s(kv, prefix).await;
+    std::fs::write(file, "").unwrap();
+    (l.len(), l[l.len() / 2], l[l.len() * 99 / 100])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_log_costs_latency_but_no_election() {
     let (c, faults) = cluster();
@@ -153,14 +167,9 @@ async fn a_slow_log_costs_latency_but_no_election() {
     let kv = c.client();
     let before = term(&kv).await;
     for (who, id) in [("leader", leader), ("follower", follower)] {
-        std::fs::write(&faults[id as usize - 1], "slow 100 log/").unwrap();
-        let l = put_for_5s(&kv, who).await;
-        std::fs::write(&faults[id as usize - 1], "").unwrap();
-        let (p50, p99) = (l[l.len() / 2], l[l.len() * 99 / 100]);
-        eprintln!(
-            "the {who}'s log 100 ms a write: {} puts, p50 {p50:?}, p99 {p99:?}",
-            l.len()
-        );
+        let file = &faults[id as usize - 1];
+        let (n, p50, p99) = put_for_5s_under(&kv, file, "slow 100 log/", who).await;
+        eprintln!("the {who}'s log 100 ms a write: {n} puts, p50 {p50:?}, p99 {p99:?}");
         assert!(p99 < Duration::from_secs(2), "{who}: p99 {p99:?}");
     }
     assert_eq!(term(&kv).await, before, "a slow disk caused an election");
@@ -202,9 +211,8 @@ async fn a_stalled_state_file_delays_flushes_not_writes_or_leadership() {
     for (who, id) in [("leader", leader), ("follower", follower)] {
         let prefix = format!("stall-{who}");
         let flushed_before = flush_seconds(&c, id);
-        std::fs::write(&faults[id as usize - 1], "slow 2000 state.redb").unwrap();
-        let l = put_for_5s(&kv, &prefix).await;
-        std::fs::write(&faults[id as usize - 1], "").unwrap();
+        let file = &faults[id as usize - 1];
+        let (n, p50, p99) = put_for_5s_under(&kv, file, "slow 2000 state.redb", &prefix).await;
         // A flush is timed when it ends: the one the stall held ends now.
         let stalled = until(Duration::from_secs(60), || {
             let took = flush_seconds(&c, id) - flushed_before;
@@ -212,16 +220,14 @@ async fn a_stalled_state_file_delays_flushes_not_writes_or_leadership() {
         })
         .await
         .unwrap_or_else(|| panic!("{who}: no flush took the stall's 2 s"));
-        let (p50, p99) = (l[l.len() / 2], l[l.len() * 99 / 100]);
         eprintln!(
-            "the {who}'s state file 2 s a write: {} puts, p50 {p50:?}, p99 {p99:?}; flushes took {stalled:.1} s",
-            l.len()
+            "the {who}'s state file 2 s a write: {n} puts, p50 {p50:?}, p99 {p99:?}; flushes took {stalled:.1} s"
         );
         assert!(p99 < Duration::from_secs(2), "{who}: p99 {p99:?}");
         // Every acknowledged put, asked of the stalled replica.
         let own = c.client_of(id);
         let listed = own.list(format!("{prefix}/").as_bytes()).await.unwrap();
-        assert_eq!(listed.len(), l.len(), "{who}: acknowledged puts");
+        assert_eq!(listed.len(), n, "{who}: acknowledged puts");
     }
     assert_eq!(term(&kv).await, before, "a stalled disk caused an election");
     assert_eq!(c.leader().await, leader, "the leader kept its place");

@@ -66,6 +66,20 @@ async fn cluster(dir: &std::path::Path, tls: &TlsFiles) -> (Vec<Replica>, Vec<So
     (replicas, addrs)
 }
 
+/// Three replicas in a folder of their own (kept while the first is
+/// held), and the leader's id.
+async fn running_cluster() -> (tempfile::TempDir, Vec<Replica>, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    init_certs(&dir.path().join("tls"), &[]).unwrap();
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let (replicas, _) = cluster(dir.path(), &tls).await;
+    let all: Vec<&Replica> = replicas.iter().collect();
+    let leader = wait_for_leader(&all, Duration::from_secs(10))
+        .await
+        .unwrap();
+    (dir, replicas, leader)
+}
+
 /// The address of the replica that reports itself leader.
 async fn leader_addr(addrs: &[SocketAddr], tls: &TlsFiles) -> String {
     let kv = RaftKv::connect(addrs.to_vec(), Some(tls)).unwrap();
@@ -132,14 +146,7 @@ async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
 /// forwards to the leader as it does for remote clients).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replicas_own_process_passes_the_conformance_suite_in_process() {
-    let dir = tempfile::tempdir().unwrap();
-    init_certs(&dir.path().join("tls"), &[]).unwrap();
-    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-    let (replicas, _) = cluster(dir.path(), &tls).await;
-    let all: Vec<&Replica> = replicas.iter().collect();
-    let leader = wait_for_leader(&all, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (_dir, replicas, leader) = running_cluster().await;
     let follower = replicas.iter().find(|r| r.id != leader).unwrap();
     tessel_kv::conformance::run_all(&follower.local_client()).await;
     let on_leader = replicas.iter().find(|r| r.id == leader).unwrap();
@@ -257,14 +264,7 @@ impl<T: Transport> Transport for LosesFirstAnswer<T> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_answer_was_lost_is_applied_once_when_sent_again() {
-    let dir = tempfile::tempdir().unwrap();
-    init_certs(&dir.path().join("tls"), &[]).unwrap();
-    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-    let (replicas, _) = cluster(dir.path(), &tls).await;
-    let all: Vec<&Replica> = replicas.iter().collect();
-    let leader = wait_for_leader(&all, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (_dir, replicas, leader) = running_cluster().await;
     // Through a follower, which forwards each copy to the leader.
     let follower = replicas.iter().find(|r| r.id != leader).unwrap();
     let kv = KvClient::new(LosesFirstAnswer(
