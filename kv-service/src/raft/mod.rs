@@ -92,6 +92,12 @@
 //! revision drops the records keyed below it. Snapshots carry records under
 //! the same keys.
 //!
+//! The sessions table holds each client session (`tessel_kv::state`
+//! sessions) under its id, one small record each (the answers of its calls
+//! in flight), written through the overlays like a pair and carried by
+//! snapshots (version 2); an idle session is removed by the request that
+//! starts the next sweep period, the same on every replica.
+//!
 //! Below the overlays a scalable Bloom filter (`key_filter`, about 10 bits
 //! per key) holds every key the tables may hold: built from the tables on
 //! opening and after a snapshot, fed every key written to the live overlay.
