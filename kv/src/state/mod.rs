@@ -20,9 +20,10 @@
 //!    cluster of 16,384 workers holds as many).
 //! 8. `ExtendLeases` only lengthens leases, to at most their TTL past the
 //!    request's clock, and is applied before the request expires anything.
-//! 9. A write sent [`Op::Once`] is applied at most once, and a repeat gets
-//!    the first answer (`sessions` invariants); its outcome, error or not,
-//!    is kept in its client's session (an exception to invariant 5).
+//! 9. A write sent [`Op::Once`] that changed the state is applied at most
+//!    once, and a repeat gets the first answer (`sessions` invariants); its
+//!    client's session is updated even when it fails (an exception to
+//!    invariant 5).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -40,15 +40,16 @@ pub const SESSION_SWEEP_MS: u64 = 60 * 1000;
 /// The most answers a session keeps (invariant 3): about 40 bytes each.
 pub const MAX_CALLS_IN_FLIGHT: usize = 4096;
 
-/// One client's session: outcomes of its calls at or above `floor`.
+/// One client's session: answers of its calls at or above `floor` that
+/// changed the state (invariant 1: only successes change it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientSession {
     /// The clock of its last write.
     pub last_ms: u64,
     /// No call below this is in flight at its client (invariant 2).
     pub floor: u64,
-    /// Sequence number → the outcome it was answered (invariant 3).
-    pub done: BTreeMap<u64, Result<Output>>,
+    /// Sequence number → the answer it was given (invariant 3).
+    pub done: BTreeMap<u64, Output>,
 }
 
 impl KvState {
@@ -76,7 +77,7 @@ impl KvState {
         }
         let mut session = t.session(client)?.unwrap_or_default();
         if let Some(first) = session.done.get(&seq) {
-            return first.clone();
+            return Ok(first.clone());
         }
         if seq < session.floor {
             return Err(KvError::InvalidArgument(format!(
@@ -94,11 +95,11 @@ impl KvState {
             Err(KvError::Storage(e)) => return Err(KvError::Storage(e)),
             r => r,
         };
-        if changed_state(op, &result) {
-            session.done.insert(seq, result.clone());
+        if let Some(answer) = result.as_ref().ok().filter(|o| changed_state(op, o)) {
+            session.done.insert(seq, answer.clone());
         }
         session.last_ms = self.clock_ms;
-        t.set_session(client, Some(&session))?;
+        t.set_session(client, Some(session))?;
         result
     }
 
@@ -116,15 +117,13 @@ impl KvState {
     }
 }
 
-/// Whether `op`, answered `result`, changed the state and is not a
-/// barrier call (invariant 1): its answer is kept.
-fn changed_state(op: &Op, result: &Result<Output>) -> bool {
-    match (op, result) {
-        // An error leaves the state untouched (`state` invariant 5).
-        (_, Err(_)) | (_, Ok(Output::Mismatch { .. })) => false,
-        (Op::Delete { .. } | Op::DeletePrefix { .. }, Ok(Output::Deleted { count, .. })) => {
-            *count > 0
-        }
+/// Whether `op`, answered `output` (an error leaves the state untouched:
+/// `state` invariant 5), changed the state and is not a barrier call
+/// (invariant 1): its answer is kept.
+fn changed_state(op: &Op, output: &Output) -> bool {
+    match (op, output) {
+        (_, Output::Mismatch { .. }) => false,
+        (Op::Delete { .. } | Op::DeletePrefix { .. }, Output::Deleted { count, .. }) => *count > 0,
         (Op::BarrierArrive { .. } | Op::BarrierCancel { .. }, _) => false,
         _ => true,
     }

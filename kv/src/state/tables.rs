@@ -39,7 +39,7 @@ pub trait TablesMut: Tables {
     /// Drops recorded events with revisions below `revision`.
     fn forget_below(&mut self, revision: u64) -> Result<()>;
     /// Keeps (`Some`) or forgets (`None`) client session `client`.
-    fn set_session(&mut self, client: u128, session: Option<&ClientSession>) -> Result<()>;
+    fn set_session(&mut self, client: u128, session: Option<ClientSession>) -> Result<()>;
 }
 
 /// Tables in memory: the test double's and the unit tests' storage.
@@ -117,9 +117,9 @@ impl TablesMut for MemTables {
         Ok(())
     }
 
-    fn set_session(&mut self, client: u128, session: Option<&ClientSession>) -> Result<()> {
+    fn set_session(&mut self, client: u128, session: Option<ClientSession>) -> Result<()> {
         match session {
-            Some(s) => self.sessions.insert(client, s.clone()),
+            Some(s) => self.sessions.insert(client, s),
             None => self.sessions.remove(&client),
         };
         Ok(())

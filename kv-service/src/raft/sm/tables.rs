@@ -299,7 +299,7 @@ impl SmTables {
 
     /// The overlays, oldest first (the one in flight, then the live one):
     /// a later write to a key wins.
-    pub(super) fn overlays(&self) -> impl Iterator<Item = &Overlay> {
+    pub(super) fn overlays(&self) -> impl DoubleEndedIterator<Item = &Overlay> {
         let flushing = self.flushing.as_ref().map(|f| &*f.overlay);
         flushing.into_iter().chain(std::iter::once(&self.live))
     }
@@ -382,13 +382,9 @@ impl Tables for SmTables {
     }
 
     fn session(&self, client: u128) -> Result<Option<ClientSession>> {
-        for o in [
-            Some(&self.live),
-            self.flushing.as_ref().map(|f| &*f.overlay),
-        ] {
-            if let Some(written) = o.and_then(|o| o.sessions.get(&client)) {
-                return Ok(written.clone());
-            }
+        // The newest overlay that wrote it, else the tables.
+        if let Some(written) = self.overlays().rev().find_map(|o| o.sessions.get(&client)) {
+            return Ok(written.clone());
         }
         let got = self.base_sessions.get(client).map_err(storage)?;
         got.map(|v| postcard::from_bytes(v.value()).map_err(storage))
@@ -451,9 +447,11 @@ impl TablesMut for SmTables {
         Ok(())
     }
 
-    fn set_session(&mut self, client: u128, session: Option<&ClientSession>) -> Result<()> {
+    fn set_session(&mut self, client: u128, session: Option<ClientSession>) -> Result<()> {
+        // A session is a few dozen bytes a call in flight: the overlay's
+        // byte bound is for values, so count a nominal size.
         self.bytes += 64;
-        self.live.sessions.insert(client, session.cloned());
+        self.live.sessions.insert(client, session);
         Ok(())
     }
 }
