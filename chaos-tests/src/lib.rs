@@ -406,8 +406,8 @@ impl KvCluster {
 
     /// Restarts replica `id` (a supervisor's part) and proves it rejoined
     /// a cluster of three: with the third replica (not the leader, so no
-    /// election) stopped, a write commits only with it. Returns how long that took from the
-    /// restart, start-up included.
+    /// election) stopped, a write commits only with it. Returns how long
+    /// that took from the restart, start-up included.
     pub async fn restart_and_prove_rejoined(&mut self, id: u64) -> Duration {
         let back = std::time::Instant::now();
         self.restart(id);

@@ -159,21 +159,64 @@ async fn put_for_5s_under(
     (l.len(), l[l.len() / 2], l[l.len() * 99 / 100])
 }
 
+/// A cluster under the shim whose disks are slowed, the leader's then a
+/// follower's, with no election allowed meanwhile.
+struct SlowedInTurn {
+    c: KvCluster,
+    faults: Vec<PathBuf>,
+    kv: RaftKv,
+    leader: u64,
+    follower: u64,
+    term: u64,
+}
+
+impl SlowedInTurn {
+    async fn start() -> SlowedInTurn {
+        let (c, faults) = cluster();
+        let leader = c.leader().await;
+        let follower = c.replica_other_than(&[leader]);
+        let kv = c.client();
+        let term = term(&kv).await;
+        SlowedInTurn {
+            c,
+            faults,
+            kv,
+            leader,
+            follower,
+            term,
+        }
+    }
+
+    /// The leader, then a follower: (who, id, its fault file).
+    fn in_turn(&self) -> [(&'static str, u64, &PathBuf); 2] {
+        [("leader", self.leader), ("follower", self.follower)]
+            .map(|(who, id)| (who, id, &self.faults[id as usize - 1]))
+    }
+
+    /// No new term, and the same leader.
+    async fn assert_no_election(&self) {
+        assert_eq!(
+            term(&self.kv).await,
+            self.term,
+            "a slow disk caused an election"
+        );
+        assert_eq!(
+            self.c.leader().await,
+            self.leader,
+            "the leader kept its place"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_log_costs_latency_but_no_election() {
-    let (c, faults) = cluster();
-    let leader = c.leader().await;
-    let follower = c.replica_other_than(&[leader]);
-    let kv = c.client();
-    let before = term(&kv).await;
-    for (who, id) in [("leader", leader), ("follower", follower)] {
-        let file = &faults[id as usize - 1];
-        let (n, p50, p99) = put_for_5s_under(&kv, file, "slow 100 log/", who).await;
+    let t = SlowedInTurn::start().await;
+    for (who, _, file) in t.in_turn() {
+        let (n, p50, p99) = put_for_5s_under(&t.kv, file, "slow 100 log/", who).await;
         eprintln!("the {who}'s log 100 ms a write: {n} puts, p50 {p50:?}, p99 {p99:?}");
         assert!(p99 < Duration::from_secs(2), "{who}: p99 {p99:?}");
     }
-    assert_eq!(term(&kv).await, before, "a slow disk caused an election");
-    assert_eq!(c.leader().await, leader, "the leader kept its place");
+    t.assert_no_election().await;
 }
 
 /// The first `Some` of `f`, polled every 100 ms until `within`.
@@ -203,19 +246,15 @@ async fn term(kv: &RaftKv) -> u64 {
 /// nothing is lost and leadership stays; the replica serves on afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_state_file_delays_flushes_not_writes_or_leadership() {
-    let (c, faults) = cluster();
-    let leader = c.leader().await;
-    let follower = c.replica_other_than(&[leader]);
-    let kv = c.client();
-    let before = term(&kv).await;
-    for (who, id) in [("leader", leader), ("follower", follower)] {
+    let t = SlowedInTurn::start().await;
+    let c = &t.c;
+    for (who, id, file) in t.in_turn() {
         let prefix = format!("stall-{who}");
-        let flushed_before = flush_seconds(&c, id);
-        let file = &faults[id as usize - 1];
-        let (n, p50, p99) = put_for_5s_under(&kv, file, "slow 2000 state.redb", &prefix).await;
+        let flushed_before = flush_seconds(c, id);
+        let (n, p50, p99) = put_for_5s_under(&t.kv, file, "slow 2000 state.redb", &prefix).await;
         // A flush is timed when it ends: the one the stall held ends now.
         let stalled = until(Duration::from_secs(60), || {
-            let took = flush_seconds(&c, id) - flushed_before;
+            let took = flush_seconds(c, id) - flushed_before;
             (took >= 2.0).then_some(took)
         })
         .await
@@ -229,6 +268,5 @@ async fn a_stalled_state_file_delays_flushes_not_writes_or_leadership() {
         let listed = own.list(format!("{prefix}/").as_bytes()).await.unwrap();
         assert_eq!(listed.len(), n, "{who}: acknowledged puts");
     }
-    assert_eq!(term(&kv).await, before, "a stalled disk caused an election");
-    assert_eq!(c.leader().await, leader, "the leader kept its place");
+    t.assert_no_election().await;
 }

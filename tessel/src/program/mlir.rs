@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use tessel_pjrt::ElementType;
 
+use crate::array::{checked_size, MAX_JOB_ARRAY_BYTES};
+
 /// Why a signature could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MlirError {
@@ -329,7 +331,6 @@ pub fn parse_tensor_type(s: &str) -> Result<TensorType, MlirError> {
         .collect::<Result<Vec<_>, _>>()?;
     // Bounded before any product is formed: `byte_len` and every buffer
     // size after it then fit.
-    use crate::array::{checked_size, MAX_JOB_ARRAY_BYTES};
     if checked_size(element_type, &dims, MAX_JOB_ARRAY_BYTES).is_err() {
         return Err(syntax("type", s, "more than 1 TiB"));
     }
