@@ -2,8 +2,8 @@
 //!
 //! Invariants:
 //! 1. Membership is written on both sides (`jobs/{job}/members/{worker}` and
-//!    `workers/{worker}/jobs/{job}`), each holding the incarnation that
-//!    joined; only the current incarnation may join.
+//!    `workers/{worker}/jobs/{job}`) in one batch, each holding the
+//!    incarnation that joined; only the current incarnation may join.
 //! 2. A job has at most one failure event: the first [`fail_job`] inserts
 //!    it, later ones return the stored one, so every participant sees the
 //!    same failure.
@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kv::{KvError, KvStore};
+use tessel_kv::{BatchPut, KvError, KvStore};
 
 use crate::error::{CoordinatorError, Result};
 use crate::keys;
@@ -185,16 +185,19 @@ pub async fn join_job(kv: &dyn KvStore, job: &str, reg: &Registration) -> Result
     keys::check_id("job id", job)?;
     check_current(kv, &reg.worker_id, reg.incarnation).await?;
     let inc = reg.incarnation.to_string();
-    kv.put(
-        keys::worker_job(&reg.worker_id, job).as_bytes(),
-        inc.as_bytes(),
-    )
-    .await
-    .map_err(CoordinatorError::kv("recording the worker's job"))?;
-    kv.put(
-        keys::job_member(job, &reg.worker_id).as_bytes(),
-        inc.as_bytes(),
-    )
+    // Both sides of the membership at once: one write, one revision.
+    kv.put_batch(&[
+        BatchPut::new(
+            keys::worker_job(&reg.worker_id, job).as_bytes(),
+            inc.as_bytes(),
+            None,
+        ),
+        BatchPut::new(
+            keys::job_member(job, &reg.worker_id).as_bytes(),
+            inc.as_bytes(),
+            None,
+        ),
+    ])
     .await
     .map_err(CoordinatorError::kv("recording the job's member"))?;
     Ok(())

@@ -21,13 +21,16 @@
 //!    bound to it (the leader's queue held the record's write for a TTL,
 //!    as with 16,384 workers registering at once) grants another lease and
 //!    tries again, a few times.
+//! 8. The record and the alive key are written together (one batch, one
+//!    revision): an alive worker always has the record it registered with,
+//!    and registering costs three writes (incarnation, lease, batch).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kv::{CasOutcome, KvError, KvStore};
+use tessel_kv::{BatchPut, CasOutcome, KvError, KvStore};
 use tokio::sync::watch;
 
 use crate::error::{CoordinatorError, Result};
@@ -154,18 +157,20 @@ pub async fn register(
             lease,
             registered_unix_ms: keys::unix_ms(),
         };
-        kv.put(
-            keys::info(&id).as_bytes(),
-            &postcard::to_allocvec(&record).expect("always encodes"),
-        )
-        .await
-        .map_err(CoordinatorError::kv("writing the worker record"))?;
+        // Invariant 8: the record and the alive key in one write.
         let alive = kv
-            .put_with_lease(
-                keys::alive(&id).as_bytes(),
-                keys::alive_value(incarnation, keys::unix_ms()).as_bytes(),
-                lease,
-            )
+            .put_batch(&[
+                BatchPut::new(
+                    keys::info(&id).as_bytes(),
+                    &postcard::to_allocvec(&record).expect("always encodes"),
+                    None,
+                ),
+                BatchPut::new(
+                    keys::alive(&id).as_bytes(),
+                    keys::alive_value(incarnation, keys::unix_ms()).as_bytes(),
+                    Some(lease),
+                ),
+            ])
             .await;
         match alive {
             Ok(_) => {
@@ -178,7 +183,7 @@ pub async fn register(
             Err(KvError::LeaseNotFound(_)) if tries < REGISTER_TRIES => {
                 tracing::warn!(worker = %id, lease, "the new lease expired before it was used; granting another");
             }
-            Err(e) => return Err(CoordinatorError::kv("marking the worker alive")(e)),
+            Err(e) => return Err(CoordinatorError::kv("writing the worker record")(e)),
         }
     }
 }

@@ -3,14 +3,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tessel_kv::{CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
+use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
 
 /// [`MemoryKv`] behind a faulty network: compare-and-swaps never answer
 /// when `cas_hangs` (a replica that died mid-call). While
 /// `retry_next_cas` is set, the next one is applied twice, the caller
 /// hearing the second answer (a client retrying a write whose first try
 /// was applied but not answered), and the flag is cleared. The next plain
-/// put waits `slow_next_put` first, when set (a leader's long queue).
+/// put or batch waits `slow_next_put` first, when set (a leader's long queue).
 pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
     pub cas_hangs: bool,
@@ -28,6 +28,14 @@ impl FaultyKv {
             slow_next_put: std::sync::Mutex::new(None),
         }
     }
+
+    /// Waits `slow_next_put` once, if set.
+    async fn slow_down(&self) {
+        let slow = self.slow_next_put.lock().expect("not poisoned").take();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -36,14 +44,15 @@ impl KvStore for FaultyKv {
         self.inner.insert(k, v).await
     }
     async fn put(&self, k: &[u8], v: &[u8]) -> Result<u64> {
-        let slow = self.slow_next_put.lock().expect("not poisoned").take();
-        if let Some(d) = slow {
-            tokio::time::sleep(d).await;
-        }
+        self.slow_down().await;
         self.inner.put(k, v).await
     }
     async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> Result<u64> {
         self.inner.put_with_lease(k, v, l).await
+    }
+    async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
+        self.slow_down().await;
+        self.inner.put_batch(puts).await
     }
     async fn get(&self, k: &[u8], t: Duration) -> Result<Vec<u8>> {
         self.inner.get(k, t).await

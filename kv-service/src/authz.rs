@@ -22,7 +22,8 @@
 //!    cluster-wide certificate and `--insecure` may do anything.
 //!
 //! A request on a prefix (`DeletePrefix`, `List`, `Watch`) is allowed only
-//! where it would be for every key under the prefix.
+//! where it would be for every key under the prefix; a batch only where
+//! each of its puts would be, under one guard.
 
 use crate::wire::{ClientRequest, WireRequest};
 use tessel_kv::state::{Guard, Needed, Op};
@@ -160,6 +161,7 @@ fn written(op: &Op) -> Vec<(&[u8], bool)> {
         // Refused before (`authorize`).
         Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } | Op::Guarded { .. } => vec![],
         Op::Once { op, .. } => written(op),
+        Op::PutBatch { puts } => puts.iter().map(|p| (&p.key[..], false)).collect(),
     }
 }
 
@@ -214,10 +216,18 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
             refuse("hold leases".into())
         }
         (ClientRequest::Write(op), _) => {
-            let mut guard = None;
+            let mut guard: Option<Guard> = None;
             for (key, prefix) in written(op) {
                 match may_write(role, name, key, prefix) {
                     Err(what) => return refuse(what),
+                    // One guard a request: a batch over two jobs' keys
+                    // would pass on the first job's assignment alone.
+                    Ok(Some(g)) if guard.as_ref().is_some_and(|have| *have != g) => {
+                        return refuse(format!(
+                            "write `{}` in a batch with another job's keys",
+                            tessel_kv::show_key(key)
+                        ))
+                    }
                     Ok(g) => guard = guard.or(g),
                 }
             }

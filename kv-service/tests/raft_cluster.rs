@@ -1,7 +1,8 @@
 //! Property: a 3-replica Raft cluster over QUIC with mutual TLS behaves
 //! exactly like the specification (the conformance suite, through any
 //! replica, and in a replica's own process), applies a write sent twice
-//! once, and refuses peers whose certificate is from another CA.
+//! once, frees the streams of calls their callers gave up, and refuses
+//! peers whose certificate is from another CA.
 //! (Replicas run as tasks here; the process-level tests kill real
 //! processes.)
 
@@ -113,6 +114,17 @@ async fn three_replicas_pass_the_conformance_suite_through_any_replica() {
             .await
             .unwrap();
         assert_eq!(kv.replica(), leader, "starting at {start}");
+        // Waits given up by their callers (a worker drops one of two
+        // waits when the other ends) leave it there (client invariant 6).
+        // (Two: each would move it one replica on, three back to the start.)
+        for i in 0..2 {
+            let key = format!("never/{start}/{i}");
+            let wait = kv.get(key.as_bytes(), Duration::from_secs(60));
+            assert!(tokio::time::timeout(Duration::from_millis(50), wait)
+                .await
+                .is_err());
+        }
+        assert_eq!(kv.replica(), leader, "after abandoned waits");
     }
     let kv = RaftKv::connect(addrs.clone(), Some(&tls)).unwrap();
     tessel_kv::conformance::run_all(&kv).await;
@@ -290,6 +302,68 @@ async fn a_write_whose_answer_was_lost_is_applied_once_when_sent_again() {
         Ok(lease + 1),
         "one lease a grant"
     );
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// Node invariant 8: blocking gets and watches whose callers gave up free
+/// their streams at once. More than a connection's streams (1,024) are
+/// abandoned, gets and watches each, directly and through a follower; if
+/// the replicas held them until their hour-long timeouts, the next call on
+/// the connection would find no stream to open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_waits_free_their_streams() {
+    let (_dir, replicas, leader) = running_cluster().await;
+    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
+    let tls = TlsFiles::load(&_dir.path().join("tls")).unwrap();
+    for via in [leader, follower.id] {
+        let addr = replicas
+            .iter()
+            .find(|r| r.id == via)
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let kv = RaftKv::connect(vec![addr], Some(&tls)).unwrap();
+        for wave in 0..2 {
+            let gets = (0..1100).map(|i| {
+                let kv = &kv;
+                async move {
+                    let key = format!("absent/{via}/{wave}/{i}");
+                    let get = kv.get(key.as_bytes(), Duration::from_secs(3600));
+                    tokio::time::timeout(Duration::from_millis(500), get).await
+                }
+            });
+            let outcomes = futures::future::join_all(gets).await;
+            assert!(outcomes.iter().all(|o| o.is_err()), "every get gave up");
+            // Watches, opened and dropped.
+            let watches = (0..600).map(|i| {
+                let kv = &kv;
+                async move {
+                    let prefix = format!("watched/{via}/{wave}/{i}/");
+                    tokio::time::timeout(Duration::from_secs(10), kv.watch(prefix.as_bytes(), 0))
+                        .await
+                        .expect("opened")
+                        .unwrap()
+                }
+            });
+            let opened = futures::future::join_all(watches).await;
+            drop(opened);
+        }
+        let key = format!("present/{via}");
+        let put_then_get = async {
+            kv.put(key.as_bytes(), b"v").await.unwrap();
+            kv.get(key.as_bytes(), Duration::from_secs(1))
+                .await
+                .unwrap()
+        };
+        let got = tokio::time::timeout(Duration::from_secs(5), put_then_get).await;
+        assert_eq!(
+            got.as_deref(),
+            Ok(&b"v"[..]),
+            "served after the abandoned gets (via {via})"
+        );
+    }
     for r in replicas {
         r.shutdown().await;
     }

@@ -28,6 +28,7 @@ pub async fn run_all(store: &dyn KvStore) {
     barriers_pass_when_everyone_arrives(store).await;
     barrier_timeouts_and_cancels_fail_everyone_alike(store).await;
     oversized_writes_are_refused_and_write_nothing(store).await;
+    a_batch_writes_all_its_keys_at_one_revision_or_none(store).await;
 }
 
 /// Insert refuses an existing key; put overwrites it.
@@ -409,4 +410,67 @@ pub async fn oversized_writes_are_refused_and_write_nothing(store: &dyn KvStore)
         .put(&vec![b'k'; 4096], &vec![0u8; 4 << 20])
         .await
         .unwrap();
+}
+
+/// A batch of puts is one write: all its keys at one revision, bound to
+/// their leases; refused whole (nothing written) for a missing lease, a
+/// key named twice, or a size over the limits.
+pub async fn a_batch_writes_all_its_keys_at_one_revision_or_none(store: &dyn KvStore) {
+    use crate::state::{BatchPut, MAX_BATCH};
+    let lease = store.grant(Duration::from_secs(60)).await.unwrap();
+    let rev = store
+        .put_batch(&[
+            BatchPut::new(b"conf/batch/a", b"1", None),
+            BatchPut::new(b"conf/batch/b", b"2", Some(lease)),
+        ])
+        .await
+        .unwrap();
+    let got = store.list(b"conf/batch/").await.unwrap();
+    assert_eq!(got.len(), 2);
+    for kv in &got {
+        assert_eq!(kv.mod_revision, rev, "one revision for the batch");
+    }
+    assert_eq!(store.revision().await.unwrap(), rev);
+    let mut w = store.watch(b"conf/batch/", rev).await.unwrap();
+    for key in [&b"conf/batch/a"[..], b"conf/batch/b"] {
+        let e = next_event(&mut w).await;
+        assert_eq!((e.key(), e.revision()), (key, rev));
+    }
+    let gone = store.grant(Duration::from_secs(60)).await.unwrap();
+    store.revoke(gone).await.unwrap();
+    let before = store.revision().await.unwrap();
+    let refused = [
+        vec![
+            BatchPut::new(b"conf/batch/c", b"3", None),
+            BatchPut::new(b"conf/batch/d", b"4", Some(gone)),
+        ],
+        vec![
+            BatchPut::new(b"conf/batch/c", b"3", None),
+            BatchPut::new(b"conf/batch/c", b"4", None),
+        ],
+        vec![],
+        (0..=MAX_BATCH)
+            .map(|i| BatchPut::new(format!("conf/batch/c{i}").as_bytes(), b"", None))
+            .collect(),
+        vec![
+            BatchPut::new(b"conf/batch/c", &vec![0u8; 3 << 20], None),
+            BatchPut::new(b"conf/batch/e", &vec![0u8; 3 << 20], None),
+        ],
+    ];
+    for puts in refused {
+        let e = store.put_batch(&puts).await.unwrap_err();
+        assert!(
+            matches!(e, KvError::LeaseNotFound(_) | KvError::InvalidArgument(_)),
+            "{e}"
+        );
+    }
+    assert!(matches!(
+        store.try_get(b"conf/batch/c").await,
+        Err(KvError::NotFound(_))
+    ));
+    assert_eq!(store.revision().await.unwrap(), before, "nothing written");
+    store.revoke(lease).await.unwrap();
+    let left: Vec<_> = store.list(b"conf/batch/").await.unwrap();
+    assert_eq!(left.len(), 1, "the leased key went with its lease");
+    assert_eq!(left[0].key, b"conf/batch/a");
 }

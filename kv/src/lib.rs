@@ -46,5 +46,5 @@ mod store;
 pub use applied::AppliedState;
 pub use error::{check_path_component, show_key, KvError, Result};
 pub use memory::MemoryKv;
-pub use state::{BarrierStatus, Event, KeyValue, Limits};
+pub use state::{BarrierStatus, BatchPut, Event, KeyValue, Limits};
 pub use store::{CasOutcome, KvStore, WatchStream};

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::applied::AppliedState;
 use crate::error::{KvError, Result};
-use crate::state::{KeyValue, KvState, Limits, MemTables, Op, Output, Request, Tables};
+use crate::state::{BatchPut, KeyValue, KvState, Limits, MemTables, Op, Output, Request, Tables};
 use crate::store::{CasOutcome, KvStore, WatchStream};
 
 /// The in-memory test double. Create it inside a tokio runtime: a task
@@ -113,6 +113,13 @@ impl KvStore for MemoryKv {
             key: key.to_vec(),
             value: value.to_vec(),
             lease: Some(lease),
+        })?
+        .into_revision()
+    }
+
+    async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
+        self.propose(Op::PutBatch {
+            puts: puts.to_vec(),
         })?
         .into_revision()
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::Stream;
 
 use crate::error::Result;
-use crate::state::{Event, KeyValue};
+use crate::state::{BatchPut, Event, KeyValue};
 
 /// A stream of changes under a prefix, in revision order.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Event>> + Send>>;
@@ -45,6 +45,11 @@ pub trait KvStore: Send + Sync {
     async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64>;
     /// Writes a key that is deleted when `lease` expires or is revoked.
     async fn put_with_lease(&self, key: &[u8], value: &[u8], lease: u64) -> Result<u64>;
+    /// Writes every put at one revision, or none of them (etcd's
+    /// transaction without compares): one round trip and one log entry for
+    /// records that belong together. At most [`crate::state::MAX_BATCH`]
+    /// distinct keys; a missing lease refuses the whole batch.
+    async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64>;
     /// Waits until the key exists or `timeout` passes
     /// ([`crate::KvError::DeadlineExceeded`]).
     async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>>;

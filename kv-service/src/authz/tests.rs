@@ -223,3 +223,29 @@ fn a_write_sent_once_is_judged_as_the_write_inside() {
     let e = authorize(&node(Role::Client, "ops"), &once(grant)).unwrap_err();
     assert!(e.contains("hold leases"), "{e}");
 }
+
+#[test]
+fn a_batch_is_judged_put_by_put_under_one_guard() {
+    let batch = |keys: &[&str]| {
+        WireRequest::Client(ClientRequest::Write(Op::PutBatch {
+            puts: keys
+                .iter()
+                .map(|k| tessel_kv::BatchPut::new(k.as_bytes(), b"", None))
+                .collect(),
+        }))
+    };
+    let h4 = node(Role::Worker, "h4");
+    assert_eq!(
+        authorize(&h4, &batch(&["workers/h4/info", "workers/h4/alive"])),
+        Ok(None)
+    );
+    assert_eq!(
+        guard_of(&h4, &batch(&["workers/h4/jobs/j@1", "jobs/j@1/members/h4"])),
+        ["assignments/h4/j@1"]
+    );
+    let e = authorize(&h4, &batch(&["workers/h4/info", "workers/h5/alive"])).unwrap_err();
+    assert!(e.contains("may not write `workers/h5/alive`"), "{e}");
+    // Two jobs' keys would need two guards: one would go unchecked.
+    let e = authorize(&h4, &batch(&["jobs/j@1/members/h4", "jobs/k@1/members/h4"])).unwrap_err();
+    assert!(e.contains("in a batch with another job's keys"), "{e}");
+}

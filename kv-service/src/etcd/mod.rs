@@ -37,7 +37,7 @@ use etcd_client::{
 use futures::StreamExt;
 use tokio::time::Instant;
 
-use tessel_kv::state::{increment_value, Event, KeyValue, Limits, BARRIER_RETENTION_MS};
+use tessel_kv::state::{increment_value, BatchPut, Event, KeyValue, Limits, BARRIER_RETENTION_MS};
 use tessel_kv::{show_key, KvError, Result};
 use tessel_kv::{CasOutcome, KvStore, WatchStream};
 
@@ -382,6 +382,30 @@ impl KvStore for EtcdKv {
             KvError::LeaseNotFound(_) => KvError::LeaseNotFound(lease),
             e => e,
         })
+    }
+
+    async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
+        let limits = self.opts.limits;
+        limits.check_batch(puts)?;
+        for p in puts {
+            limits.check_value(&p.value)?;
+        }
+        // One etcd transaction: one revision, all or none.
+        let ops: Vec<TxnOp> = puts
+            .iter()
+            .map(|p| {
+                let opts = p.lease.map(|l| PutOptions::new().with_lease(l as i64));
+                TxnOp::put(self.data_key(&p.key), p.value.clone(), opts)
+            })
+            .collect();
+        match self.txn(Txn::new().and_then(ops)).await {
+            Ok(r) => Ok(header_revision(r.header())),
+            // etcd names no lease: name the batch's, when it has one.
+            Err(KvError::LeaseNotFound(_)) => Err(KvError::LeaseNotFound(
+                puts.iter().find_map(|p| p.lease).unwrap_or(0),
+            )),
+            Err(e) => Err(e),
+        }
     }
 
     async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {

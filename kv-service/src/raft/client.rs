@@ -14,14 +14,16 @@
 //! 3. A watch that loses its replica resumes after the last event it
 //!    delivered: no event lost or repeated.
 //! 4. Requests go to the leader directly when its address is known (asked
-//!    before the first request and after each retry); else a follower
-//!    forwards. Correctness never depends on the hint.
+//!    before the first request and after a call failed or was given up);
+//!    else a follower forwards. Correctness never depends on the hint.
 //! 5. Replicas named by DNS are looked up again after a while and after a
 //!    failed call: a replica rescheduled under its name is found again.
 //! 6. A client's concurrent calls all go to the same replica (the leader,
-//!    once known); only a failed or abandoned call moves them on. Spreading
-//!    them made followers relay most calls, and thousands of blocked gets
-//!    filled a follower's one connection to the leader.
+//!    once known); only a failed or abandoned call moves them on, not an
+//!    abandoned wait (a blocking get or a barrier: its caller may just no
+//!    longer need it). Spreading them made followers relay most calls, and
+//!    thousands of blocked gets filled a follower's one connection to the
+//!    leader; so did moving on from every wait a worker dropped.
 //! 7. A call waits for a replica that is alive, however busy, until its
 //!    deadline: giving up on a slow leader after a fixed time re-sent the
 //!    writes queued there, adding to its queue (a retry storm at 8,192
@@ -37,7 +39,7 @@ use tokio::time::Instant;
 
 use crate::rpc::{self, NamedPeer, PeerClient};
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
-use tessel_kv::state::{KeyValue, Limits, Op, Output};
+use tessel_kv::state::{BatchPut, KeyValue, Limits, Op, Output};
 use tessel_kv::{CasOutcome, KvStore, WatchStream};
 use tessel_kv::{KvError, Result};
 use tessel_tls::TlsFiles;
@@ -247,28 +249,27 @@ impl Quic {
                 let per_call = deadline.saturating_duration_since(Instant::now());
                 // Invariant 6: `next` stays on this replica while the call
                 // runs; a failure, or a caller giving up (dropping this
-                // future), moves it on.
+                // future), moves it on. Not a caller giving up a wait: a
+                // worker drops one of two waits whenever the other ends.
                 let mut move_on = MoveOn {
                     next: &self.next,
-                    at: Some(at),
+                    leader_sought: &self.leader_sought,
+                    at: (!waits(&req)).then_some(at),
                 };
                 let call = WireRequest::Client(req.clone());
-                match replica.call(&self.client, &call, per_call).await {
+                let failed = match replica.call(&self.client, &call, per_call).await {
                     Ok(resp) => match retryable(&resp) {
-                        Some(e) => {
-                            self.leader_sought.store(false, Ordering::Relaxed);
-                            last_error = e
-                        }
+                        Some(e) => e,
                         None => {
                             move_on.at = None;
                             return Ok(resp);
                         }
                     },
-                    Err(e) => {
-                        self.leader_sought.store(false, Ordering::Relaxed);
-                        last_error = KvError::Unavailable(e.to_string())
-                    }
-                }
+                    Err(e) => KvError::Unavailable(e.to_string()),
+                };
+                // A failure moves on, a wait's too.
+                move_on.at = Some(at);
+                last_error = failed;
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(500));
@@ -277,20 +278,39 @@ impl Quic {
     }
 }
 
+/// Whether `req` waits for something to happen (a blocking get, a
+/// barrier): its caller may give it up because it no longer needs it,
+/// which says nothing of the replica.
+fn waits(req: &ClientRequest) -> bool {
+    match req {
+        ClientRequest::Get { timeout_ms, .. } | ClientRequest::WaitBarrier { timeout_ms, .. } => {
+            *timeout_ms > 0
+        }
+        ClientRequest::Watch { .. } => true,
+        _ => false,
+    }
+}
+
 /// Moves a client's `next` replica on from `at` when dropped armed: once
 /// for all the calls that failed on (or gave up on) the same replica, so
-/// they do not skip the one after it too.
+/// they do not skip the one after it too; the next call asks where the
+/// leader is (invariant 4), so a client that moved on to a follower does
+/// not stay there, its calls relayed.
 struct MoveOn<'a> {
     next: &'a AtomicUsize,
+    leader_sought: &'a AtomicBool,
     at: Option<usize>,
 }
 
 impl Drop for MoveOn<'_> {
     fn drop(&mut self) {
         if let Some(at) = self.at {
-            let _ = self
-                .next
-                .compare_exchange(at, at + 1, Ordering::Relaxed, Ordering::Relaxed);
+            let moved =
+                self.next
+                    .compare_exchange(at, at + 1, Ordering::Relaxed, Ordering::Relaxed);
+            if moved.is_ok() {
+                self.leader_sought.store(false, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -457,6 +477,14 @@ impl<T: Transport> KvStore for KvClient<T> {
             key: key.to_vec(),
             value: value.to_vec(),
             lease: Some(lease),
+        })
+        .await?
+        .into_revision()
+    }
+
+    async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
+        self.write(Op::PutBatch {
+            puts: puts.to_vec(),
         })
         .await?
         .into_revision()

@@ -24,6 +24,8 @@
 //!    once, and a repeat gets the first answer (`sessions` invariants); its
 //!    client's session is updated even when it fails (an exception to
 //!    invariant 5).
+//! 10. An [`Op::PutBatch`] writes all its keys at one revision or none: it
+//!     is refused before anything changes if any put would be.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -344,6 +346,22 @@ impl KvState {
         events: &mut Vec<Event>,
     ) -> Result<u64> {
         let revision = self.bump();
+        self.write_at(t, key, current, value, lease, revision, events)?;
+        Ok(revision)
+    }
+
+    /// [`Self::write`] at `revision`, already taken (a batch shares one).
+    #[allow(clippy::too_many_arguments)]
+    fn write_at(
+        &mut self,
+        t: &mut impl TablesMut,
+        key: &[u8],
+        current: Option<&KeyValue>,
+        value: Vec<u8>,
+        lease: Option<u64>,
+        revision: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<()> {
         let create_revision = current.map_or(revision, |kv| kv.create_revision);
         if let Some(old) = current.and_then(|kv| kv.lease) {
             if Some(old) != lease {
@@ -366,7 +384,7 @@ impl KvState {
         };
         t.insert(&kv)?;
         events.push(Event::Put(kv));
-        Ok(revision)
+        Ok(())
     }
 
     fn apply_op(
@@ -568,6 +586,28 @@ impl KvState {
                     };
                 }
                 Ok(Output::Barrier(b.status.clone()))
+            }
+            // Invariant 10: everything that can fail is checked first.
+            Op::PutBatch { puts } => {
+                limits.check_batch(puts)?;
+                for p in puts {
+                    limits.check_value(&p.value)?;
+                    self.check_lease(p.lease)?;
+                }
+                let revision = self.bump();
+                for p in puts {
+                    let current = t.get(&p.key)?;
+                    self.write_at(
+                        t,
+                        &p.key,
+                        current.as_ref(),
+                        p.value.clone(),
+                        p.lease,
+                        revision,
+                        events,
+                    )?;
+                }
+                Ok(Output::Written { revision })
             }
             Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } => Ok(Output::Ticked),
             Op::Guarded { guard, op } => {

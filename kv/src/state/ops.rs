@@ -80,7 +80,43 @@ impl Limits {
             | Op::RenewLeases
             | Op::ExtendLeases { .. } => Ok(()),
             Op::Guarded { op, .. } | Op::Once { op, .. } => self.check_op(op),
+            Op::PutBatch { puts } => self.check_batch(puts),
         }
+    }
+
+    /// Refuses an empty batch, one over [`MAX_BATCH`] puts or over
+    /// [`Limits::max_value`] bytes of values, or one naming a key twice
+    /// (which of its values would win is not obvious, so etcd refuses it too).
+    pub fn check_batch(&self, puts: &[BatchPut]) -> Result<()> {
+        if puts.is_empty() || puts.len() > MAX_BATCH {
+            return Err(KvError::InvalidArgument(format!(
+                "a batch holds 1 to {MAX_BATCH} puts, not {}",
+                puts.len()
+            )));
+        }
+        let mut total = 0usize;
+        let mut keys = std::collections::BTreeSet::new();
+        for p in puts {
+            self.check_key(&p.key)?;
+            total = total.saturating_add(p.value.len());
+            if !keys.insert(&p.key[..]) {
+                return Err(KvError::InvalidArgument(format!(
+                    "a batch puts `{}` twice",
+                    show_key(&p.key)
+                )));
+            }
+        }
+        self.check_value_total(total)
+    }
+
+    fn check_value_total(&self, total: usize) -> Result<()> {
+        if total > self.max_value {
+            return Err(KvError::InvalidArgument(format!(
+                "a batch's values of {total} bytes exceed the {}-byte limit",
+                self.max_value
+            )));
+        }
+        Ok(())
     }
 
     /// Refuses a value over the limit.
@@ -292,6 +328,40 @@ pub enum Op {
         /// The write.
         op: Box<Op>,
     },
+    /// Several puts as one write: all or none, at one revision (etcd's
+    /// transaction without compares). At most [`MAX_BATCH`] distinct keys,
+    /// their values [`Limits::max_value`] bytes in all.
+    PutBatch {
+        /// The puts, in order.
+        puts: Vec<BatchPut>,
+    },
+}
+
+/// The most puts one [`Op::PutBatch`] carries (etcd's default too).
+pub const MAX_BATCH: usize = 128;
+
+/// One put of an [`Op::PutBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPut {
+    /// The key.
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    /// The value.
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    /// A lease to bind the key to.
+    pub lease: Option<u64>,
+}
+
+impl BatchPut {
+    /// A put of `value` at `key`, bound to `lease` if given.
+    pub fn new(key: &[u8], value: &[u8], lease: Option<u64>) -> BatchPut {
+        BatchPut {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease,
+        }
+    }
 }
 
 /// The value an increment of `delta` gives the counter at `key` holding
@@ -326,6 +396,7 @@ impl Op {
             Op::DeletePrefix { prefix } => Some(prefix),
             Op::BarrierArrive { id, .. } | Op::BarrierCancel { id, .. } => Some(id),
             Op::Guarded { op, .. } | Op::Once { op, .. } => op.key(),
+            Op::PutBatch { puts } => puts.first().map(|p| &p.key[..]),
             Op::LeaseGrant { .. }
             | Op::LeaseKeepAlive { .. }
             | Op::LeaseRevoke { .. }
@@ -359,6 +430,7 @@ impl Op {
             Op::ExtendLeases { renewed } => renewed.len() * 16,
             Op::Guarded { op, .. } => op.payload_bytes(),
             Op::Once { op, .. } => 32 + op.payload_bytes(),
+            Op::PutBatch { puts } => puts.iter().map(|p| p.key.len() + p.value.len()).sum(),
         }
     }
 

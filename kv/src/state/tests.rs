@@ -649,4 +649,43 @@ fn operations_keep_their_numbers_in_the_log() {
         op: Box::new(Op::Tick),
     };
     assert_eq!(number(&once), 15);
+    assert_eq!(number(&Op::PutBatch { puts: vec![] }), 16);
+}
+
+/// Invariant 10: a batch's puts share one revision and its events that
+/// revision; a batch that cannot be applied whole changes nothing.
+#[test]
+fn a_batch_is_applied_whole_at_one_revision_or_not_at_all() {
+    let mut s = MemState::default();
+    must(&mut s, req(0, put("a", "0")));
+    let lease = match s.apply(&req(0, Op::LeaseGrant { ttl_ms: 1000 })).0 {
+        Ok(Output::Lease { id, .. }) => id,
+        other => panic!("{other:?}"),
+    };
+    let batch = |puts: Vec<BatchPut>| req(0, Op::PutBatch { puts });
+    let ev = must(
+        &mut s,
+        batch(vec![
+            BatchPut::new(b"a", b"1", None),
+            BatchPut::new(b"b", b"2", Some(lease)),
+        ]),
+    );
+    assert_eq!(s.revision(), 2);
+    assert_eq!(ev.iter().map(Event::revision).collect::<Vec<_>>(), [2, 2]);
+    let a = s.get(b"a").unwrap();
+    assert_eq!((a.create_revision, a.mod_revision), (1, 2));
+    assert_eq!(s.get(b"b").unwrap().lease, Some(lease));
+    // The second put's lease is missing: the first is not written either.
+    let (r, ev) = s.apply(&batch(vec![
+        BatchPut::new(b"c", b"3", None),
+        BatchPut::new(b"d", b"4", Some(lease + 1)),
+    ]));
+    assert_eq!(r, Err(KvError::LeaseNotFound(lease + 1)));
+    assert!(ev.is_empty());
+    assert!(s.get(b"c").is_none());
+    assert_eq!(s.revision(), 2);
+    // Expiry takes the leased key, in one revision of its own.
+    let ev = must(&mut s, req(1001, Op::Tick));
+    assert_eq!(ev.len(), 1);
+    assert!(s.get(b"b").is_none() && s.get(b"a").is_some());
 }

@@ -20,6 +20,8 @@
 //! 7. A storage error stops the Raft core (openraft never counts an entry
 //!    durable that its log could not write); [`Replica::stopped`] says so,
 //!    and its process exits so that a supervisor restarts it from disk.
+//! 8. A client request is served only while its caller listens: a stopped
+//!    stream or a closed connection ends it (and its blocking wait).
 
 mod clock;
 mod local;
@@ -27,6 +29,7 @@ mod network;
 mod proposer;
 mod quorum;
 mod renewals;
+mod status;
 mod ticker;
 
 use clock::LeaderClock;
@@ -64,7 +67,7 @@ use crate::raft::sm::SmTables;
 use crate::raft::wal::LogIo;
 use crate::raft::{storage, Proposal, TypeConfig};
 use crate::rpc::{self, Handler, NamedPeer, NetError, PeerClient};
-use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
+use crate::wire::{self, ClientRequest, WireRequest, WireResponse};
 use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
 use tessel_kv::AppliedState;
 use tessel_kv::KvError;
@@ -413,12 +416,8 @@ impl Handler for ReplicaHandler {
                     let status = WireResponse::Status(self.status());
                     reply(&mut Answers::Stream(&mut send), status).await
                 }
-                WireRequest::Client(c) => {
-                    self.route(c, &mut Answers::Stream(&mut send), false).await
-                }
-                WireRequest::Forwarded(c) => {
-                    self.route(c, &mut Answers::Stream(&mut send), true).await
-                }
+                WireRequest::Client(c) => self.listened(c, &mut send, false).await,
+                WireRequest::Forwarded(c) => self.listened(c, &mut send, true).await,
             }
             let _ = send.finish();
         })
@@ -426,35 +425,16 @@ impl Handler for ReplicaHandler {
 }
 
 impl ReplicaHandler {
-    fn status(&self) -> ReplicaStatus {
-        let m = self.raft.metrics().borrow().clone();
-        let membership = m.membership_config.membership();
-        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-        let (mut members, mut learners) = (Vec::new(), Vec::new());
-        for (id, node) in membership.nodes() {
-            let entry = (*id, node.addr.clone());
-            if voters.contains(id) {
-                members.push(entry);
-            } else {
-                learners.push(entry);
-            }
-        }
-        let (revision, keys) = self
-            .applied
-            .read(|s, t| (s.revision(), t.count().unwrap_or(0)));
-        ReplicaStatus {
-            id: self.id,
-            state: format!("{:?}", m.state),
-            leader: m.current_leader,
-            term: m.current_term,
-            members,
-            learners,
-            last_log_index: m.last_log_index,
-            applied: m.last_applied.map(|l| l.index),
-            snapshot: m.snapshot.map(|l| l.index),
-            purged: m.purged.map(|l| l.index),
-            revision,
-            keys,
+    /// [`Self::route`] until the caller stops the stream or its connection
+    /// ends (invariant 8): a blocking get or watch whose caller went away
+    /// (a call that timed out, a worker that died) frees its stream, its
+    /// task and its key's wait now, not at its own timeout an hour later.
+    async fn listened(&self, req: ClientRequest, send: &mut SendStream, forwarded: bool) {
+        let gone = send.stopped();
+        let mut answers = Answers::Stream(send);
+        tokio::select! {
+            () = self.route(req, &mut answers, forwarded) => {}
+            _ = gone => {}
         }
     }
 
