@@ -7,13 +7,11 @@
 //!   the last process's topology digest (`total_ms`), the slowest plugin
 //!   load, and the time from the last plugin being ready to the last digest
 //!   (`after_plugin_ms`: what tessel's coordination costs).
-//! * Simulated: N tasks in this process that register, join the job,
-//!   exchange a one-device topology and publish the digest through the
-//!   same coordinator, without PJRT; every KV operation is counted. Each
-//!   makes every KV operation and fetches the published topology itself;
+//! * Simulated: N hosts in this process ([`crate::sim_host`]) that make a
+//!   real worker's KV operations, heartbeats and waits, without PJRT; every
+//!   KV operation is counted. Each fetches the published topology itself;
 //!   decoding those bytes (N entries, which a real host does once on its
-//!   own CPU) is done once for all of them here
-//!   (`tessel_topology::exchange_shared`), else N² decoding on this
+//!   own CPU) is done once for all of them here, else N² decoding on this
 //!   machine's two cores starves the replicas being measured. One host's
 //!   decode is reported (`decode_ms_per_host`): add it to predict a
 //!   cluster.
@@ -22,19 +20,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use futures::StreamExt;
 use tessel::pjrt::locate;
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
-use tessel_coordinator::registry::{self, LivenessConfig};
-use tessel_kv::{CasOutcome, Event, KeyValue, KvStore, WatchStream};
-use tessel_topology::{exchange_shared, DeviceDescription, LocalTopology, TopologyCache};
+use tessel_kv::{BatchPut, CasOutcome, Event, KeyValue, KvStore, WatchStream};
+use tessel_topology::TopologyCache;
 
 use tessel_harness::{Child, LocalCluster, Ready};
 
-use crate::simulated::{usage, worker_info};
+use crate::sim_host::{self, HOSTS_PER_CONNECTION};
+use crate::simulated::usage;
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
@@ -86,26 +84,20 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
             jax_processes(python, n)?;
         }
     }
-    // Simulated workers share connections (hosts would each have their
-    // own), at most `WORKERS_PER_CONNECTION` each: every one of them holds
-    // a stream open while it waits for the global topology, and a
-    // connection takes `tessel_tls` MAX_STREAMS (1,024) at once.
+    // Simulated hosts share connections (`sim_host` says why and how).
     let largest = args.simulated.0.iter().copied().max().unwrap_or(0) as usize;
     let mut clients: Vec<Arc<CountingKv>> = Vec::new();
-    for _ in 0..largest
-        .div_ceil(WORKERS_PER_CONNECTION)
-        .max(MIN_CONNECTIONS)
-    {
+    for _ in 0..largest.div_ceil(HOSTS_PER_CONNECTION).max(MIN_CONNECTIONS) {
         clients.push(Arc::new(CountingKv {
             inner: Arc::new(cluster.client()?),
             ops: AtomicU64::new(0),
         }));
     }
-    for &n in &args.simulated.0 {
+    for (run, &n) in args.simulated.0.iter().enumerate() {
         let used = (n as usize)
-            .div_ceil(WORKERS_PER_CONNECTION)
+            .div_ceil(HOSTS_PER_CONNECTION)
             .max(MIN_CONNECTIONS);
-        simulated(&clients[..used], n, &cluster.coordinator_pids()).await?;
+        simulated(&clients[..used], n, run, &cluster.coordinator_pids()).await?;
     }
     Ok(())
 }
@@ -184,10 +176,8 @@ async fn processes(
     Ok(())
 }
 
-/// Connections the simulated workers share: at least 16, and no more
-/// than 256 workers on one (whose blocked gets must leave streams free).
+/// Connections the simulated hosts share: at least 16.
 const MIN_CONNECTIONS: usize = 16;
-const WORKERS_PER_CONNECTION: usize = 256;
 
 fn total_ops(clients: &[Arc<CountingKv>]) -> u64 {
     clients.iter().map(|c| c.ops.load(Ordering::Relaxed)).sum()
@@ -214,56 +204,46 @@ fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
     Ok(())
 }
 
-async fn simulated(clients: &[Arc<CountingKv>], n: u32, coordinators: &[u32]) -> Result<()> {
-    let job = format!("bench-simulated-{n}");
+async fn simulated(
+    clients: &[Arc<CountingKv>],
+    n: u32,
+    run: usize,
+    coordinators: &[u32],
+) -> Result<()> {
+    let job = format!("bench-simulated-{n}-{run}");
+    // Assignments first (not timed), as `--processes` writes them.
+    let assign: Vec<_> = (0..n)
+        .map(|i| {
+            let kv = clients[i as usize % clients.len()].clone();
+            let a = JobAssignment {
+                attempt: job.clone(),
+                process_index: i,
+                num_processes: n,
+                topology_timeout_ms: 300_000,
+                trace: None,
+            };
+            tokio::spawn(async move { jobs::assign(&*kv, &sim_host::host_id(n, i), &a).await })
+        })
+        .collect();
+    for a in assign {
+        a.await??;
+    }
     let cpu_before: Vec<u64> = coordinators.iter().map(|p| usage(*p).cpu_ns).collect();
     let own_before = usage(std::process::id());
-    let liveness = LivenessConfig {
-        heartbeat: Duration::from_secs(10),
-        ttl: Duration::from_secs(120),
-    };
     let before = total_ops(clients);
     let cache = Arc::new(TopologyCache::new());
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
-            let kv = clients[i as usize % clients.len()].clone();
+            let kv: Arc<dyn KvStore> = clients[i as usize % clients.len()].clone();
             let job = job.clone();
             let cache = cache.clone();
-            tokio::spawn(async move {
-                let id = format!("sim{n}-{i}");
-                let info = worker_info(&id, i, liveness);
-                let reg = registry::register(&*kv, info, liveness).await?;
-                jobs::join_job(&*kv, &job, &reg).await?;
-                let local = LocalTopology {
-                    process_index: i,
-                    num_processes: n,
-                    worker: format!("sim-{i}"),
-                    hostname: format!("sim-host-{i}"),
-                    boot_id: format!("sim-boot-{i}"),
-                    slice_index: None,
-                    devices: vec![DeviceDescription {
-                        local_hardware_id: 0,
-                        kind: "sim".into(),
-                        memory_bytes: None,
-                        attributes: vec![],
-                    }],
-                    transfer_endpoint: None,
-                };
-                // Every KV operation is this host's own; decoding the
-                // published bytes is shared (module docs).
-                let t =
-                    exchange_shared(&*kv, &job, &local, Duration::from_secs(300), &cache).await?;
-                attempt::publish(&*kv, &job, i, Record::Topology, t.digest().as_bytes()).await?;
-                anyhow::Ok(t.topology().num_devices())
-            })
+            tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache).await })
         })
         .collect();
+    let mut hosts = Vec::with_capacity(n as usize);
     for t in tasks {
-        let devices = t.await??;
-        if devices != n {
-            bail!("a simulated worker saw {devices} devices, not {n}");
-        }
+        hosts.push(t.await??);
     }
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let ops = total_ops(clients) - before;
@@ -290,13 +270,15 @@ async fn simulated(clients: &[Arc<CountingKv>], n: u32, coordinators: &[u32]) ->
     }
     let decode_ms = decode_started.elapsed().as_secs_f64() * 1e3;
     println!(
-        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0}}}",
+        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0}}}",
+        ms * 1000.0 / n as f64,
         ops as f64 / n as f64,
         leader_cpu_ns / 1_000_000,
         leader_peak_kib / 1024,
         own.cpu_ns.saturating_sub(own_before.cpu_ns) as f64 / 1e3 / n as f64,
     );
     jobs::finish_job(&*clients[0], &job).await?;
+    futures::future::join_all(hosts.into_iter().map(sim_host::RunningHost::stop)).await;
     Ok(())
 }
 
@@ -323,6 +305,9 @@ impl KvStore for CountingKv {
     }
     async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> tessel_kv::Result<u64> {
         self.count().put_with_lease(k, v, l).await
+    }
+    async fn put_batch(&self, puts: &[BatchPut]) -> tessel_kv::Result<u64> {
+        self.count().put_batch(puts).await
     }
     async fn get(&self, k: &[u8], t: Duration) -> tessel_kv::Result<Vec<u8>> {
         self.count().get(k, t).await

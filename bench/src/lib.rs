@@ -45,6 +45,7 @@ pub mod job;
 pub mod kv;
 pub mod launch;
 pub mod rank_group;
+mod sim_host;
 mod simulated;
 pub mod tcp_ring;
 pub mod transfer;

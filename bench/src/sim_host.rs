@@ -1,0 +1,159 @@
+//! One simulated host: the KV operations a `tessel worker` makes from its
+//! start to its job's global topology, made with the same client code, in
+//! the same order, with the same long-lived waits held open meanwhile.
+//!
+//! Mirrors `tessel_worker`'s agent and job process:
+//! 1. claim the worker id (`claim::claim`: two reads), register (three
+//!    writes) and heartbeat at the default period (`registry::Heartbeat`:
+//!    a keep-alive a second, a timestamp write a TTL);
+//! 2. wait on the drain key (a blocking get held for the run) and follow
+//!    the assignments (revision, watch held for the run, list);
+//! 3. for the assignment: join the job (a read, one write), read its spec,
+//!    exchange the topology (an insert, a blocking get), publish the digest
+//!    and the transfer-ready record (two writes), then wait for the job's
+//!    end and failure (two blocking gets held for the run).
+//!
+//! Left out, and why: PJRT (no plugin is loaded: the client's creation and
+//! device probe are the plugin's cost, measured by `--processes`); the
+//! transfer layer's barrier (host to host, not through the KV); decoding
+//! the published topology, done once for all hosts
+//! (`tessel_topology::exchange_shared`; one host's decode is reported).
+//! Hosts share connections, [`HOSTS_PER_CONNECTION`] each, where a real
+//! host has its own: every connection is a real QUIC connection with its
+//! own streams, so the leader's per-stream work is the same.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use futures::StreamExt;
+use tessel_coordinator::attempt::{self, Record};
+use tessel_coordinator::jobs::{self, JobAssignment};
+use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration};
+use tessel_coordinator::{keys, Item, Records};
+use tessel_kv::KvStore;
+use tessel_topology::{exchange_shared, DeviceDescription, LocalTopology, TopologyCache};
+use tessel_worker::host::HostFacts;
+
+use crate::simulated::worker_info;
+
+/// Hosts on one connection: each holds up to four streams open (drain,
+/// assignments, and the job's end and failure, or the topology's get),
+/// and a connection takes `tessel_tls` MAX_STREAMS (1,024) at once.
+pub(crate) const HOSTS_PER_CONNECTION: usize = 128;
+
+/// A host that has its topology, still beating and waiting as a worker
+/// does until [`RunningHost::stop`].
+pub(crate) struct RunningHost {
+    kv: Arc<dyn KvStore>,
+    reg: Registration,
+    heartbeat: Heartbeat,
+    waits: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl RunningHost {
+    /// Stops as a worker does at shutdown: heartbeat off, lease revoked.
+    pub(crate) async fn stop(self) {
+        self.heartbeat.stop();
+        for w in &self.waits {
+            w.abort();
+        }
+        let _ = self.kv.revoke(self.reg.lease).await;
+    }
+}
+
+/// How long a worker's blocking gets wait before asking again.
+const HELD: Duration = Duration::from_secs(3600);
+
+/// The id of host `i` of a run of `n`.
+pub(crate) fn host_id(n: u32, i: u32) -> String {
+    format!("sim{n}-{i}")
+}
+
+/// Host `i` of `n`, started now, assigned process `i` of `job` (the
+/// assignment is written before): returns once it published its digest.
+pub(crate) async fn run(
+    kv: Arc<dyn KvStore>,
+    n: u32,
+    i: u32,
+    job: &str,
+    cache: &TopologyCache,
+) -> Result<RunningHost> {
+    let id = host_id(n, i);
+    let facts = HostFacts {
+        hostname: format!("sim-host-{i}"),
+        boot_id: format!("sim-boot-{i}"),
+    };
+    let liveness = LivenessConfig::default();
+    tessel_worker::claim::claim(&*kv, &id, &facts).await?;
+    let reg = registry::register(&*kv, worker_info(&id, i, liveness), liveness).await?;
+    let heartbeat = Heartbeat::start(kv.clone(), reg.clone(), liveness);
+    let drain = keys::drain(&id);
+    let k = kv.clone();
+    let mut waits = vec![tokio::spawn(async move {
+        let _ = k.get(drain.as_bytes(), HELD).await;
+    })];
+    // Follow the assignments as the agent does: watch from the revision
+    // read first, then list what is there.
+    let prefix = keys::assignments(&id);
+    let rev = kv.revision().await?;
+    let mut events = kv.watch(prefix.as_bytes(), rev + 1).await?;
+    waits.push(tokio::spawn(async move {
+        while let Some(Ok(_)) = events.next().await {}
+    }));
+    let listed = kv.list(prefix.as_bytes()).await?;
+    let Some(a) = listed
+        .iter()
+        .filter_map(|p| JobAssignment::decode(&p.value).ok())
+        .find(|a| a.attempt == job)
+    else {
+        bail!("host {id} found no assignment to {job}");
+    };
+    jobs::join_job(&*kv, job, &reg).await?;
+    Records::new(&*kv, job).get(Item::Spec).await?;
+    let local = LocalTopology {
+        process_index: a.process_index,
+        num_processes: a.num_processes,
+        worker: id.clone(),
+        hostname: facts.hostname,
+        boot_id: facts.boot_id,
+        slice_index: None,
+        devices: vec![DeviceDescription {
+            local_hardware_id: 0,
+            kind: "sim".into(),
+            memory_bytes: None,
+            attributes: vec![],
+        }],
+        transfer_endpoint: Some(format!(
+            "10.{}.{}.{}:7000",
+            i >> 16,
+            (i >> 8) & 255,
+            i & 255
+        )),
+    };
+    let timeout = Duration::from_millis(a.topology_timeout_ms);
+    let t = exchange_shared(&*kv, job, &local, timeout, cache).await?;
+    if t.topology().num_devices() != n {
+        bail!(
+            "host {id} saw {} devices, not {n}",
+            t.topology().num_devices()
+        );
+    }
+    attempt::publish(&*kv, job, i, Record::Topology, t.digest().as_bytes()).await?;
+    attempt::publish(&*kv, job, i, Record::TransferReady, b"0.0").await?;
+    // The job's end and its failure, as `wait_for_end` waits for them.
+    let (k, j) = (kv.clone(), job.to_owned());
+    waits.push(tokio::spawn(async move {
+        let _ = jobs::wait_for_failure(&*k, &j, HELD).await;
+    }));
+    let (k, j) = (kv.clone(), job.to_owned());
+    waits.push(tokio::spawn(async move {
+        let _ = Records::new(&*k, &j).wait(Item::Done, HELD).await;
+    }));
+    Ok(RunningHost {
+        kv,
+        reg,
+        heartbeat,
+        waits,
+    })
+}
