@@ -6,8 +6,9 @@
 //!    state, so a change in between is seen by the look or wakes the wait.
 //! 2. A watcher sees every event from its start revision exactly once, in
 //!    order: it subscribes before reading history and skips replayed ones.
-//! 3. Live events are published once per batch, shared: a watcher wakes once
-//!    per batch and copies only the events under its prefix.
+//! 3. Live events are published once per batch to the watchers of the
+//!    prefixes they fall under (`watchers`): a watcher wakes only for a
+//!    batch with events for it.
 //! 4. A blocking get waits on its key alone: a batch wakes the gets of the
 //!    keys it wrote, not every waiter (thousands of processes wait on one
 //!    topology key while thousands of others write theirs).
@@ -17,30 +18,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
 use crate::state::{Event, KvState, MemTables, Output, Request, TablesMut};
 use crate::store::WatchStream;
+use crate::watchers::{Subscription, Watchers};
 
 struct Inner<S> {
     state: KvState,
     store: S,
 }
 
-/// One applied batch's events, shared by every watcher (invariant 3).
-type Published = Arc<[Event]>;
-
-/// Batches of events a watcher may fall behind before its watch ends
-/// (with an error saying to watch again from the last revision seen).
-const WATCH_BACKLOG_BATCHES: usize = 1024;
-
 /// Applied state plus notifications.
 pub struct AppliedState<S> {
     inner: Mutex<Inner<S>>,
     revision: watch::Sender<u64>,
-    events: broadcast::Sender<Published>,
+    /// Invariant 3.
+    watchers: Arc<Watchers>,
     /// Invariant 4.
     keys: Mutex<KeyWaiters>,
 }
@@ -71,11 +67,10 @@ impl<S: TablesMut + Send> AppliedState<S> {
     /// Serves `state` over `store`.
     pub fn new(state: KvState, store: S) -> AppliedState<S> {
         let (revision, _) = watch::channel(state.revision());
-        let (events, _) = broadcast::channel(WATCH_BACKLOG_BATCHES);
         AppliedState {
             inner: Mutex::new(Inner { state, store }),
             revision,
-            events,
+            watchers: Arc::default(),
             keys: Mutex::default(),
         }
     }
@@ -140,9 +135,8 @@ impl<S: TablesMut + Send> AppliedState<S> {
                 }
             }
         }
-        if !events.is_empty() && self.events.receiver_count() > 0 {
-            // A watcher gone since is fine.
-            let _ = self.events.send(events.into());
+        if !events.is_empty() {
+            self.watchers.publish(&events);
         }
         // Always notify: barrier and lease outcomes change without events.
         self.revision.send_modify(|r| *r = revision);
@@ -231,7 +225,7 @@ impl<S: TablesMut + Send> AppliedState<S> {
 
     /// Changes under `prefix` from `from` on, then live (invariant 2).
     pub fn watch(&self, prefix: &[u8], from: u64) -> Result<WatchStream> {
-        let rx = self.events.subscribe();
+        let sub = self.watchers.subscribe(prefix);
         let (history, last) = {
             let s = self.lock();
             (
@@ -241,8 +235,7 @@ impl<S: TablesMut + Send> AppliedState<S> {
         };
         let live = futures::stream::unfold(
             Some(LiveEvents {
-                rx,
-                prefix: prefix.to_vec(),
+                sub,
                 after: last,
                 batch: Arc::from([]),
                 next: 0,
@@ -265,10 +258,9 @@ impl<S: TablesMut + Send> AppliedState<S> {
 /// A watcher's live events: the batches published after it subscribed
 /// (invariant 3), from revision `after + 1` on (invariant 2).
 struct LiveEvents {
-    rx: broadcast::Receiver<Published>,
-    prefix: Vec<u8>,
+    sub: Subscription,
     after: u64,
-    batch: Published,
+    batch: Arc<[Event]>,
     /// The first event of `batch` not yet looked at.
     next: usize,
 }
@@ -279,20 +271,28 @@ impl LiveEvents {
         loop {
             while let Some(e) = self.batch.get(self.next) {
                 self.next += 1;
-                if e.revision() > self.after && e.key().starts_with(&self.prefix) {
+                if e.revision() > self.after {
                     return Ok(Some(e.clone()));
                 }
             }
-            match self.rx.recv().await {
-                Ok(batch) => (self.batch, self.next) = (batch, 0),
-                Err(broadcast::error::RecvError::Lagged(n)) => {
+            match self.sub.recv().await {
+                Ok(Some(batch)) => (self.batch, self.next) = (batch, 0),
+                Ok(None) => return Ok(None),
+                Err(()) => {
                     return Err(KvError::Unavailable(format!(
-                        "watcher fell {n} batches of events behind; watch again from the last revision seen + 1"
+                        "watcher fell {} batches of events behind; watch again from the last revision seen + 1",
+                        crate::watchers::BACKLOG
                     )))
                 }
-                Err(broadcast::error::RecvError::Closed) => return Ok(None),
             }
         }
+    }
+}
+
+impl<S> Drop for AppliedState<S> {
+    fn drop(&mut self) {
+        // Watches end with the state (`watchers` invariant 4).
+        self.watchers.close();
     }
 }
 
@@ -360,14 +360,17 @@ mod tests {
         assert!(b.next().now_or_never().is_none());
     }
 
-    /// A watcher that falls more than the backlog behind is told to watch
-    /// again, and the watch ends there.
+    /// A watcher that falls more than the backlog behind gets what it
+    /// has, in order, then is told to watch again, and the watch ends there.
     #[tokio::test]
     async fn a_watcher_that_falls_behind_is_told_to_watch_again() {
         let l = applied();
         let mut w = l.watch(b"k/", 1).unwrap();
-        for i in 0..=WATCH_BACKLOG_BATCHES {
+        for i in 0..=crate::watchers::BACKLOG {
             l.apply(&put(&format!("k/{i}"))).unwrap();
+        }
+        for revision in 1..=crate::watchers::BACKLOG as u64 {
+            assert_eq!(w.next().await.unwrap().unwrap().revision(), revision);
         }
         match w.next().await {
             Some(Err(KvError::Unavailable(m))) => assert!(m.contains("watch again"), "{m}"),

@@ -42,6 +42,7 @@ mod error;
 mod memory;
 pub mod state;
 mod store;
+mod watchers;
 
 pub use applied::AppliedState;
 pub use error::{check_path_component, show_key, KvError, Result};
