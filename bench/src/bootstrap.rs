@@ -7,7 +7,7 @@
 //!   the last process's topology digest (`total_ms`), the slowest plugin
 //!   load, and the time from the last plugin being ready to the last digest
 //!   (`after_plugin_ms`: what tessel's coordination costs).
-//! * Simulated: N hosts in this process ([`crate::sim_host`]) that make a
+//! * Simulated: N hosts in this process (`bench/src/sim_host.rs`) that make a
 //!   real worker's KV operations, heartbeats and waits, without PJRT; every
 //!   KV operation is counted. Each fetches the published topology itself;
 //!   decoding those bytes (N entries, which a real host does once on its
