@@ -102,6 +102,18 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
     Ok(())
 }
 
+/// Process `i` of `n` of `job`, with a topology wait long enough for any
+/// count measured.
+fn assignment(job: &str, i: u32, n: u32) -> JobAssignment {
+    JobAssignment {
+        attempt: job.to_owned(),
+        process_index: i,
+        num_processes: n,
+        topology_timeout_ms: 300_000,
+        trace: None,
+    }
+}
+
 /// Unix ms of each process's digest, as this process sees it arrive.
 async fn digest_arrivals(job: String, mut events: WatchStream, n: u32) -> Result<Vec<u64>> {
     let mut seen = std::collections::BTreeMap::new();
@@ -123,14 +135,7 @@ async fn processes(
 ) -> Result<()> {
     let job = format!("bench-processes-{n}");
     for i in 0..n {
-        let a = JobAssignment {
-            attempt: job.clone(),
-            process_index: i,
-            num_processes: n,
-            topology_timeout_ms: 300_000,
-            trace: None,
-        };
-        jobs::assign(kv, &format!("b{n}-{i}"), &a).await?;
+        jobs::assign(kv, &format!("b{n}-{i}"), &assignment(&job, i, n)).await?;
     }
     let rev = kv.revision().await?;
     let events = kv.watch(attempt::prefix(&job).as_bytes(), rev + 1).await?;
@@ -215,13 +220,7 @@ async fn simulated(
     let assign: Vec<_> = (0..n)
         .map(|i| {
             let kv = clients[i as usize % clients.len()].clone();
-            let a = JobAssignment {
-                attempt: job.clone(),
-                process_index: i,
-                num_processes: n,
-                topology_timeout_ms: 300_000,
-                trace: None,
-            };
+            let a = assignment(&job, i, n);
             tokio::spawn(async move { jobs::assign(&*kv, &sim_host::host_id(n, i), &a).await })
         })
         .collect();

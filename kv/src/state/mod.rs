@@ -335,24 +335,10 @@ impl KvState {
         }
     }
 
-    /// Writes `key`; `current` is what the tables hold for it.
-    fn write(
-        &mut self,
-        t: &mut impl TablesMut,
-        key: &[u8],
-        current: Option<&KeyValue>,
-        value: Vec<u8>,
-        lease: Option<u64>,
-        events: &mut Vec<Event>,
-    ) -> Result<u64> {
-        let revision = self.bump();
-        self.write_at(t, key, current, value, lease, revision, events)?;
-        Ok(revision)
-    }
-
-    /// [`Self::write`] at `revision`, already taken (a batch shares one).
+    /// Writes `key` at `revision`, already taken ([`Self::bump`]; a batch's
+    /// puts share one); `current` is what the tables hold for it.
     #[allow(clippy::too_many_arguments)]
-    fn write_at(
+    fn write(
         &mut self,
         t: &mut impl TablesMut,
         key: &[u8],
@@ -400,8 +386,16 @@ impl KvState {
                 limits.check_value(value)?;
                 self.check_lease(*lease)?;
                 let current = t.get(key)?;
-                let revision =
-                    self.write(t, key, current.as_ref(), value.clone(), *lease, events)?;
+                let revision = self.bump();
+                self.write(
+                    t,
+                    key,
+                    current.as_ref(),
+                    value.clone(),
+                    *lease,
+                    revision,
+                    events,
+                )?;
                 Ok(Output::Written { revision })
             }
             Op::Insert { key, value, lease } => {
@@ -411,7 +405,8 @@ impl KvState {
                 if t.get(key)?.is_some() {
                     return Err(KvError::AlreadyExists(key.clone()));
                 }
-                let revision = self.write(t, key, None, value.clone(), *lease, events)?;
+                let revision = self.bump();
+                self.write(t, key, None, value.clone(), *lease, revision, events)?;
                 Ok(Output::Written { revision })
             }
             Op::Delete { key } => {
@@ -451,14 +446,9 @@ impl KvState {
                 let current = t.get(key)?;
                 let value = increment_value(key, current.as_ref().map(|kv| &kv.value[..]), *delta)?;
                 let lease = current.as_ref().and_then(|kv| kv.lease);
-                let revision = self.write(
-                    t,
-                    key,
-                    current.as_ref(),
-                    value.to_string().into_bytes(),
-                    lease,
-                    events,
-                )?;
+                let revision = self.bump();
+                let text = value.to_string().into_bytes();
+                self.write(t, key, current.as_ref(), text, lease, revision, events)?;
                 Ok(Output::Counter { revision, value })
             }
             Op::CompareAndSwap {
@@ -474,8 +464,16 @@ impl KvState {
                     return Ok(Output::Mismatch { current: value_now });
                 }
                 let lease = current.as_ref().and_then(|kv| kv.lease);
-                let revision =
-                    self.write(t, key, current.as_ref(), value.clone(), lease, events)?;
+                let revision = self.bump();
+                self.write(
+                    t,
+                    key,
+                    current.as_ref(),
+                    value.clone(),
+                    lease,
+                    revision,
+                    events,
+                )?;
                 Ok(Output::Swapped { revision })
             }
             Op::LeaseGrant { ttl_ms } => {
@@ -597,7 +595,7 @@ impl KvState {
                 let revision = self.bump();
                 for p in puts {
                     let current = t.get(&p.key)?;
-                    self.write_at(
+                    self.write(
                         t,
                         &p.key,
                         current.as_ref(),
