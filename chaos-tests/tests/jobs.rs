@@ -1,6 +1,7 @@
 //! Job plans on real worker processes: the MLP demo against a single
 //! device, gathering and resharding, a program that does not compile, a
-//! bad bundle, a worker killed mid-job, and a worker's metrics.
+//! bad bundle, a worker killed mid-job or lost during the topology
+//! exchange, and a worker's metrics.
 //!
 //! Organised by the property each test proves.
 
@@ -249,6 +250,69 @@ async fn a_killed_worker_fails_the_running_job_for_everyone() {
             .await
             .unwrap_or_else(|e| panic!("process {i} saw no failure: {e}"));
     }
+}
+
+/// A worker lost during the topology exchange (stopped as soon as it
+/// joined, before it published its local topology) fails the job for
+/// everyone within its lease's TTL: the other process stops waiting at
+/// once (worker invariant 8), not after the 30 s topology timeout. The
+/// stop races the worker's next steps; a round where the worker published
+/// first (its peer then meets the loss in the transfer barrier, another
+/// path) is run again with new workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_during_the_topology_exchange_fails_the_job_within_its_ttl() {
+    let cluster = KvCluster::start(3, &[]);
+    let liveness = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
+    let kv = cluster.client();
+    for round in 0..3 {
+        let job = format!("boot{round}");
+        let names = [format!("a{round}"), format!("b{round}")];
+        let workers: Vec<_> = names
+            .iter()
+            .map(|w| spawn_worker(&cluster, w, &liveness))
+            .collect();
+        for (i, w) in names.iter().enumerate() {
+            let a = JobAssignment {
+                attempt: job.clone(),
+                process_index: i as u32,
+                num_processes: 2,
+                topology_timeout_ms: 30_000,
+                trace: None,
+            };
+            jobs::assign(&kv, w, &a).await.unwrap();
+        }
+        let member = format!("jobs/{job}/members/{}", names[1]);
+        kv.get(member.as_bytes(), Duration::from_secs(60))
+            .await
+            .expect("joined");
+        workers[1].child.signal(nix::sys::signal::Signal::SIGSTOP);
+        let stopped = Instant::now();
+        let local = tessel_topology::keys::local(&job, 1);
+        if kv.try_get(local.as_bytes()).await.is_ok() {
+            eprintln!("round {round}: the worker published before it was stopped; again");
+            continue;
+        }
+        let failure = jobs::wait_for_failure(&kv, &job, Duration::from_secs(15))
+            .await
+            .unwrap()
+            .expect("a failure event");
+        Records::new(&kv, &job)
+            .wait(
+                Item::Process(0, Record::FailureSeen),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("process 0 saw no failure: {e} (the job's: {failure})"));
+        // TTL 1.5 s, the monitor's notice, the process's stop: well under
+        // the topology timeout.
+        assert!(
+            stopped.elapsed() < Duration::from_secs(6),
+            "{:?}",
+            stopped.elapsed()
+        );
+        return;
+    }
+    panic!("in three rounds the worker published its topology before it could be stopped");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

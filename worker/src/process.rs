@@ -15,6 +15,9 @@
 //!    or cancellation stops the plan at its next await.
 //! 7. An assignment whose attempt already ended (`done`) is withdrawn, not
 //!    run: a worker that comes back never reruns an old attempt.
+//! 8. A failure elsewhere also stops the topology exchange and the transfer
+//!    barrier: a peer lost before it arrived is seen within its lease's
+//!    TTL, not after the topology timeout.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,6 +84,15 @@ fn communicator(
             ..CollectiveConfig::default()
         },
     )?)
+}
+
+/// This process stops because the job failed elsewhere: the job's failure,
+/// as this process's error (recording it finds the first one stored).
+fn failed_elsewhere(f: JobFailure) -> WorkerError {
+    WorkerError::Job(crate::runner::JobError {
+        kind: f.kind,
+        message: format!("the job failed: {f}"),
+    })
 }
 
 impl Worker {
@@ -212,8 +224,13 @@ impl Worker {
         local.transfer_endpoint = Some(endpoint.local_addr()?.to_string());
         let timeout = Duration::from_millis(a.topology_timeout_ms);
         let started = std::time::Instant::now();
-        let topology = exchange(&*self.kv, &a.attempt, &local, timeout)
-            .instrument(tracing::info_span!(target: TARGET, "topology_exchange"))
+        let topology = self
+            .unless_failed(a, async {
+                let span = tracing::info_span!(target: TARGET, "topology_exchange");
+                Ok(exchange(&*self.kv, &a.attempt, &local, timeout)
+                    .instrument(span)
+                    .await?)
+            })
             .await?;
         metrics::histogram!("tessel_worker_topology_exchange_seconds")
             .record(started.elapsed().as_secs_f64());
@@ -235,9 +252,11 @@ impl Worker {
         .await?;
         let comm = comm.insert(communicator(endpoint, &topology, &a.attempt, timeout)?);
         let barrier = std::time::Instant::now();
-        comm.barrier()
-            .instrument(tracing::info_span!(target: TARGET, "transfer_barrier"))
-            .await?;
+        self.unless_failed(a, async {
+            let span = tracing::info_span!(target: TARGET, "transfer_barrier");
+            Ok(comm.barrier().instrument(span).await?)
+        })
+        .await?;
         tracing::info!(
             job = %a.attempt,
             process = a.process_index,
@@ -285,13 +304,7 @@ impl Worker {
         let run = run.instrument(tracing::info_span!(target: TARGET, "plan"));
         let result = tokio::select! {
             r = run => r?,
-            f = self.job_failed(&a.attempt) => {
-                let f = f?;
-                return Err(WorkerError::Job(crate::runner::JobError {
-                    kind: f.kind,
-                    message: format!("the job failed: {f}"),
-                }));
-            }
+            f = self.job_failed(&a.attempt) => return Err(failed_elsewhere(f?)),
             d = self.job_done(&a.attempt) => {
                 d?;
                 tracing::info!(job = %a.attempt, process = a.process_index, "job ended before its plan did");
@@ -407,6 +420,20 @@ impl Worker {
             devices,
             transfer_endpoint: None,
         })
+    }
+
+    /// `step`, unless the job fails first (invariant 8): the topology
+    /// exchange and the transfer barrier wait for every peer, and a peer
+    /// lost before it arrived would keep them waiting for their timeout.
+    async fn unless_failed<T>(
+        &self,
+        a: &JobAssignment,
+        step: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::select! {
+            r = step => r,
+            f = self.job_failed(&a.attempt) => Err(failed_elsewhere(f?)),
+        }
     }
 
     /// Returns the job's failure event once there is one.
