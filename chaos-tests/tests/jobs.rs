@@ -255,7 +255,7 @@ async fn a_killed_worker_fails_the_running_job_for_everyone() {
 /// A worker lost during the topology exchange (stopped as soon as it
 /// joined, before it published its local topology) fails the job for
 /// everyone within its lease's TTL: the other process stops waiting at
-/// once (worker invariant 8), not after the 30 s topology timeout. The
+/// once (`process` invariant 8), not after the 30 s topology timeout. The
 /// stop races the worker's next steps; a round where the worker published
 /// first (its peer then meets the loss in the transfer barrier, another
 /// path) is run again with new workers.
