@@ -385,11 +385,7 @@ impl KvStore for EtcdKv {
     }
 
     async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
-        let limits = self.opts.limits;
-        limits.check_batch(puts)?;
-        for p in puts {
-            limits.check_value(&p.value)?;
-        }
+        self.opts.limits.check_batch(puts)?;
         // One etcd transaction: one revision, all or none.
         let ops: Vec<TxnOp> = puts
             .iter()

@@ -286,7 +286,7 @@ fn waits(req: &ClientRequest) -> bool {
         ClientRequest::Get { timeout_ms, .. } | ClientRequest::WaitBarrier { timeout_ms, .. } => {
             *timeout_ms > 0
         }
-        ClientRequest::Watch { .. } => true,
+        // (A watch never comes here: it has a loop of its own.)
         _ => false,
     }
 }

@@ -106,10 +106,6 @@ impl Limits {
                 )));
             }
         }
-        self.check_value_total(total)
-    }
-
-    fn check_value_total(&self, total: usize) -> Result<()> {
         if total > self.max_value {
             return Err(KvError::InvalidArgument(format!(
                 "a batch's values of {total} bytes exceed the {}-byte limit",
