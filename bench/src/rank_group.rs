@@ -51,6 +51,8 @@ pub struct RankOptions {
     pub chunk_bytes: Option<usize>,
     /// Keep same-host collectives on the ring (`--no-arenas`).
     pub no_arenas: bool,
+    /// Network payloads over plain TCP (`--transfer-encryption off`).
+    pub plain: bool,
 }
 
 /// The ranks, killed (SIGKILL) when dropped, with their TLS folder.
@@ -94,6 +96,9 @@ impl RankGroup {
             }
             if opts.no_arenas {
                 cmd.arg("--no-arenas");
+            }
+            if opts.plain {
+                cmd.args(["--transfer-encryption", "off"]);
             }
             if let Some(ids) = &opts.boot_ids {
                 cmd.env("TESSEL_BOOT_ID", &ids[r]);

@@ -130,6 +130,7 @@ pub(crate) async fn run(
             (i >> 8) & 255,
             i & 255
         )),
+        transfer_encrypted: true,
     };
     let timeout = Duration::from_millis(a.topology_timeout_ms);
     let t = exchange_shared(&*kv, job, &local, timeout, cache).await?;

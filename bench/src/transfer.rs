@@ -7,7 +7,9 @@
 //! on the receiving side, from the first byte of a transfer to its last.
 //!
 //! Then the all-reduce: `--ranks` groups of `tessel-bench transfer-rank`
-//! processes, each path (network: QUIC between all ranks; shm: shared-memory
+//! processes, each path (network: QUIC between all ranks; network-plain:
+//! the unencrypted data plane, data channels of plain TCP set up over
+//! QUIC (`--transfer-encryption off`); shm: shared-memory
 //! arenas; shm-in-place: the same on buffers that live in shared memory,
 //! which the input is written into, through `all_reduce_in_place`;
 //! shm-ring: the ring with its chunks lent through shared memory; tcp-ring:
@@ -51,8 +53,9 @@ pub struct BenchTransferArgs {
     /// (arenas, on buffers in shared memory: `all_reduce_in_place`),
     /// `shm-ring` (the ring, its chunks lent through shared memory) and
     /// `tcp-ring` (the ring over plain TCP: no encryption, no framing, no
-    /// copy but the kernel's; the floor under `network`).
-    #[arg(long, value_delimiter = ',', default_value = "network,tcp-ring,shm,shm-in-place,shm-ring", value_parser = ["network", "tcp-ring", "shm", "shm-in-place", "shm-ring"])]
+    /// copy but the kernel's; the floor under `network`), `network-plain`
+    /// (the unencrypted data plane: `--transfer-encryption off`).
+    #[arg(long, value_delimiter = ',', default_value = "network,network-plain,tcp-ring,shm,shm-in-place,shm-ring", value_parser = ["network", "network-plain", "tcp-ring", "shm", "shm-in-place", "shm-ring"])]
     pub paths: Vec<String>,
     /// Largest message of a ring step (the collectives' chunk size).
     #[arg(long, default_value_t = 4 << 20)]
@@ -112,7 +115,8 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<String> 
     anyhow::ensure!(n >= 1, "--ranks: at least 1");
     let count = (args.all_reduce_bytes / 4) as usize;
     let opts = RankOptions {
-        force_network: path == "network" || path == "tcp-ring",
+        force_network: matches!(path, "network" | "network-plain" | "tcp-ring"),
+        plain: path == "network-plain",
         no_arenas: path == "shm-ring",
         timeout_ms: Some(T.as_millis() as u64),
         chunk_bytes: Some(args.chunk_bytes),

@@ -25,7 +25,7 @@ use tessel::pjrt::ElementType;
 use tessel_tls::TlsFiles;
 use tessel_transfer::testing::pattern;
 use tessel_transfer::{
-    CollectiveConfig, Communicator, Peer, ReduceOp, TransferConfig, TransferEndpoint,
+    CollectiveConfig, Communicator, Encryption, Peer, ReduceOp, TransferConfig, TransferEndpoint,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -56,6 +56,10 @@ pub struct TransferRankArgs {
     /// of shared-memory arenas.
     #[arg(long)]
     pub no_arenas: bool,
+    /// `off`: network payloads over data channels of plain TCP, set up
+    /// over mutual TLS.
+    #[arg(long, value_name = "on|off", default_value_t = Encryption::On)]
+    pub transfer_encryption: Encryption,
 }
 
 /// A member of the group as the driver passes it.
@@ -193,6 +197,8 @@ pub async fn run(args: TransferRankArgs) -> Result<()> {
     let cfg = TransferConfig {
         boot_id: Some(boot_id.clone()),
         force_network: args.force_network,
+        encryption: args.transfer_encryption,
+        job: "transfer-rank".into(),
         ..TransferConfig::default()
     };
     let endpoint = Arc::new(TransferEndpoint::bind(

@@ -42,12 +42,16 @@ enum Path {
     ShmRing,
     /// QUIC (`--force-network`).
     Network,
+    /// Data channels of plain TCP set up over QUIC (`--force-network
+    /// --transfer-encryption off`).
+    Plain,
 }
 
 impl Path {
     fn options(self) -> RankOptions {
         RankOptions {
-            force_network: matches!(self, Path::Network),
+            force_network: matches!(self, Path::Network | Path::Plain),
+            plain: matches!(self, Path::Plain),
             no_arenas: matches!(self, Path::ShmRing),
             ..RankOptions::default()
         }
@@ -225,6 +229,16 @@ fn collectives_of_four_ranks_over_the_network_match_the_reference() {
     collectives_match_the_reference(4, Path::Network);
 }
 
+#[test]
+fn collectives_of_two_ranks_over_plain_tcp_match_the_reference() {
+    collectives_match_the_reference(2, Path::Plain);
+}
+
+#[test]
+fn collectives_of_three_ranks_over_plain_tcp_match_the_reference() {
+    collectives_match_the_reference(3, Path::Plain);
+}
+
 /// Ranks that look like two hosts (two boot ids): shared memory inside a
 /// host, the network across, in one ring.
 #[test]
@@ -255,23 +269,15 @@ fn mixed_paths_in_one_ring_match_the_reference() {
     }
 }
 
-/// Two ranks, on the network path or the same-host one.
-fn pair(force_network: bool) -> RankGroup {
-    RankGroup::start(
-        &tessel_bench_bin(),
-        2,
-        &RankOptions {
-            force_network,
-            ..RankOptions::default()
-        },
-    )
-    .unwrap()
+/// Two ranks, on `path`.
+fn pair(path: Path) -> RankGroup {
+    RankGroup::start(&tessel_bench_bin(), 2, &path.options()).unwrap()
 }
 
 /// 1 GiB point to point, and 10,000 small arrays of every dtype, byte for
 /// byte (the sender's digest of what it sent equals the receiver's).
-fn point_to_point(force_network: bool) {
-    let mut g = pair(force_network);
+fn point_to_point(path: Path) {
+    let mut g = pair(path);
     let count = (1usize << 30) / 8;
     g.send(
         0,
@@ -311,12 +317,17 @@ fn point_to_point(force_network: bool) {
 
 #[test]
 fn point_to_point_over_the_network_is_byte_exact() {
-    point_to_point(true);
+    point_to_point(Path::Network);
+}
+
+#[test]
+fn point_to_point_over_plain_tcp_is_byte_exact() {
+    point_to_point(Path::Plain);
 }
 
 #[test]
 fn point_to_point_over_shared_memory_is_byte_exact() {
-    point_to_point(false);
+    point_to_point(Path::Arenas);
     assert!(
         no_shm_files_left(),
         "every shared-memory file is removed after its transfer"
@@ -421,7 +432,7 @@ fn no_shm_files_left() -> bool {
 /// Different sizes or dtypes → every rank gets the same error, at once.
 #[test]
 fn mismatched_collectives_fail_the_same_way_on_every_rank() {
-    for force_network in [false, true] {
+    for path in [Path::Arenas, Path::Network, Path::Plain] {
         // Sizes that differ, and sizes that differ in algorithm (small
         // data riding with the descriptors against the ring).
         for (other, bytes) in [(200, 800), (20_000, 80_000)] {
@@ -429,9 +440,8 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
                 &tessel_bench_bin(),
                 3,
                 &RankOptions {
-                    force_network,
                     timeout_ms: Some(30_000),
-                    ..RankOptions::default()
+                    ..path.options()
                 },
             )
             .unwrap();
@@ -461,7 +471,7 @@ fn mismatched_collectives_fail_the_same_way_on_every_rank() {
 
         // In place on one rank, not on the other: the two end differently
         // over arenas, so they must not meet.
-        let mut g = pair(force_network);
+        let mut g = pair(path);
         for r in 0..2 {
             g.send(
                 r,
@@ -549,6 +559,11 @@ fn a_killed_rank_fails_the_others(path: Path, in_place: bool) {
 #[test]
 fn a_killed_rank_fails_the_others_within_the_deadline_over_the_network() {
     a_killed_rank_fails_the_others(Path::Network, false);
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_within_the_deadline_over_plain_tcp() {
+    a_killed_rank_fails_the_others(Path::Plain, false);
 }
 
 #[test]

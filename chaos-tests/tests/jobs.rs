@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tessel::job::JobSpec;
 use tessel::plan::JobBundle;
-use tessel_chaos_tests::{sample, scrape, spawn_worker, tessel_bin, KvCluster};
+use tessel_chaos_tests::{sample, scrape, spawn_worker, spawn_worker_env, tessel_bin, KvCluster};
 use tessel_coordinator::attempt::Record;
 use tessel_coordinator::jobs::{self, JobAssignment};
 use tessel_coordinator::{Item, Records};
@@ -467,4 +467,79 @@ async fn a_worker_serves_the_metrics_of_its_job_processes() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Assigns process i of job `id` to worker `workers[i]`.
+async fn assign_to(kv: &dyn KvStore, id: &str, workers: &[&str]) {
+    for (i, w) in workers.iter().enumerate() {
+        let a = JobAssignment {
+            attempt: id.into(),
+            process_index: i as u32,
+            num_processes: workers.len() as u32,
+            topology_timeout_ms: 30_000,
+            trace: None,
+        };
+        jobs::assign(kv, w, &a).await.unwrap();
+    }
+}
+
+/// Topology invariant 5 with real workers, each looking like its own host
+/// (its own boot id, so the gradients cross the network): a job whose
+/// workers disagree on `--transfer-encryption` fails at bootstrap naming
+/// both sides; the same job on workers that all have it off runs to the
+/// end over plain TCP, and its topology says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_unencrypted_workers_runs_and_one_that_mixes_settings_is_refused() {
+    let cluster = KvCluster::start(3, &[]);
+    let spawn = |name: &str, encryption: &str| {
+        let flags = ["--devices", "1", "--transfer-encryption", encryption];
+        let boot = vec![("TESSEL_BOOT_ID".to_owned(), format!("host-{name}"))];
+        spawn_worker_env(&cluster, name, &flags, &boot)
+    };
+    let _workers: Vec<_> = [("p0", "off"), ("p1", "off"), ("p2", "off"), ("p3", "off")]
+        .into_iter()
+        .chain([("e3", "on")])
+        .map(|(name, e)| spawn(name, e))
+        .collect();
+    let kv = cluster.client();
+    let put = |id: &'static str| {
+        let kv = &kv;
+        async move {
+            let path = example("job.toml");
+            let mut spec =
+                JobSpec::from_toml(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+            spec.steps = 20;
+            let job = spec.validate_in(path.parent().unwrap()).unwrap();
+            let bundle = JobBundle::new(&job).encode();
+            Records::new(kv, id).put(Item::Spec, &bundle).await.unwrap();
+        }
+    };
+
+    put("mixed").await;
+    assign_to(&kv, "mixed", &["p0", "p1", "p2", "e3"]).await;
+    let failure = jobs::wait_for_failure(&kv, "mixed", Duration::from_secs(120))
+        .await
+        .unwrap()
+        .expect("a failure event");
+    let text = failure.to_string();
+    assert!(
+        text.contains("transfer encryption differs within the job")
+            && text.contains("on for processes [3], off for [0, 1, 2]"),
+        "{text}"
+    );
+
+    put("plain").await;
+    assign_to(&kv, "plain", &["p0", "p1", "p2", "p3"]).await;
+    for i in 0..4 {
+        Records::new(&kv, "plain")
+            .wait(Item::Process(i, Record::Result), Duration::from_secs(180))
+            .await
+            .unwrap_or_else(|e| panic!("process {i} has no result: {e}"));
+    }
+    assert!(jobs::failure_of(&kv, "plain").await.unwrap().is_none());
+    let t = tessel_topology::exchange::global(&kv, "plain", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(!t.transfer_encrypted());
+    assert_eq!(t.num_slices, 4, "four hosts, so the network path");
 }

@@ -385,13 +385,27 @@ pub(crate) async fn jobs(args: JobsArgs) -> Result<()> {
     Ok(())
 }
 
+/// Whether the current attempt's transfers are encrypted, once its
+/// processes built their topology (they all agree: topology invariant 5).
+async fn transfer_encryption(kv: &dyn KvStore, j: &JobRecord) -> Option<&'static str> {
+    if j.attempt == 0 {
+        return None;
+    }
+    let t = tessel_topology::exchange::global(kv, &j.instance(), std::time::Duration::ZERO)
+        .await
+        .ok()?;
+    Some(if t.transfer_encrypted() { "on" } else { "off" })
+}
+
 pub(crate) async fn job(args: JobArgs) -> Result<()> {
     let id = &args.job.id;
-    let client = client(&args.job.target).await?;
+    let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::from(args.job.target.connect().await?);
+    let client = Client::from_store(kv.clone());
     let j = client.job(id).await?;
     let attempts = client.attempts(id).await?;
     let reports = client.reports(id).await?;
     let last = &reports[reports.len().saturating_sub(5)..];
+    let encryption = transfer_encryption(&*kv, &j).await;
     if args.output.json() {
         let attempts: Vec<serde_json::Value> = attempts
             .iter()
@@ -412,7 +426,12 @@ pub(crate) async fn job(args: JobArgs) -> Result<()> {
             .collect();
         return print_document(
             "Job",
-            &serde_json::json!({ "job": JobView::from(&j), "attempts": attempts, "reports": reports }),
+            &serde_json::json!({
+                "job": JobView::from(&j),
+                "transfer_encryption": encryption,
+                "attempts": attempts,
+                "reports": reports,
+            }),
         );
     }
     println!("job {}  ({})", j.id, j.name);
@@ -428,6 +447,11 @@ pub(crate) async fn job(args: JobArgs) -> Result<()> {
         "  attempt    {} (restarts {}/{}, planned moves {})",
         j.attempt, j.restarts, j.max_restarts, j.suspensions
     );
+    match encryption {
+        Some("off") => println!("  transfers  unencrypted (plain TCP, set up over mutual TLS)"),
+        Some(_) => println!("  transfers  encrypted (QUIC, mutual TLS)"),
+        None => {}
+    }
     for (i, w) in j.placement.iter().enumerate() {
         println!("  process {i:<3} on worker {w}");
     }

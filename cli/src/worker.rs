@@ -45,6 +45,11 @@ pub(crate) struct WorkerArgs {
     /// the address this host uses to reach the first coordinator).
     #[arg(long, value_name = "IP")]
     pub transfer_ip: Option<std::net::IpAddr>,
+    /// `off` declares this worker's network trusted: its jobs' bulk
+    /// transfers then go over plain TCP (set up over mutual TLS; README,
+    /// "Threat model"). Every worker of a job must agree.
+    #[arg(long, value_name = "on|off", default_value_t = tessel_transfer::Encryption::On)]
+    pub transfer_encryption: tessel_transfer::Encryption,
     /// Serve this process's metrics (its job processes' transfers and
     /// collectives included) in Prometheus's text format at
     /// `http://HOST:PORT/metrics` (port 0 picks one, printed on start).
@@ -189,6 +194,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<()> {
         tpu_platform_env: tessel_worker::tpu::platform_env(|k| std::env::var(k).ok()),
         transfer_ip,
         transfer_tls: tls,
+        transfer_encryption: args.transfer_encryption,
         checkpoint_roots: args.checkpoint_root.clone(),
         plugin_options: args.plugin.options()?,
         work_dir: args

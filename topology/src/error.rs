@@ -62,6 +62,19 @@ pub enum TopologyError {
     /// Process 0 could not build the global topology.
     #[error("the topology builder (process 0) failed: {0}")]
     BuilderFailed(String),
+    /// Some processes encrypt their transfers and others do not.
+    #[error(
+        "transfer encryption differs within the job: on for processes {}, off for {} \
+         (each worker's --transfer-encryption, or the job's transfer_encryption, must agree)",
+        few(on),
+        few(off)
+    )]
+    MixedTransferEncryption {
+        /// The processes whose transfers are encrypted.
+        on: Vec<u32>,
+        /// The processes whose transfers are not.
+        off: Vec<u32>,
+    },
     /// A topology breaks a rule.
     #[error("invalid topology: {0}")]
     Invalid(String),
@@ -87,3 +100,11 @@ impl TopologyError {
 
 /// The crate's result type.
 pub type Result<T, E = TopologyError> = std::result::Result<T, E>;
+
+/// At most the first eight of `ids`, and how many more.
+fn few(ids: &[u32]) -> String {
+    match ids.len() {
+        0..=8 => format!("{ids:?}"),
+        n => format!("{:?} and {} more", &ids[..8], n - 8),
+    }
+}

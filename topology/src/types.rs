@@ -10,6 +10,8 @@
 //!    else from the boot id (processes on one boot of one machine form a
 //!    slice), numbered in order of their lowest process index.
 //! 4. Every process index 0..N appears exactly once.
+//! 5. Every process encrypts its transfers, or none does: a job never mixes
+//!    the two data planes.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +57,9 @@ pub struct LocalTopology {
     pub devices: Vec<DeviceDescription>,
     /// Where this process's transfer endpoint listens (`HOST:PORT`).
     pub transfer_endpoint: Option<String>,
+    /// Whether its transfer endpoint encrypts network payloads (off: data
+    /// channels of plain TCP; invariant 5).
+    pub transfer_encrypted: bool,
 }
 
 /// A device with its global id.
@@ -89,6 +94,8 @@ pub struct ProcessEntry {
     pub slice: u32,
     /// Where its transfer endpoint listens.
     pub transfer_endpoint: Option<String>,
+    /// Whether its network transfers are encrypted (invariant 5).
+    pub transfer_encrypted: bool,
     /// Global ids of this process's devices, ascending and contiguous.
     pub device_ids: Vec<u32>,
 }
@@ -213,6 +220,16 @@ impl GlobalTopology {
                 "no local topology from processes {missing:?}"
             )));
         }
+        // Invariant 5.
+        let (on, off): (Vec<&LocalTopology>, Vec<&LocalTopology>) =
+            by_index.values().partition(|l| l.transfer_encrypted);
+        if !on.is_empty() && !off.is_empty() {
+            let ids = |v: &[&LocalTopology]| v.iter().map(|l| l.process_index).collect();
+            return Err(TopologyError::MixedTransferEncryption {
+                on: ids(&on),
+                off: ids(&off),
+            });
+        }
         // Invariant 3: slice keys, numbered by lowest process index.
         let explicit = by_index.values().all(|l| l.slice_index.is_some());
         if !explicit && by_index.values().any(|l| l.slice_index.is_some()) {
@@ -270,6 +287,7 @@ impl GlobalTopology {
                 boot_id: l.boot_id.clone(),
                 slice,
                 transfer_endpoint: l.transfer_endpoint.clone(),
+                transfer_encrypted: l.transfer_encrypted,
                 device_ids: ids,
             });
         }
@@ -341,6 +359,12 @@ impl GlobalTopology {
         self.devices.len() as u32
     }
 
+    /// Whether the job's network transfers are encrypted (invariant 5:
+    /// every process agrees).
+    pub fn transfer_encrypted(&self) -> bool {
+        self.processes.iter().all(|p| p.transfer_encrypted)
+    }
+
     /// The process that owns global device `id`.
     pub fn process_of(&self, id: u32) -> Option<u32> {
         self.devices.get(id as usize).map(|d| d.process_index)
@@ -369,7 +393,30 @@ pub(crate) mod tests {
                 })
                 .collect(),
             transfer_endpoint: Some(format!("127.0.0.1:{}", 7000 + index)),
+            transfer_encrypted: true,
         }
+    }
+
+    #[test]
+    fn a_job_that_mixes_encrypted_and_plain_transfers_is_refused() {
+        let mut locals: Vec<_> = (0..4).map(|i| local(i, 4, "b", 1)).collect();
+        locals[1].transfer_encrypted = false;
+        locals[3].transfer_encrypted = false;
+        let e = GlobalTopology::build(4, &locals).unwrap_err();
+        assert_eq!(
+            e,
+            TopologyError::MixedTransferEncryption {
+                on: vec![0, 2],
+                off: vec![1, 3]
+            }
+        );
+        assert!(e.to_string().contains("on for processes [0, 2]"), "{e}");
+        for l in &mut locals {
+            l.transfer_encrypted = false;
+        }
+        assert!(!GlobalTopology::build(4, &locals)
+            .unwrap()
+            .transfer_encrypted());
     }
 
     #[test]

@@ -62,6 +62,10 @@ pub enum TransferError {
     /// An earlier failure left the communicator unusable.
     #[error("the communicator is broken by an earlier failure ({0}); create a new one")]
     Broken(String),
+    /// Endpoints of one job disagree on encrypting the data plane, or a
+    /// data channel was refused.
+    #[error("data plane: {0}")]
+    Encryption(String),
     /// The endpoint's socket could not be bound.
     #[error("cannot bind {addr}: {reason}")]
     Bind {

@@ -57,6 +57,7 @@
 //!   * `memory` — opt-in glibc tuning for large transfers, huge-page advice,
 //!     `copy_streaming` (SSE2 non-temporal stores).
 
+pub mod channel;
 mod collective;
 pub mod dtype;
 mod endpoint;
@@ -68,6 +69,7 @@ pub mod shm;
 pub mod stripe;
 pub mod testing;
 
+pub use channel::Encryption;
 pub use collective::{
     CollectiveBuffer, CollectiveConfig, CollectiveKind, Communicator, Descriptor, DescriptorFrame,
 };

@@ -54,6 +54,10 @@ pub struct WorkerConfig {
     pub transfer_ip: std::net::IpAddr,
     /// The TLS files of the transfer endpoint (`None`: `--insecure`).
     pub transfer_tls: Option<tessel_tls::TlsFiles>,
+    /// Whether jobs' network transfers here are encrypted
+    /// (`--transfer-encryption`; off declares the network trusted). A job
+    /// may ask for `on` anywhere, for `off` only where this is off.
+    pub transfer_encryption: tessel_transfer::Encryption,
     /// Folders under which jobs may keep checkpoints on this host.
     pub checkpoint_roots: Vec<PathBuf>,
     /// Create options of every client of the plugin (`--plugin-option`).

@@ -18,6 +18,9 @@
 //! 8. A failure elsewhere also stops the topology exchange and the transfer
 //!    barrier: a peer lost before it arrived is seen within its lease's
 //!    TTL, not after the topology timeout.
+//! 9. A process's transfers are encrypted unless its worker allows them off
+//!    (`--transfer-encryption off`) and the job does not ask for them on; a
+//!    job that asks for them off on a worker that keeps them on fails.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,7 +33,9 @@ use tessel_kv::KvError;
 use tessel_pjrt::{Client, ClientOptions};
 use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
 use tessel_trace::TARGET;
-use tessel_transfer::{CollectiveConfig, Communicator, Peer, TransferConfig, TransferEndpoint};
+use tessel_transfer::{
+    CollectiveConfig, Communicator, Encryption, Peer, TransferConfig, TransferEndpoint,
+};
 use tracing::Instrument;
 
 use crate::agent::{client_options, Worker};
@@ -211,17 +216,25 @@ impl Worker {
             .instrument(tracing::info_span!(target: TARGET, "create_client"))
             .await?;
         let client = &*client.insert(created);
+        let encryption = transfer_encryption(
+            self.cfg.transfer_encryption,
+            job.as_ref().and_then(|j| j.transfer_encryption()),
+            &self.cfg.worker_id,
+        )?;
         let endpoint = Arc::new(TransferEndpoint::bind(
             SocketAddr::new(self.cfg.transfer_ip, 0),
             a.process_index,
             self.cfg.transfer_tls.as_ref(),
             TransferConfig {
                 boot_id: Some(self.host.boot_id.clone()),
+                encryption,
+                job: a.attempt.to_string(),
                 ..TransferConfig::default()
             },
         )?);
         let mut local = self.describe(client, a).await?;
         local.transfer_endpoint = Some(endpoint.local_addr()?.to_string());
+        local.transfer_encrypted = encryption.is_on();
         let timeout = Duration::from_millis(a.topology_timeout_ms);
         let started = std::time::Instant::now();
         let topology = self
@@ -419,6 +432,7 @@ impl Worker {
             slice_index: self.cfg.slice_index,
             devices,
             transfer_endpoint: None,
+            transfer_encrypted: true,
         })
     }
 
@@ -479,5 +493,38 @@ impl Worker {
         }
         jobs::leave_job(&*self.kv, &a.attempt, &reg.worker_id).await?;
         Ok(())
+    }
+}
+
+/// The encryption of a job's transfers on this worker (invariant 9): what
+/// the job asks for, else the worker's; a job may not turn it off where
+/// the worker keeps it on.
+pub(crate) fn transfer_encryption(
+    worker: Encryption,
+    job: Option<Encryption>,
+    worker_id: &str,
+) -> Result<Encryption> {
+    match (worker, job) {
+        (Encryption::On, Some(Encryption::Off)) => Err(WorkerError::Config(format!(
+            "the job asks for transfer encryption off, but worker `{worker_id}` keeps it on \
+             (start it with --transfer-encryption off where the network is trusted)"
+        ))),
+        (w, j) => Ok(j.unwrap_or(w)),
+    }
+}
+
+#[cfg(test)]
+mod encryption_tests {
+    use super::*;
+
+    #[test]
+    fn a_job_may_turn_encryption_on_anywhere_and_off_only_where_the_worker_has_it_off() {
+        use Encryption::{Off, On};
+        assert_eq!(transfer_encryption(On, None, "w").unwrap(), On);
+        assert_eq!(transfer_encryption(Off, None, "w").unwrap(), Off);
+        assert_eq!(transfer_encryption(Off, Some(On), "w").unwrap(), On);
+        assert_eq!(transfer_encryption(Off, Some(Off), "w").unwrap(), Off);
+        let e = transfer_encryption(On, Some(Off), "w7").unwrap_err();
+        assert!(e.to_string().contains("worker `w7` keeps it on"), "{e}");
     }
 }

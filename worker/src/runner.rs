@@ -72,6 +72,12 @@ pub trait PreparedJob: Send + Sync {
         Vec::new()
     }
 
+    /// Whether the job asks for its network transfers encrypted or not;
+    /// `None`: as the worker runs them (`--transfer-encryption`).
+    fn transfer_encryption(&self) -> Option<tessel_transfer::Encryption> {
+        None
+    }
+
     /// The command a command job runs, or `None` for a job with a plan:
     /// the worker then starts the command's processes instead of a PJRT
     /// client ([`crate::command`]).

@@ -82,6 +82,11 @@ pub struct JobSpec {
     /// cannot be set here).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// `"on"` or `"off"`: whether the job's network transfers are
+    /// encrypted; unset, as its workers run them (`--transfer-encryption`).
+    /// `off` runs only on workers started with it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_encryption: Option<tessel_transfer::Encryption>,
 }
 
 impl JobSpec {

@@ -326,6 +326,10 @@ impl tessel_worker::PreparedJob for PreparedPlan {
             .collect()
     }
 
+    fn transfer_encryption(&self) -> Option<tessel_transfer::Encryption> {
+        self.0.spec.transfer_encryption
+    }
+
     async fn run(
         self: Box<Self>,
         process: tessel_worker::JobProcess<'_>,

@@ -11,7 +11,7 @@ use tessel_pjrt::ElementType;
 use super::arenas::copy_large;
 use super::call::Call;
 use super::tag::Phase;
-use crate::endpoint::Outgoing;
+use crate::endpoint::{Outgoing, Payload};
 use crate::error::{Result, TransferError};
 use crate::reduce::{
     all_gather_step, byte_segments, chunk_ranges, combine, combine_pieces_into, disjoint,
@@ -72,10 +72,12 @@ fn write_in_order(mut out: impl std::io::Write, all: &[Vec<Outgoing<'_>>]) {
 
 impl Call {
     /// Whether ring chunks from the previous rank arrive as lent files (it
-    /// runs on this host): the ring then works in place (invariant 10).
-    pub(super) fn lent_files_arrive(&self) -> bool {
-        let prev = (self.rank + self.n() - 1) % self.n();
-        self.endpoint.same_host(&self.members[prev])
+    /// runs on this host) or whole in one buffer (a data channel of the
+    /// unencrypted data plane): the ring then works in place (invariant
+    /// 10's exception).
+    pub(super) fn in_place_ring(&self) -> bool {
+        let prev = &self.members[(self.rank + self.n() - 1) % self.n()];
+        self.endpoint.same_host(prev) || self.endpoint.arrives_whole(prev)
     }
 
     /// One ring pass of `n - 1` steps in place (invariant 10's exception).
@@ -107,10 +109,16 @@ impl Call {
                 for (k, dst) in in_buf.chunks_mut(chunk).enumerate() {
                     let tag = self.tag(phase, step, k);
                     let got = self.take_chunk(prev, tag, dst.len()).await?;
-                    let got = got.contiguous();
+                    let bytes = got.contiguous();
                     match op {
-                        Some(op) => combine(op, dtype, dst, &got)?,
-                        None => dst.copy_from_slice(&got),
+                        Some(op) => combine(op, dtype, dst, &bytes)?,
+                        None => dst.copy_from_slice(&bytes),
+                    }
+                    drop(bytes);
+                    // The next chunk's bytes land in this one's memory
+                    // (endpoint invariant 7).
+                    if let Payload::Owned(v) = got {
+                        self.endpoint.recycle(v);
                     }
                 }
                 Ok(())
@@ -271,7 +279,7 @@ impl Call {
                 .fold_in_arenas(op, dtype, &mut data, &segs, true)
                 .await?;
             self.copy_folded_segments(&peers, &mut data, &segs).await?;
-        } else if self.n() > 1 && self.lent_files_arrive() {
+        } else if self.n() > 1 && self.in_place_ring() {
             self.reduce_in_place(op, dtype, &mut data, &segs).await?;
             self.gather_in_place(dtype, &mut data, &segs).await?;
         } else if self.n() > 1 {
@@ -306,7 +314,7 @@ impl Call {
             self.copy_folded_segments(&peers, data, &segs).await?;
             // Nobody reads this buffer once every peer says so.
             self.post_to_all(self.tag(Phase::Gather, 1, 0), &[]).await?;
-        } else if self.n() > 1 && self.lent_files_arrive() {
+        } else if self.n() > 1 && self.in_place_ring() {
             self.reduce_in_place(op, dtype, data, &segs).await?;
             self.gather_in_place(dtype, data, &segs).await?;
         } else if self.n() > 1 {
@@ -328,7 +336,7 @@ impl Call {
         if self.shared {
             self.fold_in_arenas(op, dtype, &mut data, &segs, false)
                 .await?;
-        } else if self.n() > 1 && self.lent_files_arrive() {
+        } else if self.n() > 1 && self.in_place_ring() {
             self.reduce_in_place(op, dtype, &mut data, &segs).await?;
         } else if self.n() > 1 {
             let input = Source::Shared(Bytes::from(data));
@@ -356,7 +364,7 @@ impl Call {
         }
         let (n, r) = (self.n(), self.rank);
         let segs: Vec<_> = (0..n).map(|j| j * len..(j + 1) * len).collect();
-        if self.lent_files_arrive() {
+        if self.in_place_ring() {
             let mut buf = vec![0u8; len * n];
             buf[segs[r].clone()].copy_from_slice(data);
             self.gather_in_place(dtype, &mut buf, &segs).await?;

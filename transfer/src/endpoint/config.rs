@@ -8,6 +8,7 @@ use std::time::Duration;
 use quinn::VarInt;
 
 use super::GSO_MAX_UDP_PAYLOAD;
+use crate::channel::Encryption;
 
 /// Limits and QUIC tuning.
 #[derive(Debug, Clone)]
@@ -50,6 +51,12 @@ pub struct TransferConfig {
     /// A network payload of at least this many bytes travels as one part
     /// per connection (invariant 8; 0: never).
     pub stripe_bytes: usize,
+    /// Whether network payloads are encrypted; off, they travel over data
+    /// channels of plain TCP set up over mutual TLS (invariant 11).
+    pub encryption: Encryption,
+    /// The job (attempt) this endpoint serves: a data channel is granted
+    /// only to a sender of the same job (invariant 11).
+    pub job: String,
 }
 
 impl Default for TransferConfig {
@@ -67,6 +74,8 @@ impl Default for TransferConfig {
             spare_bytes: 2 << 30,
             connections_per_peer: 2,
             stripe_bytes: 16 << 20,
+            encryption: Encryption::On,
+            job: String::new(),
         }
     }
 }

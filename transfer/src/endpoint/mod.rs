@@ -27,6 +27,9 @@
 //!    never copied into one buffer by us ([`Outgoing::Shared`], [`Payload::Pieces`]).
 //! 10. With certificates an endpoint admits only workers, and a sender checks
 //!     that the peer's certificate names the worker its [`Peer`] runs on.
+//! 11. With encryption off, a network payload travels on a data channel: a
+//!     TCP connection that presented a one-time token granted over mutual
+//!     TLS to a sender of this job, carrying that sender's rank only.
 //!
 //! # The transfer protocol
 //!
@@ -84,6 +87,14 @@
 //!   since each ring step sends and receives at once; a sender that waits on
 //!   its send before receiving (the descriptor ring, broadcast) would wait on
 //!   a peer doing the same.
+//! * Unencrypted data plane (`encryption: Off`, endpoint invariant 11,
+//!   [`crate::channel`]): the endpoint also listens on a TCP port of its
+//!   address. A sender asks for a channel on a QUIC stream (its rank and
+//!   job), gets the port and a 32-byte token valid once for 10 s, connects
+//!   and presents it; the channel then carries that rank's transfers with
+//!   the stream's framing (header, payload, answer byte), one at a time,
+//!   and is kept for the next. A receiver whose encryption is on, or that
+//!   serves another job, refuses the request with its reason.
 //! * Connection tuning: UDP socket buffers 8 MiB asked (the kernel caps
 //!   them), keep-alive
 //!   500 ms, idle timeout 2 s (a dead peer is noticed within 2 s). Datagram
@@ -114,6 +125,7 @@
 mod config;
 mod mailbox;
 mod payload;
+mod plain;
 mod receive;
 
 use std::collections::HashMap;
@@ -126,6 +138,7 @@ use quinn::{Connection, Endpoint, VarInt};
 use tessel_pjrt::ElementType;
 use tessel_tls::{Accept, Expect, TlsFiles};
 
+use crate::channel::Encryption;
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
 use crate::shm::ShmPool;
@@ -174,6 +187,12 @@ pub struct TransferEndpoint {
     insecure_client: Option<quinn::ClientConfig>,
     mailbox: Arc<Mailbox>,
     accept: tokio::task::JoinHandle<()>,
+    /// With encryption off: the data channels' port and grants, and their
+    /// accept loop (invariant 11).
+    plain: Option<Arc<plain::PlainServer>>,
+    plain_accept: Option<tokio::task::JoinHandle<()>>,
+    /// With encryption off: idle data channels to peers.
+    channels: plain::Channels,
     cfg: TransferConfig,
     shm: ShmPool,
 }
@@ -181,6 +200,9 @@ pub struct TransferEndpoint {
 impl Drop for TransferEndpoint {
     fn drop(&mut self) {
         self.accept.abort();
+        if let Some(t) = &self.plain_accept {
+            t.abort();
+        }
         self.endpoint.close(VarInt::from_u32(0), b"closed");
     }
 }
@@ -225,7 +247,26 @@ impl TransferEndpoint {
         )
         .map_err(|e| bind_err(e.to_string()))?;
         let mailbox = Arc::new(Mailbox::default());
-        let accept = tokio::spawn(accept_loop(endpoint.clone(), mailbox.clone(), cfg.clone()));
+        let (plain, plain_accept) = match cfg.encryption {
+            Encryption::On => (None, None),
+            Encryption::Off => {
+                let (server, listener) = plain::PlainServer::bind(addr.ip(), cfg.job.clone())
+                    .map_err(|e| bind_err(format!("data channel port: {e}")))?;
+                let task = tokio::spawn(plain::serve(
+                    listener,
+                    server.clone(),
+                    mailbox.clone(),
+                    cfg.clone(),
+                ));
+                (Some(server), Some(task))
+            }
+        };
+        let accept = tokio::spawn(accept_loop(
+            endpoint.clone(),
+            mailbox.clone(),
+            cfg.clone(),
+            plain.clone(),
+        ));
         Ok(TransferEndpoint {
             rank,
             endpoint,
@@ -236,6 +277,9 @@ impl TransferEndpoint {
             insecure_client,
             mailbox,
             accept,
+            plain,
+            plain_accept,
+            channels: plain::Channels::default(),
             shm: ShmPool::new(cfg.shm_dir.clone()),
             cfg,
         })
@@ -249,6 +293,12 @@ impl TransferEndpoint {
                 peer: "local".into(),
                 reason: e.to_string(),
             })
+    }
+
+    /// Where its data channels connect (encryption off; invariant 11).
+    pub fn data_addr(&self) -> Option<SocketAddr> {
+        let ip = self.local_addr().ok()?.ip();
+        self.plain.as_ref().map(|p| SocketAddr::new(ip, p.port()))
     }
 
     /// This endpoint's rank.
@@ -380,6 +430,12 @@ impl TransferEndpoint {
     /// Whether transfers to `peer` take the shared-memory path.
     pub fn same_host(&self, peer: &Peer) -> bool {
         !self.cfg.force_network && self.same_boot_id(peer)
+    }
+
+    /// Whether payloads from `peer` arrive over a data channel, in one
+    /// buffer (invariant 11).
+    pub(crate) fn arrives_whole(&self, peer: &Peer) -> bool {
+        self.cfg.encryption == Encryption::Off && !self.same_host(peer)
     }
 
     fn same_boot_id(&self, peer: &Peer) -> bool {
@@ -514,6 +570,9 @@ impl TransferEndpoint {
             peer: peer.addr.to_string(),
             reason,
         };
+        if plain::uses_channel(self.cfg.encryption, header) {
+            return self.send_plain(peer, header, payload).await;
+        }
         let conn = match conn {
             Some(k) => self.connection_at(peer, k).await?,
             None => self.connection(peer).await?,

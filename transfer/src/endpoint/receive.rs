@@ -9,24 +9,34 @@ use bytes::Bytes;
 use quinn::{Endpoint, RecvStream, SendStream, VarInt};
 use tessel_pjrt::ElementType;
 
+use crate::channel::{self, ChannelRequest};
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
 use crate::stripe::{part_range, Part};
 
+use super::plain::{self, PlainServer};
 use super::*;
 
-pub(super) async fn accept_loop(endpoint: Endpoint, mailbox: Arc<Mailbox>, cfg: TransferConfig) {
+pub(super) async fn accept_loop(
+    endpoint: Endpoint,
+    mailbox: Arc<Mailbox>,
+    cfg: TransferConfig,
+    plain: Option<Arc<PlainServer>>,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let mailbox = mailbox.clone();
         let cfg = cfg.clone();
+        let plain = plain.clone();
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
             let remote = conn.remote_address();
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let mailbox = mailbox.clone();
                 let cfg = cfg.clone();
+                let plain = plain.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = receive(send, recv, remote, &mailbox, &cfg).await {
+                    let received = receive(send, recv, remote, &mailbox, &cfg, plain.as_deref());
+                    if let Err(e) = received.await {
                         tracing::warn!(error = %e, "transfer refused");
                     }
                 });
@@ -148,6 +158,45 @@ pub(super) async fn receive_part(
     }
 }
 
+/// A request for a data channel, over mutual TLS (invariant 11).
+async fn answer_channel_request(
+    mut send: SendStream,
+    mut recv: RecvStream,
+    remote: SocketAddr,
+    plain: Option<&PlainServer>,
+) -> Result<()> {
+    let stream_err = |reason: String| TransferError::Stream {
+        peer: remote.to_string(),
+        reason,
+    };
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix)
+        .await
+        .map_err(|e| stream_err(e.to_string()))?;
+    let request = async {
+        let mut body = vec![0u8; channel::frame_len(prefix)?];
+        recv.read_exact(&mut body)
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        ChannelRequest::decode(&body)
+    };
+    let answer = match request.await {
+        Ok(r) => match plain {
+            Some(p) => p.answer(&r, remote),
+            None => plain::refuse_encrypted(),
+        },
+        Err(e) => {
+            refuse(&mut send, Some(&mut recv)).await;
+            return Err(e);
+        }
+    };
+    send.write_all(&answer.encode())
+        .await
+        .map_err(|e| stream_err(e.to_string()))?;
+    let _ = send.finish();
+    Ok(())
+}
+
 /// One incoming transfer (invariants 1–3).
 pub(super) async fn receive(
     mut send: SendStream,
@@ -155,6 +204,7 @@ pub(super) async fn receive(
     remote: SocketAddr,
     mailbox: &Mailbox,
     cfg: &TransferConfig,
+    plain: Option<&PlainServer>,
 ) -> Result<()> {
     let max_bytes = cfg.max_bytes;
     let stream_err = |reason: String| TransferError::Stream {
@@ -165,6 +215,9 @@ pub(super) async fn receive(
     recv.read_exact(&mut prefix)
         .await
         .map_err(|e| stream_err(e.to_string()))?;
+    if u32::from_be_bytes(prefix) == channel::REQUEST_MARKER {
+        return answer_channel_request(send, recv, remote, plain).await;
+    }
     let checked = async {
         let n = TransferHeader::frame_len(prefix)?;
         let mut body = vec![0u8; n];

@@ -324,3 +324,58 @@ async fn a_lent_payload_left_in_a_dropped_endpoint_releases_its_sender() {
         .expect("the sender is released well before its deadline");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// Invariant 11: a granted channel carries the transfers of the rank it
+/// was granted to and no other, and a token opens one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_channel_carries_only_its_rank_and_a_token_opens_it_once() {
+    use crate::channel::{ChannelAnswer, ChannelRequest};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cfg = TransferConfig {
+        encryption: Encryption::Off,
+        job: "j@1".into(),
+        ..TransferConfig::default()
+    };
+    let b = TransferEndpoint::bind("127.0.0.1:0".parse().unwrap(), 1, None, cfg).unwrap();
+    let request = ChannelRequest {
+        from: 0,
+        job: "j@1".into(),
+    };
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let ChannelAnswer::Grant { token, .. } = b.plain.as_ref().unwrap().answer(&request, from)
+    else {
+        panic!("a request of this job is granted")
+    };
+    let transfer = |rank: u32, tag: u64| {
+        let mut out = TransferHeader::new(rank, tag, ElementType::U8, &[3])
+            .unwrap()
+            .encode();
+        out.extend_from_slice(b"abc");
+        out
+    };
+    let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
+        .await
+        .unwrap();
+    s.write_all(&token).await.unwrap();
+    let mut answer = [9u8; 1];
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(answer, [0], "the token opens the channel");
+    s.write_all(&transfer(0, 1)).await.unwrap();
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(answer, [0]);
+    assert_eq!(b.recv(0, 1, T).await.unwrap().data, b"abc");
+
+    // Rank 2's header on rank 0's channel: refused, and the channel ends.
+    s.write_all(&transfer(2, 2)).await.unwrap();
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(answer, [1]);
+    assert!(matches!(s.read(&mut answer).await, Ok(0) | Err(_)));
+    assert!(b.recv(2, 2, Duration::from_millis(100)).await.is_err());
+
+    // The same token again opens nothing.
+    let mut again = tokio::net::TcpStream::connect(b.data_addr().unwrap())
+        .await
+        .unwrap();
+    again.write_all(&token).await.unwrap();
+    assert!(matches!(again.read(&mut answer).await, Ok(0) | Err(_)));
+}

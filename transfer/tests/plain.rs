@@ -1,0 +1,163 @@
+//! The unencrypted data plane (endpoint invariant 11): bulk bytes over
+//! plain TCP, channels only for workers of the same job that asked over
+//! mutual TLS, and clear refusals when settings differ.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tessel_pjrt::ElementType;
+use tessel_tls::{init_ca, issue, NodeCert, Role, TlsFiles};
+use tessel_transfer::{Encryption, Peer, TransferConfig, TransferEndpoint, TransferError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const T: Duration = Duration::from_secs(30);
+
+fn node(ca: &Path, dir: &Path, role: Role, name: &str) -> TlsFiles {
+    let out = dir.join(name);
+    let valid = tessel_tls::Validity::days(30);
+    let cert = NodeCert {
+        role,
+        name,
+        hosts: &[],
+        valid,
+    };
+    issue(ca, &cert, &out).unwrap();
+    TlsFiles::load(&out).unwrap()
+}
+
+fn cfg(encryption: Encryption, job: &str) -> TransferConfig {
+    TransferConfig {
+        encryption,
+        job: job.into(),
+        ..TransferConfig::default()
+    }
+}
+
+fn bind(tls: &TlsFiles, rank: u32, cfg: TransferConfig) -> TransferEndpoint {
+    TransferEndpoint::bind("127.0.0.1:0".parse().unwrap(), rank, Some(tls), cfg).unwrap()
+}
+
+fn bytes(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2])
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_transfers_arrive_byte_for_byte_and_their_bulk_bypasses_quic() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    init_ca(&ca).unwrap();
+    let a = bind(
+        &node(&ca, dir.path(), Role::Worker, "a"),
+        0,
+        cfg(Encryption::Off, "j@1"),
+    );
+    let b = bind(
+        &node(&ca, dir.path(), Role::Worker, "b"),
+        1,
+        cfg(Encryption::Off, "j@1"),
+    );
+    let to_b = Peer::new(b.local_addr().unwrap(), None).on_worker("b");
+    assert!(b.data_addr().is_some());
+    // Small ones, reusing the channel, and a striped large one (two parts).
+    for tag in 0..50u64 {
+        let data = bytes(1000 + tag as usize);
+        a.send_to(&to_b, tag, ElementType::U8, &[data.len() as u64], &data, T)
+            .await
+            .unwrap();
+        assert_eq!(b.recv(0, tag, T).await.unwrap().data, data);
+    }
+    let large = bytes(40 << 20);
+    a.send_to(&to_b, 99, ElementType::U8, &[large.len() as u64], &large, T)
+        .await
+        .unwrap();
+    assert!(b.recv(0, 99, T).await.unwrap().data == large);
+    // QUIC carried the set-up only.
+    let quic = a.connection_stats(to_b.addr).expect("a QUIC connection");
+    assert!(
+        quic.udp_tx.bytes < 1 << 20,
+        "{} bytes over QUIC",
+        quic.udp_tx.bytes
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_connection_without_a_granted_token_delivers_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    init_ca(&ca).unwrap();
+    let b = bind(
+        &node(&ca, dir.path(), Role::Worker, "b"),
+        1,
+        cfg(Encryption::Off, "j@1"),
+    );
+    let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
+        .await
+        .unwrap();
+    // A made-up token, then a well-formed transfer.
+    s.write_all(&[7u8; 32]).await.unwrap();
+    let header = tessel_transfer::TransferHeader::new(0, 5, ElementType::U8, &[3]).unwrap();
+    let _ = s.write_all(&header.encode()).await;
+    let _ = s.write_all(b"abc").await;
+    let mut answer = [0u8; 1];
+    let n = tokio::time::timeout(T, s.read(&mut answer)).await.unwrap();
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "closed without an answer: {n:?}"
+    );
+    let e = b.recv(0, 5, Duration::from_millis(300)).await.unwrap_err();
+    assert!(matches!(e, TransferError::DeadlineExceeded { .. }), "{e}");
+}
+
+async fn send(from: &TransferEndpoint, to: &TransferEndpoint) -> Result<(), TransferError> {
+    let peer = Peer::new(to.local_addr().unwrap(), None);
+    from.send_to(&peer, 1, ElementType::U8, &[1], &[7], T).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_are_refused_across_jobs_settings_and_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    init_ca(&ca).unwrap();
+    let worker = |name| node(&ca, dir.path(), Role::Worker, name);
+    let (wa, wb) = (worker("a"), worker("b"));
+
+    // Another job (or another attempt of this one).
+    let a = bind(&wa, 0, cfg(Encryption::Off, "j@2"));
+    let b = bind(&wb, 1, cfg(Encryption::Off, "j@1"));
+    let e = send(&a, &b).await.unwrap_err();
+    assert!(
+        matches!(&e, TransferError::Encryption(m) if m.contains("serves job `j@1`, not `j@2`")),
+        "{e}"
+    );
+
+    // A receiver that keeps encryption on.
+    let on = bind(&wb, 1, cfg(Encryption::On, "j@2"));
+    let e = send(&a, &on).await.unwrap_err();
+    assert!(
+        matches!(&e, TransferError::Encryption(m) if m.contains("transfer encryption is on")),
+        "{e}"
+    );
+
+    // A client's certificate, and a worker of another CA, never get a grant.
+    let ops = bind(
+        &node(&ca, dir.path(), Role::Client, "ops"),
+        2,
+        cfg(Encryption::Off, "j@1"),
+    );
+    let e = send(&ops, &b).await.unwrap_err();
+    assert!(matches!(e, TransferError::Connect { .. }), "{e}");
+    let other = tempfile::tempdir().unwrap();
+    init_ca(&other.path().join("ca")).unwrap();
+    let foreign = node(&other.path().join("ca"), other.path(), Role::Worker, "a");
+    let f = bind(&foreign, 0, cfg(Encryption::Off, "j@1"));
+    let e = send(&f, &b).await.unwrap_err();
+    assert!(matches!(e, TransferError::Connect { .. }), "{e}");
+
+    // Nothing of the above was delivered; a sender of the job still is.
+    let a1 = bind(&wa, 0, cfg(Encryption::Off, "j@1"));
+    send(&a1, &b).await.unwrap();
+    assert_eq!(b.recv(0, 1, T).await.unwrap().data, vec![7]);
+    assert!(b.recv(2, 1, Duration::from_millis(100)).await.is_err());
+}
