@@ -483,7 +483,7 @@ async fn assign_to(kv: &dyn KvStore, id: &str, workers: &[&str]) {
     }
 }
 
-/// Topology invariant 5 with real workers, each looking like its own host
+/// `types` invariant 5 (the topology builder) with real workers, each looking like its own host
 /// (its own boot id, so the gradients cross the network): a job whose
 /// workers disagree on `--transfer-encryption` fails at bootstrap naming
 /// both sides; the same job on workers that all have it off runs to the

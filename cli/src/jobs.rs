@@ -386,7 +386,7 @@ pub(crate) async fn jobs(args: JobsArgs) -> Result<()> {
 }
 
 /// Whether the current attempt's transfers are encrypted, once its
-/// processes built their topology (they all agree: topology invariant 5).
+/// processes built their topology (they all agree: `types` invariant 5, the topology builder).
 async fn transfer_encryption(kv: &dyn KvStore, j: &JobRecord) -> Option<&'static str> {
     if j.attempt == 0 {
         return None;
