@@ -240,9 +240,9 @@ fn collectives_of_three_ranks_over_plain_tcp_match_the_reference() {
 }
 
 /// Ranks that look like two hosts (two boot ids): shared memory inside a
-/// host, the network across, in one ring.
-#[test]
-fn mixed_paths_in_one_ring_match_the_reference() {
+/// host, the network across (QUIC, or data channels of plain TCP), in one
+/// ring.
+fn mixed_paths_in_one_ring(plain: bool) {
     let ids = ["host-a", "host-a", "host-b", "host-b"]
         .map(String::from)
         .to_vec();
@@ -252,21 +252,34 @@ fn mixed_paths_in_one_ring_match_the_reference() {
         &RankOptions {
             boot_ids: Some(ids),
             chunk_bytes: Some(1024),
+            plain,
             ..RankOptions::default()
         },
     )
     .unwrap();
-    let cmd =
-        json!({"op": "all_reduce", "reduce": "mean", "dtype": "f32", "count": 100_000, "seed": 3});
-    let want = reference_reduce(
-        ReduceOp::Mean,
-        ElementType::F32,
-        &inputs(4, ElementType::F32, 100_000, 3),
-    )
-    .unwrap();
-    for d in ok(&g.all(&cmd, T).unwrap()) {
-        assert_eq!(d, sha256_hex(&want));
+    for (op, in_place) in [("mean", false), ("sum", true)] {
+        let cmd = json!({"op": "all_reduce", "reduce": op, "dtype": "f32", "count": 100_000,
+                         "seed": 3, "in_place": in_place});
+        let want = reference_reduce(
+            ReduceOp::parse(op).unwrap(),
+            ElementType::F32,
+            &inputs(4, ElementType::F32, 100_000, 3),
+        )
+        .unwrap();
+        for d in ok(&g.all(&cmd, T).unwrap()) {
+            assert_eq!(d, sha256_hex(&want), "{op}, in place: {in_place}");
+        }
     }
+}
+
+#[test]
+fn mixed_paths_in_one_ring_match_the_reference() {
+    mixed_paths_in_one_ring(false);
+}
+
+#[test]
+fn mixed_paths_with_plain_tcp_in_one_ring_match_the_reference() {
+    mixed_paths_in_one_ring(true);
 }
 
 /// Two ranks, on `path`.

@@ -9,7 +9,7 @@ use tessel_pjrt::ElementType;
 use super::arenas::Arenas;
 use super::descriptor::{Descriptor, DescriptorFrame};
 use super::tag::{Phase, Tag};
-use crate::endpoint::{Outgoing, Payload, Peer, TransferEndpoint};
+use crate::endpoint::{Incoming, Outgoing, Payload, Peer, TransferEndpoint, Waiting};
 use crate::error::{Result, TransferError};
 
 /// The state of one collective call.
@@ -94,6 +94,17 @@ impl Call {
 
     /// As [`Self::recv`], with a lent payload still in place.
     pub(super) async fn take(&self, from: usize, tag: u64) -> Result<Payload> {
+        let waiting = self.take_waiting(from, tag).await?;
+        let resolved = tokio::time::timeout(self.left()?, self.endpoint.resolve(waiting));
+        Ok(resolved
+            .await
+            .map_err(|_| self.deadline_exceeded())??
+            .payload)
+    }
+
+    /// As [`Self::take`], a payload on its data channel left there
+    /// (endpoint invariant 12).
+    async fn take_waiting(&self, from: usize, tag: u64) -> Result<Waiting> {
         let abort = self.base.abort();
         let mut keys = vec![(from as u32, tag)];
         keys.extend(
@@ -103,19 +114,61 @@ impl Call {
         );
         let (i, got) = self
             .endpoint
-            .take_first(&keys, self.left()?)
+            .take_first_waiting(&keys, self.left()?)
             .await
             .map_err(|e| match e {
                 TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),
                 e => e,
             })?;
         if i > 0 {
+            let reason = self.endpoint.resolve(got).await?.payload.into_vec();
             return Err(TransferError::Aborted {
                 rank: keys[i].0,
-                reason: String::from_utf8_lossy(&got.payload.into_vec()).into_owned(),
+                reason: String::from_utf8_lossy(&reason).into_owned(),
             });
         }
-        Ok(got.payload)
+        Ok(got)
+    }
+
+    /// A ring chunk from `from` under `tag`, written into `dst`: read
+    /// straight into it off its data channel (endpoint invariant 12), else
+    /// copied.
+    pub(super) async fn take_chunk_into(
+        &self,
+        from: usize,
+        tag: u64,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let mismatch = |got: usize| {
+            TransferError::Mismatch(format!(
+                "rank {from} sent {got} bytes for a {}-byte chunk",
+                dst.len()
+            ))
+        };
+        match self.take_waiting(from, tag).await?.incoming {
+            Incoming::OnChannel(c) if c.len() != dst.len() => Err(mismatch(c.len())),
+            Incoming::OnChannel(c) => {
+                let read = tokio::time::timeout(self.left()?, c.read_into(dst));
+                read.await
+                    .map_err(|_| self.deadline_exceeded())?
+                    .map_err(|e| TransferError::Stream {
+                        peer: format!("rank {from}"),
+                        reason: format!("chunk: {e}"),
+                    })
+            }
+            Incoming::Here(p) if p.len() != dst.len() => Err(mismatch(p.len())),
+            Incoming::Here(p) => {
+                let mut at = 0;
+                for piece in p.pieces() {
+                    dst[at..at + piece.len()].copy_from_slice(piece);
+                    at += piece.len();
+                }
+                if let Payload::Owned(v) = p {
+                    self.endpoint.recycle(v);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// A ring chunk of `len` bytes from `from` under `tag`.

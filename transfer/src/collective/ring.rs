@@ -97,24 +97,38 @@ impl Call {
         let n = self.n();
         let (next, prev) = ((self.rank + 1) % n, (self.rank + n - 1) % n);
         let chunk = self.chunk_len(dtype);
+        // Lent files are read in place in both phases; on a data channel
+        // only the gather's chunks are lent (read straight into `buf`),
+        // while the reduce's are read ahead into buffers as the previous
+        // chunk is folded (endpoint invariant 12).
+        let streamed = self.endpoint.arrives_whole(&self.members[next]);
+        let lend = op.is_none() || !streamed;
         for step in 0..n - 1 {
             let (send_seg, recv_seg) = schedule(step);
             let (out_buf, in_buf) =
                 disjoint(buf, segments[send_seg].clone(), segments[recv_seg].clone());
-            let sends = out_buf.chunks(chunk).enumerate().map(|(k, c)| {
-                let tag = self.tag(phase, step, k);
-                self.send_with(next, tag, dtype, Outgoing::Borrowed(c), true)
-            });
+            // On a data channel, two chunks in flight: their bytes stream
+            // in the order the receiver takes them, without a pause for
+            // each answer (elsewhere every chunk at once).
+            let chunks = out_buf.chunks(chunk).count();
+            let lanes = if streamed { 2.min(chunks) } else { chunks };
+            let sends = try_join_all((0..lanes).map(|lane| async move {
+                for (k, c) in out_buf.chunks(chunk).enumerate().skip(lane).step_by(lanes) {
+                    let tag = self.tag(phase, step, k);
+                    self.send_with(next, tag, dtype, Outgoing::Borrowed(c), lend)
+                        .await?;
+                }
+                Ok::<(), TransferError>(())
+            }));
             let recvs = async {
                 for (k, dst) in in_buf.chunks_mut(chunk).enumerate() {
                     let tag = self.tag(phase, step, k);
+                    let Some(op) = op else {
+                        self.take_chunk_into(prev, tag, dst).await?;
+                        continue;
+                    };
                     let got = self.take_chunk(prev, tag, dst.len()).await?;
-                    let bytes = got.contiguous();
-                    match op {
-                        Some(op) => combine(op, dtype, dst, &bytes)?,
-                        None => dst.copy_from_slice(&bytes),
-                    }
-                    drop(bytes);
+                    combine(op, dtype, dst, &got.contiguous())?;
                     // The next chunk's bytes land in this one's memory
                     // (endpoint invariant 7).
                     if let Payload::Owned(v) = got {
@@ -123,7 +137,7 @@ impl Call {
                 }
                 Ok(())
             };
-            futures::try_join!(try_join_all(sends), recvs)?;
+            futures::try_join!(sends, recvs)?;
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use super::*;
 
 #[derive(Default)]
 pub(super) struct Mailbox {
-    pub(super) slots: Mutex<HashMap<(u32, u64), VecDeque<Arrived>>>,
+    pub(super) slots: Mutex<HashMap<(u32, u64), VecDeque<Waiting>>>,
     pub(super) arrived: Notify,
     pub(super) spares: Mutex<Spares>,
     /// Striped payloads being received (invariant 8).
@@ -76,6 +76,17 @@ impl Mailbox {
         dtype: ElementType,
         payload: Payload,
     ) {
+        self.deliver_incoming(path, header, dtype, Incoming::Here(payload));
+    }
+
+    /// [`Self::deliver`] of a payload here or still on its channel.
+    pub(super) fn deliver_incoming(
+        &self,
+        path: &'static str,
+        header: TransferHeader,
+        dtype: ElementType,
+        incoming: Incoming,
+    ) {
         metrics::counter!("tessel_transfer_received_bytes_total", "path" => path)
             .increment(header.byte_len);
         self.slots
@@ -83,10 +94,10 @@ impl Mailbox {
             .expect("not poisoned")
             .entry((header.from, header.tag))
             .or_default()
-            .push_back(Arrived {
+            .push_back(Waiting {
                 dtype,
                 dims: header.dims,
-                payload,
+                incoming,
             });
         self.arrived.notify_waiters();
     }

@@ -30,6 +30,8 @@
 //! 11. With encryption off, a network payload travels on a data channel: a
 //!     TCP connection that presented a one-time token granted over mutual
 //!     TLS to a sender of this job, carrying that sender's rank only.
+//! 12. A lent payload on a data channel stays there until taken: its taker
+//!     reads it straight into place, then the channel answers and goes on.
 //!
 //! # The transfer protocol
 //!
@@ -148,7 +150,7 @@ pub use config::{Peer, TransferConfig};
 use mailbox::Mailbox;
 use payload::Arrived;
 pub use payload::Received;
-pub(crate) use payload::{Outgoing, Payload};
+pub(crate) use payload::{Incoming, Outgoing, Payload, Waiting};
 use receive::accept_loop;
 
 /// ALPN of the transfer protocol.
@@ -626,24 +628,33 @@ impl TransferEndpoint {
         Ok((i, a.into()))
     }
 
-    /// As [`Self::recv_first`], with a lent payload still in place.
+    /// As [`Self::recv_first`], with a lent file still in place (a payload
+    /// still on its data channel is read here).
     pub(crate) async fn take_first(
         &self,
         keys: &[(u32, u64)],
         timeout: Duration,
     ) -> Result<(usize, Arrived)> {
-        let wait = async {
-            loop {
-                let arrived = self.mailbox.arrived.notified();
-                tokio::pin!(arrived);
-                arrived.as_mut().enable();
-                if let Some(r) = self.take(keys) {
-                    return r;
-                }
-                arrived.await;
-            }
+        let taken = async {
+            let (i, w) = self.wait_first(keys).await;
+            Ok::<_, TransferError>((i, self.resolve(w).await?))
         };
-        tokio::time::timeout(timeout, wait)
+        tokio::time::timeout(timeout, taken)
+            .await
+            .map_err(|_| TransferError::DeadlineExceeded {
+                what: format!("receive of {keys:?}"),
+                after: timeout,
+            })?
+    }
+
+    /// As [`Self::take_first`], a payload on its data channel left there
+    /// (invariant 12).
+    pub(crate) async fn take_first_waiting(
+        &self,
+        keys: &[(u32, u64)],
+        timeout: Duration,
+    ) -> Result<(usize, Waiting)> {
+        tokio::time::timeout(timeout, self.wait_first(keys))
             .await
             .map_err(|_| TransferError::DeadlineExceeded {
                 what: format!("receive of {keys:?}"),
@@ -651,7 +662,40 @@ impl TransferEndpoint {
             })
     }
 
-    fn take(&self, keys: &[(u32, u64)]) -> Option<(usize, Arrived)> {
+    async fn wait_first(&self, keys: &[(u32, u64)]) -> (usize, Waiting) {
+        loop {
+            let arrived = self.mailbox.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if let Some(r) = self.take(keys) {
+                return r;
+            }
+            arrived.await;
+        }
+    }
+
+    /// A waiting array with its payload here: one still on its data
+    /// channel is read into a buffer.
+    pub(crate) async fn resolve(&self, w: Waiting) -> Result<Arrived> {
+        let payload = match w.incoming {
+            Incoming::Here(p) => p,
+            Incoming::OnChannel(c) => {
+                let buf = self.mailbox.buffer(c.len());
+                let data = c.read_to(buf).await.map_err(|e| TransferError::Stream {
+                    peer: "data channel".into(),
+                    reason: format!("payload: {e}"),
+                })?;
+                Payload::Owned(data)
+            }
+        };
+        Ok(Arrived {
+            dtype: w.dtype,
+            dims: w.dims,
+            payload,
+        })
+    }
+
+    fn take(&self, keys: &[(u32, u64)]) -> Option<(usize, Waiting)> {
         let mut slots = self.mailbox.slots.lock().expect("not poisoned");
         for (i, key) in keys.iter().enumerate() {
             let Some(queue) = slots.get_mut(key) else {

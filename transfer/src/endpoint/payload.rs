@@ -119,11 +119,61 @@ impl<'a> Outgoing<'a> {
     }
 }
 
-/// An array waiting in the mailbox.
+/// An array taken from the mailbox, its payload here.
 pub(crate) struct Arrived {
     pub dtype: ElementType,
     pub dims: Vec<u64>,
     pub payload: Payload,
+}
+
+/// A lent payload still on its data channel (invariant 12): the taker
+/// reads its bytes straight where they belong, and the channel then
+/// answers and serves the next transfer.
+pub(crate) struct LentChannel {
+    pub(super) socket: tokio::net::TcpStream,
+    pub(super) len: usize,
+    pub(super) back: tokio::sync::oneshot::Sender<tokio::net::TcpStream>,
+}
+
+impl LentChannel {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Reads the payload into `dst`, exactly its length.
+    pub(crate) async fn read_into(mut self, dst: &mut [u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncReadExt;
+        if dst.len() != self.len {
+            return Err(std::io::Error::other(format!(
+                "{} bytes wanted of a {}-byte payload",
+                dst.len(),
+                self.len
+            )));
+        }
+        self.socket.read_exact(dst).await?;
+        let _ = self.back.send(self.socket);
+        Ok(())
+    }
+
+    /// Reads the payload into `buf`, an empty buffer with room for it.
+    pub(super) async fn read_to(mut self, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
+        super::plain::read_into(&mut self.socket, self.len, &mut buf).await?;
+        let _ = self.back.send(self.socket);
+        Ok(buf)
+    }
+}
+
+/// What waits in the mailbox: a payload here, or one on its channel.
+pub(crate) enum Incoming {
+    Here(Payload),
+    OnChannel(LentChannel),
+}
+
+/// An array waiting in the mailbox (invariant 3).
+pub(crate) struct Waiting {
+    pub dtype: ElementType,
+    pub dims: Vec<u64>,
+    pub incoming: Incoming,
 }
 
 impl From<Arrived> for Received {

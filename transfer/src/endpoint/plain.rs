@@ -24,6 +24,7 @@ use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
 use crate::stripe::part_range;
 
+use super::payload::LentChannel;
 use super::*;
 
 /// How long a grant waits for its connection, and a new connection for
@@ -159,7 +160,7 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<V
 }
 
 /// Appends exactly `len` bytes to `data` (room reserved, no zero fill).
-async fn read_into<B: BufMut>(
+pub(super) async fn read_into<B: BufMut>(
     socket: &mut TcpStream,
     len: usize,
     data: &mut B,
@@ -268,6 +269,19 @@ async fn receive_channel(
                         return Ok(());
                     }
                 }
+            }
+            // Invariant 12: the taker reads it, then hands the socket back.
+            None if header.lent => {
+                let (back, returned) = tokio::sync::oneshot::channel();
+                let lent = LentChannel { socket, len, back };
+                mailbox.deliver_incoming("tcp", header, dtype, Incoming::OnChannel(lent));
+                match returned.await {
+                    Ok(s) => socket = s,
+                    // Dropped unread (a broken call discarded it): the
+                    // sender learns it from the closed channel.
+                    Err(_) => return Ok(()),
+                }
+                true
             }
             None => {
                 let mut data = mailbox.buffer(len);
