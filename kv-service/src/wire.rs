@@ -158,6 +158,20 @@ pub enum ClientRequest {
     },
 }
 
+impl ClientRequest {
+    /// Whether it waits for something to happen (a blocking get, a
+    /// barrier, a watch): its caller may give it up because it no longer
+    /// needs it, which says nothing of the replica serving it.
+    pub fn waits(&self) -> bool {
+        match self {
+            ClientRequest::Get { timeout_ms, .. }
+            | ClientRequest::WaitBarrier { timeout_ms, .. } => *timeout_ms > 0,
+            ClientRequest::Watch { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// One replica's view, for `tessel cluster status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaStatus {

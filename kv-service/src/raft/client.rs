@@ -254,7 +254,7 @@ impl Quic {
                 let mut move_on = MoveOn {
                     next: &self.next,
                     leader_sought: &self.leader_sought,
-                    at: (!waits(&req)).then_some(at),
+                    at: (!req.waits()).then_some(at),
                 };
                 let call = WireRequest::Client(req.clone());
                 let failed = match replica.call(&self.client, &call, per_call).await {
@@ -275,19 +275,6 @@ impl Quic {
             backoff = (backoff * 2).min(Duration::from_millis(500));
         }
         Err(last_error)
-    }
-}
-
-/// Whether `req` waits for something to happen (a blocking get, a
-/// barrier): its caller may give it up because it no longer needs it,
-/// which says nothing of the replica.
-fn waits(req: &ClientRequest) -> bool {
-    match req {
-        ClientRequest::Get { timeout_ms, .. } | ClientRequest::WaitBarrier { timeout_ms, .. } => {
-            *timeout_ms > 0
-        }
-        // (A watch never comes here: it has a loop of its own.)
-        _ => false,
     }
 }
 

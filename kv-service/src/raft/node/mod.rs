@@ -20,8 +20,9 @@
 //! 7. A storage error stops the Raft core (openraft never counts an entry
 //!    durable that its log could not write); [`Replica::stopped`] says so,
 //!    and its process exits so that a supervisor restarts it from disk.
-//! 8. A client request is served only while its caller listens: a stopped
-//!    stream or a closed connection ends it (and its blocking wait).
+//! 8. A waiting client request (a blocking get, a barrier, a watch) is
+//!    served only while its caller listens: a stopped stream or a closed
+//!    connection ends it and its wait.
 
 mod clock;
 mod local;
@@ -430,6 +431,11 @@ impl ReplicaHandler {
     /// (a call that timed out, a worker that died) frees its stream, its
     /// task and its key's wait now, not at its own timeout an hour later.
     async fn listened(&self, req: ClientRequest, send: &mut SendStream, forwarded: bool) {
+        if !req.waits() {
+            // A write or a plain read ends by itself: no watch on the
+            // caller (each poll of it takes the connection's lock).
+            return self.route(req, &mut Answers::Stream(send), forwarded).await;
+        }
         let gone = send.stopped();
         let mut answers = Answers::Stream(send);
         tokio::select! {
