@@ -96,7 +96,11 @@
 //!   and presents it; the channel then carries that rank's transfers with
 //!   the stream's framing (header, payload, answer byte), one at a time,
 //!   and is kept for the next. A receiver whose encryption is on, or that
-//!   serves another job, refuses the request with its reason.
+//!   serves another job, refuses the request with its reason. A lent
+//!   chunk (the ring's all-gather) waits on its channel for its taker,
+//!   which reads it straight into the array, and only then is answered
+//!   (endpoint invariant 12); the ring keeps two chunks in flight per
+//!   channel step, in the order the receiver takes them.
 //! * Connection tuning: UDP socket buffers 8 MiB asked (the kernel caps
 //!   them), keep-alive
 //!   500 ms, idle timeout 2 s (a dead peer is noticed within 2 s). Datagram
