@@ -22,6 +22,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TransferError};
+use crate::header::{length_prefixed, prefixed_len};
 
 /// What replaces a header's length on a stream that asks for a channel
 /// (a header's length is at most 4096, so no transfer starts this way).
@@ -102,22 +103,12 @@ pub enum ChannelAnswer {
 }
 
 fn frame<T: Serialize>(value: &T) -> Vec<u8> {
-    let body = postcard::to_allocvec(value).expect("channel frames always encode");
-    let mut out = Vec::with_capacity(4 + body.len());
-    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    out.extend_from_slice(&body);
-    out
+    length_prefixed(&postcard::to_allocvec(value).expect("channel frames always encode"))
 }
 
 /// The body's length of a frame whose length prefix is `prefix`.
 pub fn frame_len(prefix: [u8; 4]) -> Result<usize> {
-    let n = u32::from_be_bytes(prefix) as usize;
-    if n == 0 || n > MAX_FRAME {
-        return Err(TransferError::InvalidHeader(format!(
-            "a channel frame of {n} bytes (1–{MAX_FRAME})"
-        )));
-    }
-    Ok(n)
+    prefixed_len(prefix, MAX_FRAME, "a channel frame")
 }
 
 fn decode<'a, T: Deserialize<'a>>(what: &str, body: &'a [u8]) -> Result<T> {

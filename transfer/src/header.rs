@@ -52,6 +52,26 @@ pub struct TransferHeader {
     pub part: Option<Part>,
 }
 
+/// `body` behind its length, `u32` big-endian (the frames of the
+/// transfer protocol and of data channels' set-up).
+pub(crate) fn length_prefixed(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// The body length in a frame's first four bytes: from 1 to `max`.
+pub(crate) fn prefixed_len(prefix: [u8; 4], max: usize, what: &str) -> Result<usize> {
+    let n = u32::from_be_bytes(prefix) as usize;
+    if n == 0 || n > max {
+        return Err(TransferError::InvalidHeader(format!(
+            "{what} of {n} bytes (1..={max})"
+        )));
+    }
+    Ok(n)
+}
+
 impl TransferHeader {
     /// A header for an array; refuses too many dimensions or too many bytes.
     pub fn new(from: u32, tag: u64, dtype: ElementType, dims: &[u64]) -> Result<TransferHeader> {
@@ -110,23 +130,13 @@ impl TransferHeader {
 
     /// The length-prefixed frame.
     pub fn encode(&self) -> Vec<u8> {
-        let body = postcard::to_allocvec(self).expect("a header always encodes");
-        let mut out = Vec::with_capacity(4 + body.len());
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out
+        length_prefixed(&postcard::to_allocvec(self).expect("a header always encodes"))
     }
 
     /// The body length in a frame's first four bytes (refused above
     /// [`MAX_HEADER`]).
     pub fn frame_len(prefix: [u8; 4]) -> Result<usize> {
-        let n = u32::from_be_bytes(prefix) as usize;
-        if n == 0 || n > MAX_HEADER {
-            return Err(TransferError::InvalidHeader(format!(
-                "a header of {n} bytes (1..={MAX_HEADER})"
-            )));
-        }
-        Ok(n)
+        prefixed_len(prefix, MAX_HEADER, "a header")
     }
 
     /// Decodes a frame body and validates it against `max_bytes`.
