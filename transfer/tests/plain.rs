@@ -12,6 +12,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(30);
 
+/// The socket count is the whole process's: the test that reads it runs
+/// alone, the others share.
+static ALONE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn node(ca: &Path, dir: &Path, role: Role, name: &str) -> TlsFiles {
     let out = dir.join(name);
     let valid = tessel_tls::Validity::days(30);
@@ -45,6 +49,7 @@ fn bytes(len: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_transfers_arrive_byte_for_byte_and_their_bulk_bypasses_quic() {
+    let _shared = ALONE.read().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca");
     init_ca(&ca).unwrap();
@@ -84,6 +89,7 @@ async fn plain_transfers_arrive_byte_for_byte_and_their_bulk_bypasses_quic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_connection_without_a_granted_token_delivers_nothing() {
+    let _shared = ALONE.read().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca");
     init_ca(&ca).unwrap();
@@ -117,6 +123,7 @@ async fn send(from: &TransferEndpoint, to: &TransferEndpoint) -> Result<(), Tran
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channels_are_refused_across_jobs_settings_and_certificates() {
+    let _shared = ALONE.read().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca");
     init_ca(&ca).unwrap();
@@ -160,4 +167,48 @@ async fn channels_are_refused_across_jobs_settings_and_certificates() {
     send(&a1, &b).await.unwrap();
     assert_eq!(b.recv(0, 1, T).await.unwrap().data, vec![7]);
     assert!(b.recv(2, 1, Duration::from_millis(100)).await.is_err());
+}
+
+/// Sockets this process holds (`/proc/self/fd` entries that are sockets).
+fn open_sockets() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .map(|t| t.to_string_lossy().starts_with("socket:"))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// Dropped endpoints leave no data channel, listener or QUIC socket
+/// behind (their tasks end with them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_endpoints_leave_no_socket_behind() {
+    let _alone = ALONE.write().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    init_ca(&ca).unwrap();
+    let (wa, wb) = (
+        node(&ca, dir.path(), Role::Worker, "a"),
+        node(&ca, dir.path(), Role::Worker, "b"),
+    );
+    let before = open_sockets();
+    {
+        let a = bind(&wa, 0, cfg(Encryption::Off, "j@1"));
+        let b = bind(&wb, 1, cfg(Encryption::Off, "j@1"));
+        let to_b = Peer::new(b.local_addr().unwrap(), None);
+        // Several channels at once, then idle ones kept.
+        let data = bytes(1 << 20);
+        let dims = [data.len() as u64];
+        let sends = (0..4u64).map(|tag| a.send_to(&to_b, tag, ElementType::U8, &dims, &data, T));
+        futures::future::try_join_all(sends).await.unwrap();
+        assert!(open_sockets() > before + 4, "channels open while in use");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while open_sockets() > before && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(open_sockets(), before, "every socket closed");
 }

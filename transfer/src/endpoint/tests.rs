@@ -378,4 +378,41 @@ async fn a_data_channel_carries_only_its_rank_and_a_token_opens_it_once() {
         .unwrap();
     again.write_all(&token).await.unwrap();
     assert!(matches!(again.read(&mut answer).await, Ok(0) | Err(_)));
+
+    // Oversized headers on a granted channel: a frame over 4 KiB, and an
+    // array over the endpoint's limit; each is refused and ends the
+    // channel, and the endpoint keeps serving.
+    let open = || async {
+        let ChannelAnswer::Grant { token, .. } = b.plain.as_ref().unwrap().answer(&request, from)
+        else {
+            panic!("granted")
+        };
+        let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
+            .await
+            .unwrap();
+        s.write_all(&token).await.unwrap();
+        let mut ok = [9u8; 1];
+        s.read_exact(&mut ok).await.unwrap();
+        assert_eq!(ok, [0]);
+        s
+    };
+    let too_large = TransferHeader::new(0, 3, ElementType::F32, &[1 << 40])
+        .unwrap()
+        .encode();
+    for frame in [(5000u32).to_be_bytes().to_vec(), too_large] {
+        let mut s = open().await;
+        s.write_all(&frame).await.unwrap();
+        let mut answer = [9u8; 1];
+        s.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer, [1], "refused");
+        assert!(
+            matches!(s.read(&mut answer).await, Ok(0) | Err(_)),
+            "and closed"
+        );
+    }
+    let mut s = open().await;
+    s.write_all(&transfer(0, 4)).await.unwrap();
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(answer, [0]);
+    assert_eq!(b.recv(0, 4, T).await.unwrap().data, b"abc");
 }
