@@ -132,7 +132,15 @@ pub(super) async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((socket, from)) = accepted else { continue };
+                let (socket, from) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of descriptors, say: not a reason to spin.
+                        tracing::warn!(error = %e, "accepting a data channel");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
                 let (server, mailbox, cfg) = (server.clone(), mailbox.clone(), cfg.clone());
                 channels.spawn(async move {
                     if let Err(e) = receive_channel(socket, &server, &mailbox, &cfg).await {
