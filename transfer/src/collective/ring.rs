@@ -77,7 +77,7 @@ impl Call {
     /// 10's exception).
     pub(super) fn in_place_ring(&self) -> bool {
         let prev = &self.members[(self.rank + self.n() - 1) % self.n()];
-        self.endpoint.same_host(prev) || self.endpoint.arrives_whole(prev)
+        self.endpoint.same_host(prev) || self.endpoint.on_data_channel(prev)
     }
 
     /// One ring pass of `n - 1` steps in place (invariant 10's exception).
@@ -101,7 +101,7 @@ impl Call {
         // only the gather's chunks are lent (read straight into `buf`),
         // while the reduce's are read ahead into buffers as the previous
         // chunk is folded (endpoint invariant 12).
-        let streamed = self.endpoint.arrives_whole(&self.members[next]);
+        let streamed = self.endpoint.on_data_channel(&self.members[next]);
         let lend = op.is_none() || !streamed;
         for step in 0..n - 1 {
             let (send_seg, recv_seg) = schedule(step);

@@ -438,9 +438,9 @@ impl TransferEndpoint {
         !self.cfg.force_network && self.same_boot_id(peer)
     }
 
-    /// Whether payloads from `peer` arrive over a data channel, in one
-    /// buffer (invariant 11).
-    pub(crate) fn arrives_whole(&self, peer: &Peer) -> bool {
+    /// Whether payloads to and from `peer` travel on data channels
+    /// (invariant 11): they then arrive whole, in one buffer.
+    pub(crate) fn on_data_channel(&self, peer: &Peer) -> bool {
         self.cfg.encryption == Encryption::Off && !self.same_host(peer)
     }
 
@@ -576,7 +576,7 @@ impl TransferEndpoint {
             peer: peer.addr.to_string(),
             reason,
         };
-        if plain::uses_channel(self.cfg.encryption, header) {
+        if self.on_data_channel(peer) {
             return self.send_plain(peer, header, payload).await;
         }
         let conn = match conn {

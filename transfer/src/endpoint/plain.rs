@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use crate::channel::{self, ChannelAnswer, ChannelRequest, Encryption, TOKEN_LEN};
+use crate::channel::{self, ChannelAnswer, ChannelRequest, TOKEN_LEN};
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
 use crate::stripe::part_range;
@@ -418,9 +418,4 @@ impl TransferEndpoint {
             .push(socket);
         Ok(())
     }
-}
-
-/// Whether a send to a peer goes over a data channel.
-pub(super) fn uses_channel(encryption: Encryption, header: &TransferHeader) -> bool {
-    encryption == Encryption::Off && header.shm.is_none()
 }
