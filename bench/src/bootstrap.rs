@@ -33,6 +33,7 @@ use tessel_harness::{Child, LocalCluster, Ready};
 
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
 use crate::simulated::usage;
+use crate::simulated::KeepAlives;
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
@@ -50,6 +51,10 @@ pub struct BenchBootstrapArgs {
     /// process counts with this Python, which must have `jax` installed.
     #[arg(long, value_name = "PYTHON")]
     pub jax: Option<std::path::PathBuf>,
+    /// How the simulated hosts' keep-alives travel: on each client's
+    /// keep-alive stream, or as a request each (as before it).
+    #[arg(long, value_enum, default_value_t)]
+    pub keep_alives: KeepAlives,
 }
 
 /// One JAX process (bench/jax/bootstrap.py, embedded).
@@ -89,7 +94,7 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
     let mut clients: Vec<Arc<CountingKv>> = Vec::new();
     for _ in 0..largest.div_ceil(HOSTS_PER_CONNECTION).max(MIN_CONNECTIONS) {
         clients.push(Arc::new(CountingKv {
-            inner: Arc::new(cluster.client()?),
+            inner: args.keep_alives.client(&cluster)?,
             ops: AtomicU64::new(0),
         }));
     }

@@ -8,8 +8,10 @@
 //!
 //! Each simulated worker registers as a real one does
 //! (`registry::register`) and runs the real `registry::Heartbeat`; they
-//! share 16 connections. Left out: the assignment watch and
-//! the drain and notice reads a real worker adds.
+//! share 16 connections. Each count is measured with keep-alives on each
+//! client's keep-alive stream and as a request each (`--keep-alives`).
+//! Left out: the assignment watch and the drain and notice reads a real
+//! worker adds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +24,7 @@ use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration
 use tessel_harness::LocalCluster;
 use tessel_kv::{Event, KvStore};
 
-use crate::simulated::{usage, worker_info};
+use crate::simulated::{usage, worker_info, KeepAlives};
 
 /// `tessel-bench heartbeat`: leader load and failure detection with N heartbeating workers.
 #[derive(Args)]
@@ -33,6 +35,11 @@ pub struct BenchHeartbeatArgs {
     /// How long each count is measured, in seconds.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// How keep-alives travel, each measured in turn: `stream` (the
+    /// client's keep-alive stream, the default) and `requests` (a request
+    /// each, as before it).
+    #[arg(long, value_delimiter = ',', default_value = "stream,requests")]
+    pub keep_alives: Vec<KeepAlives>,
 }
 
 /// Connections the simulated workers share.
@@ -42,14 +49,16 @@ const CONNECTIONS: usize = 16;
 pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
     let mut cluster = LocalCluster::new(crate::tessel_bin()?)?;
     cluster.start_coordinators(3)?;
-    let mut clients: Vec<Arc<dyn KvStore>> = Vec::new();
-    for _ in 0..CONNECTIONS {
-        clients.push(Arc::new(cluster.client()?));
-    }
-    let probe = cluster.client()?;
     for &n in &args.workers {
-        let window = Duration::from_secs(args.seconds);
-        one(&clients, &probe, &cluster.coordinator_pids(), n, window).await?;
+        for &how in &args.keep_alives {
+            let clients = (0..CONNECTIONS)
+                .map(|_| how.client(&cluster))
+                .collect::<Result<Vec<_>>>()?;
+            let probe = how.client(&cluster)?;
+            let window = Duration::from_secs(args.seconds);
+            let pids = cluster.coordinator_pids();
+            one(&clients, &*probe, &pids, n, how, window).await?;
+        }
     }
     Ok(())
 }
@@ -59,6 +68,7 @@ async fn one(
     probe: &dyn KvStore,
     coordinators: &[u32],
     n: u32,
+    how: KeepAlives,
     window: Duration,
 ) -> Result<()> {
     let liveness = LivenessConfig::default();
@@ -68,7 +78,7 @@ async fn one(
         .map(|i| {
             let kv = clients[i as usize % clients.len()].clone();
             async move {
-                let info = worker_info(&format!("hb{n}-{i}"), i, liveness);
+                let info = worker_info(&format!("hb{n}{}-{i}", how.tag()), i, liveness);
                 let reg = registry::register(&*kv, info, liveness).await?;
                 anyhow::Ok((reg.clone(), Heartbeat::start(kv, reg, liveness)))
             }
@@ -81,7 +91,7 @@ async fn one(
     // The last worker beats here, so its last keep-alive is known.
     let victim = registry::register(
         probe,
-        worker_info(&format!("hb{n}-{}", n - 1), n - 1, liveness),
+        worker_info(&format!("hb{n}{}-{}", how.tag(), n - 1), n - 1, liveness),
         liveness,
     )
     .await
@@ -146,7 +156,8 @@ async fn one(
         }
     };
     println!(
-        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
+        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"keep_alives\":\"{}\",\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
+        format!("{how:?}").to_lowercase(),
         liveness.heartbeat.as_millis(),
         liveness.ttl.as_millis(),
         leader_cpu_ns as f64 / elapsed.as_nanos() as f64 * 100.0,

@@ -1,7 +1,13 @@
 //! What the simulated-worker benchmarks share: a simulated host's worker
-//! record, and a process's CPU and memory as `/proc` reports them.
+//! record, how its keep-alives travel, and a process's CPU and memory as
+//! `/proc` reports them.
 
+use std::sync::Arc;
+
+use anyhow::Result;
 use tessel_coordinator::{LivenessConfig, WorkerDevice, WorkerInfo};
+use tessel_harness::LocalCluster;
+use tessel_kv::KvStore;
 
 /// The record worker `id`, simulated host `i`, registers with: one device.
 pub(crate) fn worker_info(id: &str, i: u32, liveness: LivenessConfig) -> WorkerInfo {
@@ -50,4 +56,32 @@ pub(crate) fn usage(pid: u32) -> Usage {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0);
     Usage { cpu_ns, peak_kib }
+}
+
+/// How the simulated workers' keep-alives travel.
+#[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
+pub enum KeepAlives {
+    /// On each client's keep-alive stream.
+    #[default]
+    Stream,
+    /// As a request each.
+    Requests,
+}
+
+impl KeepAlives {
+    /// Marks the simulated workers' names, new ones for each way.
+    pub(crate) fn tag(self) -> &'static str {
+        match self {
+            KeepAlives::Stream => "s",
+            KeepAlives::Requests => "r",
+        }
+    }
+
+    pub(crate) fn client(self, cluster: &LocalCluster) -> Result<Arc<dyn KvStore>> {
+        let kv = cluster.client()?;
+        Ok(match self {
+            KeepAlives::Stream => Arc::new(kv),
+            KeepAlives::Requests => Arc::new(kv.keep_alives_as_requests()),
+        })
+    }
 }

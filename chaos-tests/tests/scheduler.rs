@@ -224,9 +224,10 @@ async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
     );
     assert_eq!(client.job(&big).await.unwrap().state, JobState::Pending);
 
-    // Every coordinator runs passes; the one that commits a transition
-    // counts it, so the counts add up across them, and every pass sets
-    // the gauges from the committed state.
+    // The leading coordinator runs the passes (`serve` invariant 2) and
+    // says so; the one that commits a transition counts it, so the counts
+    // add up across them (leadership may move), and every pass sets the
+    // gauges from the committed state.
     let scrapes = || -> Vec<String> {
         cluster
             .procs
@@ -240,10 +241,15 @@ async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let texts = loop {
         let texts = scrapes();
-        let settled = texts.iter().all(|t| {
-            sample(t, "tessel_scheduler_jobs", &[r#"state="Succeeded""#]) == Some(1.0)
-                && sample(t, "tessel_scheduler_jobs", &[r#"state="Cancelled""#]) == Some(1.0)
-        });
+        let leading: Vec<&String> = texts
+            .iter()
+            .filter(|t| sample(t, "tessel_scheduler_leading", &[]) == Some(1.0))
+            .collect();
+        let settled = leading.len() == 1
+            && leading.iter().all(|t| {
+                sample(t, "tessel_scheduler_jobs", &[r#"state="Succeeded""#]) == Some(1.0)
+                    && sample(t, "tessel_scheduler_jobs", &[r#"state="Cancelled""#]) == Some(1.0)
+            });
         if settled {
             break texts;
         }
@@ -253,7 +259,15 @@ async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    for t in &texts {
+    let followers = texts
+        .iter()
+        .filter(|t| sample(t, "tessel_scheduler_leading", &[]) == Some(0.0))
+        .count();
+    assert_eq!(followers, 2, "the followers pass no more");
+    for t in texts
+        .iter()
+        .filter(|t| sample(t, "tessel_scheduler_leading", &[]) == Some(1.0))
+    {
         assert_eq!(
             sample(t, "tessel_scheduler_jobs", &[r#"state="Pending""#]),
             Some(1.0),

@@ -7,9 +7,12 @@
 //! Invariants:
 //! 1. A replica starts only under a coordinator certificate (or the
 //!    cluster-wide one, with a warning, or `--insecure`).
-//! 2. Every replica runs a monitor and a scheduler: their writes are
-//!    idempotent inserts and compare-and-swaps, so replicas never
-//!    interleave a pass.
+//! 2. Every replica runs a monitor; the scheduler's passes run where the
+//!    replica leads (every coordinator's, attached to etcd). Their writes
+//!    are idempotent inserts and compare-and-swaps, so two passes (a
+//!    leadership moving mid-pass) never interleave; a follower's pass
+//!    would only read the whole registry through the leader again (at
+//!    16,384 workers, a third of the leader's CPU with two followers).
 //! 3. The monitor and the scheduler reach this replica in-process
 //!    ([`Replica::local_client`]): never over the network, so no
 //!    certificate has to name an address for them.
@@ -108,10 +111,12 @@ pub async fn serve(
             tracing::error!(error = %e, "the failure monitor stopped");
         }
     }));
+    let leads = replica.as_ref().map(Replica::leads_probe);
     tasks.push(tokio::spawn(crate::scheduler::run(
         kv,
         SCHEDULER_PASS,
         SCHEDULER_PATIENCE,
+        move || leads.as_ref().is_none_or(|leads| leads()),
     )));
     Ok(Served {
         replica,

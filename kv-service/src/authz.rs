@@ -211,6 +211,7 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
             refuse("advance the replicas' clock or renew others' leases".into())
         }
         (_, Some(Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. }))
+        | (ClientRequest::KeepAliveStream, _)
             if role == Role::Client =>
         {
             refuse("hold leases".into())

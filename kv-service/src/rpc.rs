@@ -100,7 +100,7 @@ const SILENCE_CHECK: Duration = Duration::from_millis(250);
 /// process could run: a check that comes late (this process was starved
 /// of CPU, and its datagrams wait in the socket unread) starts the count
 /// again rather than blame the peer.
-async fn until_silent(conn: &Connection) {
+pub(crate) async fn until_silent(conn: &Connection) {
     let mut seen = conn.stats().udp_rx.datagrams;
     let mut since = tokio::time::Instant::now();
     let mut checked = since;
@@ -417,13 +417,15 @@ pub struct PeerInfo {
 }
 
 /// What a server does with one decoded request: writes its answer frames
-/// to `send` (one, or several for a watch).
+/// to `send` (one, or several for a watch), reading further frames from
+/// `recv` where the request [continues](WireRequest::continues).
 pub trait Handler: Send + Sync + 'static {
     /// Answers `req` from `peer` on `send`.
     fn handle(
         self: Arc<Self>,
         req: WireRequest,
         send: SendStream,
+        recv: RecvStream,
         peer: PeerInfo,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
@@ -461,10 +463,7 @@ async fn serve_stream<H: Handler>(
     let peer = info.addr;
     // Invariant 1: problems with this stream end this stream only.
     let body = match read_frame(&mut recv, wire::MAX_FRAME).await {
-        Ok(Some(b)) => {
-            take_end(&mut recv);
-            b
-        }
+        Ok(Some(b)) => b,
         Ok(None) => return,
         Err(ReadError::Frame(e)) => {
             tracing::warn!(%peer, "refusing stream: {e}");
@@ -478,7 +477,13 @@ async fn serve_stream<H: Handler>(
         }
     };
     match wire::decode::<WireRequest>(&body) {
-        Ok(req) => handler.handle(req, send, info).await,
+        Ok(req) => {
+            // Invariant 3; a continuing stream's next bytes are frames.
+            if !req.continues() {
+                take_end(&mut recv);
+            }
+            handler.handle(req, send, recv, info).await
+        }
         Err(e) => {
             tracing::warn!(%peer, "refusing stream: {e}");
             let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
@@ -499,6 +504,7 @@ mod tests {
             self: Arc<Self>,
             _req: WireRequest,
             mut send: SendStream,
+            _recv: RecvStream,
             _peer: PeerInfo,
         ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
             Box::pin(async move {
@@ -516,6 +522,7 @@ mod tests {
             self: Arc<Self>,
             req: WireRequest,
             send: SendStream,
+            recv: RecvStream,
             peer: PeerInfo,
         ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
             Box::pin(async move {
@@ -523,7 +530,7 @@ mod tests {
                     Some(delay) => tokio::time::sleep(delay).await,
                     None => std::future::pending().await,
                 }
-                Arc::new(Answer).handle(req, send, peer).await
+                Arc::new(Answer).handle(req, send, recv, peer).await
             })
         }
     }

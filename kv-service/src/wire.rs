@@ -32,10 +32,15 @@
 //!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again).
 //!   `ClientRequest`: `Write(Op)`, `Get{key, timeout_ms}`, `TryGet`, `List`,
 //!   `Revision`, `Watch{prefix, from}`, `WaitBarrier`, `Status`,
-//!   `AddReplica{id, addr}`, `RemoveReplica{id}`.
+//!   `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`.
 //! * Response (`WireResponse`): one frame, except `Watch`, which streams
 //!   `Event` frames until either side closes. Errors travel as `KvError`;
 //!   `Unavailable` means "try another replica".
+//! * `KeepAliveStream` (etcd's `LeaseKeepAlive`) keeps its stream open: the
+//!   client then sends [`KeepAliveFrame`]s (≤ [`KEEP_ALIVE_MAX_FRAME`]
+//!   bytes) and the replica answers each with one `Output` frame, in order.
+//!   Only a leader that may renew from memory answers one; anything else is
+//!   `Unavailable`, and the client sends that keep-alive as a `Write`.
 //! * Raft RPC deadlines: AppendEntries gets openraft's heartbeat interval
 //!   (250 ms), elections start after 1–2 s of silence. Each log entry is a
 //!   `Proposal` (the requests the leader grouped: ≤ 1024 of them, ≤ 1 MiB of
@@ -156,7 +161,22 @@ pub enum ClientRequest {
         /// The read.
         request: Box<ClientRequest>,
     },
+    /// Opens a lease keep-alive stream: [`KeepAliveFrame`]s follow on the
+    /// same stream, each answered by one `Output` frame (module docs).
+    /// Never forwarded: a follower answers every frame `Unavailable`.
+    KeepAliveStream,
 }
+
+/// One keep-alive on a [`ClientRequest::KeepAliveStream`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeepAliveFrame {
+    /// The lease to renew.
+    pub lease: u64,
+}
+
+/// The largest frame a keep-alive stream carries (a lease id is at most
+/// 10 bytes in postcard); a larger one ends the stream (invariant 1).
+pub const KEEP_ALIVE_MAX_FRAME: usize = 16;
 
 impl ClientRequest {
     /// Whether it waits for something to happen (a blocking get, a
@@ -169,6 +189,14 @@ impl ClientRequest {
             ClientRequest::Watch { .. } => true,
             _ => false,
         }
+    }
+}
+
+impl WireRequest {
+    /// Whether frames of the asker follow the request on its stream (a
+    /// keep-alive stream): its end is then not read with the request.
+    pub fn continues(&self) -> bool {
+        matches!(self, WireRequest::Client(ClientRequest::KeepAliveStream))
     }
 }
 

@@ -1,8 +1,9 @@
 //! Property: a 3-replica Raft cluster over QUIC with mutual TLS behaves
 //! exactly like the specification (the conformance suite, through any
 //! replica, and in a replica's own process), applies a write sent twice
-//! once, frees the streams of calls their callers gave up, and refuses
-//! peers whose certificate is from another CA.
+//! once, frees the streams of calls their callers gave up, refuses peers
+//! whose certificate is from another CA, and renews leases on one
+//! keep-alive stream that follows the leader.
 //! (Replicas run as tasks here; the process-level tests kill real
 //! processes.)
 
@@ -364,6 +365,132 @@ async fn abandoned_waits_free_their_streams() {
             "served after the abandoned gets (via {via})"
         );
     }
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// Client invariant 8 and `node::keep_alives`: keep-alives ride the
+/// client's one stream to the leader and keep a lease past its TTL; when
+/// the leader goes, they are sent as requests until the stream to the
+/// new leader answers them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_ride_one_stream_and_follow_a_new_leader() {
+    let (dir, mut replicas, leader) = running_cluster().await;
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
+    let kv = RaftKv::connect(addrs, Some(&tls)).unwrap();
+    // The workers' TTL: a leader change takes a few seconds.
+    let lease = kv.grant(Duration::from_secs(5)).await.unwrap();
+    kv.put_with_lease(b"held", b"v", lease).await.unwrap();
+    for _ in 0..12 {
+        kv.keep_alive(lease).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        kv.try_get(b"held").await,
+        Ok(b"v".to_vec()),
+        "alive past its TTL"
+    );
+    assert_eq!(kv.keep_alives_on_stream(), 12, "each on the stream");
+    let gone = replicas.iter().position(|r| r.id == leader).unwrap();
+    replicas.remove(gone).shutdown().await;
+    let before = kv.keep_alives_on_stream();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while kv.keep_alives_on_stream() < before + 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no stream to the new leader"
+        );
+        kv.keep_alive(lease).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        kv.try_get(b"held").await,
+        Ok(b"v".to_vec()),
+        "kept through the change"
+    );
+    // A lease that does not exist is a final answer from the stream.
+    let before = kv.keep_alives_on_stream();
+    assert!(matches!(
+        kv.keep_alive(lease + 1000).await,
+        Err(tessel_kv::KvError::LeaseNotFound(_))
+    ));
+    assert_eq!(kv.keep_alives_on_stream(), before + 1);
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// `node::keep_alives` invariants 1 and 3 on the wire: a follower answers
+/// every frame `Unavailable`; an oversized frame ends that stream alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_stream_is_served_by_the_leader_alone_and_bad_frames_end_it() {
+    use tessel_kv_service::wire::{self, KeepAliveFrame, WireRequest};
+    let (dir, replicas, leader) = running_cluster().await;
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    // A write of the term first: until its lease renewal has committed,
+    // the leader too answers `Unavailable` (`renewals` invariant 1).
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
+    RaftKv::connect(addrs, Some(&tls))
+        .unwrap()
+        .put(b"k", b"v")
+        .await
+        .unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(
+        tls.client_config(wire::ALPN, tessel_tls::Expect::Coordinator)
+            .unwrap(),
+    );
+    let client = tessel_kv_service::rpc::PeerClient::new(endpoint);
+    let open = WireRequest::Client(ClientRequest::KeepAliveStream);
+    let answer = |mut recv: quinn::RecvStream| async move {
+        let body = tessel_kv_service::rpc::read_frame(&mut recv, wire::MAX_FRAME).await;
+        (
+            body.map(|b| b.map(|b| wire::decode::<WireResponse>(&b).unwrap())),
+            recv,
+        )
+    };
+    for r in &replicas {
+        let addr = r.local_addr().unwrap();
+        let (_conn, mut send, recv) = client.open(addr, &open).await.unwrap();
+        for _ in 0..2 {
+            tessel_kv_service::rpc::write_frame(&mut send, &KeepAliveFrame { lease: 77 })
+                .await
+                .unwrap();
+        }
+        let (first, recv) = answer(recv).await;
+        let (second, _) = answer(recv).await;
+        for a in [first, second] {
+            match (r.id == leader, a) {
+                (
+                    true,
+                    Ok(Some(WireResponse::Output(Err(tessel_kv::KvError::LeaseNotFound(77))))),
+                )
+                | (
+                    false,
+                    Ok(Some(WireResponse::Output(Err(tessel_kv::KvError::Unavailable(_))))),
+                ) => {}
+                (leads, other) => panic!("leader {leads}: {other:?}"),
+            }
+        }
+    }
+    let addr = replicas
+        .iter()
+        .find(|r| r.id == leader)
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (conn, mut send, mut recv) = client.open(addr, &open).await.unwrap();
+    send.write_all(&1000u32.to_be_bytes()).await.unwrap();
+    assert!(
+        recv.read_to_end(1 << 10).await.is_err(),
+        "the stream is reset"
+    );
+    let status = WireRequest::Client(ClientRequest::Status);
+    let served = client.call(addr, &status, Duration::from_secs(5)).await;
+    assert!(matches!(served, Ok(WireResponse::Status(_))), "{served:?}");
+    assert!(conn.close_reason().is_none(), "the connection survived");
     for r in replicas {
         r.shutdown().await;
     }

@@ -304,10 +304,23 @@ fn record(
     metrics::histogram!("tessel_scheduler_pass_seconds").record(started.elapsed().as_secs_f64());
 }
 
-/// Runs passes every `interval` until the task is dropped; errors are
-/// logged and retried (the state is in the KV, nothing is lost).
-pub async fn run(kv: Arc<dyn KvStore>, interval: Duration, topology_timeout: Duration) {
+/// Runs passes every `interval` until the task is dropped, while `leads`
+/// says this process should (`serve` invariant 2); errors are logged and
+/// retried (the state is in the KV, nothing is lost).
+pub async fn run(
+    kv: Arc<dyn KvStore>,
+    interval: Duration,
+    topology_timeout: Duration,
+    leads: impl Fn() -> bool + Send + 'static,
+) {
     loop {
+        // Which coordinator's gauges are current: the one that passes.
+        let leading = leads();
+        metrics::gauge!("tessel_scheduler_leading").set(if leading { 1.0 } else { 0.0 });
+        if !leading {
+            tokio::time::sleep(interval).await;
+            continue;
+        }
         if let Err(e) = pass(&*kv, topology_timeout).await {
             metrics::counter!("tessel_scheduler_passes_total", "outcome" => "failed").increment(1);
             tracing::warn!(error = %e, "scheduler pass failed");

@@ -225,6 +225,15 @@ fn a_write_sent_once_is_judged_as_the_write_inside() {
 }
 
 #[test]
+fn a_keep_alive_stream_is_opened_by_those_who_hold_leases() {
+    let stream = WireRequest::Client(ClientRequest::KeepAliveStream);
+    let e = authorize(&node(Role::Client, "ops"), &stream).unwrap_err();
+    assert!(e.contains("hold leases"), "{e}");
+    assert_eq!(authorize(&node(Role::Worker, "h4"), &stream), Ok(None));
+    assert_eq!(authorize(&node(Role::Coordinator, "c1"), &stream), Ok(None));
+}
+
+#[test]
 fn a_batch_is_judged_put_by_put_under_one_guard() {
     let batch = |keys: &[&str]| {
         WireRequest::Client(ClientRequest::Write(Op::PutBatch {

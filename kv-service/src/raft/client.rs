@@ -28,6 +28,8 @@
 //!    deadline: giving up on a slow leader after a fixed time re-sent the
 //!    writes queued there, adding to its queue (a retry storm at 8,192
 //!    workers). Dead and cut-off replicas are left by other means (above).
+//! 8. A keep-alive goes first on the client's keep-alive stream
+//!    (`keep_alives`), and as a request only where that gives no answer.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,7 +46,9 @@ use tessel_kv::{CasOutcome, KvStore, WatchStream};
 use tessel_kv::{KvError, Result};
 use tessel_tls::TlsFiles;
 
+mod keep_alives;
 mod session;
+use keep_alives::{KeepAlives, Renewal};
 use session::Session;
 
 /// How long a request keeps trying replicas, beyond its own timeout.
@@ -87,6 +91,12 @@ pub trait Transport: Send + Sync + 'static {
     /// The events under `prefix` from revision `from`, resumed after the
     /// last one delivered when the stream breaks (invariant 3).
     async fn watch(&self, prefix: &[u8], from: u64) -> Result<WatchStream>;
+
+    /// Renews `lease` by a cheaper way than a request, where the
+    /// transport has one (invariant 8); `None`: send it as a request.
+    async fn keep_alive(&self, _lease: u64) -> Option<Result<Output>> {
+        None
+    }
 }
 
 /// A [`KvStore`] whose requests go through transport `T`.
@@ -107,6 +117,8 @@ pub struct Quic {
     /// Whether `next` was pointed at the leader since the last retry
     /// (invariant 4).
     leader_sought: AtomicBool,
+    /// `None`: every keep-alive is a request ([`RaftKv::keep_alives_as_requests`]).
+    keep_alives: Option<KeepAlives>,
 }
 
 impl KvClient<Quic> {
@@ -164,7 +176,23 @@ impl KvClient<Quic> {
             client: PeerClient::new(endpoint.0.clone()),
             next: AtomicUsize::new(0),
             leader_sought: AtomicBool::new(false),
+            keep_alives: Some(KeepAlives::default()),
         }))
+    }
+
+    /// This client with every keep-alive sent as a request of its own, as
+    /// before the keep-alive stream: for comparing the two.
+    pub fn keep_alives_as_requests(mut self) -> RaftKv {
+        self.transport.keep_alives = None;
+        self
+    }
+
+    /// How many keep-alives its keep-alive stream answered (invariant 8).
+    pub fn keep_alives_on_stream(&self) -> u64 {
+        self.transport
+            .keep_alives
+            .as_ref()
+            .map_or(0, KeepAlives::answered)
     }
 
     /// The replica the next request goes to first, as it was given.
@@ -306,6 +334,37 @@ impl Drop for MoveOn<'_> {
 impl Transport for Quic {
     async fn request(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
         self.call(req, wait).await
+    }
+
+    async fn keep_alive(&self, lease: u64) -> Option<Result<Output>> {
+        let keep_alives = self.keep_alives.as_ref()?;
+        if self.replicas.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
+            self.seek_leader().await;
+        }
+        let at = self.next.load(Ordering::Relaxed);
+        let replica = at % self.replicas.len();
+        match keep_alives
+            .renew(&self.client, &self.replicas, replica, lease)
+            .await
+        {
+            Renewal::Answered(answer) => Some(answer),
+            Renewal::Refused => {
+                // A live follower, or a leader new to its term: the request
+                // that follows asks where the leader is first (invariant 4).
+                self.leader_sought.store(false, Ordering::Relaxed);
+                None
+            }
+            Renewal::Broken => {
+                // The replica is gone or silent: the request goes to the
+                // next one, as a failed call moves on (invariant 6).
+                drop(MoveOn {
+                    next: &self.next,
+                    leader_sought: &self.leader_sought,
+                    at: Some(at),
+                });
+                None
+            }
+        }
     }
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
@@ -563,6 +622,9 @@ impl<T: Transport> KvStore for KvClient<T> {
     }
 
     async fn keep_alive(&self, lease: u64) -> Result<()> {
+        if let Some(answer) = self.transport.keep_alive(lease).await {
+            return answer.map(drop);
+        }
         self.write(Op::LeaseKeepAlive { id: lease }).await.map(drop)
     }
 

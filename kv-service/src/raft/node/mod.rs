@@ -23,8 +23,11 @@
 //! 8. A waiting client request (a blocking get, a barrier, a watch) is
 //!    served only while its caller listens: a stopped stream or a closed
 //!    connection ends it and its wait.
+//! 9. Keep-alives on a keep-alive stream are answered by the leader from
+//!    memory or refused `Unavailable` (`keep_alives` invariant 1).
 
 mod clock;
+mod keep_alives;
 mod local;
 mod network;
 mod proposer;
@@ -62,7 +65,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, Raft, ServerState};
-use quinn::SendStream;
+use quinn::{RecvStream, SendStream};
 
 use crate::raft::sm::SmTables;
 use crate::raft::wal::LogIo;
@@ -270,6 +273,12 @@ impl Replica {
         }
     }
 
+    /// Whether it leads now (as far as it knows).
+    pub fn leads_probe(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let (metrics, id) = (self.raft.metrics(), self.id);
+        move || metrics.borrow().current_leader == Some(id)
+    }
+
     /// Resolves, with why, once the Raft core stopped (invariant 7).
     pub fn stopped(&self) -> impl Future<Output = String> + Send + 'static {
         let mut metrics = self.raft.metrics();
@@ -368,6 +377,7 @@ impl Handler for ReplicaHandler {
         self: Arc<Self>,
         req: WireRequest,
         mut send: SendStream,
+        recv: RecvStream,
         peer: rpc::PeerInfo,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         Box::pin(async move {
@@ -416,6 +426,9 @@ impl Handler for ReplicaHandler {
                 WireRequest::Client(ClientRequest::Status) => {
                     let status = WireResponse::Status(self.status());
                     reply(&mut Answers::Stream(&mut send), status).await
+                }
+                WireRequest::Client(ClientRequest::KeepAliveStream) => {
+                    keep_alives::serve(&self, &mut send, recv).await
                 }
                 WireRequest::Client(c) => self.listened(c, &mut send, false).await,
                 WireRequest::Forwarded(c) => self.listened(c, &mut send, true).await,
@@ -763,6 +776,10 @@ impl ReplicaHandler {
                 &request,
                 KvError::InvalidArgument("a guard inside a guard".into()),
             ),
+            // Only a client's own stream carries keep-alives (invariant 9).
+            ClientRequest::KeepAliveStream => WireResponse::Output(Err(KvError::InvalidArgument(
+                "a keep-alive stream is neither relayed nor local".into(),
+            ))),
         };
         reply(send, response).await;
     }

@@ -1,0 +1,176 @@
+//! A client's keep-alive stream (etcd's `LeaseKeepAlive`): one long-lived
+//! stream to the replica its requests go to carries every keep-alive of
+//! the client, answered in order (`wire` module docs). It only makes a
+//! keep-alive cheaper: whatever it cannot answer is sent as a request.
+//!
+//! Invariants:
+//! 1. A keep-alive the stream answers with a lease's TTL or a final error
+//!    is done; `Unavailable`, a broken stream, or no answer within the
+//!    retry budget sends it again as a request (client invariant 1).
+//! 2. The stream goes to the replica the client's requests go to; when
+//!    that replica changes, or the stream answers `Unavailable` or breaks,
+//!    it is replaced on the next keep-alive.
+//! 3. Every keep-alive waiting on the stream fails at once when its
+//!    connection falls silent (`rpc` invariant 4) or the stream breaks.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use quinn::{Connection, RecvStream, SendStream};
+use tokio::sync::{mpsc, oneshot};
+
+use super::RETRY_BUDGET;
+use crate::rpc::{self, NamedPeer, PeerClient};
+use crate::wire::{self, ClientRequest, KeepAliveFrame, WireRequest, WireResponse};
+use tessel_kv::state::Output;
+use tessel_kv::{KvError, Result};
+
+type Ask = (u64, oneshot::Sender<Result<Output>>);
+
+/// The stream to one replica, driven by a task of its own.
+struct Lane {
+    /// The index of the replica among the client's.
+    at: usize,
+    asks: mpsc::UnboundedSender<Ask>,
+}
+
+/// A client's keep-alive stream, opened when first needed.
+#[derive(Default)]
+pub(super) struct KeepAlives {
+    lane: Mutex<Option<Lane>>,
+    answered: AtomicU64,
+}
+
+impl KeepAlives {
+    /// Keep-alives the stream answered (for tests and benchmarks).
+    pub(super) fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Renews `lease` on the stream to replica `at`; anything but
+    /// [`Renewal::Answered`] means the keep-alive must go as a request
+    /// (invariant 1).
+    pub(super) async fn renew(
+        &self,
+        client: &PeerClient,
+        replicas: &[NamedPeer],
+        at: usize,
+        lease: u64,
+    ) -> Renewal {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
+            let usable = lane
+                .as_ref()
+                .is_some_and(|l| l.at == at && !l.asks.is_closed());
+            if !usable {
+                let (asks, queued) = mpsc::unbounded_channel();
+                let (client, replica) = (client.clone(), replicas[at].name().to_owned());
+                tokio::spawn(drive(client, NamedPeer::new(replica), queued));
+                *lane = Some(Lane { at, asks });
+            }
+            let sent = lane.as_ref().map(|l| l.asks.send((lease, tx)));
+            if !matches!(sent, Some(Ok(()))) {
+                *lane = None;
+                return Renewal::Broken;
+            }
+        }
+        let renewal = match tokio::time::timeout(RETRY_BUDGET, rx).await {
+            Ok(Ok(Err(KvError::Unavailable(_)))) => Renewal::Refused,
+            Ok(Ok(done)) => {
+                self.answered.fetch_add(1, Ordering::Relaxed);
+                return Renewal::Answered(done);
+            }
+            Ok(Err(_)) | Err(_) => Renewal::Broken,
+        };
+        // Invariant 2: replaced on the next keep-alive.
+        let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
+        if lane.as_ref().is_some_and(|l| l.at == at) {
+            *lane = None;
+        }
+        renewal
+    }
+}
+
+/// What the stream made of a keep-alive.
+pub(super) enum Renewal {
+    /// The lease's TTL, or a final error.
+    Answered(Result<Output>),
+    /// `Unavailable` from a live replica: not the leader, or one that may
+    /// not renew from memory yet.
+    Refused,
+    /// The stream could not be opened, broke, or its replica fell silent.
+    Broken,
+}
+
+/// Opens the stream to `replica` and carries `asks` on it until every
+/// sender is gone or the stream fails; dropping a waiting ask's sender
+/// tells its caller to send a request instead (invariant 3).
+async fn drive(client: PeerClient, replica: NamedPeer, mut asks: mpsc::UnboundedReceiver<Ask>) {
+    let open = WireRequest::Client(ClientRequest::KeepAliveStream);
+    let opened = match replica.addr(&client).await {
+        Ok(addr) => client.open(addr, &open).await,
+        Err(e) => Err(e),
+    };
+    let Ok((conn, send, recv)) = opened else {
+        return;
+    };
+    carry(&conn, send, recv, &mut asks).await;
+}
+
+async fn carry(
+    conn: &Connection,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    asks: &mut mpsc::UnboundedReceiver<Ask>,
+) {
+    let mut waiting: VecDeque<oneshot::Sender<Result<Output>>> = VecDeque::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 2048];
+    let silent = rpc::until_silent(conn);
+    tokio::pin!(silent);
+    loop {
+        // Each branch is cancel-safe: an ask stays queued, and `read`
+        // returns bytes only when it completes.
+        tokio::select! {
+            ask = asks.recv() => {
+                let Some((lease, tx)) = ask else {
+                    let _ = send.finish();
+                    return;
+                };
+                if rpc::write_frame(&mut send, &KeepAliveFrame { lease }).await.is_err() {
+                    return;
+                }
+                waiting.push_back(tx);
+            }
+            read = recv.read(&mut chunk) => {
+                let Ok(Some(n)) = read else { return };
+                buf.extend_from_slice(&chunk[..n]);
+                while let Some(answer) = next_answer(&mut buf) {
+                    let Ok(answer) = answer else { return };
+                    // Invariant 2 of `node::keep_alives`: in order.
+                    let Some(tx) = waiting.pop_front() else { return };
+                    let _ = tx.send(answer);
+                }
+            }
+            () = &mut silent, if !waiting.is_empty() => return,
+        }
+    }
+}
+
+/// The next whole answer frame at the front of `buf`, taken off it; an
+/// error ends the stream.
+fn next_answer(buf: &mut Vec<u8>) -> Option<std::result::Result<Result<Output>, ()>> {
+    let header: [u8; 4] = buf.get(..4)?.try_into().expect("four bytes");
+    let Ok(len) = wire::frame_len(header, wire::MAX_FRAME) else {
+        return Some(Err(()));
+    };
+    let body = buf.get(4..4 + len)?;
+    let answer = match wire::decode::<WireResponse>(body) {
+        Ok(WireResponse::Output(r)) => Ok(r),
+        _ => Err(()),
+    };
+    buf.drain(..4 + len);
+    Some(answer)
+}
