@@ -348,6 +348,7 @@ impl Transport for Quic {
             .await
         {
             Renewal::Answered(answer) => Some(answer),
+            Renewal::Unknown => None,
             Renewal::Refused => {
                 // A live follower, or a leader new to its term: the request
                 // that follows asks where the leader is first (invariant 4).

@@ -12,17 +12,22 @@
 //!    it is replaced on the next keep-alive.
 //! 3. Every keep-alive waiting on the stream fails at once when its
 //!    connection falls silent (`rpc` invariant 4) or the stream breaks.
+//! 4. A replica that does not know the stream (an older build resets it as
+//!    malformed before any answer) turns the stream off for this client:
+//!    its keep-alives go as requests from then on, as before.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::RETRY_BUDGET;
 use crate::rpc::{self, NamedPeer, PeerClient};
-use crate::wire::{self, ClientRequest, KeepAliveFrame, WireRequest, WireResponse};
+use crate::wire::{
+    self, ClientRequest, KeepAliveFrame, WireRequest, WireResponse, RESET_MALFORMED,
+};
 use tessel_kv::state::Output;
 use tessel_kv::{KvError, Result};
 
@@ -40,6 +45,8 @@ struct Lane {
 pub(super) struct KeepAlives {
     lane: Mutex<Option<Lane>>,
     answered: AtomicU64,
+    /// Invariant 4.
+    unknown: Arc<AtomicBool>,
 }
 
 impl KeepAlives {
@@ -58,6 +65,9 @@ impl KeepAlives {
         at: usize,
         lease: u64,
     ) -> Renewal {
+        if self.unknown.load(Ordering::Relaxed) {
+            return Renewal::Unknown;
+        }
         let (tx, rx) = oneshot::channel();
         {
             let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
@@ -67,7 +77,8 @@ impl KeepAlives {
             if !usable {
                 let (asks, queued) = mpsc::unbounded_channel();
                 let (client, replica) = (client.clone(), replicas[at].name().to_owned());
-                tokio::spawn(drive(client, NamedPeer::new(replica), queued));
+                let unknown = self.unknown.clone();
+                tokio::spawn(drive(client, NamedPeer::new(replica), queued, unknown));
                 *lane = Some(Lane { at, asks });
             }
             let sent = lane.as_ref().map(|l| l.asks.send((lease, tx)));
@@ -82,6 +93,7 @@ impl KeepAlives {
                 self.answered.fetch_add(1, Ordering::Relaxed);
                 return Renewal::Answered(done);
             }
+            Ok(Err(_)) | Err(_) if self.unknown.load(Ordering::Relaxed) => Renewal::Unknown,
             Ok(Err(_)) | Err(_) => Renewal::Broken,
         };
         // Invariant 2: replaced on the next keep-alive.
@@ -102,12 +114,19 @@ pub(super) enum Renewal {
     Refused,
     /// The stream could not be opened, broke, or its replica fell silent.
     Broken,
+    /// The replicas do not know the stream (invariant 4).
+    Unknown,
 }
 
 /// Opens the stream to `replica` and carries `asks` on it until every
 /// sender is gone or the stream fails; dropping a waiting ask's sender
 /// tells its caller to send a request instead (invariant 3).
-async fn drive(client: PeerClient, replica: NamedPeer, mut asks: mpsc::UnboundedReceiver<Ask>) {
+async fn drive(
+    client: PeerClient,
+    replica: NamedPeer,
+    mut asks: mpsc::UnboundedReceiver<Ask>,
+    unknown: Arc<AtomicBool>,
+) {
     let open = WireRequest::Client(ClientRequest::KeepAliveStream);
     let opened = match replica.addr(&client).await {
         Ok(addr) => client.open(addr, &open).await,
@@ -116,15 +135,20 @@ async fn drive(client: PeerClient, replica: NamedPeer, mut asks: mpsc::Unbounded
     let Ok((conn, send, recv)) = opened else {
         return;
     };
-    carry(&conn, send, recv, &mut asks).await;
+    carry(&conn, send, recv, &mut asks, &unknown).await;
 }
 
+/// Carries asks until the stream ends; a replica that resets it as
+/// malformed before answering anything sets `unknown` (invariant 4), before
+/// the asks waiting are dropped.
 async fn carry(
     conn: &Connection,
     mut send: SendStream,
     mut recv: RecvStream,
     asks: &mut mpsc::UnboundedReceiver<Ask>,
+    unknown: &AtomicBool,
 ) {
+    let mut answered = false;
     let mut waiting: VecDeque<oneshot::Sender<Result<Output>>> = VecDeque::new();
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 2048];
@@ -145,12 +169,23 @@ async fn carry(
                 waiting.push_back(tx);
             }
             read = recv.read(&mut chunk) => {
-                let Ok(Some(n)) = read else { return };
+                let n = match read {
+                    Ok(Some(n)) => n,
+                    Err(quinn::ReadError::Reset(code))
+                        if !answered && code.into_inner() == u64::from(RESET_MALFORMED) =>
+                    {
+                        tracing::info!("the replica does not know keep-alive streams: keep-alives go as requests");
+                        unknown.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    Ok(None) | Err(_) => return,
+                };
                 buf.extend_from_slice(&chunk[..n]);
                 while let Some(answer) = next_answer(&mut buf) {
                     let Ok(answer) = answer else { return };
                     // Invariant 2 of `node::keep_alives`: in order.
                     let Some(tx) = waiting.pop_front() else { return };
+                    answered = true;
                     let _ = tx.send(answer);
                 }
             }
@@ -173,4 +208,73 @@ fn next_answer(buf: &mut Vec<u8>) -> Option<std::result::Result<Result<Output>, 
     };
     buf.drain(..4 + len);
     Some(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::time::Duration;
+
+    use quinn::VarInt;
+    use tessel_kv::KvStore;
+
+    use crate::raft::client::RaftKv;
+    use crate::rpc::{self, Handler, PeerInfo};
+    use crate::wire::{self, ClientRequest, WireRequest, WireResponse, RESET_MALFORMED};
+    use tessel_kv::state::{Op, Output};
+
+    /// A replica of a build before the stream: it cannot decode the
+    /// request, so it resets the stream as malformed; it answers a
+    /// keep-alive sent as a request.
+    #[derive(Default)]
+    struct Older {
+        streams: AtomicU64,
+    }
+
+    impl Handler for Older {
+        fn handle(
+            self: Arc<Self>,
+            req: WireRequest,
+            mut send: SendStream,
+            mut recv: RecvStream,
+            _peer: PeerInfo,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+            Box::pin(async move {
+                let answer = match req {
+                    WireRequest::Client(ClientRequest::KeepAliveStream) => {
+                        self.streams.fetch_add(1, Ordering::Relaxed);
+                        let _ = recv.stop(VarInt::from_u32(RESET_MALFORMED));
+                        let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
+                        return;
+                    }
+                    WireRequest::Client(ClientRequest::Write(Op::LeaseKeepAlive { id })) => {
+                        WireResponse::Output(Ok(Output::Lease { id, ttl_ms: 5000 }))
+                    }
+                    other => panic!("unexpected {other:?}"),
+                };
+                let _ = rpc::write_frame(&mut send, &answer).await;
+                let _ = send.finish();
+            })
+        }
+    }
+
+    /// Invariant 4: against a replica that does not know the stream,
+    /// keep-alives go as requests, and the stream is tried once.
+    #[tokio::test]
+    async fn a_replica_that_does_not_know_the_stream_gets_requests() {
+        let (server_cfg, _) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
+        let server = rpc::endpoint("127.0.0.1:0".parse().unwrap(), Some(server_cfg)).unwrap();
+        let addr = server.local_addr().unwrap();
+        let older = Arc::new(Older::default());
+        tokio::spawn(rpc::serve(server, older.clone()));
+        let kv = RaftKv::connect(vec![addr], None).unwrap();
+        for _ in 0..5 {
+            let beat = tokio::time::timeout(Duration::from_secs(10), kv.keep_alive(7)).await;
+            assert_eq!(beat, Ok(Ok(())));
+        }
+        assert_eq!(kv.keep_alives_on_stream(), 0);
+        assert_eq!(older.streams.load(Ordering::Relaxed), 1, "tried once");
+    }
 }

@@ -776,9 +776,8 @@ impl ReplicaHandler {
                 &request,
                 KvError::InvalidArgument("a guard inside a guard".into()),
             ),
-            // Only a client's own stream carries keep-alives (invariant 9).
             ClientRequest::KeepAliveStream => WireResponse::Output(Err(KvError::InvalidArgument(
-                "a keep-alive stream is neither relayed nor local".into(),
+                "a keep-alive stream is neither relayed nor local (invariant 9)".into(),
             ))),
         };
         reply(send, response).await;
