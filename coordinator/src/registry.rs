@@ -30,11 +30,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kv::{BatchPut, CasOutcome, KvError, KvStore};
+use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvError, KvStore};
 use tokio::sync::watch;
 
 use crate::error::{CoordinatorError, Result};
 use crate::keys;
+
+mod view;
+pub use view::RegistryView;
 
 /// Heartbeat interval and lease TTL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -421,6 +424,11 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
         .list(keys::WORKERS.as_bytes())
         .await
         .map_err(CoordinatorError::kv("listing workers"))?;
+    statuses(all.iter())
+}
+
+/// The workers the registry's pairs (all of `workers/`) describe.
+fn statuses<'a>(all: impl Iterator<Item = &'a KeyValue>) -> Result<Vec<WorkerStatus>> {
     let mut records: BTreeMap<String, WorkerRecord> = BTreeMap::new();
     let mut alive: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
     let mut jobs: BTreeMap<String, Vec<String>> = BTreeMap::new();

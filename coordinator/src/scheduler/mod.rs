@@ -86,7 +86,7 @@ use tessel_kv::{KvError, KvStore};
 use crate::error::{CoordinatorError, Result};
 use crate::jobs::{self, FailureKind, JobAssignment, JobFailure};
 use crate::keys;
-use crate::registry::{list_workers, WorkerState, WorkerStatus};
+use crate::registry::{list_workers, RegistryView, WorkerState, WorkerStatus};
 
 pub use pass::{cancel, pass, read_state, run, submit};
 

@@ -263,9 +263,22 @@ fn announce(state: &SchedulerState, id: &str, e: &JobEvent) {
 
 /// One pass: observe, advance, commit, carry out.
 pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
+    pass_in(kv, None, topology_timeout).await
+}
+
+/// A pass that reads the registry from `view` where given (it lists it
+/// otherwise).
+async fn pass_in(
+    kv: &dyn KvStore,
+    view: Option<&mut RegistryView>,
+    topology_timeout: Duration,
+) -> Result<()> {
     let started = std::time::Instant::now();
     let (old, mut state) = read_state(kv).await?;
-    let registry = list_workers(kv).await?;
+    let registry = match view {
+        Some(v) => v.workers(kv).await?,
+        None => list_workers(kv).await?,
+    };
     let mut observed = BTreeMap::new();
     for job in state.jobs.iter().filter(|j| !j.state.is_terminal()) {
         observed.insert(job.id.clone(), observe(kv, job, &registry).await?);
@@ -313,15 +326,20 @@ pub async fn run(
     topology_timeout: Duration,
     leads: impl Fn() -> bool + Send + 'static,
 ) {
+    // The registry from a watch, not a listing each pass; dropped (its
+    // watch with it) while another coordinator leads.
+    let mut view: Option<RegistryView> = None;
     loop {
         // Which coordinator's gauges are current: the one that passes.
         let leading = leads();
         metrics::gauge!("tessel_scheduler_leading").set(if leading { 1.0 } else { 0.0 });
         if !leading {
+            view = None;
             tokio::time::sleep(interval).await;
             continue;
         }
-        if let Err(e) = pass(&*kv, topology_timeout).await {
+        let registry = view.get_or_insert_with(RegistryView::new);
+        if let Err(e) = pass_in(&*kv, Some(registry), topology_timeout).await {
             metrics::counter!("tessel_scheduler_passes_total", "outcome" => "failed").increment(1);
             tracing::warn!(error = %e, "scheduler pass failed");
         }
