@@ -84,3 +84,65 @@ async fn transfers_go_only_between_the_workers_they_name() {
     );
     assert!(h4.recv(2, 3, Duration::from_millis(300)).await.is_err());
 }
+
+/// Endpoint invariant 13: once the job's ranks are bound, a worker of the
+/// cluster sends only as a rank that runs on it, over QUIC and over a data
+/// channel; the refusal names the rank's worker and the certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_sends_only_as_the_ranks_it_runs() {
+    use tessel_transfer::channel::Encryption;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    init_ca(&ca).unwrap();
+    for encryption in [Encryption::On, Encryption::Off] {
+        let cfg = TransferConfig {
+            encryption,
+            job: "j@1".into(),
+            ..TransferConfig::default()
+        };
+        let bind = |name: &str, rank| {
+            let tls = node(
+                &ca,
+                &dir.path().join(format!("{encryption}")),
+                Role::Worker,
+                name,
+            );
+            TransferEndpoint::bind(
+                "127.0.0.1:0".parse().unwrap(),
+                rank,
+                Some(&tls),
+                cfg.clone(),
+            )
+            .unwrap()
+        };
+        let (h4, h5) = (bind("h4", 0), bind("h5", 1));
+        // h6 runs rank 2, and claims rank 0, which runs on h4.
+        let impostor = bind("h6", 0);
+        h5.bind_ranks(vec![
+            Some("h4".into()),
+            Some("h5".into()),
+            Some("h6".into()),
+        ]);
+        let to_h5 = Peer::new(h5.local_addr().unwrap(), None).on_worker("h5");
+        let e = impostor
+            .send_to(&to_h5, 1, ElementType::U8, &[1], &[9], T)
+            .await
+            .unwrap_err();
+        let named = "rank 0 runs on worker `h4`; the sender's certificate names worker `h6`";
+        match encryption {
+            // A data channel's refusal carries its reason.
+            Encryption::Off => assert!(e.to_string().contains(named), "{e}"),
+            // A refused QUIC stream answers one byte.
+            Encryption::On => assert!(e.to_string().contains("refused"), "{e}"),
+        }
+        h4.send_to(&to_h5, 2, ElementType::U8, &[1], &[7], T)
+            .await
+            .unwrap();
+        let got = h5.recv(0, 2, T).await.unwrap();
+        assert_eq!(got.data, vec![7], "{encryption}: the rank's own worker");
+        assert!(
+            h5.recv(0, 1, Duration::from_millis(300)).await.is_err(),
+            "{encryption}: nothing from the impostor"
+        );
+    }
+}

@@ -234,6 +234,8 @@ impl Communicator {
                 "chunk_bytes must be at least 8".into(),
             ));
         }
+        // Endpoint invariant 13: each member sends only as itself.
+        endpoint.bind_ranks(members.iter().map(|m| m.worker.clone()).collect());
         Ok(Communicator {
             endpoint,
             members,

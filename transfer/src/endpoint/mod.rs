@@ -32,6 +32,9 @@
 //!     TLS to a sender of this job, carrying that sender's rank only.
 //! 12. A lent payload on a data channel stays there until taken: its taker
 //!     reads it straight into place, then the channel answers and goes on.
+//! 13. Once the job's ranks are bound ([`TransferEndpoint::bind_ranks`]), a
+//!     header's `from` and a data channel's rank must run on the worker the
+//!     sender's certificate names; anything else is refused (`ranks`).
 //!
 //! # The transfer protocol
 //!
@@ -132,6 +135,7 @@ mod config;
 mod mailbox;
 mod payload;
 mod plain;
+mod ranks;
 mod receive;
 
 use std::collections::HashMap;
@@ -199,6 +203,8 @@ pub struct TransferEndpoint {
     plain_accept: Option<tokio::task::JoinHandle<()>>,
     /// With encryption off: idle data channels to peers.
     channels: plain::Channels,
+    /// The worker of each rank, once bound (invariant 13).
+    ranks: Arc<ranks::Ranks>,
     cfg: TransferConfig,
     shm: ShmPool,
 }
@@ -267,11 +273,13 @@ impl TransferEndpoint {
                 (Some(server), Some(task))
             }
         };
+        let ranks = Arc::new(ranks::Ranks::default());
         let accept = tokio::spawn(accept_loop(
             endpoint.clone(),
             mailbox.clone(),
             cfg.clone(),
             plain.clone(),
+            ranks.clone(),
         ));
         Ok(TransferEndpoint {
             rank,
@@ -286,9 +294,17 @@ impl TransferEndpoint {
             plain,
             plain_accept,
             channels: plain::Channels::default(),
+            ranks,
             shm: ShmPool::new(cfg.shm_dir.clone()),
             cfg,
         })
+    }
+
+    /// The job's ranks, by the worker each runs on (`None`: not known):
+    /// from now on a sender's rank must be one of its certificate's worker
+    /// (invariant 13). [`crate::Communicator::new`] binds its members.
+    pub fn bind_ranks(&self, workers: Vec<Option<String>>) {
+        self.ranks.bind(workers);
     }
 
     /// The bound address.

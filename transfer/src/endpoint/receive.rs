@@ -9,12 +9,13 @@ use bytes::Bytes;
 use quinn::{Endpoint, RecvStream, SendStream, VarInt};
 use tessel_pjrt::ElementType;
 
-use crate::channel::{self, ChannelRequest};
+use crate::channel::{self, ChannelAnswer, ChannelRequest};
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
 use crate::stripe::{part_range, Part};
 
 use super::plain::{self, PlainServer};
+use super::ranks::Ranks;
 use super::*;
 
 pub(super) async fn accept_loop(
@@ -22,20 +23,28 @@ pub(super) async fn accept_loop(
     mailbox: Arc<Mailbox>,
     cfg: TransferConfig,
     plain: Option<Arc<PlainServer>>,
+    ranks: Arc<Ranks>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let mailbox = mailbox.clone();
         let cfg = cfg.clone();
         let plain = plain.clone();
+        let ranks = ranks.clone();
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
             let remote = conn.remote_address();
+            let sender = Sender {
+                remote,
+                who: Arc::new(tessel_tls::peer_identity(&conn)),
+                ranks,
+            };
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let mailbox = mailbox.clone();
                 let cfg = cfg.clone();
                 let plain = plain.clone();
+                let sender = sender.clone();
                 tokio::spawn(async move {
-                    let received = receive(send, recv, remote, &mailbox, &cfg, plain.as_deref());
+                    let received = receive(send, recv, &sender, &mailbox, &cfg, plain.as_deref());
                     if let Err(e) = received.await {
                         tracing::warn!(error = %e, "transfer refused");
                     }
@@ -158,13 +167,23 @@ pub(super) async fn receive_part(
     }
 }
 
-/// A request for a data channel, over mutual TLS (invariant 11).
+/// Who sent a stream: its connection's address and certificate, and the
+/// job's ranks to check its claims against (invariant 13).
+#[derive(Clone)]
+pub(super) struct Sender {
+    remote: SocketAddr,
+    who: Arc<tessel_tls::Identity>,
+    ranks: Arc<Ranks>,
+}
+
+/// A request for a data channel, over mutual TLS (invariants 11 and 13).
 async fn answer_channel_request(
     mut send: SendStream,
     mut recv: RecvStream,
-    remote: SocketAddr,
+    sender: &Sender,
     plain: Option<&PlainServer>,
 ) -> Result<()> {
+    let remote = sender.remote;
     let stream_err = |reason: String| TransferError::Stream {
         peer: remote.to_string(),
         reason,
@@ -181,9 +200,11 @@ async fn answer_channel_request(
         ChannelRequest::decode(&body)
     };
     let answer = match request.await {
-        Ok(r) => match plain {
-            Some(p) => p.answer(&r, remote),
-            None => plain::refuse_encrypted(),
+        Ok(r) => match (plain, sender.ranks.admit(r.from, &sender.who)) {
+            // Invariant 13, with its reason for the sender.
+            (_, Err(e)) => ChannelAnswer::Refused(e.to_string()),
+            (Some(p), Ok(())) => p.answer(&r, remote),
+            (None, Ok(())) => plain::refuse_encrypted(),
         },
         Err(e) => {
             refuse(&mut send, Some(&mut recv)).await;
@@ -201,7 +222,7 @@ async fn answer_channel_request(
 pub(super) async fn receive(
     mut send: SendStream,
     mut recv: RecvStream,
-    remote: SocketAddr,
+    sender: &Sender,
     mailbox: &Mailbox,
     cfg: &TransferConfig,
     plain: Option<&PlainServer>,
@@ -216,8 +237,9 @@ pub(super) async fn receive(
         .await
         .map_err(|e| stream_err(e.to_string()))?;
     if u32::from_be_bytes(prefix) == channel::REQUEST_MARKER {
-        return answer_channel_request(send, recv, remote, plain).await;
+        return answer_channel_request(send, recv, sender, plain).await;
     }
+    let remote = sender.remote;
     let checked = async {
         let n = TransferHeader::frame_len(prefix)?;
         let mut body = vec![0u8; n];
@@ -225,6 +247,8 @@ pub(super) async fn receive(
             .await
             .map_err(|e| stream_err(e.to_string()))?;
         let header = TransferHeader::decode(&body, max_bytes)?;
+        // Invariant 13, before anything is allocated for the payload.
+        sender.ranks.admit(header.from, &sender.who)?;
         let dtype = header.dtype;
         Ok::<_, TransferError>((header, dtype))
     }
