@@ -57,6 +57,10 @@ pub struct TransferConfig {
     /// The job (attempt) this endpoint serves: a data channel is granted
     /// only to a sender of the same job (invariant 11).
     pub job: String,
+    /// How long a data channel waits for more of a payload it started
+    /// before it ends (a stalled or vanished sender; TCP has no QUIC
+    /// keep-alives to tell).
+    pub payload_stall: Duration,
 }
 
 impl Default for TransferConfig {
@@ -76,6 +80,7 @@ impl Default for TransferConfig {
             stripe_bytes: 16 << 20,
             encryption: Encryption::On,
             job: String::new(),
+            payload_stall: Duration::from_secs(30),
         }
     }
 }

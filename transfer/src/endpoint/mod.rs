@@ -29,7 +29,8 @@
 //!     that the peer's certificate names the worker its [`Peer`] runs on.
 //! 11. With encryption off, a network payload travels on a data channel: a
 //!     TCP connection that presented a one-time token granted over mutual
-//!     TLS to a sender of this job, carrying that sender's rank only.
+//!     TLS to a sender of this job, carrying that sender's rank only; a
+//!     sender silent for `payload_stall` (30 s) mid-payload ends it.
 //! 12. A lent payload on a data channel stays there until taken: its taker
 //!     reads it straight into place, then the channel answers and goes on.
 //! 13. Once the job's ranks are bound ([`TransferEndpoint::bind_ranks`]), a

@@ -133,6 +133,8 @@ pub(crate) struct LentChannel {
     pub(super) socket: tokio::net::TcpStream,
     pub(super) len: usize,
     pub(super) back: tokio::sync::oneshot::Sender<tokio::net::TcpStream>,
+    /// The channel's stall deadline (`TransferConfig::payload_stall`).
+    pub(super) stall: std::time::Duration,
 }
 
 impl LentChannel {
@@ -157,7 +159,7 @@ impl LentChannel {
 
     /// Reads the payload into `buf`, an empty buffer with room for it.
     pub(super) async fn read_to(mut self, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
-        super::plain::read_into(&mut self.socket, self.len, &mut buf).await?;
+        super::plain::read_into(&mut self.socket, self.len, &mut buf, self.stall).await?;
         let _ = self.back.send(self.socket);
         Ok(buf)
     }

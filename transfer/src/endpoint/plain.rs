@@ -167,15 +167,25 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<V
     Ok(Some(body))
 }
 
-/// Appends exactly `len` bytes to `data` (room reserved, no zero fill).
+/// Appends exactly `len` bytes to `data` (room reserved, no zero fill);
+/// a sender silent for `stall` mid-payload is given up.
 pub(super) async fn read_into<B: BufMut>(
     socket: &mut TcpStream,
     len: usize,
     data: &mut B,
+    stall: Duration,
 ) -> std::io::Result<()> {
     let mut have = 0;
     while have < len {
-        let n = socket.read_buf(&mut (&mut *data).limit(len - have)).await?;
+        let mut room = (&mut *data).limit(len - have);
+        let n = tokio::time::timeout(stall, socket.read_buf(&mut room))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the sender sent nothing for {stall:?} mid-payload"),
+                )
+            })??;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
@@ -257,8 +267,9 @@ async fn receive_channel(
                         }
                     };
                 let range = part_range(header.byte_len, part.index, part.count);
+                let part_len = (range.end - range.start) as usize;
                 if let Err(e) =
-                    read_into(&mut socket, (range.end - range.start) as usize, &mut piece).await
+                    read_into(&mut socket, part_len, &mut piece, cfg.payload_stall).await
                 {
                     mailbox.assemblies.abandon(key);
                     return Err(err(format!("part {} of {}: {e}", part.index, part.count)));
@@ -281,7 +292,13 @@ async fn receive_channel(
             // Invariant 12: the taker reads it, then hands the socket back.
             None if header.lent => {
                 let (back, returned) = tokio::sync::oneshot::channel();
-                let lent = LentChannel { socket, len, back };
+                let stall = cfg.payload_stall;
+                let lent = LentChannel {
+                    socket,
+                    len,
+                    back,
+                    stall,
+                };
                 mailbox.deliver_incoming("tcp", header, dtype, Incoming::OnChannel(lent));
                 match returned.await {
                     Ok(s) => socket = s,
@@ -293,7 +310,7 @@ async fn receive_channel(
             }
             None => {
                 let mut data = mailbox.buffer(len);
-                read_into(&mut socket, len, &mut data)
+                read_into(&mut socket, len, &mut data, cfg.payload_stall)
                     .await
                     .map_err(|e| err(format!("payload: {e}")))?;
                 mailbox.deliver("tcp", header, dtype, Payload::Owned(data));

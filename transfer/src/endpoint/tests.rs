@@ -416,3 +416,60 @@ async fn a_data_channel_carries_only_its_rank_and_a_token_opens_it_once() {
     assert_eq!(answer, [0]);
     assert_eq!(b.recv(0, 4, T).await.unwrap().data, b"abc");
 }
+
+/// A data channel whose sender stalls mid-payload ends after
+/// `payload_stall`, delivers nothing, and the endpoint keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_stalled_mid_payload_ends_its_channel_after_the_stall_deadline() {
+    use crate::channel::{ChannelAnswer, ChannelRequest};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stall = Duration::from_millis(300);
+    let cfg = TransferConfig {
+        encryption: Encryption::Off,
+        job: "j@1".into(),
+        payload_stall: stall,
+        ..TransferConfig::default()
+    };
+    let b = TransferEndpoint::bind("127.0.0.1:0".parse().unwrap(), 1, None, cfg).unwrap();
+    let request = ChannelRequest {
+        from: 0,
+        job: "j@1".into(),
+    };
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let open = || async {
+        let ChannelAnswer::Grant { token, .. } = b.plain.as_ref().unwrap().answer(&request, from)
+        else {
+            panic!("granted")
+        };
+        let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
+            .await
+            .unwrap();
+        s.write_all(&token).await.unwrap();
+        let mut ok = [9u8; 1];
+        s.read_exact(&mut ok).await.unwrap();
+        assert_eq!(ok, [0]);
+        s
+    };
+    // A 1,000-byte array, of which 10 bytes come.
+    let mut s = open().await;
+    let header = TransferHeader::new(0, 1, ElementType::U8, &[1000]).unwrap();
+    s.write_all(&header.encode()).await.unwrap();
+    s.write_all(&[7; 10]).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut answer = [9u8; 1];
+    let ended = tokio::time::timeout(T, s.read(&mut answer)).await;
+    assert!(matches!(ended, Ok(Ok(0) | Err(_))), "{ended:?}");
+    let took = started.elapsed();
+    assert!(took >= stall && took < stall * 10, "ended after {took:?}");
+    assert!(b.recv(0, 1, Duration::from_millis(100)).await.is_err());
+    // The endpoint still serves a whole transfer on a new channel.
+    let mut s = open().await;
+    let mut whole = TransferHeader::new(0, 2, ElementType::U8, &[3])
+        .unwrap()
+        .encode();
+    whole.extend_from_slice(b"abc");
+    s.write_all(&whole).await.unwrap();
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(answer, [0]);
+    assert_eq!(b.recv(0, 2, T).await.unwrap().data, b"abc");
+}
