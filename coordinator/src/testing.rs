@@ -1,6 +1,6 @@
 //! Test doubles for this crate's unit tests.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
@@ -11,9 +11,11 @@ use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, Watch
 /// hearing the second answer (a client retrying a write whose first try
 /// was applied but not answered), and the flag is cleared. The next plain
 /// put or batch waits `slow_next_put` first, when set (a leader's long queue).
+/// `cas_calls` counts the compare-and-swaps asked.
 pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
     pub cas_hangs: bool,
+    pub cas_calls: AtomicU64,
     pub retry_next_cas: AtomicBool,
     pub slow_next_put: std::sync::Mutex<Option<Duration>>,
 }
@@ -24,6 +26,7 @@ impl FaultyKv {
         FaultyKv {
             inner: MemoryKv::new(),
             cas_hangs: false,
+            cas_calls: AtomicU64::new(0),
             retry_next_cas: AtomicBool::new(false),
             slow_next_put: std::sync::Mutex::new(None),
         }
@@ -73,6 +76,7 @@ impl KvStore for FaultyKv {
         self.inner.increment(k, d).await
     }
     async fn compare_and_swap(&self, k: &[u8], e: Option<&[u8]>, v: &[u8]) -> Result<CasOutcome> {
+        self.cas_calls.fetch_add(1, Ordering::SeqCst);
         if self.cas_hangs {
             std::future::pending::<()>().await;
         }
