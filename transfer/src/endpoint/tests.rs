@@ -329,23 +329,9 @@ async fn a_lent_payload_left_in_a_dropped_endpoint_releases_its_sender() {
 /// was granted to and no other, and a token opens one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_channel_carries_only_its_rank_and_a_token_opens_it_once() {
-    use crate::channel::{ChannelAnswer, ChannelRequest};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let cfg = TransferConfig {
-        encryption: Encryption::Off,
-        job: "j@1".into(),
-        ..TransferConfig::default()
-    };
-    let b = TransferEndpoint::bind("127.0.0.1:0".parse().unwrap(), 1, None, cfg).unwrap();
-    let request = ChannelRequest {
-        from: 0,
-        job: "j@1".into(),
-    };
-    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    let ChannelAnswer::Grant { token, .. } = b.plain.as_ref().unwrap().answer(&request, from)
-    else {
-        panic!("a request of this job is granted")
-    };
+    let b = plain_receiver(TransferConfig::default().payload_stall);
+    let token = grant(&b);
     let transfer = |rank: u32, tag: u64| {
         let mut out = TransferHeader::new(rank, tag, ElementType::U8, &[3])
             .unwrap()
@@ -353,13 +339,8 @@ async fn a_data_channel_carries_only_its_rank_and_a_token_opens_it_once() {
         out.extend_from_slice(b"abc");
         out
     };
-    let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
-        .await
-        .unwrap();
-    s.write_all(&token).await.unwrap();
+    let mut s = present(&b, &token).await;
     let mut answer = [9u8; 1];
-    s.read_exact(&mut answer).await.unwrap();
-    assert_eq!(answer, [0], "the token opens the channel");
     s.write_all(&transfer(0, 1)).await.unwrap();
     s.read_exact(&mut answer).await.unwrap();
     assert_eq!(answer, [0]);
@@ -382,20 +363,7 @@ async fn a_data_channel_carries_only_its_rank_and_a_token_opens_it_once() {
     // Oversized headers on a granted channel: a frame over 4 KiB, and an
     // array over the endpoint's limit; each is refused and ends the
     // channel, and the endpoint keeps serving.
-    let open = || async {
-        let ChannelAnswer::Grant { token, .. } = b.plain.as_ref().unwrap().answer(&request, from)
-        else {
-            panic!("granted")
-        };
-        let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
-            .await
-            .unwrap();
-        s.write_all(&token).await.unwrap();
-        let mut ok = [9u8; 1];
-        s.read_exact(&mut ok).await.unwrap();
-        assert_eq!(ok, [0]);
-        s
-    };
+    let open = || granted_channel(&b);
     let too_large = TransferHeader::new(0, 3, ElementType::F32, &[1 << 40])
         .unwrap()
         .encode();
@@ -421,35 +389,10 @@ async fn a_data_channel_carries_only_its_rank_and_a_token_opens_it_once() {
 /// `payload_stall`, delivers nothing, and the endpoint keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_stalled_mid_payload_ends_its_channel_after_the_stall_deadline() {
-    use crate::channel::{ChannelAnswer, ChannelRequest};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let stall = Duration::from_millis(300);
-    let cfg = TransferConfig {
-        encryption: Encryption::Off,
-        job: "j@1".into(),
-        payload_stall: stall,
-        ..TransferConfig::default()
-    };
-    let b = TransferEndpoint::bind("127.0.0.1:0".parse().unwrap(), 1, None, cfg).unwrap();
-    let request = ChannelRequest {
-        from: 0,
-        job: "j@1".into(),
-    };
-    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    let open = || async {
-        let ChannelAnswer::Grant { token, .. } = b.plain.as_ref().unwrap().answer(&request, from)
-        else {
-            panic!("granted")
-        };
-        let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
-            .await
-            .unwrap();
-        s.write_all(&token).await.unwrap();
-        let mut ok = [9u8; 1];
-        s.read_exact(&mut ok).await.unwrap();
-        assert_eq!(ok, [0]);
-        s
-    };
+    let b = plain_receiver(stall);
+    let open = || granted_channel(&b);
     // A 1,000-byte array, of which 10 bytes come.
     let mut s = open().await;
     let header = TransferHeader::new(0, 1, ElementType::U8, &[1000]).unwrap();
@@ -472,4 +415,48 @@ async fn a_sender_stalled_mid_payload_ends_its_channel_after_the_stall_deadline(
     s.read_exact(&mut answer).await.unwrap();
     assert_eq!(answer, [0]);
     assert_eq!(b.recv(0, 2, T).await.unwrap().data, b"abc");
+}
+
+/// An endpoint of rank 1 of job `j@1` with encryption off.
+fn plain_receiver(payload_stall: Duration) -> TransferEndpoint {
+    let cfg = TransferConfig {
+        encryption: Encryption::Off,
+        job: "j@1".into(),
+        payload_stall,
+        ..TransferConfig::default()
+    };
+    TransferEndpoint::bind("127.0.0.1:0".parse().unwrap(), 1, None, cfg).unwrap()
+}
+
+/// A data channel's token for rank 0 of `b`'s job.
+fn grant(b: &TransferEndpoint) -> [u8; 32] {
+    use crate::channel::{ChannelAnswer, ChannelRequest};
+    let request = ChannelRequest {
+        from: 0,
+        job: "j@1".into(),
+    };
+    let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    match b.plain.as_ref().unwrap().answer(&request, from) {
+        ChannelAnswer::Grant { token, .. } => token,
+        ChannelAnswer::Refused(why) => panic!("a request of this job is granted: {why}"),
+    }
+}
+
+/// A connection to `b`'s data port that presented `token` and was
+/// accepted.
+async fn present(b: &TransferEndpoint, token: &[u8; 32]) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
+        .await
+        .unwrap();
+    s.write_all(token).await.unwrap();
+    let mut ok = [9u8; 1];
+    s.read_exact(&mut ok).await.unwrap();
+    assert_eq!(ok, [0], "the token opens the channel");
+    s
+}
+
+/// A data channel to `b` granted to rank 0.
+async fn granted_channel(b: &TransferEndpoint) -> tokio::net::TcpStream {
+    present(b, &grant(b)).await
 }
