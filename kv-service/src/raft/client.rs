@@ -258,14 +258,20 @@ impl Quic {
         }
     }
 
+    /// [`Self::seek_leader`] unless `next` was pointed at the leader since
+    /// the last retry (invariant 4).
+    async fn seek_leader_once(&self) {
+        if self.replicas.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
+            self.seek_leader().await;
+        }
+    }
+
     /// Sends `req`, trying replicas in turn (invariant 1).
     async fn call(&self, req: ClientRequest, wait: Duration) -> Result<WireResponse> {
         let deadline = Instant::now() + wait + RETRY_BUDGET;
         let mut last_error = KvError::Unavailable("no replica answered".into());
         let mut backoff = Duration::from_millis(20);
-        if self.replicas.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
-            self.seek_leader().await;
-        }
+        self.seek_leader_once().await;
         while Instant::now() < deadline {
             for _ in 0..self.replicas.len() {
                 let at = self.next.load(Ordering::Relaxed);
@@ -338,9 +344,7 @@ impl Transport for Quic {
 
     async fn keep_alive(&self, lease: u64) -> Option<Result<Output>> {
         let keep_alives = self.keep_alives.as_ref()?;
-        if self.replicas.len() > 1 && !self.leader_sought.swap(true, Ordering::Relaxed) {
-            self.seek_leader().await;
-        }
+        self.seek_leader_once().await;
         let at = self.next.load(Ordering::Relaxed);
         let replica = at % self.replicas.len();
         match keep_alives

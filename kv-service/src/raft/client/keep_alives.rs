@@ -61,7 +61,7 @@ impl KeepAlives {
     pub(super) async fn renew(
         &self,
         client: &PeerClient,
-        replicas: &[NamedPeer],
+        replicas: &Arc<[NamedPeer]>,
         at: usize,
         lease: u64,
     ) -> Renewal {
@@ -76,9 +76,9 @@ impl KeepAlives {
                 .is_some_and(|l| l.at == at && !l.asks.is_closed());
             if !usable {
                 let (asks, queued) = mpsc::unbounded_channel();
-                let (client, replica) = (client.clone(), replicas[at].name().to_owned());
+                let (client, replicas) = (client.clone(), replicas.clone());
                 let unknown = self.unknown.clone();
-                tokio::spawn(drive(client, NamedPeer::new(replica), queued, unknown));
+                tokio::spawn(drive(client, replicas, at, queued, unknown));
                 *lane = Some(Lane { at, asks });
             }
             let sent = lane.as_ref().map(|l| l.asks.send((lease, tx)));
@@ -118,17 +118,19 @@ pub(super) enum Renewal {
     Unknown,
 }
 
-/// Opens the stream to `replica` and carries `asks` on it until every
-/// sender is gone or the stream fails; dropping a waiting ask's sender
-/// tells its caller to send a request instead (invariant 3).
+/// Opens the stream to replica `at` (its address as the client's requests
+/// resolve it) and carries `asks` on it until every sender is gone or the
+/// stream fails; dropping a waiting ask's sender tells its caller to send a
+/// request instead (invariant 3).
 async fn drive(
     client: PeerClient,
-    replica: NamedPeer,
+    replicas: Arc<[NamedPeer]>,
+    at: usize,
     mut asks: mpsc::UnboundedReceiver<Ask>,
     unknown: Arc<AtomicBool>,
 ) {
     let open = WireRequest::Client(ClientRequest::KeepAliveStream);
-    let opened = match replica.addr(&client).await {
+    let opened = match replicas[at].addr(&client).await {
         Ok(addr) => client.open(addr, &open).await,
         Err(e) => Err(e),
     };
@@ -226,8 +228,9 @@ mod tests {
     use tessel_kv::state::{Op, Output};
 
     /// A replica of a build before the stream: it cannot decode the
-    /// request, so it resets the stream as malformed; it answers a
-    /// keep-alive sent as a request.
+    /// request, so it does what `rpc::serve_stream` does with an
+    /// undecodable one (resets its answer as malformed, drops the rest);
+    /// it answers a keep-alive sent as a request.
     #[derive(Default)]
     struct Older {
         streams: AtomicU64,
@@ -238,15 +241,15 @@ mod tests {
             self: Arc<Self>,
             req: WireRequest,
             mut send: SendStream,
-            mut recv: RecvStream,
+            recv: RecvStream,
             _peer: PeerInfo,
         ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
             Box::pin(async move {
                 let answer = match req {
                     WireRequest::Client(ClientRequest::KeepAliveStream) => {
                         self.streams.fetch_add(1, Ordering::Relaxed);
-                        let _ = recv.stop(VarInt::from_u32(RESET_MALFORMED));
                         let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
+                        drop(recv);
                         return;
                     }
                     WireRequest::Client(ClientRequest::Write(Op::LeaseKeepAlive { id })) => {

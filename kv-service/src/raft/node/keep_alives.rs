@@ -63,8 +63,14 @@ impl ReplicaHandler {
                 "this replica does not renew leases from memory now: send the keep-alive as a request",
             ));
         }
+        self.renew_from_memory(lease)
+    }
+
+    /// Renews lease `id` now, in memory (where `may_renew_from_memory`
+    /// says so): for a keep-alive on a stream and one sent as a request.
+    pub(super) fn renew_from_memory(&self, id: u64) -> Result<Output, KvError> {
         let now = self.clock.now_ms();
         self.applied
-            .read(|s, _| self.renewals.keep_alive(s, lease, now))
+            .read(|s, _| self.renewals.keep_alive(s, id, now))
     }
 }

@@ -672,11 +672,7 @@ impl ReplicaHandler {
         let response = match req {
             // `renewals` invariant 1: from memory where it may.
             ClientRequest::Write(Op::LeaseKeepAlive { id }) if self.may_renew_from_memory() => {
-                let now = self.clock.now_ms();
-                WireResponse::Output(
-                    self.applied
-                        .read(|s, _| self.renewals.keep_alive(s, id, now)),
-                )
+                WireResponse::Output(self.renew_from_memory(id))
             }
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
