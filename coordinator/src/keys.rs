@@ -53,11 +53,6 @@ pub fn alive(worker: &str) -> String {
     format!("workers/{worker}/alive")
 }
 
-/// The jobs a worker joined.
-pub(crate) fn worker_jobs(worker: &str) -> String {
-    format!("workers/{worker}/jobs/")
-}
-
 /// Worker `worker` joined `job`.
 pub(crate) fn worker_job(worker: &str, job: &str) -> String {
     format!("workers/{worker}/jobs/{job}")
@@ -196,6 +191,13 @@ pub(crate) fn sched_event(job: &str, seq: u64) -> String {
 pub fn parse_alive(key: &[u8]) -> Option<&str> {
     let s = std::str::from_utf8(key).ok()?;
     s.strip_prefix(WORKERS)?.strip_suffix("/alive")
+}
+
+/// `workers/{worker}/jobs/{job}` → `(worker, job)`.
+pub fn parse_worker_job(key: &[u8]) -> Option<(&str, &str)> {
+    let s = std::str::from_utf8(key).ok()?;
+    let (worker, job) = s.strip_prefix(WORKERS)?.split_once("/jobs/")?;
+    (!worker.contains('/') && !job.is_empty() && !job.contains('/')).then_some((worker, job))
 }
 
 /// `"{incarnation} {unix_ms}"`.

@@ -7,12 +7,13 @@
 //! Invariants:
 //! 1. A replica starts only under a coordinator certificate (or the
 //!    cluster-wide one, with a warning, or `--insecure`).
-//! 2. Every replica runs a monitor; the scheduler's passes run where the
-//!    replica leads (every coordinator's, attached to etcd). Their writes
-//!    are idempotent inserts and compare-and-swaps, so two passes (a
-//!    leadership moving mid-pass) never interleave; a follower's pass
-//!    would only read the whole registry through the leader again (at
-//!    16,384 workers, a third of the leader's CPU with two followers).
+//! 2. The monitor and the scheduler's passes run where the replica leads
+//!    (every coordinator's, attached to etcd). Their writes are idempotent
+//!    inserts and compare-and-swaps, so two of them (a leadership moving
+//!    mid-pass) never interleave; a follower's would only read the whole
+//!    registry through the leader again (at 16,384 workers, the passes
+//!    were a third of the leader's CPU with two followers; each follower's
+//!    monitor watch relayed every registry event).
 //! 3. The monitor and the scheduler reach this replica in-process
 //!    ([`Replica::local_client`]): never over the network, so no
 //!    certificate has to name an address for them.
@@ -105,13 +106,11 @@ pub async fn serve(
         }));
     }
     // Invariant 2.
-    let monitor_kv = kv.clone();
-    tasks.push(tokio::spawn(async move {
-        if let Err(e) = crate::monitor::run(monitor_kv).await {
-            tracing::error!(error = %e, "the failure monitor stopped");
-        }
-    }));
-    let leads = replica.as_ref().map(Replica::leads_probe);
+    let leads = replica.as_ref().map(|r| Arc::new(r.leads_probe()));
+    let monitor_leads = leads.clone();
+    tasks.push(tokio::spawn(crate::monitor::run(kv.clone(), move || {
+        monitor_leads.as_ref().is_none_or(|leads| leads())
+    })));
     tasks.push(tokio::spawn(crate::scheduler::run(
         kv,
         SCHEDULER_PASS,
