@@ -185,7 +185,7 @@ async fn lost_worker_scenario(fault: Fault, storage: Storage) {
     let newest = CheckpointRecord::decode(&records.last().unwrap().1).unwrap();
     assert_eq!(newest.shared, storage == Storage::Shared, "{newest:?}");
     if storage == Storage::PerHost {
-        assert_eq!(newest.blocks[0].holders.len(), 2, "own and the successor's");
+        assert_eq!(newest.holders(0).len(), 2, "own and the successor's");
     }
     // Retention holds on every host (the lost one kept what it had).
     for dir in &ckpt_dirs {

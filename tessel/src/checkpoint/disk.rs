@@ -92,23 +92,27 @@ impl CheckpointDir {
     }
 
     /// Process `process`'s blocks of `step` for `names`, if this host holds
-    /// every one of them with the recorded digest.
+    /// every one of them and `recorded` accepts their digests (in `names`'
+    /// order): the record's check (`CheckpointRecord::matches`).
     pub fn read_blocks(
         &self,
         step: u64,
         process: usize,
-        names_and_digests: &[(String, String)],
+        names: &[String],
+        recorded: impl Fn(&[String]) -> bool,
     ) -> Option<Vec<(String, Vec<u8>)>> {
         let dir = self.process_dir(step, process);
-        let mut out = Vec::with_capacity(names_and_digests.len());
-        for (name, want) in names_and_digests {
+        let mut out = Vec::with_capacity(names.len());
+        let mut digests = Vec::with_capacity(names.len());
+        for name in names {
             let path = block_path(&dir, name).ok()?;
             let bytes = std::fs::read(&path).ok()?;
-            if &digest(&bytes) != want {
-                tracing::warn!(path = %path.display(), "checkpoint block differs from its record");
-                return None;
-            }
+            digests.push(digest(&bytes));
             out.push((name.clone(), bytes));
+        }
+        if !recorded(&digests) {
+            tracing::warn!(dir = %dir.display(), "checkpoint blocks differ from their record");
+            return None;
         }
         Some(out)
     }
@@ -190,11 +194,23 @@ mod tests {
         let blocks = vec![("w".to_string(), b"npy bytes".to_vec())];
         let d = dir.write_blocks(9, 1, &blocks).unwrap();
         assert_eq!(d, vec![digest(b"npy bytes")]);
-        let want = vec![("w".to_string(), d[0].clone())];
-        assert_eq!(dir.read_blocks(9, 1, &want), Some(blocks.clone()));
-        assert_eq!(dir.read_blocks(9, 0, &want), None, "another process's");
-        let wrong = vec![("w".to_string(), digest(b"other"))];
-        assert_eq!(dir.read_blocks(9, 1, &wrong), None, "a stale file");
+        let names = vec!["w".to_string()];
+        let recorded = |want: Vec<String>| move |got: &[String]| got == want;
+        assert_eq!(
+            dir.read_blocks(9, 1, &names, recorded(d.clone())),
+            Some(blocks.clone())
+        );
+        assert_eq!(
+            dir.read_blocks(9, 0, &names, recorded(d.clone())),
+            None,
+            "another process's"
+        );
+        let wrong = vec![digest(b"other")];
+        assert_eq!(
+            dir.read_blocks(9, 1, &names, recorded(wrong)),
+            None,
+            "a stale file"
+        );
         // Names are confined (invariant 1).
         let evil = vec![("../../PWNED".to_string(), b"x".to_vec())];
         assert!(dir.write_blocks(9, 1, &evil).is_err());

@@ -54,4 +54,7 @@ mod record;
 
 pub use disk::{digest, CheckpointDir};
 pub use protocol::{decode_blocks, encode_blocks, Checkpoints};
-pub use record::{retained, sources, Blocks, CheckpointRecord, Holder, KEEP, MAX_RECORD};
+pub use record::{
+    blocks_digest, retained, sources, Blocks, CheckpointRecord, Holder, ProcessBlocks, KEEP,
+    MAX_RECORD,
+};

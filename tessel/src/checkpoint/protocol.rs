@@ -11,11 +11,12 @@ use tessel_topology::GlobalTopology;
 use tessel_transfer::Communicator;
 
 use super::disk::CheckpointDir;
-use super::record::{retained, sources, Blocks, CheckpointRecord, Holder, KEEP};
+use super::record::{blocks_digest, retained, sources, CheckpointRecord, Holder, KEEP};
 use crate::job::CheckpointSpec;
 use crate::plan::{PlanError, ProcessBlock};
 
-/// Bytes of a digest as it travels in the all-gather (hex text).
+/// Bytes of a process's blocks digest as it travels in the all-gather
+/// (hex text).
 const DIGEST_LEN: usize = 64;
 
 /// One process's view of its job's checkpoints.
@@ -158,17 +159,11 @@ impl Checkpoints {
                 record.step
             )));
         }
-        let wanted = |p: usize| -> Vec<(String, String)> {
-            written
-                .iter()
-                .cloned()
-                .zip(record.blocks[p].digests.iter().cloned())
-                .collect()
-        };
+        let names: Vec<String> = written.to_vec();
         let step = record.step;
-        let mine = self
-            .dir
-            .read_blocks(step, self.process, &wanted(self.process));
+        let mine = self.dir.read_blocks(step, self.process, &names, |d| {
+            record.matches(self.process, d)
+        });
         let blocks = match (mine, self.n) {
             (Some(b), 1) => b,
             (None, 1) => return Err(self.missing(&record, &[0])),
@@ -183,7 +178,11 @@ impl Checkpoints {
                 } else {
                     let mut holds = vec![0u8; n];
                     for p in (0..n).filter(|&p| own[p] == 0) {
-                        let have = blocking(|| Ok(self.dir.read_blocks(step, p, &wanted(p))))?;
+                        let have = blocking(|| {
+                            Ok(self
+                                .dir
+                                .read_blocks(step, p, &names, |d| record.matches(p, d)))
+                        })?;
                         holds[p] = u8::from(have.is_some());
                     }
                     holds[self.process] = u8::from(mine.is_some());
@@ -197,7 +196,7 @@ impl Checkpoints {
                         .collect();
                     let from =
                         sources(&matrix).map_err(|missing| self.missing(&record, &missing))?;
-                    self.fetch(comm, &record, &from, mine, wanted).await?
+                    self.fetch(comm, &record, &from, mine, &names).await?
                 }
             }
         };
@@ -228,7 +227,7 @@ impl Checkpoints {
         record: &CheckpointRecord,
         from: &[usize],
         mine: Option<Vec<(String, Vec<u8>)>>,
-        wanted: impl Fn(usize) -> Vec<(String, String)>,
+        names: &[String],
     ) -> Result<Vec<(String, Vec<u8>)>, PlanError> {
         let step = record.step;
         let mut sends = Vec::new();
@@ -236,7 +235,7 @@ impl Checkpoints {
             if q == self.process && p != self.process {
                 let blocks = blocking(|| {
                     self.dir
-                        .read_blocks(step, p, &wanted(p))
+                        .read_blocks(step, p, names, |d| record.matches(p, d))
                         .ok_or_else(|| format!("the blocks of process {p} vanished"))
                 })?;
                 sends.push((p, encode_blocks(&blocks)));
@@ -256,11 +255,10 @@ impl Checkpoints {
             (Some(b), _) => Ok(b),
             (None, Some(bytes)) => {
                 let blocks = decode_blocks(&bytes).map_err(PlanError::Checkpoint)?;
-                let digests: Vec<(String, String)> = blocks
-                    .iter()
-                    .map(|(n, b)| (n.clone(), super::disk::digest(b)))
-                    .collect();
-                if digests != wanted(self.process) {
+                let digests: Vec<String> =
+                    blocks.iter().map(|(_, b)| super::disk::digest(b)).collect();
+                let same_names = blocks.iter().map(|(n, _)| n).eq(names.iter());
+                if !same_names || !record.matches(self.process, &digests) {
                     return Err(PlanError::Checkpoint(format!(
                         "the copy of process {}'s blocks of step {step} that process {source} sent differs from the record",
                         self.process
@@ -305,7 +303,7 @@ impl Checkpoints {
                     None
                 }
             })
-            .filter(|r| r.spec_sha256 == self.spec_sha256 && r.blocks.len() == self.n)
+            .filter(|r| r.spec_sha256 == self.spec_sha256 && r.num_processes() == self.n)
             .max_by_key(|r| r.step))
     }
 
@@ -371,8 +369,9 @@ impl Checkpoints {
             None
         };
         drop(blocks);
-        // Every process's blocks are durable once this returns.
-        let mine: Vec<u8> = digests.iter().flat_map(|d| d.bytes()).collect();
+        // Every process's blocks are durable once this returns. One digest
+        // a process travels ([`blocks_digest`]), whatever its arrays.
+        let mine = blocks_digest(&digests).into_bytes();
         let all = if n == 1 {
             mine
         } else {
@@ -380,15 +379,11 @@ impl Checkpoints {
                 .await
                 .map_err(collective("checkpoint digests"))?
         };
-        let per_process = arrays.len() * DIGEST_LEN;
-        let digests_of = |p: usize| -> Vec<String> {
-            all[p * per_process..(p + 1) * per_process]
-                .chunks(DIGEST_LEN)
-                .map(|c| String::from_utf8_lossy(c).into_owned())
-                .collect()
+        let digest_of = |p: usize| {
+            String::from_utf8_lossy(&all[p * DIGEST_LEN..(p + 1) * DIGEST_LEN]).into_owned()
         };
         if let Some(copy) = copy {
-            if copy != digests_of(prev) {
+            if blocks_digest(&copy) != digest_of(prev) {
                 return Err(PlanError::Checkpoint(format!(
                     "the copy of process {prev}'s blocks of step {step} differs from what it wrote"
                 )));
@@ -396,26 +391,26 @@ impl Checkpoints {
         }
         let mut keep = [u64::MAX; KEEP];
         if self.process == 0 {
-            let record = CheckpointRecord {
+            let record = CheckpointRecord::new(
                 step,
-                spec_sha256: self.spec_sha256.clone(),
-                attempt: self.attempt.clone(),
-                shared: self.shared,
-                arrays: arrays
+                self.spec_sha256.clone(),
+                self.attempt.clone(),
+                self.shared,
+                arrays
                     .iter()
                     .map(|(name, _, sharding)| (name.to_string(), (*sharding).clone()))
                     .collect(),
-                blocks: (0..n)
-                    .map(|p| Blocks {
-                        digests: digests_of(p),
-                        holders: if replicate {
+                (0..n)
+                    .map(|p| {
+                        let holders = if replicate {
                             vec![self.holders[p].clone(), self.holders[(p + 1) % n].clone()]
                         } else {
                             vec![self.holders[p].clone()]
-                        },
+                        };
+                        (digest_of(p), holders)
                     })
                     .collect(),
-            };
+            );
             // A put, not an insert: these blocks are the ones on disk now,
             // whatever an earlier attempt recorded for this step.
             let records = Records::new(kv, &self.job);
