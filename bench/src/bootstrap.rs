@@ -55,6 +55,12 @@ pub struct BenchBootstrapArgs {
     /// keep-alive stream, or as a request each (as before it).
     #[arg(long, value_enum, default_value_t)]
     pub keep_alives: KeepAlives,
+    /// Instead of a bootstrap that completes, lose one simulated host
+    /// after it joined and before it published its topology: measures how
+    /// long the job's failure takes to be recorded and to stop every other
+    /// host (`bench/src/bootstrap_loss.rs`).
+    #[arg(long)]
+    pub lose_one: bool,
 }
 
 /// One JAX process (bench/jax/bootstrap.py, embedded).
@@ -102,14 +108,18 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
         let used = (n as usize)
             .div_ceil(HOSTS_PER_CONNECTION)
             .max(MIN_CONNECTIONS);
-        simulated(&clients[..used], n, run, &cluster.coordinator_pids()).await?;
+        if args.lose_one {
+            crate::bootstrap_loss::run(&clients[..used], n, run).await?;
+        } else {
+            simulated(&clients[..used], n, run, &cluster.coordinator_pids()).await?;
+        }
     }
     Ok(())
 }
 
 /// Process `i` of `n` of `job`, with a topology wait long enough for any
 /// count measured.
-fn assignment(job: &str, i: u32, n: u32) -> JobAssignment {
+pub(crate) fn assignment(job: &str, i: u32, n: u32) -> JobAssignment {
     JobAssignment {
         attempt: job.to_owned(),
         process_index: i,
@@ -247,7 +257,10 @@ async fn simulated(
         .collect();
     let mut hosts = Vec::with_capacity(n as usize);
     for t in tasks {
-        hosts.push(t.await??);
+        match t.await?? {
+            sim_host::Outcome::Known(h) => hosts.push(h),
+            sim_host::Outcome::Failed(_, f) => anyhow::bail!("the job failed: {f}"),
+        }
     }
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let ops = total_ops(clients) - before;
@@ -287,7 +300,7 @@ async fn simulated(
 }
 
 /// Counts every operation it passes on.
-struct CountingKv {
+pub(crate) struct CountingKv {
     inner: Arc<dyn KvStore>,
     ops: AtomicU64,
 }

@@ -1,8 +1,9 @@
-//! tessel's benchmarks, run by `tessel-bench kv|bootstrap|transfer|job|launch`,
+//! tessel's benchmarks, run by `tessel-bench kv|bootstrap|heartbeat|steady|transfer|job|launch`,
 //! each side by side with its peer in one run (etcd, JAX over gloo, plain
 //! TCP), printing JSON lines; and their helpers.
 //!
-//! * [`kv`], [`bootstrap`], [`transfer`], [`job`], [`launch`]: the benchmarks.
+//! * [`kv`], [`bootstrap`], [`heartbeat`], [`steady`], [`transfer`], [`job`],
+//!   [`launch`]: the benchmarks.
 //! * [`rank_group`] and [`transfer_rank`]: processes of the hidden
 //!   `tessel-bench transfer-rank` command driven over stdin/stdout (also
 //!   used by the process-level collective tests).
@@ -39,6 +40,7 @@ pub fn tessel_bin() -> anyhow::Result<std::path::PathBuf> {
 }
 
 pub mod bootstrap;
+mod bootstrap_loss;
 pub mod heartbeat;
 pub mod jax;
 pub mod job;
@@ -47,6 +49,7 @@ pub mod launch;
 pub mod rank_group;
 mod sim_host;
 mod simulated;
+pub mod steady;
 pub mod tcp_ring;
 pub mod transfer;
 pub mod transfer_rank;

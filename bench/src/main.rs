@@ -32,6 +32,9 @@ enum Command {
     /// Simulated workers heartbeating: the leader's load, a put's latency
     /// meanwhile, and how soon a silent one is seen lost.
     Heartbeat(tessel_bench::heartbeat::BenchHeartbeatArgs),
+    /// A large job's steady state: the leader's load and apply rate while
+    /// process 0 reports and checkpoints and every host beats.
+    Steady(tessel_bench::steady::BenchSteadyArgs),
     /// Point-to-point throughput between two processes: QUIC against TCP.
     Transfer(tessel_bench::transfer::BenchTransferArgs),
     /// A job's step time on a local cluster (default: the MLP demo), and
@@ -83,6 +86,7 @@ fn run(cli: Cli) -> Result<()> {
         }),
         Command::Bootstrap(args) => runtime.block_on(tessel_bench::bootstrap::run(args)),
         Command::Heartbeat(args) => runtime.block_on(tessel_bench::heartbeat::run(args)),
+        Command::Steady(args) => runtime.block_on(tessel_bench::steady::run(args)),
         Command::Transfer(args) => runtime.block_on(tessel_bench::transfer::run(args)),
         Command::Job(args) => runtime.block_on(tessel_bench::job::run(args)),
         Command::Launch(args) => runtime.block_on(tessel_bench::launch::run(args)),

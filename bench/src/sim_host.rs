@@ -23,12 +23,12 @@
 //! own streams, so the leader's per-stream work is the same.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use futures::StreamExt;
 use tessel_coordinator::attempt::{self, Record};
-use tessel_coordinator::jobs::{self, JobAssignment};
+use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
 use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration};
 use tessel_coordinator::{keys, Item, Records};
 use tessel_kv::KvStore;
@@ -42,6 +42,15 @@ use crate::simulated::worker_info;
 /// and a connection takes `tessel_tls` MAX_STREAMS (1,024) at once.
 pub(crate) const HOSTS_PER_CONNECTION: usize = 128;
 
+/// How a host's bootstrap ended.
+pub(crate) enum Outcome {
+    /// It knows the topology and published its digest.
+    Known(RunningHost),
+    /// The job failed before its topology was complete: the failure, as
+    /// the host's job process stops on it.
+    Failed(RunningHost, JobFailure),
+}
+
 /// A host that has its topology, still beating and waiting as a worker
 /// does until [`RunningHost::stop`].
 pub(crate) struct RunningHost {
@@ -52,6 +61,11 @@ pub(crate) struct RunningHost {
 }
 
 impl RunningHost {
+    /// Whether the coordinators declared it lost although it beat.
+    pub(crate) fn lost_now(&self) -> bool {
+        self.heartbeat.lost_now().is_some()
+    }
+
     /// Stops as a worker does at shutdown: heartbeat off, lease revoked.
     pub(crate) async fn stop(self) {
         self.heartbeat.stop();
@@ -70,24 +84,35 @@ pub(crate) fn host_id(n: u32, i: u32) -> String {
     format!("sim{n}-{i}")
 }
 
-/// Host `i` of `n`, started now, assigned process `i` of `job` (the
-/// assignment is written before): returns once it published its digest.
-pub(crate) async fn run(
-    kv: Arc<dyn KvStore>,
+/// Host `i` of `n` claims its id, registers and starts beating.
+async fn start(
+    kv: &Arc<dyn KvStore>,
     n: u32,
     i: u32,
-    job: &str,
-    cache: &TopologyCache,
-) -> Result<RunningHost> {
+) -> Result<(String, HostFacts, Registration, Heartbeat)> {
     let id = host_id(n, i);
     let facts = HostFacts {
         hostname: format!("sim-host-{i}"),
         boot_id: format!("sim-boot-{i}"),
     };
     let liveness = LivenessConfig::default();
-    tessel_worker::claim::claim(&*kv, &id, &facts).await?;
-    let reg = registry::register(&*kv, worker_info(&id, i, liveness), liveness).await?;
+    tessel_worker::claim::claim(&**kv, &id, &facts).await?;
+    let reg = registry::register(&**kv, worker_info(&id, i, liveness), liveness).await?;
     let heartbeat = Heartbeat::start(kv.clone(), reg.clone(), liveness);
+    Ok((id, facts, reg, heartbeat))
+}
+
+/// Host `i` of `n`, started now, assigned process `i` of `job` (the
+/// assignment is written before): returns once it published its digest,
+/// or once the job failed before its topology was complete.
+pub(crate) async fn run(
+    kv: Arc<dyn KvStore>,
+    n: u32,
+    i: u32,
+    job: &str,
+    cache: &TopologyCache,
+) -> Result<Outcome> {
+    let (id, facts, reg, heartbeat) = start(&kv, n, i).await?;
     let drain = keys::drain(&id);
     let k = kv.clone();
     let mut waits = vec![tokio::spawn(async move {
@@ -133,7 +158,16 @@ pub(crate) async fn run(
         transfer_encrypted: true,
     };
     let timeout = Duration::from_millis(a.topology_timeout_ms);
-    let t = exchange_shared(&*kv, job, &local, timeout, cache).await?;
+    // Unless the job fails first, as a worker's job process waits
+    // (`process` invariant 8): a peer lost before it published would keep
+    // every other host waiting for the topology's timeout.
+    let t = tokio::select! {
+        t = exchange_shared(&*kv, job, &local, timeout, cache) => t?,
+        f = job_failed(&*kv, job) => {
+            let running = RunningHost { kv: kv.clone(), reg, heartbeat, waits };
+            return Ok(Outcome::Failed(running, f?));
+        }
+    };
     if t.topology().num_devices() != n {
         bail!(
             "host {id} saw {} devices, not {n}",
@@ -151,10 +185,32 @@ pub(crate) async fn run(
     waits.push(tokio::spawn(async move {
         let _ = Records::new(&*k, &j).wait(Item::Done, HELD).await;
     }));
-    Ok(RunningHost {
+    Ok(Outcome::Known(RunningHost {
         kv,
         reg,
         heartbeat,
         waits,
-    })
+    }))
+}
+
+/// The job's failure event, once there is one (`Worker::job_failed`).
+async fn job_failed(kv: &dyn KvStore, job: &str) -> Result<JobFailure> {
+    loop {
+        if let Some(f) = jobs::wait_for_failure(kv, job, HELD).await? {
+            return Ok(f);
+        }
+    }
+}
+
+/// Host `i` of `n` as a worker that dies during its job's bootstrap: it
+/// registers, heartbeats, joins the job and reads its spec, then stops as
+/// a killed process does (no more keep-alives, nothing revoked, no local
+/// topology) before the topology completes. Returns when it stopped
+/// beating; its lease expires a TTL after its last renewal.
+pub(crate) async fn run_lost(kv: Arc<dyn KvStore>, n: u32, i: u32, job: &str) -> Result<Instant> {
+    let (_, _, reg, heartbeat) = start(&kv, n, i).await?;
+    jobs::join_job(&*kv, job, &reg).await?;
+    Records::new(&*kv, job).get(Item::Spec).await?;
+    heartbeat.stop();
+    Ok(Instant::now())
 }
