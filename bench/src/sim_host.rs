@@ -8,10 +8,11 @@
 //!    a keep-alive a second, a timestamp write a TTL);
 //! 2. wait on the drain key (a blocking get held for the run) and follow
 //!    the assignments (revision, watch held for the run, list);
-//! 3. for the assignment: join the job (a read, one write), read its spec,
-//!    exchange the topology (an insert, a blocking get), publish the digest
-//!    and the transfer-ready record (two writes), then wait for the job's
-//!    end and failure (two blocking gets held for the run).
+//! 3. for the assignment: hold the job's failure and end (two blocking
+//!    gets for the run, `process` invariant 10), join the job (a read, one
+//!    write), read its spec, exchange the topology (an insert, a blocking
+//!    get) unless the job fails first, and publish the digest and the
+//!    transfer-ready record (two writes).
 //!
 //! Left out, and why: PJRT (no plugin is loaded: the client's creation and
 //! device probe are the plugin's cost, measured by `--processes`); the
@@ -134,6 +135,19 @@ pub(crate) async fn run(
     else {
         bail!("host {id} found no assignment to {job}");
     };
+    // The job's failure and end, one held get each for the process's life,
+    // as a worker's job process holds them (`process` invariant 10).
+    let (failed_tx, mut failed) = tokio::sync::watch::channel(None);
+    let (k, j) = (kv.clone(), job.to_owned());
+    waits.push(tokio::spawn(async move {
+        if let Ok(f) = job_failed(&*k, &j).await {
+            let _ = failed_tx.send(Some(f));
+        }
+    }));
+    let (k, j) = (kv.clone(), job.to_owned());
+    waits.push(tokio::spawn(async move {
+        let _ = Records::new(&*k, &j).wait(Item::Done, HELD).await;
+    }));
     jobs::join_job(&*kv, job, &reg).await?;
     Records::new(&*kv, job).get(Item::Spec).await?;
     let local = LocalTopology {
@@ -163,9 +177,10 @@ pub(crate) async fn run(
     // every other host waiting for the topology's timeout.
     let t = tokio::select! {
         t = exchange_shared(&*kv, job, &local, timeout, cache) => t?,
-        f = job_failed(&*kv, job) => {
+        f = failed.wait_for(Option::is_some) => {
+            let f = f?.clone().expect("waited for a failure");
             let running = RunningHost { kv: kv.clone(), reg, heartbeat, waits };
-            return Ok(Outcome::Failed(running, f?));
+            return Ok(Outcome::Failed(running, f));
         }
     };
     if t.topology().num_devices() != n {
@@ -176,15 +191,6 @@ pub(crate) async fn run(
     }
     attempt::publish(&*kv, job, i, Record::Topology, t.digest().as_bytes()).await?;
     attempt::publish(&*kv, job, i, Record::TransferReady, b"0.0").await?;
-    // The job's end and its failure, as `wait_for_end` waits for them.
-    let (k, j) = (kv.clone(), job.to_owned());
-    waits.push(tokio::spawn(async move {
-        let _ = jobs::wait_for_failure(&*k, &j, HELD).await;
-    }));
-    let (k, j) = (kv.clone(), job.to_owned());
-    waits.push(tokio::spawn(async move {
-        let _ = Records::new(&*k, &j).wait(Item::Done, HELD).await;
-    }));
     Ok(Outcome::Known(RunningHost {
         kv,
         reg,

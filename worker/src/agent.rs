@@ -112,6 +112,9 @@ pub struct Worker {
     /// Per command job: held while this worker runs its processes of any
     /// attempt, so a new attempt starts only once the last one's stopped.
     pub(crate) gangs: crate::command::GangLocks,
+    /// Each attempt's failure and end, one wait each while a process of
+    /// it runs here (`process` invariant 10).
+    pub(crate) ends: crate::job_end::JobEnds,
 }
 
 pub(crate) fn client_options(
@@ -242,6 +245,7 @@ impl Worker {
             registration: watch::Sender::new(Some(reg)),
             runner,
             gangs: Default::default(),
+            ends: Default::default(),
         })
     }
 

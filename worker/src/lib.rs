@@ -44,6 +44,7 @@ pub mod claim;
 pub mod command;
 mod error;
 pub mod host;
+mod job_end;
 pub mod job_kv;
 pub mod preempt;
 mod process;

@@ -21,6 +21,9 @@
 //! 9. A process's transfers are encrypted unless its worker allows them off
 //!    (`--transfer-encryption off`) and the job does not ask for them on; a
 //!    job that asks for them off on a worker that keeps them on fails.
+//! 10. The job's failure and its end are each one blocking get, held while
+//!     this worker runs a process of the attempt and shared by every phase
+//!     that stops on them (`job_end`), not a get of their own each.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +32,6 @@ use std::time::Duration;
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
 use tessel_coordinator::{Item, Records, Registration};
-use tessel_kv::KvError;
 use tessel_pjrt::{Client, ClientOptions};
 use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
 use tessel_trace::TARGET;
@@ -111,6 +113,8 @@ impl Worker {
         if self.attempt_ended(a, reg).await? {
             return Ok(());
         }
+        // Invariant 10: the waits every phase shares, for the process's life.
+        let _ends = self.ends.of(&self.kv, &a.attempt);
         let mut client = None;
         let mut comm = None;
         let running = metrics::gauge!("tessel_worker_job_processes_running");
@@ -450,27 +454,14 @@ impl Worker {
         }
     }
 
-    /// Returns the job's failure event once there is one.
+    /// Returns the job's failure event once there is one (invariant 10).
     pub(crate) async fn job_failed(&self, job: &str) -> Result<JobFailure> {
-        loop {
-            if let Some(f) =
-                jobs::wait_for_failure(&*self.kv, job, Duration::from_secs(3600)).await?
-            {
-                return Ok(f);
-            }
-        }
+        self.ends.of(&self.kv, job).failed().await
     }
 
-    /// Returns once the job's `done` key exists.
+    /// Returns once the job's `done` key exists (invariant 10).
     pub(crate) async fn job_done(&self, job: &str) -> Result<()> {
-        let records = Records::new(&*self.kv, job);
-        loop {
-            match records.wait(Item::Done, Duration::from_secs(3600)).await {
-                Ok(_) => return Ok(()),
-                Err(KvError::DeadlineExceeded { .. }) => continue,
-                Err(e) => return Err(kv_err("waiting for the job's end")(e)),
-            }
-        }
+        self.ends.of(&self.kv, job).done().await
     }
 
     /// Waits for `done`, or for a failure event, which it records.
