@@ -117,6 +117,22 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
     Ok(())
 }
 
+/// Every simulated host of `n` assigned its process of `job`, over the
+/// hosts' connections (not timed).
+pub(crate) async fn assign_all(clients: &[Arc<dyn KvStore>], job: &str, n: u32) -> Result<()> {
+    let assign: Vec<_> = (0..n)
+        .map(|i| {
+            let kv = clients[i as usize % clients.len()].clone();
+            let a = assignment(job, i, n);
+            tokio::spawn(async move { jobs::assign(&*kv, &sim_host::host_id(n, i), &a).await })
+        })
+        .collect();
+    for a in assign {
+        a.await??;
+    }
+    Ok(())
+}
+
 /// Process `i` of `n` of `job`, with a topology wait long enough for any
 /// count measured.
 pub(crate) fn assignment(job: &str, i: u32, n: u32) -> JobAssignment {
@@ -232,16 +248,7 @@ async fn simulated(
 ) -> Result<()> {
     let job = format!("bench-simulated-{n}-{run}");
     // Assignments first (not timed), as `--processes` writes them.
-    let assign: Vec<_> = (0..n)
-        .map(|i| {
-            let kv = clients[i as usize % clients.len()].clone();
-            let a = assignment(&job, i, n);
-            tokio::spawn(async move { jobs::assign(&*kv, &sim_host::host_id(n, i), &a).await })
-        })
-        .collect();
-    for a in assign {
-        a.await??;
-    }
+    assign_all(&dyn_clients(clients), &job, n).await?;
     let cpu_before: Vec<u64> = coordinators.iter().map(|p| usage(*p).cpu_ns).collect();
     let own_before = usage(std::process::id());
     let before = total_ops(clients);
@@ -297,6 +304,14 @@ async fn simulated(
     jobs::finish_job(&*clients[0], &job).await?;
     futures::future::join_all(hosts.into_iter().map(sim_host::RunningHost::stop)).await;
     Ok(())
+}
+
+/// The same clients, as stores.
+pub(crate) fn dyn_clients(clients: &[Arc<CountingKv>]) -> Vec<Arc<dyn KvStore>> {
+    clients
+        .iter()
+        .map(|c| c.clone() as Arc<dyn KvStore>)
+        .collect()
 }
 
 /// Counts every operation it passes on.

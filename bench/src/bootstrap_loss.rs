@@ -34,7 +34,7 @@ use tessel_coordinator::{keys, LivenessConfig};
 use tessel_kv::{Event, KvStore};
 use tessel_topology::TopologyCache;
 
-use crate::bootstrap::{assignment, CountingKv};
+use crate::bootstrap::{assign_all, dyn_clients, CountingKv};
 use crate::sim_host::{self, Outcome};
 
 /// How long after the loss every host must have stopped.
@@ -48,16 +48,7 @@ pub(crate) async fn run(clients: &[Arc<CountingKv>], n: u32, run: usize) -> Resu
     }
     let job = format!("bench-lost-{n}-{run}");
     let lost = n / 2;
-    let assign: Vec<_> = (0..n)
-        .map(|i| {
-            let kv = clients[i as usize % clients.len()].clone();
-            let a = assignment(&job, i, n);
-            tokio::spawn(async move { jobs::assign(&*kv, &sim_host::host_id(n, i), &a).await })
-        })
-        .collect();
-    for a in assign {
-        a.await??;
-    }
+    assign_all(&dyn_clients(clients), &job, n).await?;
     let ttl = LivenessConfig::default().ttl;
     let deadline = ttl + DEADLINE_AFTER_TTL;
     // The failure, as a watcher of the key sees it arrive.

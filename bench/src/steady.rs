@@ -39,7 +39,7 @@ use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
 use tessel_topology::TopologyCache;
 
-use crate::bootstrap::assignment;
+use crate::bootstrap::assign_all;
 use crate::sim_host::{self, Outcome, HOSTS_PER_CONNECTION};
 use crate::simulated::{usage, KeepAlives};
 
@@ -80,14 +80,7 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let status = cluster.client()?;
     let probe = cluster.client()?;
     let job = format!("bench-steady-{n}");
-    for i in 0..n {
-        jobs::assign(
-            &*clients[0],
-            &sim_host::host_id(n, i),
-            &assignment(&job, i, n),
-        )
-        .await?;
-    }
+    assign_all(&clients, &job, n).await?;
     let cache = Arc::new(TopologyCache::new());
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)

@@ -16,7 +16,7 @@
 //!    write each failure once (failures are inserts).
 //! 4. It runs where the replica leads (`serve` invariant 2), keeps the
 //!    registry's alive keys and joined jobs in memory from its watch
-//!    ([`index`]), and records failures concurrently: a registration or a
+//!    (`monitor/index.rs`), and records failures concurrently: a registration or a
 //!    loss costs no read, and a thousand workers leaving at once do not
 //!    hold the next loss behind a thousand round trips (at 4,096 workers,
 //!    a loss was recorded 5 s late behind such a queue).
