@@ -32,8 +32,8 @@ use tessel_topology::TopologyCache;
 use tessel_harness::{Child, LocalCluster, Ready};
 
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
-use crate::simulated::usage;
 use crate::simulated::KeepAlives;
+use crate::simulated::{cpu_now, usage};
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
@@ -249,7 +249,7 @@ async fn simulated(
     let job = format!("bench-simulated-{n}-{run}");
     // Assignments first (not timed), as `--processes` writes them.
     assign_all(&dyn_clients(clients), &job, n).await?;
-    let cpu_before: Vec<u64> = coordinators.iter().map(|p| usage(*p).cpu_ns).collect();
+    let cpu_before = cpu_now(coordinators);
     let own_before = usage(std::process::id());
     let before = total_ops(clients);
     let cache = Arc::new(TopologyCache::new());

@@ -24,7 +24,7 @@ use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration
 use tessel_harness::LocalCluster;
 use tessel_kv::{Event, KvStore};
 
-use crate::simulated::{usage, worker_info, KeepAlives};
+use crate::simulated::{busiest_cpu_since, cpu_now, quantile_ms, worker_info, KeepAlives};
 
 /// `tessel-bench heartbeat`: leader load and failure detection with N heartbeating workers.
 #[derive(Args)]
@@ -108,7 +108,7 @@ async fn one(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tracing::info!(workers = n, "heartbeats started; measuring");
-    let before: Vec<u64> = coordinators.iter().map(|p| usage(*p).cpu_ns).collect();
+    let before = cpu_now(coordinators);
     let started = Instant::now();
     let mut latencies = Vec::new();
     let mut next_beat = Instant::now();
@@ -132,14 +132,8 @@ async fn one(
     let elapsed = started.elapsed();
     // Workers the coordinator declared lost while they beat: must be none.
     let lost_while_beating = beats.iter().filter(|(_, b)| b.lost_now().is_some()).count();
-    let leader_cpu_ns = coordinators
-        .iter()
-        .zip(&before)
-        .map(|(p, b)| usage(*p).cpu_ns.saturating_sub(*b))
-        .max()
-        .unwrap_or(0);
+    let leader_cpu_ns = busiest_cpu_since(coordinators, &before);
     latencies.sort_unstable();
-    let pct = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
     // The victim stops beating: how long until its alive key is gone.
     let alive = keys::alive(&victim.worker_id);
     let rev = probe.revision().await?;
@@ -161,8 +155,8 @@ async fn one(
         liveness.heartbeat.as_millis(),
         liveness.ttl.as_millis(),
         leader_cpu_ns as f64 / elapsed.as_nanos() as f64 * 100.0,
-        pct(0.5),
-        pct(0.99),
+        quantile_ms(&latencies, 0.5),
+        quantile_ms(&latencies, 0.99),
         latencies.len(),
         lost_ms.map_or("null".to_owned(), |ms| format!("{ms:.0}")),
     );

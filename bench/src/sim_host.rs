@@ -35,12 +35,13 @@ use tessel_coordinator::{keys, Item, Records};
 use tessel_kv::KvStore;
 use tessel_topology::{exchange_shared, DeviceDescription, LocalTopology, TopologyCache};
 use tessel_worker::host::HostFacts;
+use tessel_worker::job_end::JobEnd;
 
 use crate::simulated::worker_info;
 
-/// Hosts on one connection: each holds up to four streams open (drain,
-/// assignments, and the job's end and failure, or the topology's get),
-/// and a connection takes `tessel_tls` MAX_STREAMS (1,024) at once.
+/// Hosts on one connection: each holds up to five streams open (drain,
+/// assignments, the job's end and failure, and the topology's get), and a
+/// connection takes `tessel_tls` MAX_STREAMS (1,024) at once.
 pub(crate) const HOSTS_PER_CONNECTION: usize = 128;
 
 /// How a host's bootstrap ended.
@@ -59,6 +60,8 @@ pub(crate) struct RunningHost {
     reg: Registration,
     heartbeat: Heartbeat,
     waits: Vec<tokio::task::JoinHandle<()>>,
+    /// The job's failure and end, held until the host stops.
+    end: JobEnd,
 }
 
 impl RunningHost {
@@ -73,6 +76,7 @@ impl RunningHost {
         for w in &self.waits {
             w.abort();
         }
+        drop(self.end);
         let _ = self.kv.revoke(self.reg.lease).await;
     }
 }
@@ -136,18 +140,8 @@ pub(crate) async fn run(
         bail!("host {id} found no assignment to {job}");
     };
     // The job's failure and end, one held get each for the process's life,
-    // as a worker's job process holds them (`process` invariant 10).
-    let (failed_tx, mut failed) = tokio::sync::watch::channel(None);
-    let (k, j) = (kv.clone(), job.to_owned());
-    waits.push(tokio::spawn(async move {
-        if let Ok(f) = job_failed(&*k, &j).await {
-            let _ = failed_tx.send(Some(f));
-        }
-    }));
-    let (k, j) = (kv.clone(), job.to_owned());
-    waits.push(tokio::spawn(async move {
-        let _ = Records::new(&*k, &j).wait(Item::Done, HELD).await;
-    }));
+    // with the worker's own code (`process` invariant 10).
+    let end = JobEnd::start(kv.clone(), job);
     jobs::join_job(&*kv, job, &reg).await?;
     Records::new(&*kv, job).get(Item::Spec).await?;
     let local = LocalTopology {
@@ -177,9 +171,9 @@ pub(crate) async fn run(
     // every other host waiting for the topology's timeout.
     let t = tokio::select! {
         t = exchange_shared(&*kv, job, &local, timeout, cache) => t?,
-        f = failed.wait_for(Option::is_some) => {
-            let f = f?.clone().expect("waited for a failure");
-            let running = RunningHost { kv: kv.clone(), reg, heartbeat, waits };
+        f = end.failed() => {
+            let f = f?;
+            let running = RunningHost { kv: kv.clone(), reg, heartbeat, waits, end };
             return Ok(Outcome::Failed(running, f));
         }
     };
@@ -196,16 +190,8 @@ pub(crate) async fn run(
         reg,
         heartbeat,
         waits,
+        end,
     }))
-}
-
-/// The job's failure event, once there is one (`Worker::job_failed`).
-async fn job_failed(kv: &dyn KvStore, job: &str) -> Result<JobFailure> {
-    loop {
-        if let Some(f) = jobs::wait_for_failure(kv, job, HELD).await? {
-            return Ok(f);
-        }
-    }
 }
 
 /// Host `i` of `n` as a worker that dies during its job's bootstrap: it

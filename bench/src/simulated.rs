@@ -58,6 +58,27 @@ pub(crate) fn usage(pid: u32) -> Usage {
     Usage { cpu_ns, peak_kib }
 }
 
+/// Each coordinator's CPU time so far, to measure from.
+pub(crate) fn cpu_now(coordinators: &[u32]) -> Vec<u64> {
+    coordinators.iter().map(|p| usage(*p).cpu_ns).collect()
+}
+
+/// The busiest coordinator's CPU time since `before` ([`cpu_now`]): the
+/// leader's, as it serves every request.
+pub(crate) fn busiest_cpu_since(coordinators: &[u32], before: &[u64]) -> u64 {
+    coordinators
+        .iter()
+        .zip(before)
+        .map(|(p, b)| usage(*p).cpu_ns.saturating_sub(*b))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Quantile `q` of `sorted` latencies, in milliseconds.
+pub(crate) fn quantile_ms(sorted: &[std::time::Duration], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3
+}
+
 /// How the simulated workers' keep-alives travel.
 #[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
 pub enum KeepAlives {

@@ -41,7 +41,7 @@ use tessel_topology::TopologyCache;
 
 use crate::bootstrap::assign_all;
 use crate::sim_host::{self, Outcome, HOSTS_PER_CONNECTION};
-use crate::simulated::{usage, KeepAlives};
+use crate::simulated::{busiest_cpu_since, cpu_now, quantile_ms, KeepAlives};
 
 /// `tessel-bench steady`: the KV's load while a large job runs.
 #[derive(Args)]
@@ -103,7 +103,7 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let bootstrap_ms = started.elapsed().as_secs_f64() * 1e3;
 
     let pids = cluster.coordinator_pids();
-    let cpu_before: Vec<u64> = pids.iter().map(|p| usage(*p).cpu_ns).collect();
+    let cpu_before = cpu_now(&pids);
     let (applied_before, revision_before) = leader_progress(&status).await?;
     let window = Duration::from_secs(args.seconds);
     let probing = tokio::spawn(probe_puts(probe, window));
@@ -148,12 +148,7 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let elapsed = begun.elapsed();
     let mut latencies = probing.await??;
     let (applied_after, revision_after) = leader_progress(&status).await?;
-    let leader_cpu_ns = pids
-        .iter()
-        .zip(&cpu_before)
-        .map(|(p, b)| usage(*p).cpu_ns.saturating_sub(*b))
-        .max()
-        .unwrap_or(0);
+    let leader_cpu_ns = busiest_cpu_since(&pids, &cpu_before);
 
     // Every process publishes its result, as at the end of a plan.
     let t = Instant::now();
@@ -182,7 +177,6 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let lost = hosts.iter().filter(|h| h.lost_now()).count();
 
     latencies.sort_unstable();
-    let pct = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
     let secs = elapsed.as_secs_f64();
     commits_ms.sort_by(f64::total_cmp);
     println!(
@@ -192,8 +186,8 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
         leader_cpu_ns as f64 / elapsed.as_nanos() as f64 * 100.0,
         (applied_after - applied_before) as f64 / secs,
         (revision_after - revision_before) as f64 / secs,
-        pct(0.5),
-        pct(0.99),
+        quantile_ms(&latencies, 0.5),
+        quantile_ms(&latencies, 0.99),
     );
     jobs::finish_job(&*clients[0], &job).await?;
     futures::future::join_all(hosts.into_iter().map(sim_host::RunningHost::stop)).await;

@@ -21,8 +21,10 @@ use crate::error::{kv_err, Result, WorkerError};
 /// How long one get waits before asking again.
 const HELD: Duration = Duration::from_secs(3600);
 
-/// The two waits of one attempt, shared by its processes on this worker.
-pub(crate) struct JobEnd {
+/// The two waits of one attempt, shared by its processes on this worker
+/// (and held the same way by the benchmarks' simulated hosts). Dropping it
+/// ends both gets.
+pub struct JobEnd {
     failed: watch::Receiver<Option<std::result::Result<JobFailure, CoordinatorError>>>,
     done: watch::Receiver<Option<std::result::Result<(), KvError>>>,
     tasks: [AbortHandle; 2],
@@ -37,7 +39,8 @@ impl Drop for JobEnd {
 }
 
 impl JobEnd {
-    fn start(kv: Arc<dyn KvStore>, job: &str) -> JobEnd {
+    /// Opens both gets for attempt `job`.
+    pub fn start(kv: Arc<dyn KvStore>, job: &str) -> JobEnd {
         let (failed_tx, failed) = watch::channel(None);
         let (done_tx, done) = watch::channel(None);
         let (k, j) = (kv.clone(), job.to_owned());
@@ -71,30 +74,28 @@ impl JobEnd {
     }
 
     /// The job's failure event, once there is one.
-    pub(crate) async fn failed(&self) -> Result<JobFailure> {
-        let mut rx = self.failed.clone();
-        let seen = rx
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| WorkerError::Internal("the wait for the job's failure ended".into()))?;
-        match seen.as_ref().expect("waited for a value") {
-            Ok(f) => Ok(f.clone()),
-            Err(e) => Err(e.clone().into()),
-        }
+    pub async fn failed(&self) -> Result<JobFailure> {
+        settled(&self.failed, "the job's failure")
+            .await?
+            .map_err(Into::into)
     }
 
     /// Returns once the job's `done` key exists.
-    pub(crate) async fn done(&self) -> Result<()> {
-        let mut rx = self.done.clone();
-        let seen = rx
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| WorkerError::Internal("the wait for the job's end ended".into()))?;
-        match seen.as_ref().expect("waited for a value") {
-            Ok(()) => Ok(()),
-            Err(e) => Err(kv_err("waiting for the job's end")(e.clone())),
-        }
+    pub async fn done(&self) -> Result<()> {
+        settled(&self.done, "the job's end")
+            .await?
+            .map_err(kv_err("waiting for the job's end"))
     }
+}
+
+/// The value `rx` was given, once it has one.
+async fn settled<T: Clone>(rx: &watch::Receiver<Option<T>>, what: &str) -> Result<T> {
+    let mut rx = rx.clone();
+    let seen = rx
+        .wait_for(Option::is_some)
+        .await
+        .map_err(|_| WorkerError::Internal(format!("the wait for {what} ended")))?;
+    Ok(seen.clone().expect("waited for a value"))
 }
 
 /// Each attempt's [`JobEnd`] while some holder keeps it.

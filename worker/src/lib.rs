@@ -12,6 +12,8 @@
 //!   registering again after a loss, following assignments.
 //! * [`claim`]: taking a worker id only when no live process holds it.
 //! * `process`: one job process, from client to result.
+//! * [`job_end`]: a job's failure and end, one held wait each, shared by
+//!   every phase of its processes.
 //! * [`tpu`]: the environment libtpu reads to join a multi-host slice.
 //! * [`preempt`]: preemption notices and drains.
 //! * [`reaper`]: orphans reaped when tessel is a container's PID 1.
@@ -44,7 +46,7 @@ pub mod claim;
 pub mod command;
 mod error;
 pub mod host;
-mod job_end;
+pub mod job_end;
 pub mod job_kv;
 pub mod preempt;
 mod process;

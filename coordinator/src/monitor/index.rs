@@ -91,16 +91,22 @@ impl Index {
         }
         let mut lost = Vec::new();
         for (w, seen) in &index.workers {
-            match seen.alive {
-                None => lost.extend(fail(w, seen, None, super::LOST_LEASE)),
-                Some(inc) => lost.extend(fail(w, seen, Some(inc), super::RESTARTED)),
-            }
+            let reason = match seen.alive {
+                None => super::LOST_LEASE,
+                Some(_) => super::RESTARTED,
+            };
+            lost.extend(fail(w, seen, seen.alive, reason));
         }
         (index, lost)
     }
 
+    /// Worker `w`'s entry; its name is copied only for a new one (every
+    /// heartbeat's timestamp passes here).
     fn worker(&mut self, w: &str) -> &mut Seen {
-        self.workers.entry(w.to_owned()).or_default()
+        if !self.workers.contains_key(w) {
+            self.workers.insert(w.to_owned(), Seen::default());
+        }
+        self.workers.get_mut(w).expect("inserted")
     }
 
     /// Applies one event of the watch; returns the jobs to fail.

@@ -159,9 +159,8 @@ impl Checkpoints {
                 record.step
             )));
         }
-        let names: Vec<String> = written.to_vec();
         let step = record.step;
-        let mine = self.dir.read_blocks(step, self.process, &names, |d| {
+        let mine = self.dir.read_blocks(step, self.process, written, |d| {
             record.matches(self.process, d)
         });
         let blocks = match (mine, self.n) {
@@ -181,7 +180,7 @@ impl Checkpoints {
                         let have = blocking(|| {
                             Ok(self
                                 .dir
-                                .read_blocks(step, p, &names, |d| record.matches(p, d)))
+                                .read_blocks(step, p, written, |d| record.matches(p, d)))
                         })?;
                         holds[p] = u8::from(have.is_some());
                     }
@@ -196,7 +195,7 @@ impl Checkpoints {
                         .collect();
                     let from =
                         sources(&matrix).map_err(|missing| self.missing(&record, &missing))?;
-                    self.fetch(comm, &record, &from, mine, &names).await?
+                    self.fetch(comm, &record, &from, mine, written).await?
                 }
             }
         };
