@@ -19,10 +19,16 @@
 //!
 //! Left out: the restart. These jobs are assigned by the benchmark, not
 //! submitted, so no scheduler pass restarts them; a scheduler's restart
-//! reads the one failure key (`chaos-tests` `jobs.rs` restarts after a
-//! worker is killed mid-bootstrap). A worker lost before it joined the job
-//! is not a job failure for the monitor; the scheduler's pass sees it lost
-//! among the attempt's placement.
+//! reads the one failure key (`chaos-tests`: `jobs.rs` fails a job whose
+//! worker is killed during the topology exchange within its TTL,
+//! `scheduler.rs` restarts a job after a lost worker). A worker lost
+//! before it joined the job is not a job failure for the monitor; the
+//! scheduler's pass sees it lost among the attempt's placement.
+//!
+//! What the imitation does not do: the lost host shares its QUIC
+//! connection with other hosts, so the connection stays up, where a killed
+//! worker's closes. It holds no waits, so nothing of its is left for the
+//! replica to end; its lease ends exactly as a killed worker's does.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
