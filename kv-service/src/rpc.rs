@@ -10,6 +10,10 @@
 //!    frame; one dropped earlier sends STOP_SENDING.
 //! 4. A call gives up on a peer silent for [`SILENCE`] (a killed process
 //!    sends no close); the connection stays until its idle timeout.
+//! 5. A frame is copied once on each side: quinn is handed the encoded
+//!    buffer itself (a copy of a written slice, in a fresh allocation,
+//!    was a fifth of the leader's CPU when 4,096 hosts read one 66 KB
+//!    value), and a frame is read into a buffer not zeroed first.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -76,10 +80,21 @@ pub async fn read_frame(recv: &mut RecvStream, max: usize) -> Result<Option<Vec<
         Err(e) => return Err(ReadError::Io(e.to_string())),
     }
     let len = wire::frame_len(header, max).map_err(ReadError::Frame)?;
-    let mut body = vec![0u8; len];
-    recv.read_exact(&mut body)
-        .await
-        .map_err(|e| ReadError::Io(e.to_string()))?;
+    // Invariant 5: the body as quinn's chunks arrive, into one buffer
+    // that is not zeroed first.
+    let mut body = Vec::with_capacity(len);
+    while body.len() < len {
+        match recv.read_chunk(len - body.len(), true).await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk.bytes),
+            Ok(None) => {
+                return Err(ReadError::Io(format!(
+                    "the stream ended {} bytes into a frame of {len}",
+                    body.len()
+                )))
+            }
+            Err(e) => return Err(ReadError::Io(e.to_string())),
+        }
+    }
     Ok(Some(body))
 }
 
@@ -147,7 +162,14 @@ pub enum ReadError {
 /// Encodes and writes one frame.
 pub async fn write_frame<T: Serialize>(send: &mut SendStream, msg: &T) -> Result<(), String> {
     let frame = wire::encode(msg, wire::MAX_FRAME).map_err(|e| e.to_string())?;
-    send.write_all(&frame).await.map_err(|e| e.to_string())
+    write_owned(send, frame).await
+}
+
+/// Writes `frame` by handing quinn the buffer itself (invariant 5).
+pub async fn write_owned(send: &mut SendStream, frame: Vec<u8>) -> Result<(), String> {
+    send.write_chunk(bytes::Bytes::from(frame))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Socket buffers asked for (the kernel caps them at `net.core.rmem_max`

@@ -322,8 +322,14 @@ pub fn frame_len(header: [u8; 4], max: usize) -> Result<usize, FrameError> {
 
 /// A whole frame: header and encoded message.
 pub fn encode<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, FrameError> {
+    // Sized first, so a large value is not copied each time the buffer
+    // grows (a value is counted, not walked: it is serialized as bytes).
+    let size = postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default())
+        .map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let mut head = Vec::with_capacity(4 + size);
+    head.extend_from_slice(&[0u8; 4]);
     let mut frame =
-        postcard::to_extend(msg, vec![0u8; 4]).map_err(|e| FrameError::Malformed(e.to_string()))?;
+        postcard::to_extend(msg, head).map_err(|e| FrameError::Malformed(e.to_string()))?;
     let len = frame.len() - 4;
     if len > max || len > u32::MAX as usize {
         return Err(FrameError::TooLarge { len, max });

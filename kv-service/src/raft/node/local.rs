@@ -50,10 +50,15 @@ impl Answers<'_> {
     pub(super) async fn relay(&mut self, body: Vec<u8>) -> std::result::Result<(), String> {
         match self {
             Answers::Stream(s) => {
-                s.write_all(&(body.len() as u32).to_be_bytes())
+                // `rpc` invariant 5: the body itself, not a copy.
+                let len = (body.len() as u32).to_be_bytes();
+                let mut chunks = [
+                    bytes::Bytes::copy_from_slice(&len),
+                    bytes::Bytes::from(body),
+                ];
+                s.write_all_chunks(&mut chunks)
                     .await
-                    .map_err(|e| e.to_string())?;
-                s.write_all(&body).await.map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())
             }
             Answers::Local(_) => {
                 let r = wire::decode::<WireResponse>(&body).map_err(|e| e.to_string())?;
