@@ -89,6 +89,35 @@ pub(crate) fn host_id(n: u32, i: u32) -> String {
     format!("sim{n}-{i}")
 }
 
+/// 128 bits that look random, fixed for `i`.
+fn scrambled(i: u32) -> u128 {
+    let x = u128::from(i)
+        .wrapping_add(1)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+    x ^ (x >> 61)
+}
+
+/// Host `i`'s boot id in the kernel's form (random, as on a real host: a
+/// patterned one compresses where a real one does not, and the published
+/// topology held every boot id until it held machines instead).
+fn boot_id(i: u32) -> String {
+    let h = format!("{:032x}", scrambled(i));
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// A port in Linux's ephemeral range, as a worker's transfer endpoint
+/// binds port 0.
+fn ephemeral_port(i: u32) -> u16 {
+    32768 + (scrambled(i) >> 64) as u16 % 28232
+}
+
 /// Host `i` of `n` claims its id, registers and starts beating.
 async fn start(
     kv: &Arc<dyn KvStore>,
@@ -98,7 +127,7 @@ async fn start(
     let id = host_id(n, i);
     let facts = HostFacts {
         hostname: format!("sim-host-{i}"),
-        boot_id: format!("sim-boot-{i}"),
+        boot_id: boot_id(i),
     };
     let liveness = LivenessConfig::default();
     tessel_worker::claim::claim(&**kv, &id, &facts).await?;
@@ -158,10 +187,11 @@ pub(crate) async fn run(
             attributes: vec![],
         }],
         transfer_endpoint: Some(format!(
-            "10.{}.{}.{}:7000",
+            "10.{}.{}.{}:{}",
             i >> 16,
             (i >> 8) & 255,
-            i & 255
+            i & 255,
+            ephemeral_port(i)
         )),
         transfer_encrypted: true,
     };

@@ -2,6 +2,7 @@
 //! `tessel drain` (a request to a worker) and `tessel topology` (a job's
 //! global topology as its workers published it).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -200,7 +201,7 @@ pub(crate) async fn read_topology(
         .with_context(|| format!("no topology for job `{job}`"))
 }
 
-fn topology_table(t: &GlobalTopology, wide: bool) {
+fn topology_table(t: &GlobalTopology, boots: &BTreeMap<u32, String>, wide: bool) {
     let mut header = vec![
         "DEVICE", "PROCESS", "SLICE", "LOCAL ID", "KIND", "HOST", "BOOT",
     ];
@@ -219,7 +220,10 @@ fn topology_table(t: &GlobalTopology, wide: bool) {
                 d.local_hardware_id.to_string(),
                 d.kind.clone(),
                 p.hostname.clone(),
-                p.boot_id.get(..8).unwrap_or(&p.boot_id).to_owned(),
+                boots
+                    .get(&p.process_index)
+                    .map_or("-", |b| b.get(..8).unwrap_or(b))
+                    .to_owned(),
             ];
             if wide {
                 row.extend([
@@ -244,12 +248,42 @@ pub(crate) async fn topology(args: TopologyArgs) -> Result<()> {
         None => args.job.clone(),
     };
     let t = read_topology(&*kv, &job, Duration::ZERO).await?;
+    let boots = boot_ids(&*kv, &job).await?;
     if args.output.json() {
+        // Version 1's document: each process's boot id, not its machine.
+        let mut doc = serde_json::to_value(&t)?;
+        if let Some(ps) = doc["processes"].as_array_mut() {
+            for p in ps.iter_mut().filter_map(|p| p.as_object_mut()) {
+                p.remove("machine");
+                let i = p["process_index"].as_u64().unwrap_or(u64::MAX);
+                let boot = u32::try_from(i).ok().and_then(|i| boots.get(&i));
+                p.insert("boot_id".into(), boot.cloned().unwrap_or_default().into());
+            }
+        }
         return print_document(
             "Topology",
-            &serde_json::json!({ "job": job, "topology": t }),
+            &serde_json::json!({ "job": job, "topology": doc }),
         );
     }
-    topology_table(&t, args.output.wide());
+    topology_table(&t, &boots, args.output.wide());
     Ok(())
+}
+
+/// Each process's boot id, from its local topology: the global one holds
+/// machines instead (one listing, for people and scripts; the processes
+/// of a job never read them all).
+async fn boot_ids(kv: &dyn KvStore, job: &str) -> Result<BTreeMap<u32, String>> {
+    let prefix = tessel_topology::keys::local_prefix(job);
+    let pairs = kv
+        .list(prefix.as_bytes())
+        .await
+        .with_context(|| format!("listing the local topologies of `{job}`"))?;
+    Ok(pairs
+        .iter()
+        .filter_map(|p| {
+            let i = tessel_topology::keys::parse_local(job, &p.key)?;
+            let l = tessel_topology::LocalTopology::decode(&p.value).ok()?;
+            Some((i, l.boot_id))
+        })
+        .collect())
 }

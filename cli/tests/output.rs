@@ -129,6 +129,20 @@ fn every_json_document_follows_its_schema() {
     );
     assert_eq!(topo["topology"]["devices"].as_array().unwrap().len(), 4);
     assert_eq!(topo["job"], format!("{id}@1").as_str());
+    // Each process's boot id is its worker's (read from the local
+    // topologies: the global one holds machines).
+    let boot_of = |w: &str| {
+        workers["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == w)
+            .map(|x| x["boot_id"].clone())
+    };
+    for p in topo["topology"]["processes"].as_array().unwrap() {
+        let boot = boot_of(p["worker"].as_str().unwrap());
+        assert!(boot.is_some_and(|b| b == p["boot_id"]), "{topo:#}");
+    }
     let status = document(
         &c.run(&["cluster", "status", "-o", "json"]),
         "cluster-status.json",

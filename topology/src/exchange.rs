@@ -14,16 +14,16 @@
 //!    watch, which delivers the processes that arrive after the listing.
 //! 4. Every process returns the bytes the builder published, so all hold
 //!    the same topology.
-//! 5. The published value is compressed: N processes each read it, so N
-//!    times its size crosses the network and the leader's memory; names
-//!    of hosts in a cluster repeat their patterns.
+//! 5. The published value is compressed, in columns that compress
+//!    (`wire`): N processes each read it, so N times its size crosses the
+//!    network and the leader's memory; names of hosts in a cluster repeat
+//!    their patterns, and boot ids (random) are not in it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use tessel_kv::{Event, KvError, KvStore};
 use tokio::time::Instant;
 
@@ -31,10 +31,12 @@ use crate::error::{Result, TopologyError};
 use crate::keys;
 use crate::shared::{Known, TopologyCache};
 use crate::types::{GlobalTopology, LocalTopology};
+use crate::wire::{Compact, Stored};
 
-/// The first byte of a compressed [`Published`]: zstd of its postcard
-/// form. (An uncompressed one starts with its variant, 0 or 1, and is
-/// still read, so readers of an older builder's value understand it.)
+/// The first byte of a compressed [`Published`]: zstd of its stored form
+/// (`wire::Stored`). (An uncompressed one starts with its variant, 0 or
+/// 1, and is still read, so readers of an older builder's value
+/// understand it.)
 const COMPRESSED: u8 = 2;
 
 /// The most a published value may decompress to: a cap on what a value
@@ -42,8 +44,8 @@ const COMPRESSED: u8 = 2;
 /// most processes with eight devices each is about 12 MiB).
 const MAX_DECOMPRESSED: usize = 64 << 20;
 
-/// What the builder publishes (invariant 5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What the builder publishes (invariant 5; stored as `wire::Stored`).
+#[derive(Debug, Clone, PartialEq)]
 pub enum Published {
     /// The global topology.
     Topology(GlobalTopology),
@@ -67,17 +69,21 @@ impl Published {
             }
             _ => bytes,
         };
-        let p: Published = postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
-        if let Published::Topology(t) = &p {
-            // What the validating decoder checks, without decoding twice
-            // (every process reads it: the cost is paid N times).
-            t.validate()?;
-        }
-        Ok(p)
+        let stored: Stored = postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
+        // Each form validates what it rebuilds (`wire` invariant 3).
+        Ok(match stored {
+            Stored::Legacy(t) => Published::Topology(t.decode()?),
+            Stored::Failed(reason) => Published::Failed(reason),
+            Stored::Compact(t) => Published::Topology(t.decode()?),
+        })
     }
 
     fn encode(&self) -> Vec<u8> {
-        let plain = postcard::to_allocvec(self).expect("always encodes");
+        let stored = match self {
+            Published::Topology(t) => Stored::Compact(Compact::encode(t)),
+            Published::Failed(reason) => Stored::Failed(reason.clone()),
+        };
+        let plain = postcard::to_allocvec(&stored).expect("always encodes");
         let mut out = vec![COMPRESSED];
         out.extend(zstd::bulk::compress(&plain, ZSTD_LEVEL).expect("compressing into memory"));
         out
@@ -378,13 +384,17 @@ mod tests {
     }
 
     /// Invariant 5: the published value is compressed and reads back;
-    /// an uncompressed one (an older builder's) still reads; a value
-    /// that would decompress past the cap, or is not zstd, is refused.
+    /// an uncompressed one (an older builder's, in the form before the
+    /// columns) still reads; a value that would decompress past the cap,
+    /// or is not zstd, is refused.
     #[test]
     fn a_published_topology_is_compressed_and_bounded() {
         let locals: Vec<LocalTopology> = (0..512).map(|i| local(i, 512, "host", 1)).collect();
-        let p = Published::Topology(GlobalTopology::build(512, &locals).unwrap());
-        let plain = postcard::to_allocvec(&p).unwrap();
+        let t = GlobalTopology::build(512, &locals).unwrap();
+        let boots = vec!["host"; 512];
+        let old = crate::wire::legacy::Global::from_locals(&t, &boots);
+        let plain = postcard::to_allocvec(&Stored::Legacy(old)).unwrap();
+        let p = Published::Topology(t);
         let packed = p.encode();
         assert_eq!(packed[0], COMPRESSED);
         assert!(

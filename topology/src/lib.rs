@@ -39,6 +39,7 @@ pub mod keys;
 mod mesh;
 mod shared;
 mod types;
+mod wire;
 
 pub use collective::{collective_id, random_id, Clique, CollectiveId, COLLECTIVE_ID_BYTES};
 pub use error::{Result, TopologyError};

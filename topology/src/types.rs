@@ -12,6 +12,11 @@
 //! 4. Every process index 0..N appears exactly once.
 //! 5. Every process encrypts its transfers, or none does: a job never mixes
 //!    the two data planes.
+//! 6. Processes with one boot id run on one machine; machines are numbered
+//!    in order of their lowest process index. The boot ids stay in the
+//!    local topologies: the global one, read by every process, holds only
+//!    the equality they stand for (16 random bytes a process were the
+//!    largest part of it, `exchange` invariant 5).
 
 use std::collections::BTreeMap;
 
@@ -88,8 +93,9 @@ pub struct ProcessEntry {
     pub worker: String,
     /// The host's name.
     pub hostname: String,
-    /// The host's boot id.
-    pub boot_id: String,
+    /// The machine it runs on (invariant 6): equal for processes that
+    /// share a boot (and so shared memory).
+    pub machine: u32,
     /// The slice it is in.
     pub slice: u32,
     /// Where its transfer endpoint listens.
@@ -258,6 +264,12 @@ impl GlobalTopology {
                 slice_of_key.entry(slice_key(l)).or_insert(next);
             }
         }
+        // Invariant 6.
+        let mut machine_of_boot: BTreeMap<&str, u32> = BTreeMap::new();
+        for l in by_index.values() {
+            let next = machine_of_boot.len() as u32;
+            machine_of_boot.entry(l.boot_id.as_str()).or_insert(next);
+        }
         let mut order: Vec<&LocalTopology> = by_index.values().copied().collect();
         order.sort_by_key(|l| (slice_of_key[&slice_key(l)], l.process_index));
 
@@ -284,7 +296,7 @@ impl GlobalTopology {
                 process_index: l.process_index,
                 worker: l.worker.clone(),
                 hostname: l.hostname.clone(),
-                boot_id: l.boot_id.clone(),
+                machine: machine_of_boot[l.boot_id.as_str()],
                 slice,
                 transfer_endpoint: l.transfer_endpoint.clone(),
                 transfer_encrypted: l.transfer_encrypted,
@@ -320,11 +332,29 @@ impl GlobalTopology {
         if self.processes.len() > MAX_PROCESSES {
             return Err(TopologyError::Invalid("too many processes".into()));
         }
+        // Invariant 6: each machine is numbered where it first appears.
+        let mut machines = 0u32;
         for (i, p) in self.processes.iter().enumerate() {
             if p.process_index as usize != i {
                 return Err(TopologyError::Invalid(format!(
                     "process {i} is listed as {}",
                     p.process_index
+                )));
+            }
+            match p.machine.cmp(&machines) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => machines += 1,
+                std::cmp::Ordering::Greater => {
+                    return Err(TopologyError::Invalid(format!(
+                        "process {i} is on machine {}, after only {machines} machines",
+                        p.machine
+                    )))
+                }
+            }
+            if p.slice >= self.num_slices {
+                return Err(TopologyError::Invalid(format!(
+                    "process {i} is in slice {} of {}",
+                    p.slice, self.num_slices
                 )));
             }
             for &d in &p.device_ids {
@@ -448,6 +478,9 @@ pub(crate) mod tests {
         let owners: Vec<u32> = g.devices.iter().map(|d| d.process_index).collect();
         assert_eq!(owners, vec![0, 0, 2, 2, 1, 1, 3, 3]);
         assert_eq!(g.processes[1].slice, 1);
+        // Invariant 6: machines by boot, numbered where they first appear.
+        let machines: Vec<u32> = g.processes.iter().map(|p| p.machine).collect();
+        assert_eq!(machines, vec![0, 1, 0, 1]);
         // Explicit slice indices win over boot ids and keep numeric order.
         let mut explicit = locals.clone();
         for (l, s) in explicit.iter_mut().zip([7, 3, 7, 3]) {
@@ -490,6 +523,9 @@ pub(crate) mod tests {
         assert_eq!(GlobalTopology::decode(&g.encode()).unwrap(), g);
         let mut bad = g.clone();
         bad.processes[1].device_ids = vec![0];
+        assert!(GlobalTopology::decode(&bad.encode()).is_err());
+        let mut bad = g.clone();
+        bad.processes[0].machine = 1;
         assert!(GlobalTopology::decode(&bad.encode()).is_err());
         assert!(GlobalTopology::decode(&[0xff; 7]).is_err());
         let mut l = local(0, 1, "a", 1);

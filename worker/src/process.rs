@@ -50,13 +50,21 @@ use crate::runner::{JobProcess, PreparedJob};
 const RECORD_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The job's communicator: one member per process, at the transfer
-/// endpoint its topology entry names.
+/// endpoint its topology entry names. A peer on this process's machine
+/// (the topology's boot equality) gets this host's boot id, so the
+/// endpoint uses shared memory with it.
 fn communicator(
     endpoint: Arc<TransferEndpoint>,
     topology: &GlobalTopology,
+    (me, boot_id): (u32, &str),
     job: &str,
     timeout: Duration,
 ) -> Result<Communicator> {
+    let machine = topology
+        .processes
+        .get(me as usize)
+        .map(|p| p.machine)
+        .ok_or_else(|| WorkerError::Internal(format!("process {me} is not in the topology")))?;
     let members = topology
         .processes
         .iter()
@@ -71,7 +79,7 @@ fn communicator(
                         p.process_index, p.transfer_endpoint
                     ))
                 })?;
-            let peer = Peer::new(addr, Some(p.boot_id.clone()));
+            let peer = Peer::new(addr, (p.machine == machine).then(|| boot_id.to_owned()));
             // Its certificate must name the worker the topology says
             // (`endpoint` invariant 10).
             Ok(match p.worker.as_str() {
@@ -267,7 +275,13 @@ impl Worker {
             digest.as_bytes(),
         )
         .await?;
-        let comm = comm.insert(communicator(endpoint, &topology, &a.attempt, timeout)?);
+        let comm = comm.insert(communicator(
+            endpoint,
+            &topology,
+            (a.process_index, &self.host.boot_id),
+            &a.attempt,
+            timeout,
+        )?);
         let barrier = std::time::Instant::now();
         self.unless_failed(a, async {
             let span = tracing::info_span!(target: TARGET, "transfer_barrier");
