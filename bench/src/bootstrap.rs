@@ -61,6 +61,12 @@ pub struct BenchBootstrapArgs {
     /// host (`bench/src/bootstrap_loss.rs`).
     #[arg(long)]
     pub lose_one: bool,
+    /// Give each simulated host a connection of its own, as on a cluster
+    /// (opened when the host starts, inside the timed window; its QUIC
+    /// keep-alives reach the leader while it is idle), instead of
+    /// sharing one among 128. Not with `--lose-one`.
+    #[arg(long, conflicts_with = "lose_one")]
+    pub connection_per_host: bool,
 }
 
 /// One JAX process (bench/jax/bootstrap.py, embedded).
@@ -108,10 +114,25 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
         let used = (n as usize)
             .div_ceil(HOSTS_PER_CONNECTION)
             .max(MIN_CONNECTIONS);
+        let shared = &clients[..used];
+        let pids = cluster.coordinator_pids();
         if args.lose_one {
-            crate::bootstrap_loss::run(&clients[..used], n, run).await?;
+            crate::bootstrap_loss::run(shared, n, run).await?;
+        } else if args.connection_per_host {
+            let own: Vec<Arc<CountingKv>> = args
+                .keep_alives
+                .clients(&cluster, n as usize)?
+                .into_iter()
+                .map(|inner| {
+                    Arc::new(CountingKv {
+                        inner,
+                        ops: AtomicU64::new(0),
+                    })
+                })
+                .collect();
+            simulated(shared, &own, n, run, &pids).await?;
         } else {
-            simulated(&clients[..used], n, run, &cluster.coordinator_pids()).await?;
+            simulated(shared, shared, n, run, &pids).await?;
         }
     }
     Ok(())
@@ -240,7 +261,10 @@ fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
     Ok(())
 }
 
+/// `n` simulated hosts over `clients` (host `i` on `clients[i % len]`),
+/// their assignments written over `assigners` first.
 async fn simulated(
+    assigners: &[Arc<CountingKv>],
     clients: &[Arc<CountingKv>],
     n: u32,
     run: usize,
@@ -248,7 +272,7 @@ async fn simulated(
 ) -> Result<()> {
     let job = format!("bench-simulated-{n}-{run}");
     // Assignments first (not timed), as `--processes` writes them.
-    assign_all(&dyn_clients(clients), &job, n).await?;
+    assign_all(&dyn_clients(assigners), &job, n).await?;
     let cpu_before = cpu_now(coordinators);
     let own_before = usage(std::process::id());
     let before = total_ops(clients);

@@ -8,10 +8,12 @@
 //!
 //! Each simulated worker registers as a real one does
 //! (`registry::register`) and runs the real `registry::Heartbeat`; they
-//! share 16 connections. Each count is measured with keep-alives on each
-//! client's keep-alive stream and as a request each (`--keep-alives`).
-//! Left out: the assignment watch and the drain and notice reads a real
-//! worker adds.
+//! share 16 connections, or have one each as real workers do
+//! (`--connections per-worker`: then each connection's own QUIC
+//! keep-alives, sent while it is idle, reach the leader too). Each count
+//! is measured with keep-alives on each client's keep-alive stream and as
+//! a request each (`--keep-alives`). Left out: the assignment watch and
+//! the drain and notice reads a real worker adds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,10 +42,30 @@ pub struct BenchHeartbeatArgs {
     /// each, as before it).
     #[arg(long, value_delimiter = ',', default_value = "stream,requests")]
     pub keep_alives: Vec<KeepAlives>,
+    /// How many connections the simulated workers share, or
+    /// `per-worker`: one each, as on a cluster.
+    #[arg(long, default_value = "16", value_parser = parse_connections)]
+    pub connections: Connections,
 }
 
-/// Connections the simulated workers share.
-const CONNECTIONS: usize = 16;
+/// The simulated workers' connections.
+#[derive(Clone, Copy, Debug)]
+pub enum Connections {
+    /// This many, shared.
+    Shared(usize),
+    /// One a worker.
+    PerWorker,
+}
+
+fn parse_connections(s: &str) -> std::result::Result<Connections, String> {
+    match s {
+        "per-worker" => Ok(Connections::PerWorker),
+        n => match n.parse() {
+            Ok(0) | Err(_) => Err(format!("`{s}`: a count above 0, or `per-worker`")),
+            Ok(n) => Ok(Connections::Shared(n)),
+        },
+    }
+}
 
 /// Runs the benchmark and prints a JSON line per count.
 pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
@@ -51,9 +73,12 @@ pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
     cluster.start_coordinators(3)?;
     for &n in &args.workers {
         for &how in &args.keep_alives {
-            let clients = (0..CONNECTIONS)
-                .map(|_| how.client(&cluster))
-                .collect::<Result<Vec<_>>>()?;
+            let clients = match args.connections {
+                Connections::Shared(c) => (0..c)
+                    .map(|_| how.client(&cluster))
+                    .collect::<Result<Vec<_>>>()?,
+                Connections::PerWorker => how.clients(&cluster, n as usize - 1)?,
+            };
             let probe = how.client(&cluster)?;
             let window = Duration::from_secs(args.seconds);
             let pids = cluster.coordinator_pids();
@@ -150,7 +175,8 @@ async fn one(
         }
     };
     println!(
-        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"keep_alives\":\"{}\",\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
+        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"connections\":{},\"keep_alives\":\"{}\",\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
+        clients.len() + 1,
         format!("{how:?}").to_lowercase(),
         liveness.heartbeat.as_millis(),
         liveness.ttl.as_millis(),

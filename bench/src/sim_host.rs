@@ -21,7 +21,9 @@
 //! (`tessel_topology::exchange_shared`; one host's decode is reported).
 //! Hosts share connections, [`HOSTS_PER_CONNECTION`] each, where a real
 //! host has its own: every connection is a real QUIC connection with its
-//! own streams, so the leader's per-stream work is the same.
+//! own streams, so the leader's per-stream work is the same; its
+//! per-connection work (a handshake, keep-alives while idle) is not,
+//! unless `--connection-per-host` gives each host its own.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

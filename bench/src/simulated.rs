@@ -8,6 +8,8 @@ use anyhow::Result;
 use tessel_coordinator::{LivenessConfig, WorkerDevice, WorkerInfo};
 use tessel_harness::LocalCluster;
 use tessel_kv::KvStore;
+use tessel_kv_service::raft::client::{ClientEndpoint, RaftKv};
+use tessel_tls::TlsFiles;
 
 /// The record worker `id`, simulated host `i`, registers with: one device.
 pub(crate) fn worker_info(id: &str, i: u32, liveness: LivenessConfig) -> WorkerInfo {
@@ -79,6 +81,11 @@ pub(crate) fn quantile_ms(sorted: &[std::time::Duration], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3
 }
 
+/// Connections that share one UDP socket in [`KeepAlives::clients`]: the
+/// coordinators see a connection each; the benchmark's side is spread
+/// over a few sockets (one would be one task's work).
+const CONNECTIONS_PER_ENDPOINT: usize = 1024;
+
 /// How the simulated workers' keep-alives travel.
 #[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
 pub enum KeepAlives {
@@ -99,10 +106,33 @@ impl KeepAlives {
     }
 
     pub(crate) fn client(self, cluster: &LocalCluster) -> Result<Arc<dyn KvStore>> {
-        let kv = cluster.client()?;
-        Ok(match self {
+        Ok(self.wrap(cluster.client()?))
+    }
+
+    fn wrap(self, kv: RaftKv) -> Arc<dyn KvStore> {
+        match self {
             KeepAlives::Stream => Arc::new(kv),
             KeepAlives::Requests => Arc::new(kv.keep_alives_as_requests()),
-        })
+        }
+    }
+
+    /// `count` clients, each with a connection of its own (as many
+    /// workers have), on one UDP endpoint per [`CONNECTIONS_PER_ENDPOINT`].
+    pub(crate) fn clients(
+        self,
+        cluster: &LocalCluster,
+        count: usize,
+    ) -> Result<Vec<Arc<dyn KvStore>>> {
+        let tls = TlsFiles::load(&cluster.tls_dir())?;
+        let mut out = Vec::with_capacity(count);
+        let mut endpoint = None;
+        for i in 0..count {
+            if i % CONNECTIONS_PER_ENDPOINT == 0 {
+                endpoint = Some(ClientEndpoint::for_replicas(&cluster.addrs, Some(&tls))?);
+            }
+            let ep = endpoint.as_ref().expect("made above");
+            out.push(self.wrap(RaftKv::connect_via(ep, cluster.addrs.clone())?));
+        }
+        Ok(out)
     }
 }

@@ -626,6 +626,40 @@ mod tests {
         rt.shutdown_background();
     }
 
+    /// `tessel_tls`'s keep-alives: on an idle connection the dialer alone
+    /// pings (a replica with thousands of workers' connections would ping
+    /// each twice a second), and its pings keep the connection open past
+    /// the idle timeout on both sides.
+    #[tokio::test]
+    async fn an_idle_connection_lives_on_the_dialers_keep_alives_alone() {
+        let (rt, addr, cfg) = server_on_own_runtime(Answer);
+        let client = client_with(cfg);
+        let req = WireRequest::Client(ClientRequest::Revision);
+        assert!(client
+            .call(addr, &req, Duration::from_secs(5))
+            .await
+            .is_ok());
+        let conn = client.connection(addr).await.unwrap();
+        // Past the call's own loss-recovery probes (PINGs too).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = conn.stats();
+        tokio::time::sleep(tessel_tls::IDLE_TIMEOUT * 2).await;
+        let after = conn.stats();
+        assert!(conn.close_reason().is_none(), "{:?}", conn.close_reason());
+        let sent = after.frame_tx.ping - before.frame_tx.ping;
+        let received = after.frame_rx.ping - before.frame_rx.ping;
+        assert!(
+            sent >= 4,
+            "the dialer sent {sent} pings in two idle timeouts"
+        );
+        assert_eq!(received, 0, "the acceptor pinged");
+        assert!(client
+            .call(addr, &req, Duration::from_secs(5))
+            .await
+            .is_ok());
+        rt.shutdown_background();
+    }
+
     /// A pooled connection opened inside a span does not hold that span
     /// open: quinn instruments its connection driver with the current
     /// span, and a job process's span would otherwise live as long as the

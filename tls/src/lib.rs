@@ -269,6 +269,11 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// How long a silent peer keeps its connection: a killed process sends no
 /// close, so without this a request to it waits for its full deadline.
 /// Keep-alives every half second keep idle connections to live peers.
+/// The dialing side alone sends them: the other side's acknowledgements
+/// are the dialer's sign of life, its pings the acceptor's, so a replica
+/// does not also ping each of thousands of workers' connections (QUIC
+/// restarts the timer on any packet received, so a busy connection sends
+/// none).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 const KEEP_ALIVE: Duration = Duration::from_millis(500);
 
@@ -280,10 +285,10 @@ const KEEP_ALIVE: Duration = Duration::from_millis(500);
 /// client connection (~250 MB of its 386 MB with 1 M keys).
 const MAX_STREAMS: u32 = 1024;
 
-fn transport() -> Arc<quinn::TransportConfig> {
+fn transport(dialer: bool) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(MAX_STREAMS.into());
-    t.keep_alive_interval(Some(KEEP_ALIVE));
+    t.keep_alive_interval(dialer.then_some(KEEP_ALIVE));
     t.max_idle_timeout(Some(
         quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("a small timeout"),
     ));
@@ -294,7 +299,7 @@ fn quic_server(tls: rustls::ServerConfig) -> Result<quinn::ServerConfig, TlsErro
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let mut c = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    c.transport_config(transport());
+    c.transport_config(transport(false));
     Ok(c)
 }
 
@@ -302,7 +307,7 @@ fn quic_client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, TlsErro
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let mut c = quinn::ClientConfig::new(Arc::new(crypto));
-    c.transport_config(transport());
+    c.transport_config(transport(true));
     Ok(c)
 }
 

@@ -281,6 +281,11 @@ impl Quic {
                 // for `rpc::SILENCE` (rpc invariant 4), and a leader cut
                 // off from its majority answers `Unavailable`.
                 let per_call = deadline.saturating_duration_since(Instant::now());
+                if per_call.is_zero() {
+                    // The last real attempt's error stands (not "no answer
+                    // within 0ns" from the replicas after it).
+                    break;
+                }
                 // Invariant 6: `next` stays on this replica while the call
                 // runs; a failure, or a caller giving up (dropping this
                 // future), moves it on. Not a caller giving up a wait: a
