@@ -162,11 +162,7 @@ pub enum ReadError {
 /// Encodes and writes one frame.
 pub async fn write_frame<T: Serialize>(send: &mut SendStream, msg: &T) -> Result<(), String> {
     let frame = wire::encode(msg, wire::MAX_FRAME).map_err(|e| e.to_string())?;
-    write_owned(send, frame).await
-}
-
-/// Writes `frame` by handing quinn the buffer itself (invariant 5).
-pub async fn write_owned(send: &mut SendStream, frame: Vec<u8>) -> Result<(), String> {
+    // Invariant 5: quinn takes the buffer itself.
     send.write_chunk(bytes::Bytes::from(frame))
         .await
         .map_err(|e| e.to_string())

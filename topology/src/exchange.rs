@@ -392,7 +392,7 @@ mod tests {
         let locals: Vec<LocalTopology> = (0..512).map(|i| local(i, 512, "host", 1)).collect();
         let t = GlobalTopology::build(512, &locals).unwrap();
         let boots = vec!["host"; 512];
-        let old = crate::wire::legacy::Global::from_locals(&t, &boots);
+        let old = crate::wire::legacy::Global::from_topology(&t, &boots);
         let plain = postcard::to_allocvec(&Stored::Legacy(old)).unwrap();
         let p = Published::Topology(t);
         let packed = p.encode();

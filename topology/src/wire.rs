@@ -347,8 +347,9 @@ pub(crate) mod legacy {
             Ok(t)
         }
 
+        /// `t` in the old form, process `i` on boot `boots[i]` (tests).
         #[cfg(test)]
-        pub(crate) fn from_locals(t: &GlobalTopology, boots: &[&str]) -> Global {
+        pub(crate) fn from_topology(t: &GlobalTopology, boots: &[&str]) -> Global {
             Global {
                 processes: t
                     .processes
@@ -435,7 +436,7 @@ mod tests {
         let t = GlobalTopology::build(8, &cluster(8, 2, 1)).unwrap();
         let boots: Vec<String> = (0..8).map(|i| boot(i / 2)).collect();
         let boots: Vec<&str> = boots.iter().map(|b| b.as_str()).collect();
-        let old = legacy::Global::from_locals(&t, &boots);
+        let old = legacy::Global::from_topology(&t, &boots);
         assert_eq!(old.decode().unwrap(), t);
         let machines: Vec<u32> = t.processes.iter().map(|p| p.machine).collect();
         assert_eq!(machines, vec![0, 0, 1, 1, 2, 2, 3, 3]);
@@ -454,7 +455,7 @@ mod tests {
         let t = GlobalTopology::build(4096, &cluster(4096, 1, 1)).unwrap();
         let boots: Vec<String> = (0..4096).map(boot).collect();
         let boots: Vec<&str> = boots.iter().map(|b| b.as_str()).collect();
-        let before = compressed(&Stored::Legacy(legacy::Global::from_locals(&t, &boots)));
+        let before = compressed(&Stored::Legacy(legacy::Global::from_topology(&t, &boots)));
         let now = compressed(&Stored::Compact(Compact::encode(&t)));
         assert!(now * 8 < before, "{now} bytes against {before} before");
         // Endpoints at random addresses and ports still leave it a
@@ -467,7 +468,7 @@ mod tests {
             l.transfer_endpoint = Some(format!("10.{}.{}.{}:{port}", b(0), b(2), b(4)));
         }
         let t = GlobalTopology::build(4096, &random).unwrap();
-        let before = compressed(&Stored::Legacy(legacy::Global::from_locals(&t, &boots)));
+        let before = compressed(&Stored::Legacy(legacy::Global::from_topology(&t, &boots)));
         let now = compressed(&Stored::Compact(Compact::encode(&t)));
         assert!(now * 4 < before, "{now} bytes against {before} before");
         let big = GlobalTopology::build(16384, &cluster(16384, 1, 8)).unwrap();
