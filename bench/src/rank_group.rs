@@ -53,6 +53,8 @@ pub struct RankOptions {
     pub no_arenas: bool,
     /// Network payloads over plain TCP (`--transfer-encryption off`).
     pub plain: bool,
+    /// Encrypted network payloads over QUIC streams (`--quic-payloads`).
+    pub quic_payloads: bool,
 }
 
 /// The ranks, killed (SIGKILL) when dropped, with their TLS folder.
@@ -99,6 +101,9 @@ impl RankGroup {
             }
             if opts.plain {
                 cmd.args(["--transfer-encryption", "off"]);
+            }
+            if opts.quic_payloads {
+                cmd.arg("--quic-payloads");
             }
             if let Some(ids) = &opts.boot_ids {
                 cmd.env("TESSEL_BOOT_ID", &ids[r]);

@@ -1,15 +1,17 @@
 //! `tessel-bench transfer`: point-to-point throughput between two processes
-//! on loopback, QUIC (tessel's transfer endpoint, mutual TLS) against a
-//! plain TCP stream in the same run.
+//! on loopback, tessel's transfer endpoint (sealed data channels, and
+//! QUIC streams) against a plain TCP stream in the same run.
 //!
 //! This process receives; a child `tessel-bench transfer --send-to …`
 //! sends `--bytes` `--repeat` times over each path. Throughput is measured
 //! on the receiving side, from the first byte of a transfer to its last.
 //!
 //! Then the all-reduce: `--ranks` groups of `tessel-bench transfer-rank`
-//! processes, each path (network: QUIC between all ranks; network-plain:
-//! the unencrypted data plane, data channels of plain TCP set up over
-//! QUIC (`--transfer-encryption off`); shm: shared-memory
+//! processes, each path (network: sealed data channels between all ranks,
+//! TCP in AES-128-GCM records keyed from the mutual-TLS session, the
+//! default; network-quic: the same bytes on QUIC streams, the path before;
+//! network-plain: the unencrypted data plane, data channels of plain TCP
+//! (`--transfer-encryption off`); shm: shared-memory
 //! arenas; shm-in-place: the same on buffers that live in shared memory,
 //! which the input is written into, through `all_reduce_in_place`;
 //! shm-ring: the ring with its chunks lent through shared memory; tcp-ring:
@@ -48,14 +50,15 @@ pub struct BenchTransferArgs {
     /// Group sizes for the all-reduce.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     pub ranks: Vec<usize>,
-    /// Paths for the all-reduce: `network` (QUIC even between processes
-    /// of this host), `shm` (shared-memory arenas), `shm-in-place`
+    /// Paths for the all-reduce: `network` (sealed data channels even
+    /// between processes of this host), `network-quic` (encrypted payloads
+    /// on QUIC streams), `shm` (shared-memory arenas), `shm-in-place`
     /// (arenas, on buffers in shared memory: `all_reduce_in_place`),
     /// `shm-ring` (the ring, its chunks lent through shared memory) and
     /// `tcp-ring` (the ring over plain TCP: no encryption, no framing, no
     /// copy but the kernel's; the floor under `network`), `network-plain`
     /// (the unencrypted data plane: `--transfer-encryption off`).
-    #[arg(long, value_delimiter = ',', default_value = "network,network-plain,tcp-ring,shm,shm-in-place,shm-ring", value_parser = ["network", "network-plain", "tcp-ring", "shm", "shm-in-place", "shm-ring"])]
+    #[arg(long, value_delimiter = ',', default_value = "network,network-quic,network-plain,tcp-ring,shm,shm-in-place,shm-ring", value_parser = ["network", "network-quic", "network-plain", "tcp-ring", "shm", "shm-in-place", "shm-ring"])]
     pub paths: Vec<String>,
     /// Largest message of a ring step (the collectives' chunk size).
     #[arg(long, default_value_t = 4 << 20)]
@@ -115,8 +118,12 @@ fn all_reduce(args: &BenchTransferArgs, n: usize, path: &str) -> Result<String> 
     anyhow::ensure!(n >= 1, "--ranks: at least 1");
     let count = (args.all_reduce_bytes / 4) as usize;
     let opts = RankOptions {
-        force_network: matches!(path, "network" | "network-plain" | "tcp-ring"),
+        force_network: matches!(
+            path,
+            "network" | "network-quic" | "network-plain" | "tcp-ring"
+        ),
         plain: path == "network-plain",
+        quic_payloads: path == "network-quic",
         no_arenas: path == "shm-ring",
         timeout_ms: Some(T.as_millis() as u64),
         chunk_bytes: Some(args.chunk_bytes),
@@ -261,6 +268,10 @@ fn report_all_reduce(
     );
 }
 
+/// The point-to-point paths, in order: sealed data channels (the
+/// default), and the same payloads on QUIC streams (`quic_payloads`).
+const P2P_PATHS: [(&str, bool); 2] = [("sealed", false), ("quic", true)];
+
 async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
     let dir = tessel_harness::scratch::scratch_dir("benchtransfer")?;
     let tls_dir = dir.path().join("tls");
@@ -289,7 +300,7 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
         .context("starting the sender")?;
 
     let mut quic_s = Vec::new();
-    for _ in &args.connections {
+    for _ in P2P_PATHS.iter().flat_map(|_| &args.connections) {
         let mut secs = Vec::new();
         for _ in 0..args.repeat {
             // The sender's first bytes arrive with its header: time from the
@@ -324,11 +335,11 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
         tcp_s.push(t.elapsed().as_secs_f64());
     }
     let _ = child.wait();
-    let quic = args
-        .connections
+    let quic = P2P_PATHS
         .iter()
+        .flat_map(|(name, _)| args.connections.iter().map(move |k| (name, k)))
         .zip(quic_s)
-        .map(|(k, secs)| (format!("\"path\":\"quic\",\"connections\":{k}"), secs));
+        .map(|((name, k), secs)| (format!("\"path\":\"{name}\",\"connections\":{k}"), secs));
     for (path, mut secs) in quic.chain([("\"path\":\"tcp\"".to_owned(), tcp_s)]) {
         secs.sort_by(f64::total_cmp);
         let gbps = |s: f64| args.bytes as f64 / s / 1e9;
@@ -363,9 +374,13 @@ async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
     // Every endpoint lives to the end: closing one could cut off its answer
     // to the receiver's last word.
     let mut endpoints = Vec::new();
-    for &k in &args.connections {
+    let runs = P2P_PATHS
+        .iter()
+        .flat_map(|&(_, quic)| args.connections.iter().map(move |&k| (quic, k)));
+    for (quic_payloads, k) in runs {
         let cfg = TransferConfig {
             connections_per_peer: k,
+            quic_payloads,
             ..TransferConfig::default()
         };
         let ep = TransferEndpoint::bind("127.0.0.1:0".parse()?, 1, Some(&tls), cfg)?;
@@ -385,7 +400,7 @@ async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
                 .await?;
             ep.recv(0, 2, T).await?;
         }
-        if let Some(st) = ep.connection_stats(quic_to) {
+        if let Some(st) = ep.connection_stats(quic_to).filter(|_| quic_payloads) {
             eprintln!(
                 "quic sender, {k} connection(s), the first: path MTU {} B, {} datagrams in {} send calls ({} B each on average), {} lost packets, congestion window {} B",
                 st.path.current_mtu,

@@ -57,9 +57,13 @@ pub struct TransferRankArgs {
     #[arg(long)]
     pub no_arenas: bool,
     /// `off`: network payloads over data channels of plain TCP, set up
-    /// over mutual TLS.
+    /// over mutual TLS (`on`: sealed data channels).
     #[arg(long, value_name = "on|off", default_value_t = Encryption::On)]
     pub transfer_encryption: Encryption,
+    /// Encrypted network payloads on QUIC streams instead of sealed data
+    /// channels (`TransferConfig::quic_payloads`: the path before them).
+    #[arg(long)]
+    pub quic_payloads: bool,
 }
 
 /// A member of the group as the driver passes it.
@@ -198,6 +202,7 @@ pub async fn run(args: TransferRankArgs) -> Result<()> {
         boot_id: Some(boot_id.clone()),
         force_network: args.force_network,
         encryption: args.transfer_encryption,
+        quic_payloads: args.quic_payloads,
         job: "transfer-rank".into(),
         ..TransferConfig::default()
     };

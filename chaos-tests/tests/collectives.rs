@@ -40,8 +40,12 @@ enum Path {
     Arenas,
     /// The ring, its chunks lent through shared memory (`--no-arenas`).
     ShmRing,
-    /// QUIC (`--force-network`).
+    /// Sealed data channels, set up over QUIC (`--force-network`: the
+    /// default between hosts).
     Network,
+    /// Encrypted payloads on QUIC streams (`--force-network
+    /// --quic-payloads`, the path before sealed channels).
+    Quic,
     /// Data channels of plain TCP set up over QUIC (`--force-network
     /// --transfer-encryption off`).
     Plain,
@@ -50,8 +54,9 @@ enum Path {
 impl Path {
     fn options(self) -> RankOptions {
         RankOptions {
-            force_network: matches!(self, Path::Network | Path::Plain),
+            force_network: matches!(self, Path::Network | Path::Quic | Path::Plain),
             plain: matches!(self, Path::Plain),
+            quic_payloads: matches!(self, Path::Quic),
             no_arenas: matches!(self, Path::ShmRing),
             ..RankOptions::default()
         }
@@ -230,6 +235,11 @@ fn collectives_of_four_ranks_over_the_network_match_the_reference() {
 }
 
 #[test]
+fn collectives_of_three_ranks_on_quic_streams_match_the_reference() {
+    collectives_match_the_reference(3, Path::Quic);
+}
+
+#[test]
 fn collectives_of_two_ranks_over_plain_tcp_match_the_reference() {
     collectives_match_the_reference(2, Path::Plain);
 }
@@ -240,8 +250,8 @@ fn collectives_of_three_ranks_over_plain_tcp_match_the_reference() {
 }
 
 /// Ranks that look like two hosts (two boot ids): shared memory inside a
-/// host, the network across (QUIC, or data channels of plain TCP), in one
-/// ring.
+/// host, the network across (sealed data channels, or plain TCP ones), in
+/// one ring.
 fn mixed_paths_in_one_ring(plain: bool) {
     let ids = ["host-a", "host-a", "host-b", "host-b"]
         .map(String::from)
@@ -572,6 +582,11 @@ fn a_killed_rank_fails_the_others(path: Path, in_place: bool) {
 #[test]
 fn a_killed_rank_fails_the_others_within_the_deadline_over_the_network() {
     a_killed_rank_fails_the_others(Path::Network, false);
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_within_the_deadline_on_quic_streams() {
+    a_killed_rank_fails_the_others(Path::Quic, false);
 }
 
 #[test]

@@ -449,7 +449,7 @@ pub(crate) async fn job(args: JobArgs) -> Result<()> {
     );
     match encryption {
         Some("off") => println!("  transfers  unencrypted (plain TCP, set up over mutual TLS)"),
-        Some(_) => println!("  transfers  encrypted (QUIC, mutual TLS)"),
+        Some(_) => println!("  transfers  encrypted (AES-128-GCM over TCP, keyed by mutual TLS)"),
         None => {}
     }
     for (i, w) in j.placement.iter().enumerate() {

@@ -1,32 +1,41 @@
-//! Setting up a data channel of the unencrypted data plane (sans-IO).
+//! Setting up a data channel (sans-IO).
 //!
-//! With [`Encryption::Off`] the bulk bytes travel over plain TCP, but a
-//! TCP connection carries transfers only once a peer holding a cluster
-//! certificate has asked for it over mutual TLS (the QUIC connection):
+//! Payloads between hosts travel over TCP data channels: sealed records
+//! with [`Encryption::On`] ([`crate::seal`]), raw bytes with
+//! [`Encryption::Off`]. Either way a TCP connection carries transfers only
+//! once a peer holding a cluster certificate has asked for it over mutual
+//! TLS (the QUIC connection):
 //!
-//! 1. The sender opens a stream on its QUIC connection and writes
-//!    [`REQUEST_MARKER`] (where a header's length would be), then a frame:
-//!    `u32` big-endian length (≤ [`MAX_FRAME`]) and the postcard
-//!    [`ChannelRequest`] (its rank and job).
+//! 1. The sender opens a stream on its QUIC connection and writes the
+//!    marker of its setting ([`REQUEST_MARKER`] or [`SEALED_REQUEST_MARKER`],
+//!    where a header's length would be), then a frame: `u32` big-endian
+//!    length (≤ [`MAX_FRAME`]) and the postcard [`ChannelRequest`] (its rank
+//!    and job).
 //! 2. The receiver answers a [`ChannelAnswer`] frame: a grant (its TCP port
-//!    and a fresh random token) or a refusal with its reason.
+//!    and a fresh random token) or a refusal with its reason (another job,
+//!    or the other setting).
 //! 3. The sender connects to that port and writes the token; the receiver
-//!    answers one byte, `0`, and the connection is a channel bound to the
-//!    rank and job of the request (endpoint invariant 11).
+//!    answers one byte, `0` (a sealed record with encryption on), and the
+//!    connection is a channel bound to the rank and job of the request
+//!    (endpoint invariant 11). A sealed channel's keys are exported from
+//!    the QUIC connection's TLS session with the token as context.
 //!
 //! Invariants:
 //! 1. Decoding never panics and never allocates more than the frame.
 //! 2. A token is [`TOKEN_LEN`] bytes from the system's random source; it
-//!    travels only inside mutual TLS.
+//!    travels only inside mutual TLS until the sender presents it.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TransferError};
 use crate::header::{length_prefixed, prefixed_len};
 
-/// What replaces a header's length on a stream that asks for a channel
-/// (a header's length is at most 4096, so no transfer starts this way).
+/// What replaces a header's length on a stream that asks for a plain
+/// channel (a header's length is at most 4096, so no transfer starts this
+/// way).
 pub const REQUEST_MARKER: u32 = u32::MAX;
+/// The same, for a sealed channel.
+pub const SEALED_REQUEST_MARKER: u32 = u32::MAX - 1;
 /// Largest request or answer frame.
 pub const MAX_FRAME: usize = 2048;
 /// Bytes of a channel's token.
@@ -38,7 +47,8 @@ const MAX_TEXT: usize = 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Encryption {
-    /// Over QUIC, mutual TLS throughout (the default).
+    /// Set-up over mutual TLS, bulk bytes over TCP in AES-128-GCM records
+    /// keyed from that session (the default).
     #[default]
     On,
     /// Set-up over mutual TLS, bulk bytes over plain TCP (a trusted
@@ -58,6 +68,24 @@ impl Encryption {
     /// Whether the bulk bytes are encrypted.
     pub fn is_on(self) -> bool {
         self == Encryption::On
+    }
+
+    /// The marker of a request for a channel of this setting.
+    pub fn request_marker(self) -> u32 {
+        match self {
+            Encryption::On => SEALED_REQUEST_MARKER,
+            Encryption::Off => REQUEST_MARKER,
+        }
+    }
+
+    /// The setting a stream's first four bytes ask a channel for, if they
+    /// are a request's marker.
+    pub fn requested(prefix: [u8; 4]) -> Option<Encryption> {
+        match u32::from_be_bytes(prefix) {
+            SEALED_REQUEST_MARKER => Some(Encryption::On),
+            REQUEST_MARKER => Some(Encryption::Off),
+            _ => None,
+        }
     }
 }
 
@@ -133,9 +161,9 @@ fn check_text(what: &str, s: &str) -> Result<()> {
 }
 
 impl ChannelRequest {
-    /// The marker and the frame.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = REQUEST_MARKER.to_be_bytes().to_vec();
+    /// The marker of a channel of setting `encryption`, and the frame.
+    pub fn encode(&self, encryption: Encryption) -> Vec<u8> {
+        let mut out = encryption.request_marker().to_be_bytes().to_vec();
         out.extend(frame(self));
         out
     }
@@ -184,8 +212,19 @@ mod tests {
             from: 3,
             job: "train/2".into(),
         };
-        let bytes = r.encode();
+        let bytes = r.encode(Encryption::Off);
         assert_eq!(bytes[..4], REQUEST_MARKER.to_be_bytes());
+        assert_eq!(
+            Encryption::requested(bytes[..4].try_into().unwrap()),
+            Some(Encryption::Off)
+        );
+        let sealed = r.encode(Encryption::On);
+        assert_eq!(
+            Encryption::requested(sealed[..4].try_into().unwrap()),
+            Some(Encryption::On)
+        );
+        assert_eq!(sealed[4..], bytes[4..]);
+        assert_eq!(Encryption::requested(4096u32.to_be_bytes()), None);
         let n = frame_len(bytes[4..8].try_into().unwrap()).unwrap();
         assert_eq!(ChannelRequest::decode(&bytes[8..8 + n]).unwrap(), r);
         for a in [
@@ -210,7 +249,7 @@ mod tests {
             from: 0,
             job: "j".repeat(MAX_TEXT + 1),
         };
-        assert!(ChannelRequest::decode(&long.encode()[8..]).is_err());
+        assert!(ChannelRequest::decode(&long.encode(Encryption::On)[8..]).is_err());
         assert!(ChannelAnswer::decode(&[7, 1, 2]).is_err());
         assert!(ChannelRequest::decode(&[]).is_err());
     }

@@ -1,5 +1,7 @@
 //! tessel's transfer layer: moves tensors between workers over QUIC
-//! (quinn, mutual TLS from the cluster CA, ALPN `tessel-transfer`).
+//! (quinn, mutual TLS from the cluster CA, ALPN `tessel-transfer`) and,
+//! for the bulk bytes between hosts, data channels that QUIC grants: TCP
+//! in AES-128-GCM records ([`seal`]) or, on a trusted network, plain.
 //!
 //! - Point to point ([`TransferEndpoint::send_to`] /
 //!   [`TransferEndpoint::recv`]) of host bytes with a validated header
@@ -65,6 +67,7 @@ mod error;
 pub mod header;
 pub mod memory;
 pub mod reduce;
+pub mod seal;
 pub mod shm;
 pub mod stripe;
 pub mod testing;

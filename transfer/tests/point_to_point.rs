@@ -26,7 +26,7 @@ fn certs() -> (tempfile::TempDir, TlsFiles) {
 
 fn pair(tls: &TlsFiles, cfg: TransferConfig) -> (TransferEndpoint, TransferEndpoint, SocketAddr) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let a = TransferEndpoint::bind(any, 0, Some(tls), TransferConfig::default()).unwrap();
+    let a = TransferEndpoint::bind(any, 0, Some(tls), cfg.clone()).unwrap();
     let b = TransferEndpoint::bind(any, 1, Some(tls), cfg).unwrap();
     let b_addr = b.local_addr().unwrap();
     (a, b, b_addr)
@@ -43,7 +43,20 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 async fn every_dtype_arrives_byte_for_byte() {
     let _shared = ALONE.read().await;
     let (_d, tls) = certs();
-    let (a, b, to) = pair(&tls, TransferConfig::default());
+    for (a, b, to) in [pair(&tls, TransferConfig::default()), pair(&tls, on_quic())] {
+        every_dtype(&a, &b, to).await;
+    }
+}
+
+/// Encrypted payloads on QUIC streams instead of sealed data channels.
+fn on_quic() -> TransferConfig {
+    TransferConfig {
+        quic_payloads: true,
+        ..TransferConfig::default()
+    }
+}
+
+async fn every_dtype(a: &TransferEndpoint, b: &TransferEndpoint, to: SocketAddr) {
     for (i, dtype) in ElementType::ALL.into_iter().enumerate() {
         let dims = [3u64, 5, 7];
         let data = pattern(105 * dtype.size(), i as u8);
@@ -89,7 +102,12 @@ async fn ten_thousand_small_arrays_arrive_in_order_per_tag() {
 async fn a_large_array_streams_through() {
     let _shared = ALONE.read().await;
     let (_d, tls) = certs();
-    let (a, b, to) = pair(&tls, TransferConfig::default());
+    for (a, b, to) in [pair(&tls, TransferConfig::default()), pair(&tls, on_quic())] {
+        large_array(&a, &b, to).await;
+    }
+}
+
+async fn large_array(a: &TransferEndpoint, b: &TransferEndpoint, to: SocketAddr) {
     let len = 256usize << 20;
     let data = pattern(len, 7);
     let dims = [len as u64 / 4];
@@ -116,8 +134,8 @@ fn non_loopback_ip() -> std::net::IpAddr {
 /// address and returns the sender's path MTU after checking the bytes.
 async fn path_mtu_after(ip: std::net::IpAddr, tls: &TlsFiles, len: usize) -> u16 {
     let bind = SocketAddr::new(ip, 0);
-    let a = TransferEndpoint::bind(bind, 0, Some(tls), TransferConfig::default()).unwrap();
-    let b = TransferEndpoint::bind(bind, 1, Some(tls), TransferConfig::default()).unwrap();
+    let a = TransferEndpoint::bind(bind, 0, Some(tls), on_quic()).unwrap();
+    let b = TransferEndpoint::bind(bind, 1, Some(tls), on_quic()).unwrap();
     let to = b.local_addr().unwrap();
     let data = pattern(len, 3);
     let dims = [len as u64];

@@ -51,9 +51,15 @@ pub struct TransferConfig {
     /// A network payload of at least this many bytes travels as one part
     /// per connection (invariant 8; 0: never).
     pub stripe_bytes: usize,
-    /// Whether network payloads are encrypted; off, they travel over data
-    /// channels of plain TCP set up over mutual TLS (invariant 11).
+    /// Whether network payloads are encrypted: they travel over data
+    /// channels set up over mutual TLS (invariant 11), of sealed records
+    /// (on) or plain TCP (off).
     pub encryption: Encryption,
+    /// With encryption on, send network payloads on QUIC streams instead
+    /// of sealed data channels (the path before them, kept to compare:
+    /// `tessel-bench transfer --paths network-quic`). Receiving takes
+    /// either.
+    pub quic_payloads: bool,
     /// The job (attempt) this endpoint serves: a data channel is granted
     /// only to a sender of the same job (invariant 11).
     pub job: String,
@@ -79,6 +85,7 @@ impl Default for TransferConfig {
             connections_per_peer: 2,
             stripe_bytes: 16 << 20,
             encryption: Encryption::On,
+            quic_payloads: false,
             job: String::new(),
             payload_stall: Duration::from_secs(30),
         }

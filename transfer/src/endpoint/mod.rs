@@ -27,10 +27,14 @@
 //!    never copied into one buffer by us ([`Outgoing::Shared`], [`Payload::Pieces`]).
 //! 10. With certificates an endpoint admits only workers, and a sender checks
 //!     that the peer's certificate names the worker its [`Peer`] runs on.
-//! 11. With encryption off, a network payload travels on a data channel: a
-//!     TCP connection that presented a one-time token granted over mutual
-//!     TLS to a sender of this job, carrying that sender's rank only; a
-//!     sender silent for `payload_stall` (30 s) mid-payload ends it.
+//! 11. A network payload travels on a data channel (unless
+//!     `quic_payloads`): a TCP connection that presented a one-time token
+//!     granted over mutual TLS to a sender of this job and setting,
+//!     carrying that sender's rank only, in sealed records (encryption on,
+//!     [`crate::seal`]) or plain (off); a sender silent for
+//!     `payload_stall` (30 s) mid-message ends it. A connection or channel
+//!     kept for reuse is checked against its peer's worker each time
+//!     (invariant 10).
 //! 12. A lent payload on a data channel stays there until taken: its taker
 //!     reads it straight into place, then the channel answers and goes on.
 //! 13. Once the job's ranks are bound ([`TransferEndpoint::bind_ranks`]), a
@@ -93,14 +97,18 @@
 //!   since each ring step sends and receives at once; a sender that waits on
 //!   its send before receiving (the descriptor ring, broadcast) would wait on
 //!   a peer doing the same.
-//! * Unencrypted data plane (`encryption: Off`, endpoint invariant 11,
-//!   [`crate::channel`]): the endpoint also listens on a TCP port of its
-//!   address. A sender asks for a channel on a QUIC stream (its rank and
-//!   job), gets the port and a 32-byte token valid once for 10 s, connects
-//!   and presents it; the channel then carries that rank's transfers with
-//!   the stream's framing (header, payload, answer byte), one at a time,
-//!   and is kept for the next. A receiver whose encryption is on, or that
-//!   serves another job, refuses the request with its reason. A lent
+//! * Data channels (endpoint invariant 11, [`crate::channel`]): the
+//!   endpoint also listens on a TCP port of its address. A sender asks for
+//!   a channel on a QUIC stream (its rank, job and setting), gets the port
+//!   and a 32-byte token valid once for 10 s, connects and presents it;
+//!   the channel then carries that rank's transfers with the stream's
+//!   framing (header, payload, answer byte), one at a time, and is kept
+//!   for the next. Encryption on, every message is AES-128-GCM records
+//!   (`crate::seal`) under keys both ends export from the QUIC
+//!   connection's TLS session with the token as context: the ciphertext is
+//!   read into the payload's place and opened there. A receiver of the
+//!   other setting, or that serves another job, refuses the request with
+//!   its reason. A lent
 //!   chunk (the ring's all-gather) waits on its channel for its taker,
 //!   which reads it straight into the array, and only then is answered
 //!   (endpoint invariant 12); the ring keeps two chunks in flight per
@@ -132,10 +140,11 @@
 //!   faults in and zeroes its memory once. `recv_buffer` recycles the host
 //!   copy itself once the PJRT buffer holds the array.
 
+mod channels;
 mod config;
+mod data_channel;
 mod mailbox;
 mod payload;
-mod plain;
 mod ranks;
 mod receive;
 
@@ -182,12 +191,16 @@ fn tls_err(e: tessel_tls::TlsError) -> TransferError {
     TransferError::Tls(e.to_string())
 }
 
+/// The certificate a connection's peer presented (invariant 10).
+type Verified = Arc<tessel_tls::Identity>;
+
 /// A worker's transfer endpoint.
 pub struct TransferEndpoint {
     rank: u32,
     endpoint: Endpoint,
     /// Connection `k` (below `connections_per_peer`) to each peer address.
-    conns: Mutex<HashMap<(SocketAddr, usize), Connection>>,
+    /// Each with the certificate its peer presented (invariant 10).
+    conns: Mutex<HashMap<(SocketAddr, usize), (Connection, Verified)>>,
     /// Round robin over a peer's connections.
     next_conn: AtomicUsize,
     /// Numbers this endpoint's striped payloads (stripe invariant 1).
@@ -198,12 +211,12 @@ pub struct TransferEndpoint {
     insecure_client: Option<quinn::ClientConfig>,
     mailbox: Arc<Mailbox>,
     accept: tokio::task::JoinHandle<()>,
-    /// With encryption off: the data channels' port and grants, and their
-    /// accept loop (invariant 11).
-    plain: Option<Arc<plain::PlainServer>>,
-    plain_accept: Option<tokio::task::JoinHandle<()>>,
-    /// With encryption off: idle data channels to peers.
-    channels: plain::Channels,
+    /// The data channels' port and grants, and their accept loop
+    /// (invariant 11).
+    channel_server: Arc<channels::ChannelServer>,
+    channel_accept: tokio::task::JoinHandle<()>,
+    /// Idle data channels to peers.
+    channels: channels::Channels,
     /// The worker of each rank, once bound (invariant 13).
     ranks: Arc<ranks::Ranks>,
     cfg: TransferConfig,
@@ -213,9 +226,7 @@ pub struct TransferEndpoint {
 impl Drop for TransferEndpoint {
     fn drop(&mut self) {
         self.accept.abort();
-        if let Some(t) = &self.plain_accept {
-            t.abort();
-        }
+        self.channel_accept.abort();
         self.endpoint.close(VarInt::from_u32(0), b"closed");
     }
 }
@@ -260,26 +271,21 @@ impl TransferEndpoint {
         )
         .map_err(|e| bind_err(e.to_string()))?;
         let mailbox = Arc::new(Mailbox::default());
-        let (plain, plain_accept) = match cfg.encryption {
-            Encryption::On => (None, None),
-            Encryption::Off => {
-                let (server, listener) = plain::PlainServer::bind(addr.ip(), cfg.job.clone())
-                    .map_err(|e| bind_err(format!("data channel port: {e}")))?;
-                let task = tokio::spawn(plain::serve(
-                    listener,
-                    server.clone(),
-                    mailbox.clone(),
-                    cfg.clone(),
-                ));
-                (Some(server), Some(task))
-            }
-        };
+        let (channel_server, listener) =
+            channels::ChannelServer::bind(addr.ip(), cfg.job.clone(), cfg.encryption)
+                .map_err(|e| bind_err(format!("data channel port: {e}")))?;
+        let channel_accept = tokio::spawn(channels::serve(
+            listener,
+            channel_server.clone(),
+            mailbox.clone(),
+            cfg.clone(),
+        ));
         let ranks = Arc::new(ranks::Ranks::default());
         let accept = tokio::spawn(accept_loop(
             endpoint.clone(),
             mailbox.clone(),
             cfg.clone(),
-            plain.clone(),
+            channel_server.clone(),
             ranks.clone(),
         ));
         Ok(TransferEndpoint {
@@ -292,9 +298,9 @@ impl TransferEndpoint {
             insecure_client,
             mailbox,
             accept,
-            plain,
-            plain_accept,
-            channels: plain::Channels::default(),
+            channel_server,
+            channel_accept,
+            channels: channels::Channels::default(),
             ranks,
             shm: ShmPool::new(cfg.shm_dir.clone()),
             cfg,
@@ -318,10 +324,12 @@ impl TransferEndpoint {
             })
     }
 
-    /// Where its data channels connect (encryption off; invariant 11).
-    pub fn data_addr(&self) -> Option<SocketAddr> {
-        let ip = self.local_addr().ok()?.ip();
-        self.plain.as_ref().map(|p| SocketAddr::new(ip, p.port()))
+    /// Where its data channels connect (invariant 11).
+    pub fn data_addr(&self) -> Result<SocketAddr> {
+        Ok(SocketAddr::new(
+            self.local_addr()?.ip(),
+            self.channel_server.port(),
+        ))
     }
 
     /// This endpoint's rank.
@@ -350,8 +358,9 @@ impl TransferEndpoint {
 
     async fn connection_at(&self, peer: &Peer, k: usize) -> Result<Connection> {
         let addr = peer.addr;
-        if let Some(c) = self.conns.lock().expect("not poisoned").get(&(addr, k)) {
+        if let Some((c, who)) = self.conns.lock().expect("not poisoned").get(&(addr, k)) {
             if c.close_reason().is_none() {
+                self.check_reuse(peer, who)?;
                 return Ok(c.clone());
             }
         }
@@ -363,11 +372,27 @@ impl TransferEndpoint {
             .map_err(|e| connect_err(e.to_string()))?
             .await
             .map_err(|e| connect_err(e.to_string()))?;
+        let who = Arc::new(tessel_tls::peer_identity(&conn));
         self.conns
             .lock()
             .expect("not poisoned")
-            .insert((addr, k), conn.clone());
+            .insert((addr, k), (conn.clone(), who));
         Ok(conn)
+    }
+
+    /// Invariant 10 for a connection or data channel opened before: the
+    /// certificate `who` it was opened with must name the worker `peer`
+    /// runs on now (another worker may have taken the address since).
+    fn check_reuse(&self, peer: &Peer, who: &tessel_tls::Identity) -> Result<()> {
+        if self.tls.is_none() {
+            return Ok(());
+        }
+        tessel_tls::check_server(Some(who), &Expect::Worker(peer.worker.clone())).map_err(
+            |reason| TransferError::Connect {
+                addr: peer.addr,
+                reason,
+            },
+        )
     }
 
     /// Sends an array over the network to `peer` under `tag`; returns once
@@ -442,7 +467,7 @@ impl TransferEndpoint {
             .lock()
             .expect("not poisoned")
             .get(&(peer, 0))
-            .map(|c| c.stats())
+            .map(|(c, _)| c.stats())
     }
 
     /// Where this endpoint's shared-memory files live.
@@ -458,7 +483,8 @@ impl TransferEndpoint {
     /// Whether payloads to and from `peer` travel on data channels
     /// (invariant 11): they then arrive whole, in one buffer.
     pub(crate) fn on_data_channel(&self, peer: &Peer) -> bool {
-        self.cfg.encryption == Encryption::Off && !self.same_host(peer)
+        let quic = self.cfg.quic_payloads && self.cfg.encryption == Encryption::On;
+        !quic && !self.same_host(peer)
     }
 
     fn same_boot_id(&self, peer: &Peer) -> bool {
@@ -567,7 +593,12 @@ impl TransferEndpoint {
                 after: timeout,
             }
         })?;
-        let path = if shm.is_some() { "shm" } else { "quic" };
+        let path = match (&shm, self.on_data_channel(peer), self.cfg.encryption) {
+            (Some(_), _, _) => "shm",
+            (None, true, Encryption::On) => "sealed",
+            (None, true, Encryption::Off) => "tcp",
+            (None, false, _) => "quic",
+        };
         if let Some(f) = shm {
             self.shm.release(f, result.is_ok());
         }
@@ -594,7 +625,7 @@ impl TransferEndpoint {
             reason,
         };
         if self.on_data_channel(peer) {
-            return self.send_plain(peer, header, payload).await;
+            return self.send_on_channel(peer, header, payload).await;
         }
         let conn = match conn {
             Some(k) => self.connection_at(peer, k).await?,

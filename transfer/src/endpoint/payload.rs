@@ -130,9 +130,9 @@ pub(crate) struct Arrived {
 /// reads its bytes straight where they belong, and the channel then
 /// answers and serves the next transfer.
 pub(crate) struct LentChannel {
-    pub(super) socket: tokio::net::TcpStream,
+    pub(super) channel: super::data_channel::DataChannel,
     pub(super) len: usize,
-    pub(super) back: tokio::sync::oneshot::Sender<tokio::net::TcpStream>,
+    pub(super) back: tokio::sync::oneshot::Sender<super::data_channel::DataChannel>,
     /// The channel's stall deadline (`TransferConfig::payload_stall`).
     pub(super) stall: std::time::Duration,
 }
@@ -144,23 +144,21 @@ impl LentChannel {
 
     /// Reads the payload into `dst`, exactly its length.
     pub(crate) async fn read_into(mut self, dst: &mut [u8]) -> std::io::Result<()> {
-        use tokio::io::AsyncReadExt;
-        if dst.len() != self.len {
-            return Err(std::io::Error::other(format!(
-                "{} bytes wanted of a {}-byte payload",
-                dst.len(),
-                self.len
-            )));
-        }
-        self.socket.read_exact(dst).await?;
-        let _ = self.back.send(self.socket);
+        let landing = super::data_channel::Landing::Slice(dst);
+        self.channel
+            .read_payload(self.len, landing, self.stall)
+            .await?;
+        let _ = self.back.send(self.channel);
         Ok(())
     }
 
     /// Reads the payload into `buf`, an empty buffer with room for it.
     pub(super) async fn read_to(mut self, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
-        super::plain::read_into(&mut self.socket, self.len, &mut buf, self.stall).await?;
-        let _ = self.back.send(self.socket);
+        let landing = super::data_channel::Landing::Vec(&mut buf);
+        self.channel
+            .read_payload(self.len, landing, self.stall)
+            .await?;
+        let _ = self.back.send(self.channel);
         Ok(buf)
     }
 }

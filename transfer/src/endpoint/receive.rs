@@ -9,12 +9,12 @@ use bytes::Bytes;
 use quinn::{Endpoint, RecvStream, SendStream, VarInt};
 use tessel_pjrt::ElementType;
 
-use crate::channel::{self, ChannelAnswer, ChannelRequest};
+use crate::channel::{self, ChannelAnswer, ChannelRequest, Encryption};
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
 use crate::stripe::{part_range, Part};
 
-use super::plain::{self, PlainServer};
+use super::channels::ChannelServer;
 use super::ranks::Ranks;
 use super::*;
 
@@ -22,18 +22,19 @@ pub(super) async fn accept_loop(
     endpoint: Endpoint,
     mailbox: Arc<Mailbox>,
     cfg: TransferConfig,
-    plain: Option<Arc<PlainServer>>,
+    channels: Arc<ChannelServer>,
     ranks: Arc<Ranks>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let mailbox = mailbox.clone();
         let cfg = cfg.clone();
-        let plain = plain.clone();
+        let channels = channels.clone();
         let ranks = ranks.clone();
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
             let remote = conn.remote_address();
             let sender = Sender {
+                conn: conn.clone(),
                 remote,
                 who: Arc::new(tessel_tls::peer_identity(&conn)),
                 ranks,
@@ -41,10 +42,10 @@ pub(super) async fn accept_loop(
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let mailbox = mailbox.clone();
                 let cfg = cfg.clone();
-                let plain = plain.clone();
+                let channels = channels.clone();
                 let sender = sender.clone();
                 tokio::spawn(async move {
-                    let received = receive(send, recv, &sender, &mailbox, &cfg, plain.as_deref());
+                    let received = receive(send, recv, &sender, &mailbox, &cfg, &channels);
                     if let Err(e) = received.await {
                         tracing::warn!(error = %e, "transfer refused");
                     }
@@ -171,6 +172,7 @@ pub(super) async fn receive_part(
 /// job's ranks to check its claims against (invariant 13).
 #[derive(Clone)]
 pub(super) struct Sender {
+    conn: quinn::Connection,
     remote: SocketAddr,
     who: Arc<tessel_tls::Identity>,
     ranks: Arc<Ranks>,
@@ -181,7 +183,8 @@ async fn answer_channel_request(
     mut send: SendStream,
     mut recv: RecvStream,
     sender: &Sender,
-    plain: Option<&PlainServer>,
+    channels: &ChannelServer,
+    asked: Encryption,
 ) -> Result<()> {
     let remote = sender.remote;
     let stream_err = |reason: String| TransferError::Stream {
@@ -200,11 +203,12 @@ async fn answer_channel_request(
         ChannelRequest::decode(&body)
     };
     let answer = match request.await {
-        Ok(r) => match (plain, sender.ranks.admit(r.from, &sender.who)) {
+        Ok(r) => match sender.ranks.admit(r.from, &sender.who) {
             // Invariant 13, with its reason for the sender.
-            (_, Err(e)) => ChannelAnswer::Refused(e.to_string()),
-            (Some(p), Ok(())) => p.answer(&r, remote),
-            (None, Ok(())) => plain::refuse_encrypted(),
+            Err(e) => ChannelAnswer::Refused(e.to_string()),
+            Ok(()) => channels.answer(&r, asked, remote, |token| {
+                super::channels::export_keys(&sender.conn, token)
+            }),
         },
         Err(e) => {
             refuse(&mut send, Some(&mut recv)).await;
@@ -225,7 +229,7 @@ pub(super) async fn receive(
     sender: &Sender,
     mailbox: &Mailbox,
     cfg: &TransferConfig,
-    plain: Option<&PlainServer>,
+    channels: &ChannelServer,
 ) -> Result<()> {
     let max_bytes = cfg.max_bytes;
     let stream_err = |reason: String| TransferError::Stream {
@@ -236,8 +240,8 @@ pub(super) async fn receive(
     recv.read_exact(&mut prefix)
         .await
         .map_err(|e| stream_err(e.to_string()))?;
-    if u32::from_be_bytes(prefix) == channel::REQUEST_MARKER {
-        return answer_channel_request(send, recv, sender, plain).await;
+    if let Some(asked) = Encryption::requested(prefix) {
+        return answer_channel_request(send, recv, sender, channels, asked).await;
     }
     let remote = sender.remote;
     let checked = async {

@@ -112,13 +112,18 @@ async fn recycled_buffers_receive_later_payloads_within_the_limit() {
 /// 1 MiB or more over three connections.
 fn striping_pair() -> (TransferEndpoint, TransferEndpoint, Peer) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    // Payloads on QUIC streams: what these tests are about.
+    let quic = TransferConfig {
+        quic_payloads: true,
+        ..TransferConfig::default()
+    };
     let cfg = TransferConfig {
         connections_per_peer: 3,
         stripe_bytes: 1 << 20,
-        ..TransferConfig::default()
+        ..quic.clone()
     };
     let a = TransferEndpoint::bind(any, 0, None, cfg).unwrap();
-    let b = TransferEndpoint::bind(any, 1, None, TransferConfig::default()).unwrap();
+    let b = TransferEndpoint::bind(any, 1, None, quic).unwrap();
     let to_b = Peer::new(b.local_addr().unwrap(), None);
     (a, b, to_b)
 }
@@ -419,8 +424,13 @@ async fn a_sender_stalled_mid_payload_ends_its_channel_after_the_stall_deadline(
 
 /// An endpoint of rank 1 of job `j@1` with encryption off.
 fn plain_receiver(payload_stall: Duration) -> TransferEndpoint {
+    receiver(Encryption::Off, payload_stall)
+}
+
+/// An endpoint of rank 1 of job `j@1`.
+fn receiver(encryption: Encryption, payload_stall: Duration) -> TransferEndpoint {
     let cfg = TransferConfig {
-        encryption: Encryption::Off,
+        encryption,
         job: "j@1".into(),
         payload_stall,
         ..TransferConfig::default()
@@ -430,15 +440,27 @@ fn plain_receiver(payload_stall: Duration) -> TransferEndpoint {
 
 /// A data channel's token for rank 0 of `b`'s job.
 fn grant(b: &TransferEndpoint) -> [u8; 32] {
+    grant_as(b, Encryption::Off).unwrap()
+}
+
+/// Keying material the tests' sealed channels get instead of a TLS
+/// session's.
+const MATERIAL: [u8; crate::seal::KEY_MATERIAL] = [0x5a; crate::seal::KEY_MATERIAL];
+
+/// `b`'s answer to rank 0 asking for a channel of setting `asked`.
+fn grant_as(b: &TransferEndpoint, asked: Encryption) -> std::result::Result<[u8; 32], String> {
     use crate::channel::{ChannelAnswer, ChannelRequest};
     let request = ChannelRequest {
         from: 0,
         job: "j@1".into(),
     };
     let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    match b.plain.as_ref().unwrap().answer(&request, from) {
-        ChannelAnswer::Grant { token, .. } => token,
-        ChannelAnswer::Refused(why) => panic!("a request of this job is granted: {why}"),
+    match b
+        .channel_server
+        .answer(&request, asked, from, |_| Ok(MATERIAL))
+    {
+        ChannelAnswer::Grant { token, .. } => Ok(token),
+        ChannelAnswer::Refused(why) => Err(why),
     }
 }
 
@@ -459,4 +481,123 @@ async fn present(b: &TransferEndpoint, token: &[u8; 32]) -> tokio::net::TcpStrea
 /// A data channel to `b` granted to rank 0.
 async fn granted_channel(b: &TransferEndpoint) -> tokio::net::TcpStream {
     present(b, &grant(b)).await
+}
+
+/// A sealed channel to `b` granted to rank 0, as its sender: the socket,
+/// and the sender's sealer and opener.
+async fn sealed_channel(
+    b: &TransferEndpoint,
+) -> (
+    tokio::net::TcpStream,
+    crate::seal::Sealer,
+    crate::seal::Opener,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let token = grant_as(b, Encryption::On).unwrap();
+    let (sealer, mut opener) = crate::seal::keys(&MATERIAL, crate::seal::Side::Sender);
+    let mut s = tokio::net::TcpStream::connect(b.data_addr().unwrap())
+        .await
+        .unwrap();
+    s.write_all(&token).await.unwrap();
+    let mut ok = [0u8; 4 + 1 + crate::seal::TAG_LEN];
+    s.read_exact(&mut ok).await.unwrap();
+    assert_eq!(
+        opener.open_all(&ok).unwrap(),
+        [0],
+        "a sealed `0` opens the channel"
+    );
+    (s, sealer, opener)
+}
+
+/// The receiver's sealed answer on `s`, if one comes and opens.
+async fn answer(
+    s: &mut tokio::net::TcpStream,
+    opener: &mut crate::seal::Opener,
+) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut record = [0u8; 4 + 1 + crate::seal::TAG_LEN];
+    s.read_exact(&mut record).await.ok()?;
+    opener.open_all(&record).ok()
+}
+
+/// A sealed channel carries a transfer whose records it can open, and
+/// ends on a record changed on the way, replayed or not sealed at all,
+/// delivering nothing of it; a plain request is refused with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_channel_delivers_only_records_the_sender_sealed_in_order() {
+    use tokio::io::AsyncWriteExt;
+    let b = receiver(Encryption::On, TransferConfig::default().payload_stall);
+    let why = grant_as(&b, Encryption::Off).unwrap_err();
+    assert!(
+        why.contains("encryption is on and the sender's is off"),
+        "{why}"
+    );
+
+    let header = |tag: u64, len: u64| TransferHeader::new(0, tag, ElementType::U8, &[len]).unwrap();
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    // Whole records: the header frame, then the payload in two.
+    let transfer = |sealer: &mut crate::seal::Sealer, tag: u64| {
+        let mut wire = sealer
+            .record(&header(tag, payload.len() as u64).encode())
+            .unwrap();
+        wire.extend(sealer.record(&payload[..200_000]).unwrap());
+        wire.extend(sealer.record(&payload[200_000..]).unwrap());
+        wire
+    };
+    let (mut s, mut sealer, mut opener) = sealed_channel(&b).await;
+    s.write_all(&transfer(&mut sealer, 1)).await.unwrap();
+    assert_eq!(answer(&mut s, &mut opener).await.unwrap(), [0]);
+    assert!(b.recv(0, 1, T).await.unwrap().data == payload);
+
+    // A changed byte in the payload's second record, in its header record,
+    // a replayed record, or a header frame in the clear: the channel ends
+    // and nothing is delivered.
+    type Spoil = fn(&mut Vec<u8>);
+    let kinds: [(&str, Spoil); 3] = [
+        ("payload changed", |w| {
+            let at = w.len() - 500;
+            w[at] ^= 1;
+        }),
+        ("header changed", |w| w[8] ^= 0x80),
+        ("record replayed", |w| {
+            let first = w[..4 + 1].to_vec();
+            let n = u32::from_be_bytes(first[..4].try_into().unwrap()) as usize;
+            let record = w[..4 + n + crate::seal::TAG_LEN].to_vec();
+            w.splice(0..0, record);
+        }),
+    ];
+    for (i, (what, spoil)) in kinds.into_iter().enumerate() {
+        let tag = 10 + i as u64;
+        let (mut s, mut sealer, mut opener) = sealed_channel(&b).await;
+        let mut wire = transfer(&mut sealer, tag);
+        spoil(&mut wire);
+        let _ = s.write_all(&wire).await;
+        let answered = tokio::time::timeout(T, answer(&mut s, &mut opener))
+            .await
+            .unwrap();
+        assert!(answered.is_none_or(|a| a != [0]), "{what}: not stored");
+        assert!(
+            b.recv(0, tag, Duration::from_millis(200)).await.is_err(),
+            "{what}: nothing delivered"
+        );
+    }
+    let (mut s, _, mut opener) = sealed_channel(&b).await;
+    // (Long enough to fill the record its length prefix announces.)
+    let mut clear = header(20, 100).encode();
+    clear.extend_from_slice(&[7; 100]);
+    let _ = s.write_all(&clear).await;
+    let answered = tokio::time::timeout(T, answer(&mut s, &mut opener))
+        .await
+        .unwrap();
+    assert!(
+        answered.is_none_or(|a| a != [0]),
+        "a clear transfer is not stored"
+    );
+    assert!(b.recv(0, 20, Duration::from_millis(200)).await.is_err());
+
+    // The endpoint still serves a sealed sender.
+    let (mut s, mut sealer, mut opener) = sealed_channel(&b).await;
+    s.write_all(&transfer(&mut sealer, 30)).await.unwrap();
+    assert_eq!(answer(&mut s, &mut opener).await.unwrap(), [0]);
+    assert!(b.recv(0, 30, T).await.unwrap().data == payload);
 }

@@ -1,6 +1,7 @@
-//! The unencrypted data plane (endpoint invariant 11): bulk bytes over
-//! plain TCP, channels only for workers of the same job that asked over
-//! mutual TLS, and clear refusals when settings differ.
+//! Data channels (endpoint invariant 11): bulk bytes over TCP, sealed
+//! (encryption on, the default) or plain (off), channels only for workers
+//! of the same job and setting that asked over mutual TLS, and clear
+//! refusals otherwise.
 
 use std::path::Path;
 use std::time::Duration;
@@ -48,7 +49,13 @@ fn bytes(len: usize) -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_transfers_arrive_byte_for_byte_and_their_bulk_bypasses_quic() {
+async fn transfers_arrive_byte_for_byte_in_either_setting_and_their_bulk_bypasses_quic() {
+    for setting in [Encryption::On, Encryption::Off] {
+        transfers_arrive_byte_for_byte(setting).await;
+    }
+}
+
+async fn transfers_arrive_byte_for_byte(setting: Encryption) {
     let _shared = ALONE.read().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca");
@@ -56,16 +63,17 @@ async fn plain_transfers_arrive_byte_for_byte_and_their_bulk_bypasses_quic() {
     let a = bind(
         &node(&ca, dir.path(), Role::Worker, "a"),
         0,
-        cfg(Encryption::Off, "j@1"),
+        cfg(setting, "j@1"),
     );
     let b = bind(
         &node(&ca, dir.path(), Role::Worker, "b"),
         1,
-        cfg(Encryption::Off, "j@1"),
+        cfg(setting, "j@1"),
     );
     let to_b = Peer::new(b.local_addr().unwrap(), None).on_worker("b");
-    assert!(b.data_addr().is_some());
-    // Small ones, reusing the channel, and a striped large one (two parts).
+    assert!(b.data_addr().is_ok());
+    // Small ones, reusing the channel, and a striped large one (two parts);
+    // sizes that end mid-record and on a record's end (256 KiB).
     for tag in 0..50u64 {
         let data = bytes(1000 + tag as usize);
         a.send_to(&to_b, tag, ElementType::U8, &[data.len() as u64], &data, T)
@@ -78,6 +86,13 @@ async fn plain_transfers_arrive_byte_for_byte_and_their_bulk_bypasses_quic() {
         .await
         .unwrap();
     assert!(b.recv(0, 99, T).await.unwrap().data == large);
+    for (tag, len) in [(100, 256 << 10), (101, (256 << 10) + 1), (102, 3 << 20)] {
+        let data = bytes(len);
+        a.send_to(&to_b, tag, ElementType::U8, &[len as u64], &data, T)
+            .await
+            .unwrap();
+        assert!(b.recv(0, tag, T).await.unwrap().data == data, "{len} bytes");
+    }
     // QUIC carried the set-up only.
     let quic = a.connection_stats(to_b.addr).expect("a QUIC connection");
     assert!(
@@ -139,34 +154,41 @@ async fn channels_are_refused_across_jobs_settings_and_certificates() {
         "{e}"
     );
 
-    // A receiver that keeps encryption on.
+    // Settings that differ, either way round.
     let on = bind(&wb, 1, cfg(Encryption::On, "j@2"));
     let e = send(&a, &on).await.unwrap_err();
     assert!(
-        matches!(&e, TransferError::Encryption(m) if m.contains("transfer encryption is on")),
+        matches!(&e, TransferError::Encryption(m) if m.contains("transfer encryption is on and the sender's is off")),
+        "{e}"
+    );
+    let a_on = bind(&wa, 0, cfg(Encryption::On, "j@1"));
+    let e = send(&a_on, &b).await.unwrap_err();
+    assert!(
+        matches!(&e, TransferError::Encryption(m) if m.contains("transfer encryption is off and the sender's is on")),
         "{e}"
     );
 
-    // A client's certificate, and a worker of another CA, never get a grant.
-    let ops = bind(
-        &node(&ca, dir.path(), Role::Client, "ops"),
-        2,
-        cfg(Encryption::Off, "j@1"),
-    );
-    let e = send(&ops, &b).await.unwrap_err();
-    assert!(matches!(e, TransferError::Connect { .. }), "{e}");
+    // A client's certificate, and a worker of another CA, never get a
+    // grant, in either setting.
     let other = tempfile::tempdir().unwrap();
     init_ca(&other.path().join("ca")).unwrap();
     let foreign = node(&other.path().join("ca"), other.path(), Role::Worker, "a");
-    let f = bind(&foreign, 0, cfg(Encryption::Off, "j@1"));
-    let e = send(&f, &b).await.unwrap_err();
-    assert!(matches!(e, TransferError::Connect { .. }), "{e}");
+    let ops = node(&ca, dir.path(), Role::Client, "ops");
+    for setting in [Encryption::Off, Encryption::On] {
+        let b = bind(&wb, 1, cfg(setting, "j@1"));
+        let o = bind(&ops, 2, cfg(setting, "j@1"));
+        let e = send(&o, &b).await.unwrap_err();
+        assert!(matches!(e, TransferError::Connect { .. }), "{e}");
+        let f = bind(&foreign, 0, cfg(setting, "j@1"));
+        let e = send(&f, &b).await.unwrap_err();
+        assert!(matches!(e, TransferError::Connect { .. }), "{e}");
 
-    // Nothing of the above was delivered; a sender of the job still is.
-    let a1 = bind(&wa, 0, cfg(Encryption::Off, "j@1"));
-    send(&a1, &b).await.unwrap();
-    assert_eq!(b.recv(0, 1, T).await.unwrap().data, vec![7]);
-    assert!(b.recv(2, 1, Duration::from_millis(100)).await.is_err());
+        // Nothing of the above was delivered; a sender of the job still is.
+        let a1 = bind(&wa, 0, cfg(setting, "j@1"));
+        send(&a1, &b).await.unwrap();
+        assert_eq!(b.recv(0, 1, T).await.unwrap().data, vec![7]);
+        assert!(b.recv(2, 1, Duration::from_millis(100)).await.is_err());
+    }
 }
 
 /// TCP sockets this process holds: `/proc/self/fd` entries whose socket
@@ -209,9 +231,9 @@ async fn dropped_endpoints_leave_no_socket_behind() {
         node(&ca, dir.path(), Role::Worker, "b"),
     );
     let before = open_tcp_sockets();
-    {
-        let a = bind(&wa, 0, cfg(Encryption::Off, "j@1"));
-        let b = bind(&wb, 1, cfg(Encryption::Off, "j@1"));
+    for setting in [Encryption::Off, Encryption::On] {
+        let a = bind(&wa, 0, cfg(setting, "j@1"));
+        let b = bind(&wb, 1, cfg(setting, "j@1"));
         let to_b = Peer::new(b.local_addr().unwrap(), None);
         // Several channels at once, then idle ones kept.
         let data = bytes(1 << 20);

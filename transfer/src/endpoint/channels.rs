@@ -1,9 +1,10 @@
-//! The unencrypted data plane ([`Encryption::Off`]): data channels granted
-//! over mutual TLS ([`crate::channel`]), then transfers over plain TCP
-//! with the QUIC stream's framing: header frame, exactly `byte_len` bytes,
-//! one answer byte (`0` stored, `1` refused) once the array is in the
-//! mailbox. A channel carries one transfer at a time; a sender keeps its
-//! idle channels to a peer and opens another when all are busy.
+//! Data channels ([`crate::channel`]): granted over mutual TLS, then
+//! transfers over TCP, sealed ([`crate::seal`]) or plain by the job's
+//! setting, with the QUIC stream's framing: header frame, exactly
+//! `byte_len` bytes, one answer byte (`0` stored, `1` refused) once the
+//! array is in the mailbox. A channel carries one transfer at a time; a
+//! sender keeps its idle channels to a peer and opens another when all
+//! are busy.
 //!
 //! Only payloads on the network use channels: a same-host payload's
 //! header still goes over QUIC (endpoint invariant 5), and a received
@@ -14,16 +15,17 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::BufMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use crate::channel::{self, ChannelAnswer, ChannelRequest, TOKEN_LEN};
+use crate::channel::{self, ChannelAnswer, ChannelRequest, Encryption, TOKEN_LEN};
 use crate::error::{Result, TransferError};
 use crate::header::TransferHeader;
+use crate::seal::{Side, EXPORTER_LABEL, KEY_MATERIAL};
 use crate::stripe::part_range;
 
+use super::data_channel::{DataChannel, Landing};
 use super::payload::LentChannel;
 use super::*;
 
@@ -39,29 +41,47 @@ struct Grant {
     /// The sender's QUIC address: striped parts assemble under it, as they
     /// do when they come over QUIC.
     quic_remote: SocketAddr,
+    /// A sealed channel's keying material, exported from the session
+    /// that granted it.
+    keys: Option<[u8; KEY_MATERIAL]>,
     expires: Instant,
 }
 
 /// The receiving side: the TCP port and the grants waiting for it.
-pub(super) struct PlainServer {
+pub(super) struct ChannelServer {
     port: u16,
     grants: Mutex<HashMap<[u8; TOKEN_LEN], Grant>>,
     job: String,
+    encryption: Encryption,
 }
 
-impl PlainServer {
+/// Keying material for the channel of `token`, exported from the QUIC
+/// connection that asked for it (seal: both ends derive the same).
+pub(super) fn export_keys(
+    conn: &Connection,
+    token: &[u8; TOKEN_LEN],
+) -> Result<[u8; KEY_MATERIAL]> {
+    let mut material = [0u8; KEY_MATERIAL];
+    conn.export_keying_material(&mut material, EXPORTER_LABEL, token)
+        .map_err(|_| TransferError::Tls("exporting a data channel's keys failed".into()))?;
+    Ok(material)
+}
+
+impl ChannelServer {
     /// Binds a TCP port on `ip`; returns the server and its accept loop.
     pub(super) fn bind(
         ip: std::net::IpAddr,
         job: String,
-    ) -> std::io::Result<(Arc<PlainServer>, TcpListener)> {
+        encryption: Encryption,
+    ) -> std::io::Result<(Arc<ChannelServer>, TcpListener)> {
         let std = std::net::TcpListener::bind(SocketAddr::new(ip, 0))?;
         std.set_nonblocking(true)?;
         let listener = TcpListener::from_std(std)?;
-        let server = Arc::new(PlainServer {
+        let server = Arc::new(ChannelServer {
             port: listener.local_addr()?.port(),
             grants: Mutex::new(HashMap::new()),
             job,
+            encryption,
         });
         Ok((server, listener))
     }
@@ -71,30 +91,52 @@ impl PlainServer {
         self.port
     }
 
-    /// The answer to a request that came over mutual TLS from `remote`
-    /// (endpoint invariant 11).
-    pub(super) fn answer(&self, request: &ChannelRequest, remote: SocketAddr) -> ChannelAnswer {
+    /// The answer to a request for a channel of setting `asked` that came
+    /// over mutual TLS from `remote` (endpoint invariant 11); `export`
+    /// gives a sealed channel's keys for its token ([`export_keys`]).
+    pub(super) fn answer(
+        &self,
+        request: &ChannelRequest,
+        asked: Encryption,
+        remote: SocketAddr,
+        export: impl FnOnce(&[u8; TOKEN_LEN]) -> Result<[u8; KEY_MATERIAL]>,
+    ) -> ChannelAnswer {
+        if asked != self.encryption {
+            return ChannelAnswer::Refused(format!(
+                "this endpoint's transfer encryption is {} and the sender's is {asked}: \
+                 one job cannot mix them",
+                self.encryption
+            ));
+        }
         if request.job != self.job {
             return ChannelAnswer::Refused(format!(
                 "this endpoint serves job `{}`, not `{}`",
                 self.job, request.job
             ));
         }
+        let token = match channel::new_token() {
+            Ok(t) => t,
+            Err(e) => return ChannelAnswer::Refused(e.to_string()),
+        };
+        let keys = match asked {
+            Encryption::Off => None,
+            Encryption::On => match export(&token) {
+                Ok(k) => Some(k),
+                Err(e) => return ChannelAnswer::Refused(e.to_string()),
+            },
+        };
         let mut grants = self.grants.lock().expect("not poisoned");
         let now = Instant::now();
         grants.retain(|_, g| g.expires > now);
         if grants.len() >= MAX_GRANTS {
             return ChannelAnswer::Refused(format!("{MAX_GRANTS} channels are being set up"));
         }
-        let token = match channel::new_token() {
-            Ok(t) => t,
-            Err(e) => return ChannelAnswer::Refused(e.to_string()),
-        };
         grants.insert(
             token,
             Grant {
                 from: request.from,
                 quic_remote: remote,
+                keys,
                 expires: now + SETUP_DEADLINE,
             },
         );
@@ -110,21 +152,11 @@ impl PlainServer {
     }
 }
 
-/// What a receiver answers a channel request with when its own data
-/// plane is encrypted.
-pub(super) fn refuse_encrypted() -> ChannelAnswer {
-    ChannelAnswer::Refused(
-        "this endpoint's transfer encryption is on and the sender's is off: \
-         one job cannot mix them"
-            .into(),
-    )
-}
-
 /// Accepts data connections until the endpoint is dropped; dropping this
 /// future ends every channel it serves.
 pub(super) async fn serve(
     listener: TcpListener,
-    server: Arc<PlainServer>,
+    server: Arc<ChannelServer>,
     mailbox: Arc<Mailbox>,
     cfg: TransferConfig,
 ) {
@@ -153,52 +185,20 @@ pub(super) async fn serve(
     }
 }
 
-async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<Vec<u8>>> {
-    let mut prefix = [0u8; 4];
-    match r.read_exact(&mut prefix).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+/// The metric label of a channel's payloads.
+fn path_of(channel: &DataChannel) -> &'static str {
+    if channel.is_sealed() {
+        "sealed"
+    } else {
+        "tcp"
     }
-    let n = TransferHeader::frame_len(prefix)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
-    let mut body = vec![0u8; n];
-    r.read_exact(&mut body).await?;
-    Ok(Some(body))
-}
-
-/// Appends exactly `len` bytes to `data` (room reserved, no zero fill);
-/// a sender silent for `stall` mid-payload is given up.
-pub(super) async fn read_into<B: BufMut>(
-    socket: &mut TcpStream,
-    len: usize,
-    data: &mut B,
-    stall: Duration,
-) -> std::io::Result<()> {
-    let mut have = 0;
-    while have < len {
-        let mut room = (&mut *data).limit(len - have);
-        let n = tokio::time::timeout(stall, socket.read_buf(&mut room))
-            .await
-            .map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the sender sent nothing for {stall:?} mid-payload"),
-                )
-            })??;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        have += n;
-    }
-    Ok(())
 }
 
 /// One data connection: its token, then transfers until the sender
 /// closes it (endpoint invariant 11).
 async fn receive_channel(
     mut socket: TcpStream,
-    server: &PlainServer,
+    server: &ChannelServer,
     mailbox: &Mailbox,
     cfg: &TransferConfig,
 ) -> Result<()> {
@@ -215,16 +215,21 @@ async fn receive_channel(
     let grant = server
         .redeem(&token)
         .ok_or_else(|| err("a connection without a valid token".into()))?;
-    socket
-        .write_all(&[0])
+    let mut channel = match &grant.keys {
+        None => DataChannel::plain(socket),
+        Some(k) => DataChannel::sealed(socket, k, Side::Receiver),
+    };
+    let path = path_of(&channel);
+    channel
+        .write_small(&[0])
         .await
         .map_err(|e| err(e.to_string()))?;
     loop {
-        let body = match read_frame(&mut socket).await {
+        let body = match channel.read_frame(cfg.payload_stall).await {
             Ok(Some(b)) => b,
             Ok(None) => return Ok(()),
             Err(e) => {
-                let _ = socket.write_all(&[1]).await;
+                let _ = channel.write_small(&[1]).await;
                 return Err(err(format!("header: {e}")));
             }
         };
@@ -246,7 +251,7 @@ async fn receive_channel(
             Err(e) => {
                 // The payload that follows cannot be skipped safely: the
                 // channel ends here.
-                let _ = socket.write_all(&[1]).await;
+                let _ = channel.write_small(&[1]).await;
                 return Err(e);
             }
         };
@@ -262,46 +267,43 @@ async fn receive_channel(
                     {
                         Ok(c) => c,
                         Err(e) => {
-                            let _ = socket.write_all(&[1]).await;
+                            let _ = channel.write_small(&[1]).await;
                             return Err(e);
                         }
                     };
                 let range = part_range(header.byte_len, part.index, part.count);
                 let part_len = (range.end - range.start) as usize;
-                if let Err(e) =
-                    read_into(&mut socket, part_len, &mut piece, cfg.payload_stall).await
-                {
+                let read =
+                    channel.read_payload(part_len, Landing::Bytes(&mut piece), cfg.payload_stall);
+                if let Err(e) = read.await {
                     mailbox.assemblies.abandon(key);
                     return Err(err(format!("part {} of {}: {e}", part.index, part.count)));
                 }
                 if let Some(whole) = mailbox.assemblies.fill(key, part.index, piece) {
-                    mailbox.deliver("tcp", header, dtype, Payload::Owned(whole.data));
+                    mailbox.deliver(path, header, dtype, Payload::Owned(whole.data));
                     let _ = whole.delivered.send(true);
                 }
-                // The sender writes nothing until answered: a readable
-                // socket means it closed (or broke the protocol).
-                let mut probe = [0u8; 1];
                 tokio::select! {
                     d = delivery.wait_for(|d| *d) => d.is_ok(),
-                    _ = socket.peek(&mut probe) => {
+                    _ = channel.closed() => {
                         mailbox.assemblies.abandon(key);
                         return Ok(());
                     }
                 }
             }
-            // Invariant 12: the taker reads it, then hands the socket back.
+            // Invariant 12: the taker reads it, then hands the channel back.
             None if header.lent => {
                 let (back, returned) = tokio::sync::oneshot::channel();
                 let stall = cfg.payload_stall;
                 let lent = LentChannel {
-                    socket,
+                    channel,
                     len,
                     back,
                     stall,
                 };
-                mailbox.deliver_incoming("tcp", header, dtype, Incoming::OnChannel(lent));
+                mailbox.deliver_incoming(path, header, dtype, Incoming::OnChannel(lent));
                 match returned.await {
-                    Ok(s) => socket = s,
+                    Ok(c) => channel = c,
                     // Dropped unread (a broken call discarded it): the
                     // sender learns it from the closed channel.
                     Err(_) => return Ok(()),
@@ -310,39 +312,42 @@ async fn receive_channel(
             }
             None => {
                 let mut data = mailbox.buffer(len);
-                read_into(&mut socket, len, &mut data, cfg.payload_stall)
+                channel
+                    .read_payload(len, Landing::Vec(&mut data), cfg.payload_stall)
                     .await
                     .map_err(|e| err(format!("payload: {e}")))?;
-                mailbox.deliver("tcp", header, dtype, Payload::Owned(data));
+                mailbox.deliver(path, header, dtype, Payload::Owned(data));
                 true
             }
         };
-        socket
-            .write_all(&[if delivered { 0 } else { 1 }])
+        channel
+            .write_small(&[if delivered { 0 } else { 1 }])
             .await
             .map_err(|e| err(e.to_string()))?;
     }
 }
 
-/// The sending side: idle channels by peer address.
+/// The sending side: idle channels by peer address, each with the
+/// certificate of the connection that asked for it (invariant 10).
 #[derive(Default)]
 pub(super) struct Channels {
-    idle: Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+    idle: Mutex<HashMap<SocketAddr, Vec<(DataChannel, Verified)>>>,
 }
 
 impl TransferEndpoint {
     /// A channel to `peer`: an idle one, or a new one asked for over the
     /// QUIC connection (invariant 11).
-    async fn channel(&self, peer: &Peer) -> Result<TcpStream> {
-        if let Some(c) = self
+    async fn channel(&self, peer: &Peer) -> Result<(DataChannel, Verified)> {
+        let idle = self
             .channels
             .idle
             .lock()
             .expect("not poisoned")
             .get_mut(&peer.addr)
-            .and_then(Vec::pop)
-        {
-            return Ok(c);
+            .and_then(Vec::pop);
+        if let Some((c, who)) = idle {
+            self.check_reuse(peer, &who)?;
+            return Ok((c, who));
         }
         let addr = peer.addr;
         let connect_err = |reason: String| TransferError::Connect { addr, reason };
@@ -355,7 +360,7 @@ impl TransferEndpoint {
             from: self.rank,
             job: self.cfg.job.clone(),
         };
-        send.write_all(&request.encode())
+        send.write_all(&request.encode(self.cfg.encryption))
             .await
             .map_err(|e| connect_err(e.to_string()))?;
         let _ = send.finish();
@@ -380,24 +385,28 @@ impl TransferEndpoint {
             .await
             .map_err(|e| connect_err(format!("data channel {data_addr}: {e}")))?;
         let _ = socket.set_nodelay(true);
-        socket
-            .write_all(&token)
+        tokio::io::AsyncWriteExt::write_all(&mut socket, &token)
             .await
             .map_err(|e| connect_err(e.to_string()))?;
-        let mut ok = [1u8; 1];
-        socket
-            .read_exact(&mut ok)
+        let mut channel = match self.cfg.encryption {
+            Encryption::Off => DataChannel::plain(socket),
+            Encryption::On => {
+                DataChannel::sealed(socket, &export_keys(&conn, &token)?, Side::Sender)
+            }
+        };
+        let ok = channel
+            .read_byte()
             .await
             .map_err(|e| connect_err(format!("data channel {data_addr}: {e}")))?;
-        if ok[0] != 0 {
+        if ok != 0 {
             return Err(connect_err(format!("data channel {data_addr} refused")));
         }
-        Ok(socket)
+        Ok((channel, Arc::new(tessel_tls::peer_identity(&conn))))
     }
 
     /// One transfer on a channel: `header`, `payload`, the answer; the
     /// channel is kept for the next transfer only if all went well.
-    pub(super) async fn send_plain(
+    pub(super) async fn send_on_channel(
         &self,
         peer: &Peer,
         header: &TransferHeader,
@@ -407,23 +416,20 @@ impl TransferEndpoint {
             peer: peer.addr.to_string(),
             reason,
         };
-        let mut socket = self.channel(peer).await?;
-        socket
-            .write_all(&header.encode())
+        let (mut channel, who) = self.channel(peer).await?;
+        channel
+            .write_small(&header.encode())
             .await
             .map_err(|e| stream_err(e.to_string()))?;
-        for piece in payload.pieces() {
-            socket
-                .write_all(piece)
-                .await
-                .map_err(|e| stream_err(e.to_string()))?;
-        }
-        let mut ack = [1u8; 1];
-        socket
-            .read_exact(&mut ack)
+        channel
+            .write_payload(payload.pieces())
+            .await
+            .map_err(|e| stream_err(e.to_string()))?;
+        let ack = channel
+            .read_byte()
             .await
             .map_err(|e| stream_err(format!("no acknowledgement: {e}")))?;
-        if ack[0] != 0 {
+        if ack != 0 {
             return Err(stream_err("the receiver refused the transfer".into()));
         }
         self.channels
@@ -432,7 +438,7 @@ impl TransferEndpoint {
             .expect("not poisoned")
             .entry(peer.addr)
             .or_default()
-            .push(socket);
+            .push((channel, who));
         Ok(())
     }
 }

@@ -1,0 +1,314 @@
+//! A data channel's bytes: raw on the unencrypted data plane, sealed
+//! records with encryption on ([`crate::seal`], whose invariant 4 fixes
+//! how messages map to records).
+//!
+//! Payloads land where they belong: plain bytes are read straight into
+//! the destination, and sealed ciphertext too, then opened there in place,
+//! so neither path copies a payload after the kernel has.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::header::TransferHeader;
+use crate::seal::{self, Opener, Sealer, Side, KEY_MATERIAL, RECORD, TAG_LEN};
+
+/// A connected data channel.
+pub(crate) struct DataChannel {
+    socket: TcpStream,
+    sealed: Option<Box<Sealed>>,
+}
+
+struct Sealed {
+    sealer: Sealer,
+    opener: Opener,
+    /// The record being written, reused (capacity for a whole one).
+    record: Vec<u8>,
+}
+
+/// Where a payload's bytes go.
+pub(crate) enum Landing<'a> {
+    /// Appended to an empty buffer with room reserved (no zero fill).
+    Vec(&'a mut Vec<u8>),
+    /// The same, for a striped part's piece.
+    Bytes(&'a mut BytesMut),
+    /// Over memory of exactly the payload's length (the all-gather's
+    /// result).
+    Slice(&'a mut [u8]),
+}
+
+fn invalid(e: crate::TransferError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// `read`, given up after `stall` without progress.
+async fn timed<T>(
+    stall: Duration,
+    read: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    tokio::time::timeout(stall, read).await.map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the sender sent nothing for {stall:?} mid-message"),
+        )
+    })?
+}
+
+/// Appends exactly `n` bytes from `socket` to `buf`.
+async fn append<B: BufMut>(
+    socket: &mut TcpStream,
+    buf: &mut B,
+    n: usize,
+    stall: Duration,
+) -> io::Result<()> {
+    let mut have = 0;
+    while have < n {
+        let mut room = (&mut *buf).limit(n - have);
+        let got = timed(stall, socket.read_buf(&mut room)).await?;
+        if got == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        have += got;
+    }
+    Ok(())
+}
+
+impl Landing<'_> {
+    /// Reads the next `n` bytes into place; returns them.
+    async fn land(
+        &mut self,
+        socket: &mut TcpStream,
+        at: usize,
+        n: usize,
+        stall: Duration,
+    ) -> io::Result<&mut [u8]> {
+        match self {
+            Landing::Vec(v) => {
+                append(socket, &mut **v, n, stall).await?;
+                let len = v.len();
+                Ok(&mut v[len - n..])
+            }
+            Landing::Bytes(b) => {
+                append(socket, &mut **b, n, stall).await?;
+                let len = b.len();
+                Ok(&mut b[len - n..])
+            }
+            Landing::Slice(s) => {
+                let dst = &mut s[at..at + n];
+                timed(stall, socket.read_exact(dst)).await?;
+                Ok(dst)
+            }
+        }
+    }
+
+    /// Room for the payload: a slice must be exactly `len`.
+    fn check(&self, len: usize) -> io::Result<()> {
+        match self {
+            Landing::Slice(s) if s.len() != len => Err(io::Error::other(format!(
+                "{} bytes wanted of a {len}-byte payload",
+                s.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl DataChannel {
+    /// A channel of the unencrypted data plane.
+    pub(super) fn plain(socket: TcpStream) -> DataChannel {
+        DataChannel {
+            socket,
+            sealed: None,
+        }
+    }
+
+    /// A sealed channel, its keys from the granting session.
+    pub(super) fn sealed(
+        socket: TcpStream,
+        material: &[u8; KEY_MATERIAL],
+        side: Side,
+    ) -> DataChannel {
+        let (sealer, opener) = seal::keys(material, side);
+        DataChannel {
+            socket,
+            sealed: Some(Box::new(Sealed {
+                sealer,
+                opener,
+                record: Vec::new(),
+            })),
+        }
+    }
+
+    /// Writes a header frame or an answer byte (one record when sealed).
+    pub(super) async fn write_small(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match &mut self.sealed {
+            None => self.socket.write_all(bytes).await,
+            Some(s) => {
+                let record = s.sealer.record(bytes).map_err(invalid)?;
+                self.socket.write_all(&record).await
+            }
+        }
+    }
+
+    /// Writes a payload given as slices in order (records of [`RECORD`]
+    /// bytes when sealed, whatever the slices' bounds).
+    pub(super) async fn write_payload<'p>(
+        &mut self,
+        pieces: impl Iterator<Item = &'p [u8]>,
+    ) -> io::Result<()> {
+        let DataChannel { socket, sealed } = self;
+        let Some(s) = sealed else {
+            for piece in pieces {
+                socket.write_all(piece).await?;
+            }
+            return Ok(());
+        };
+        if s.record.capacity() < 4 + RECORD + TAG_LEN {
+            s.record = Vec::with_capacity(4 + RECORD + TAG_LEN);
+        }
+        Sealer::begin(&mut s.record);
+        for mut piece in pieces {
+            while !piece.is_empty() {
+                let take = (RECORD + 4 - s.record.len()).min(piece.len());
+                s.record.extend_from_slice(&piece[..take]);
+                piece = &piece[take..];
+                if s.record.len() == RECORD + 4 {
+                    s.sealer.seal(&mut s.record).map_err(invalid)?;
+                    socket.write_all(&s.record).await?;
+                    Sealer::begin(&mut s.record);
+                }
+            }
+        }
+        if s.record.len() > 4 {
+            s.sealer.seal(&mut s.record).map_err(invalid)?;
+            socket.write_all(&s.record).await?;
+        }
+        Ok(())
+    }
+
+    /// The next header frame's body; `None` if the peer closed the
+    /// channel between transfers. Once its first bytes are in, the rest
+    /// must come within `stall`.
+    pub(super) async fn read_frame(&mut self, stall: Duration) -> io::Result<Option<Vec<u8>>> {
+        let mut prefix = [0u8; 4];
+        match self.socket.read_exact(&mut prefix).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let Some(s) = &mut self.sealed else {
+            let n = TransferHeader::frame_len(prefix).map_err(invalid)?;
+            let mut body = vec![0u8; n];
+            timed(stall, self.socket.read_exact(&mut body)).await?;
+            return Ok(Some(body));
+        };
+        let n = seal::record_len(prefix).map_err(invalid)?;
+        if !(5..=4 + crate::header::MAX_HEADER).contains(&n) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a header record of {n} bytes"),
+            ));
+        }
+        let mut body = vec![0u8; n];
+        timed(stall, self.socket.read_exact(&mut body)).await?;
+        let mut tag = [0u8; TAG_LEN];
+        timed(stall, self.socket.read_exact(&mut tag)).await?;
+        s.opener.open(prefix, &mut body, tag).map_err(invalid)?;
+        let framed =
+            TransferHeader::frame_len(body[..4].try_into().expect("4")).map_err(invalid)?;
+        if framed != n - 4 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a header frame of {framed} bytes in a record of {n}"),
+            ));
+        }
+        body.drain(..4);
+        Ok(Some(body))
+    }
+
+    /// Reads one answer byte (one record when sealed).
+    pub(super) async fn read_byte(&mut self) -> io::Result<u8> {
+        let mut byte = [0u8; 1];
+        let Some(s) = &mut self.sealed else {
+            self.socket.read_exact(&mut byte).await?;
+            return Ok(byte[0]);
+        };
+        let mut record = [0u8; 4 + 1 + TAG_LEN];
+        self.socket.read_exact(&mut record[..4]).await?;
+        let prefix: [u8; 4] = record[..4].try_into().expect("4");
+        if seal::record_len(prefix).map_err(invalid)? != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "an answer record of more than a byte",
+            ));
+        }
+        self.socket.read_exact(&mut record[4..]).await?;
+        byte[0] = record[4];
+        let tag = record[5..].try_into().expect("16");
+        s.opener.open(prefix, &mut byte, tag).map_err(invalid)?;
+        Ok(byte[0])
+    }
+
+    /// Reads exactly `len` payload bytes into `dst`; a sender silent for
+    /// `stall` mid-payload is given up.
+    pub(super) async fn read_payload(
+        &mut self,
+        len: usize,
+        mut dst: Landing<'_>,
+        stall: Duration,
+    ) -> io::Result<()> {
+        dst.check(len)?;
+        let DataChannel { socket, sealed } = self;
+        let Some(s) = sealed else {
+            dst.land(socket, 0, len, stall).await?;
+            return Ok(());
+        };
+        // A record's tag and the next one's length come in one read.
+        let mut between = [0u8; TAG_LEN + 4];
+        let mut have = 0;
+        if len > 0 {
+            timed(stall, socket.read_exact(&mut between[TAG_LEN..])).await?;
+        }
+        while have < len {
+            let prefix: [u8; 4] = between[TAG_LEN..].try_into().expect("4");
+            let n = seal::record_len(prefix).map_err(invalid)?;
+            if n > len - have {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "a record of {n} bytes where {} of the payload remain",
+                        len - have
+                    ),
+                ));
+            }
+            let body = dst.land(socket, have, n, stall).await?;
+            let more = have + n < len;
+            let trailer = if more {
+                &mut between[..]
+            } else {
+                &mut between[..TAG_LEN]
+            };
+            timed(stall, socket.read_exact(trailer)).await?;
+            let tag = between[..TAG_LEN].try_into().expect("16");
+            s.opener.open(prefix, body, tag).map_err(invalid)?;
+            have += n;
+        }
+        Ok(())
+    }
+
+    /// Waits until the socket is readable: between a payload and its
+    /// answer the sender writes nothing, so that means it closed the
+    /// channel (or broke the protocol).
+    pub(super) async fn closed(&self) {
+        let mut probe = [0u8; 1];
+        let _ = self.socket.peek(&mut probe).await;
+    }
+
+    /// Whether its bytes travel in sealed records.
+    pub(super) fn is_sealed(&self) -> bool {
+        self.sealed.is_some()
+    }
+}
