@@ -102,26 +102,35 @@ impl Sealer {
     /// Seals the plaintext after the length in place and appends the tag:
     /// `record` is then ready to write.
     pub fn seal(&mut self, record: &mut Vec<u8>) -> Result<()> {
-        let n = record
-            .len()
-            .checked_sub(4)
-            .filter(|n| (1..=MAX_RECORD).contains(n));
-        let n = n.ok_or_else(|| {
-            TransferError::Encryption(format!(
-                "a record of {} bytes (1..={MAX_RECORD})",
-                record.len().saturating_sub(4)
-            ))
-        })?;
+        if record.len() < 4 {
+            return Err(TransferError::Encryption(
+                "a record without its length".into(),
+            ));
+        }
+        let (head, body) = record.split_at_mut(4);
+        let (prefix, tag) = self.seal_in_place(body)?;
+        head.copy_from_slice(&prefix);
+        record.extend_from_slice(&tag);
+        Ok(())
+    }
+
+    /// Seals `body` (1..=[`MAX_RECORD`] bytes) in place as the next
+    /// record; returns the length and tag to write around it.
+    pub fn seal_in_place(&mut self, body: &mut [u8]) -> Result<([u8; 4], [u8; TAG_LEN])> {
+        let n = body.len();
+        if !(1..=MAX_RECORD).contains(&n) {
+            return Err(TransferError::Encryption(format!(
+                "a record of {n} bytes (1..={MAX_RECORD})"
+            )));
+        }
         let prefix = (n as u32).to_be_bytes();
-        record[..4].copy_from_slice(&prefix);
         let nonce = self.0.nonce()?;
         let tag = self
             .0
             .key
-            .seal_in_place_separate_tag(nonce, Aad::from(prefix), &mut record[4..])
+            .seal_in_place_separate_tag(nonce, Aad::from(prefix), body)
             .map_err(|_| TransferError::Encryption("sealing a record failed".into()))?;
-        record.extend_from_slice(tag.as_ref());
-        Ok(())
+        Ok((prefix, tag.as_ref().try_into().expect("16-byte tag")))
     }
 
     /// `plain` as one record (a header frame or an answer byte).

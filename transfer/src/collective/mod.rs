@@ -30,6 +30,9 @@
 //!     (endpoint invariant 9); the input is only read while the ring runs.
 //! 11. A replaced arena is retired until the next replacement, since a peer
 //!     may still open the old one by name until it passes a descriptor exchange.
+//! 12. In the in-place ring's reduce phase a segment, once sent, is not read
+//!     again before the gather overwrites it: its send may consume it (a
+//!     sealed data channel encrypts it where it lies instead of copying it).
 //!
 //! # Collectives
 //!

@@ -112,11 +112,22 @@ impl Call {
             // each answer (elsewhere every chunk at once).
             let chunks = out_buf.chunks(chunk).count();
             let lanes = if streamed { 2.min(chunks) } else { chunks };
-            let sends = try_join_all((0..lanes).map(|lane| async move {
-                for (k, c) in out_buf.chunks(chunk).enumerate().skip(lane).step_by(lanes) {
+            let mut per_lane: Vec<Vec<(usize, &mut [u8])>> =
+                (0..lanes).map(|_| Vec::new()).collect();
+            for (k, c) in out_buf.chunks_mut(chunk).enumerate() {
+                per_lane[k % lanes].push((k, c));
+            }
+            let sends = try_join_all(per_lane.into_iter().map(|lane| async move {
+                for (k, c) in lane {
                     let tag = self.tag(phase, step, k);
-                    self.send_with(next, tag, dtype, Outgoing::Borrowed(c), lend)
-                        .await?;
+                    // A segment sent in the reduce phase is not read here
+                    // again before the gather overwrites it: a sealed
+                    // channel may encrypt it in place (invariant 12).
+                    let data = match phase {
+                        Phase::Reduce => Outgoing::Spent(c),
+                        _ => Outgoing::Borrowed(c),
+                    };
+                    self.send_with(next, tag, dtype, data, lend).await?;
                 }
                 Ok::<(), TransferError>(())
             }));
@@ -250,7 +261,7 @@ impl Call {
             let (send_seg, recv_seg) = all_gather_step(n, r, step);
             let sends = outgoing.iter().enumerate().map(|(k, c)| {
                 let tag = self.tag(Phase::Gather, step, k);
-                self.send_with(next, tag, dtype, c.clone(), true)
+                self.send_with(next, tag, dtype, c.reborrow(), true)
             });
             let recvs = async {
                 let mut got = Vec::new();

@@ -421,10 +421,11 @@ impl TransferEndpoint {
             .write_small(&header.encode())
             .await
             .map_err(|e| stream_err(e.to_string()))?;
-        channel
-            .write_payload(payload.pieces())
-            .await
-            .map_err(|e| stream_err(e.to_string()))?;
+        let written = match payload {
+            Outgoing::Spent(bytes) => channel.write_payload_in_place(bytes).await,
+            other => channel.write_payload(other.pieces()).await,
+        };
+        written.map_err(|e| stream_err(e.to_string()))?;
         let ack = channel
             .read_byte()
             .await

@@ -6,7 +6,7 @@
 //! the destination, and sealed ciphertext too, then opened there in place,
 //! so neither path copies a payload after the kernel has.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
@@ -185,6 +185,33 @@ impl DataChannel {
         if s.record.len() > 4 {
             s.sealer.seal(&mut s.record).map_err(invalid)?;
             socket.write_all(&s.record).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes a payload the caller no longer needs: sealed, its records
+    /// are encrypted where they are (no copy), so it is left as
+    /// ciphertext.
+    pub(super) async fn write_payload_in_place(&mut self, payload: &mut [u8]) -> io::Result<()> {
+        let DataChannel { socket, sealed } = self;
+        let Some(s) = sealed else {
+            return socket.write_all(payload).await;
+        };
+        for body in payload.chunks_mut(RECORD) {
+            let (prefix, tag) = s.sealer.seal_in_place(body).map_err(invalid)?;
+            let mut parts = [
+                IoSlice::new(&prefix),
+                IoSlice::new(body),
+                IoSlice::new(&tag),
+            ];
+            let mut left = &mut parts[..];
+            while !left.is_empty() {
+                let n = socket.write_vectored(left).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                IoSlice::advance_slices(&mut left, n);
+            }
         }
         Ok(())
     }

@@ -640,6 +640,7 @@ impl TransferEndpoint {
             .map_err(|e| stream_err(e.to_string()))?;
         match payload {
             Outgoing::Borrowed(bytes) => send.write_all(bytes).await,
+            Outgoing::Spent(bytes) => send.write_all(bytes).await,
             Outgoing::Shared(mut pieces) => send.write_all_chunks(&mut pieces).await,
         }
         .map_err(|e| stream_err(e.to_string()))?;

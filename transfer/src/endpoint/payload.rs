@@ -77,12 +77,15 @@ impl Payload {
 }
 
 /// What a send carries: borrowed bytes, which the stream copies on their
-/// way out, or shared pieces, which it keeps until the peer acknowledges
-/// them and never copies (invariant 9).
-#[derive(Clone, Debug)]
+/// way out, shared pieces, which it keeps until the peer acknowledges
+/// them and never copies (invariant 9), or bytes the caller no longer
+/// needs, which a sealed data channel encrypts where they are instead of
+/// copying them first (elsewhere: as borrowed).
+#[derive(Debug)]
 pub(crate) enum Outgoing<'a> {
     Borrowed(&'a [u8]),
     Shared(Vec<Bytes>),
+    Spent(&'a mut [u8]),
 }
 
 impl<'a> Outgoing<'a> {
@@ -95,13 +98,24 @@ impl<'a> Outgoing<'a> {
         match self {
             Outgoing::Borrowed(b) => slices(Some(b), &[]),
             Outgoing::Shared(p) => slices(None, p),
+            Outgoing::Spent(b) => slices(Some(b), &[]),
         }
     }
 
-    /// Bytes `range` of these.
-    pub(super) fn range(&self, range: std::ops::Range<usize>) -> Outgoing<'a> {
+    /// The same bytes again, without a copy (spent ones as borrowed).
+    pub(crate) fn reborrow(&self) -> Outgoing<'_> {
+        match self {
+            Outgoing::Borrowed(b) => Outgoing::Borrowed(b),
+            Outgoing::Shared(p) => Outgoing::Shared(p.clone()),
+            Outgoing::Spent(b) => Outgoing::Borrowed(b),
+        }
+    }
+
+    /// Bytes `range` of these (spent ones as borrowed).
+    pub(super) fn range(&self, range: std::ops::Range<usize>) -> Outgoing<'_> {
         match self {
             Outgoing::Borrowed(b) => Outgoing::Borrowed(&b[range]),
+            Outgoing::Spent(b) => Outgoing::Borrowed(&b[range]),
             Outgoing::Shared(pieces) => {
                 let mut out = Vec::new();
                 let mut at = 0;

@@ -143,7 +143,7 @@ async fn a_lent_network_payload_keeps_its_pieces_both_ways() {
     // Under the stripe size (one stream) and over it (parts).
     for (tag, stripe) in [(1, false), (2, true)] {
         let part = if stripe {
-            shared.clone()
+            shared.reborrow()
         } else {
             shared.range(0..900_000)
         };

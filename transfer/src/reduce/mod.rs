@@ -454,16 +454,16 @@ pub fn all_gather_step(n: usize, r: usize, s: usize) -> (usize, usize) {
     ((r + n - s) % n, (r + 2 * n - s - 1) % n)
 }
 
-/// `buf[send]` to read and `buf[recv]` to write, two ranges that do not
-/// overlap (either may be empty).
-pub fn disjoint(buf: &mut [u8], send: Range<usize>, recv: Range<usize>) -> (&[u8], &mut [u8]) {
+/// `buf[send]` to send (the ring may seal it in place) and `buf[recv]`
+/// to write, two ranges that do not overlap (either may be empty).
+pub fn disjoint(buf: &mut [u8], send: Range<usize>, recv: Range<usize>) -> (&mut [u8], &mut [u8]) {
     debug_assert!(send.end <= recv.start || recv.end <= send.start);
     if send.end <= recv.start {
         let (lo, hi) = buf.split_at_mut(recv.start);
-        (&lo[send], &mut hi[..recv.len()])
+        (&mut lo[send], &mut hi[..recv.len()])
     } else {
         let (lo, hi) = buf.split_at_mut(send.start);
-        (&hi[..send.len()], &mut lo[recv])
+        (&mut hi[..send.len()], &mut lo[recv])
     }
 }
 
