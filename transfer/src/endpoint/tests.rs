@@ -522,7 +522,8 @@ async fn answer(
 
 /// A sealed channel carries a transfer whose records it can open, and
 /// ends on a record changed on the way, replayed or not sealed at all,
-/// delivering nothing of it; a plain request is refused with its reason.
+/// delivering nothing of it, or on an array over the limit; a plain
+/// request is refused with its reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sealed_channel_delivers_only_records_the_sender_sealed_in_order() {
     use tokio::io::AsyncWriteExt;
@@ -594,6 +595,17 @@ async fn a_sealed_channel_delivers_only_records_the_sender_sealed_in_order() {
         "a clear transfer is not stored"
     );
     assert!(b.recv(0, 20, Duration::from_millis(200)).await.is_err());
+
+    // A sealed header announcing an array over the limit: refused.
+    let (mut s, mut sealer, mut opener) = sealed_channel(&b).await;
+    let huge = TransferHeader::new(0, 21, ElementType::F32, &[1 << 40]).unwrap();
+    s.write_all(&sealer.record(&huge.encode()).unwrap())
+        .await
+        .unwrap();
+    let answered = tokio::time::timeout(T, answer(&mut s, &mut opener))
+        .await
+        .unwrap();
+    assert_eq!(answered, Some(vec![1]), "refused with a sealed `1`");
 
     // The endpoint still serves a sealed sender.
     let (mut s, mut sealer, mut opener) = sealed_channel(&b).await;
