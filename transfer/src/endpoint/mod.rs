@@ -1,9 +1,13 @@
-//! One QUIC endpoint per worker: sends to and receives from peers.
+//! One transfer endpoint per job process: sends to and receives from peers
+//! over QUIC (mutual TLS) and the data channels it grants.
 //!
-//! Protocol: one bidirectional stream per transfer. The sender writes the
-//! header frame and exactly `byte_len` payload bytes, then finishes its
-//! side; the receiver answers one byte (`0` = stored, `1` = refused) once
-//! the payload is in its mailbox, so a completed `send` means delivered.
+//! Protocol: one transfer at a time per QUIC stream or data channel. The
+//! sender writes the header frame and exactly `byte_len` payload bytes; the
+//! receiver answers one byte (`0` = stored, `1` = refused) once the payload
+//! is in its mailbox, so a completed `send` means delivered. Payloads to
+//! other hosts take data channels (sealed, or plain with encryption off:
+//! invariant 11); same-host ones shared memory, announced over QUIC
+//! (invariant 5).
 //!
 //! Invariants:
 //! 1. Nothing is allocated for a payload before its header is validated
