@@ -97,8 +97,17 @@ impl Landing<'_> {
                 Ok(&mut b[len - n..])
             }
             Landing::Slice(s) => {
+                // Each read must come within `stall`, not the whole: a
+                // large payload on a slow network is not a stall.
                 let dst = &mut s[at..at + n];
-                timed(stall, socket.read_exact(dst)).await?;
+                let mut have = 0;
+                while have < n {
+                    let got = timed(stall, socket.read(&mut dst[have..])).await?;
+                    if got == 0 {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    have += got;
+                }
                 Ok(dst)
             }
         }
