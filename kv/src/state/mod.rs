@@ -62,8 +62,10 @@ struct Barrier {
 }
 
 /// The replicated state apart from its [`Tables`]: revision, clock, leases,
-/// barriers. Small (it does not grow with the keys), so a replica persists
-/// it whole with every batch it applies.
+/// barriers. It does not grow with the keys, but it does with the leases
+/// (one per worker): a replica persists it whole with each flush, up to
+/// ten a second (at 16,384 workers a large share of the leader's CPU;
+/// docs/performance.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "StateFields")]
 pub struct KvState {

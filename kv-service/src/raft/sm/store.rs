@@ -259,7 +259,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let (applied, membership) = (meta.last_log_id, meta.last_membership.clone());
         self.shared
             .update(|s, tables| {
-                commit_with_state(txn, &state, applied, &membership, true)?;
+                commit_with_state(txn, &encode_state(&state)?, applied, &membership, true)?;
                 tables.discard()?;
                 *s = state;
                 Ok(())

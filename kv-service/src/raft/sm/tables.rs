@@ -239,7 +239,7 @@ impl SmTables {
         durable: bool,
     ) -> Result<(Overlay, FlushCommit)> {
         let commit = FlushCommit {
-            state: state.clone(),
+            state: encode_state(state)?,
             applied,
             membership: membership.clone(),
             durable,
@@ -456,18 +456,23 @@ impl TablesMut for SmTables {
     }
 }
 
-/// Records the state and Raft's bookkeeping in `txn` and commits it.
+/// `state` as [`commit_with_state`] stores it.
+pub(super) fn encode_state(state: &KvState) -> Result<Vec<u8>> {
+    postcard::to_allocvec(state).map_err(storage)
+}
+
+/// Records the state ([`encode_state`]) and Raft's bookkeeping in `txn`
+/// and commits it.
 pub(super) fn commit_with_state(
     mut txn: WriteTransaction,
-    state: &KvState,
+    state: &[u8],
     applied: Option<LogId<NodeId>>,
     membership: &StoredMembership<NodeId, Node>,
     durable: bool,
 ) -> Result<()> {
     {
         let mut sm = txn.open_table(SM).map_err(storage)?;
-        let state = postcard::to_allocvec(state).map_err(storage)?;
-        sm.insert(STATE, state.as_slice()).map_err(storage)?;
+        sm.insert(STATE, state).map_err(storage)?;
         let applied = postcard::to_allocvec(&applied).map_err(storage)?;
         sm.insert(APPLIED, applied.as_slice()).map_err(storage)?;
         let membership = postcard::to_allocvec(membership).map_err(storage)?;
