@@ -268,9 +268,16 @@ fn report_all_reduce(
     );
 }
 
-/// The point-to-point paths, in order: sealed data channels (the
-/// default), and the same payloads on QUIC streams (`quic_payloads`).
-const P2P_PATHS: [(&str, bool); 2] = [("sealed", false), ("quic", true)];
+/// The point-to-point runs of the endpoint, in the order both sides take
+/// them: each connection count over sealed data channels (the default),
+/// then over QUIC streams (`quic_payloads`); (name, quic_payloads,
+/// connections).
+fn p2p_runs(connections: &[usize]) -> Vec<(&'static str, bool, usize)> {
+    [("sealed", false), ("quic", true)]
+        .into_iter()
+        .flat_map(|(name, quic)| connections.iter().map(move |&k| (name, quic, k)))
+        .collect()
+}
 
 async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
     let dir = tessel_harness::scratch::scratch_dir("benchtransfer")?;
@@ -299,8 +306,9 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
         .spawn()
         .context("starting the sender")?;
 
-    let mut quic_s = Vec::new();
-    for _ in P2P_PATHS.iter().flat_map(|_| &args.connections) {
+    let runs = p2p_runs(&args.connections);
+    let mut endpoint_s = Vec::new();
+    for _ in &runs {
         let mut secs = Vec::new();
         for _ in 0..args.repeat {
             // The sender's first bytes arrive with its header: time from the
@@ -321,7 +329,7 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
             let sender: SocketAddr = std::str::from_utf8(&marker.data)?.parse()?;
             quic.send(sender, 2, ElementType::U8, &[1], &[1], T).await?;
         }
-        quic_s.push(secs);
+        endpoint_s.push(secs);
     }
     let (mut stream, _) = tcp.accept().await?;
     stream.set_nodelay(true)?;
@@ -335,12 +343,11 @@ async fn point_to_point(args: &BenchTransferArgs) -> Result<()> {
         tcp_s.push(t.elapsed().as_secs_f64());
     }
     let _ = child.wait();
-    let quic = P2P_PATHS
+    let endpoint = runs
         .iter()
-        .flat_map(|(name, _)| args.connections.iter().map(move |k| (name, k)))
-        .zip(quic_s)
-        .map(|((name, k), secs)| (format!("\"path\":\"{name}\",\"connections\":{k}"), secs));
-    for (path, mut secs) in quic.chain([("\"path\":\"tcp\"".to_owned(), tcp_s)]) {
+        .zip(endpoint_s)
+        .map(|((name, _, k), secs)| (format!("\"path\":\"{name}\",\"connections\":{k}"), secs));
+    for (path, mut secs) in endpoint.chain([("\"path\":\"tcp\"".to_owned(), tcp_s)]) {
         secs.sort_by(f64::total_cmp);
         let gbps = |s: f64| args.bytes as f64 / s / 1e9;
         println!(
@@ -374,10 +381,7 @@ async fn sender(args: &BenchTransferArgs, to: &[String]) -> Result<()> {
     // Every endpoint lives to the end: closing one could cut off its answer
     // to the receiver's last word.
     let mut endpoints = Vec::new();
-    let runs = P2P_PATHS
-        .iter()
-        .flat_map(|&(_, quic)| args.connections.iter().map(move |&k| (quic, k)));
-    for (quic_payloads, k) in runs {
+    for (_, quic_payloads, k) in p2p_runs(&args.connections) {
         let cfg = TransferConfig {
             connections_per_peer: k,
             quic_payloads,

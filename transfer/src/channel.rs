@@ -70,6 +70,15 @@ impl Encryption {
         self == Encryption::On
     }
 
+    /// The `path` label of the metrics of payloads on a channel of this
+    /// setting.
+    pub fn channel_path(self) -> &'static str {
+        match self {
+            Encryption::On => "sealed",
+            Encryption::Off => "tcp",
+        }
+    }
+
     /// The marker of a request for a channel of this setting.
     pub fn request_marker(self) -> u32 {
         match self {

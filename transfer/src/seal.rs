@@ -146,13 +146,7 @@ impl Sealer {
 /// The ciphertext length a record's first four bytes announce, checked
 /// before it is read (invariant 3).
 pub fn record_len(prefix: [u8; 4]) -> Result<usize> {
-    let n = u32::from_be_bytes(prefix) as usize;
-    if n == 0 || n > MAX_RECORD {
-        return Err(TransferError::Encryption(format!(
-            "a data channel record of {n} bytes (1..={MAX_RECORD})"
-        )));
-    }
-    Ok(n)
+    crate::header::prefixed_len(prefix, MAX_RECORD, "a data channel record")
 }
 
 impl Opener {

@@ -185,15 +185,6 @@ pub(super) async fn serve(
     }
 }
 
-/// The metric label of a channel's payloads.
-fn path_of(channel: &DataChannel) -> &'static str {
-    if channel.is_sealed() {
-        "sealed"
-    } else {
-        "tcp"
-    }
-}
-
 /// One data connection: its token, then transfers until the sender
 /// closes it (endpoint invariant 11).
 async fn receive_channel(
@@ -215,17 +206,20 @@ async fn receive_channel(
     let grant = server
         .redeem(&token)
         .ok_or_else(|| err("a connection without a valid token".into()))?;
-    let mut channel = match &grant.keys {
-        None => DataChannel::plain(socket),
-        Some(k) => DataChannel::sealed(socket, k, Side::Receiver),
-    };
-    let path = path_of(&channel);
+    let mut channel = DataChannel::new(
+        socket,
+        grant.keys.as_ref(),
+        Side::Receiver,
+        cfg.payload_stall,
+    );
+    // Granted only for this server's setting.
+    let path = server.encryption.channel_path();
     channel
         .write_small(&[0])
         .await
         .map_err(|e| err(e.to_string()))?;
     loop {
-        let body = match channel.read_frame(cfg.payload_stall).await {
+        let body = match channel.read_frame().await {
             Ok(Some(b)) => b,
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -273,8 +267,7 @@ async fn receive_channel(
                     };
                 let range = part_range(header.byte_len, part.index, part.count);
                 let part_len = (range.end - range.start) as usize;
-                let read =
-                    channel.read_payload(part_len, Landing::Bytes(&mut piece), cfg.payload_stall);
+                let read = channel.read_payload(part_len, Landing::Bytes(&mut piece));
                 if let Err(e) = read.await {
                     mailbox.assemblies.abandon(key);
                     return Err(err(format!("part {} of {}: {e}", part.index, part.count)));
@@ -294,13 +287,7 @@ async fn receive_channel(
             // Invariant 12: the taker reads it, then hands the channel back.
             None if header.lent => {
                 let (back, returned) = tokio::sync::oneshot::channel();
-                let stall = cfg.payload_stall;
-                let lent = LentChannel {
-                    channel,
-                    len,
-                    back,
-                    stall,
-                };
+                let lent = LentChannel { channel, len, back };
                 mailbox.deliver_incoming(path, header, dtype, Incoming::OnChannel(lent));
                 match returned.await {
                     Ok(c) => channel = c,
@@ -313,7 +300,7 @@ async fn receive_channel(
             None => {
                 let mut data = mailbox.buffer(len);
                 channel
-                    .read_payload(len, Landing::Vec(&mut data), cfg.payload_stall)
+                    .read_payload(len, Landing::Vec(&mut data))
                     .await
                     .map_err(|e| err(format!("payload: {e}")))?;
                 mailbox.deliver(path, header, dtype, Payload::Owned(data));
@@ -351,7 +338,7 @@ impl TransferEndpoint {
         }
         let addr = peer.addr;
         let connect_err = |reason: String| TransferError::Connect { addr, reason };
-        let conn = self.connection(peer).await?;
+        let (conn, who) = self.connection(peer).await?;
         let (mut send, mut recv) = conn
             .open_bi()
             .await
@@ -388,12 +375,12 @@ impl TransferEndpoint {
         tokio::io::AsyncWriteExt::write_all(&mut socket, &token)
             .await
             .map_err(|e| connect_err(e.to_string()))?;
-        let mut channel = match self.cfg.encryption {
-            Encryption::Off => DataChannel::plain(socket),
-            Encryption::On => {
-                DataChannel::sealed(socket, &export_keys(&conn, &token)?, Side::Sender)
-            }
+        let keys = match self.cfg.encryption {
+            Encryption::Off => None,
+            Encryption::On => Some(export_keys(&conn, &token)?),
         };
+        let stall = self.cfg.payload_stall;
+        let mut channel = DataChannel::new(socket, keys.as_ref(), Side::Sender, stall);
         let ok = channel
             .read_byte()
             .await
@@ -401,7 +388,7 @@ impl TransferEndpoint {
         if ok != 0 {
             return Err(connect_err(format!("data channel {data_addr} refused")));
         }
-        Ok((channel, Arc::new(tessel_tls::peer_identity(&conn))))
+        Ok((channel, who))
     }
 
     /// One transfer on a channel: `header`, `payload`, the answer; the

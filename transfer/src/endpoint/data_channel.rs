@@ -20,6 +20,9 @@ use crate::seal::{self, Opener, Sealer, Side, KEY_MATERIAL, RECORD, TAG_LEN};
 pub(crate) struct DataChannel {
     socket: TcpStream,
     sealed: Option<Box<Sealed>>,
+    /// Once a message has begun, each read must make progress within this
+    /// (`TransferConfig::payload_stall`).
+    stall: Duration,
 }
 
 struct Sealed {
@@ -52,7 +55,7 @@ async fn timed<T>(
     tokio::time::timeout(stall, read).await.map_err(|_| {
         io::Error::new(
             io::ErrorKind::TimedOut,
-            format!("the sender sent nothing for {stall:?} mid-message"),
+            format!("the peer sent nothing for {stall:?} mid-message"),
         )
     })?
 }
@@ -126,28 +129,26 @@ impl Landing<'_> {
 }
 
 impl DataChannel {
-    /// A channel of the unencrypted data plane.
-    pub(super) fn plain(socket: TcpStream) -> DataChannel {
-        DataChannel {
-            socket,
-            sealed: None,
-        }
-    }
-
-    /// A sealed channel, its keys from the granting session.
-    pub(super) fn sealed(
+    /// A channel on `socket`: sealed with the keys from `material` (this
+    /// end being `side`), or plain without.
+    pub(super) fn new(
         socket: TcpStream,
-        material: &[u8; KEY_MATERIAL],
+        material: Option<&[u8; KEY_MATERIAL]>,
         side: Side,
+        stall: Duration,
     ) -> DataChannel {
-        let (sealer, opener) = seal::keys(material, side);
-        DataChannel {
-            socket,
-            sealed: Some(Box::new(Sealed {
+        let sealed = material.map(|m| {
+            let (sealer, opener) = seal::keys(m, side);
+            Box::new(Sealed {
                 sealer,
                 opener,
                 record: Vec::new(),
-            })),
+            })
+        });
+        DataChannel {
+            socket,
+            sealed,
+            stall,
         }
     }
 
@@ -168,7 +169,7 @@ impl DataChannel {
         &mut self,
         pieces: impl Iterator<Item = &'p [u8]>,
     ) -> io::Result<()> {
-        let DataChannel { socket, sealed } = self;
+        let DataChannel { socket, sealed, .. } = self;
         let Some(s) = sealed else {
             for piece in pieces {
                 socket.write_all(piece).await?;
@@ -202,7 +203,7 @@ impl DataChannel {
     /// are encrypted where they are (no copy), so it is left as
     /// ciphertext.
     pub(super) async fn write_payload_in_place(&mut self, payload: &mut [u8]) -> io::Result<()> {
-        let DataChannel { socket, sealed } = self;
+        let DataChannel { socket, sealed, .. } = self;
         let Some(s) = sealed else {
             return socket.write_all(payload).await;
         };
@@ -226,39 +227,32 @@ impl DataChannel {
     }
 
     /// The next header frame's body; `None` if the peer closed the
-    /// channel between transfers. Once its first bytes are in, the rest
-    /// must come within `stall`.
-    pub(super) async fn read_frame(&mut self, stall: Duration) -> io::Result<Option<Vec<u8>>> {
+    /// channel between transfers.
+    pub(super) async fn read_frame(&mut self) -> io::Result<Option<Vec<u8>>> {
         let mut prefix = [0u8; 4];
         match self.socket.read_exact(&mut prefix).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(e),
         }
-        let Some(s) = &mut self.sealed else {
+        if self.sealed.is_none() {
             let n = TransferHeader::frame_len(prefix).map_err(invalid)?;
             let mut body = vec![0u8; n];
-            timed(stall, self.socket.read_exact(&mut body)).await?;
+            timed(self.stall, self.socket.read_exact(&mut body)).await?;
             return Ok(Some(body));
-        };
-        let n = seal::record_len(prefix).map_err(invalid)?;
-        if !(5..=4 + crate::header::MAX_HEADER).contains(&n) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("a header record of {n} bytes"),
-            ));
         }
-        let mut body = vec![0u8; n];
-        timed(stall, self.socket.read_exact(&mut body)).await?;
-        let mut tag = [0u8; TAG_LEN];
-        timed(stall, self.socket.read_exact(&mut tag)).await?;
-        s.opener.open(prefix, &mut body, tag).map_err(invalid)?;
+        let mut body = self
+            .read_record(prefix, 5..=4 + crate::header::MAX_HEADER)
+            .await?;
         let framed =
             TransferHeader::frame_len(body[..4].try_into().expect("4")).map_err(invalid)?;
-        if framed != n - 4 {
+        if framed != body.len() - 4 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("a header frame of {framed} bytes in a record of {n}"),
+                format!(
+                    "a header frame of {framed} bytes in a record of {}",
+                    body.len()
+                ),
             ));
         }
         body.drain(..4);
@@ -267,37 +261,52 @@ impl DataChannel {
 
     /// Reads one answer byte (one record when sealed).
     pub(super) async fn read_byte(&mut self) -> io::Result<u8> {
-        let mut byte = [0u8; 1];
-        let Some(s) = &mut self.sealed else {
-            self.socket.read_exact(&mut byte).await?;
-            return Ok(byte[0]);
-        };
-        let mut record = [0u8; 4 + 1 + TAG_LEN];
-        self.socket.read_exact(&mut record[..4]).await?;
-        let prefix: [u8; 4] = record[..4].try_into().expect("4");
-        if seal::record_len(prefix).map_err(invalid)? != 1 {
+        let mut prefix = [0u8; 4];
+        if self.sealed.is_none() {
+            self.socket.read_exact(&mut prefix[..1]).await?;
+            return Ok(prefix[0]);
+        }
+        self.socket.read_exact(&mut prefix).await?;
+        Ok(self.read_record(prefix, 1..=1).await?[0])
+    }
+
+    /// The rest of a small sealed record whose length `prefix` announced
+    /// (within `allowed`), opened: a header frame or an answer byte.
+    async fn read_record(
+        &mut self,
+        prefix: [u8; 4],
+        allowed: std::ops::RangeInclusive<usize>,
+    ) -> io::Result<Vec<u8>> {
+        let n = seal::record_len(prefix).map_err(invalid)?;
+        if !allowed.contains(&n) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                "an answer record of more than a byte",
+                format!("a record of {n} bytes where {allowed:?} belong"),
             ));
         }
-        self.socket.read_exact(&mut record[4..]).await?;
-        byte[0] = record[4];
-        let tag = record[5..].try_into().expect("16");
-        s.opener.open(prefix, &mut byte, tag).map_err(invalid)?;
-        Ok(byte[0])
+        let mut record = vec![0u8; n + TAG_LEN];
+        timed(self.stall, self.socket.read_exact(&mut record)).await?;
+        let tag = record[n..].try_into().expect("16");
+        record.truncate(n);
+        let s = self.sealed.as_mut().expect("a sealed channel");
+        s.opener.open(prefix, &mut record, tag).map_err(invalid)?;
+        Ok(record)
     }
 
     /// Reads exactly `len` payload bytes into `dst`; a sender silent for
-    /// `stall` mid-payload is given up.
+    /// the stall deadline mid-payload is given up.
     pub(super) async fn read_payload(
         &mut self,
         len: usize,
         mut dst: Landing<'_>,
-        stall: Duration,
     ) -> io::Result<()> {
         dst.check(len)?;
-        let DataChannel { socket, sealed } = self;
+        let DataChannel {
+            socket,
+            sealed,
+            stall,
+        } = self;
+        let stall = *stall;
         let Some(s) = sealed else {
             dst.land(socket, 0, len, stall).await?;
             return Ok(());
@@ -341,10 +350,5 @@ impl DataChannel {
     pub(super) async fn closed(&self) {
         let mut probe = [0u8; 1];
         let _ = self.socket.peek(&mut probe).await;
-    }
-
-    /// Whether its bytes travel in sealed records.
-    pub(super) fn is_sealed(&self) -> bool {
-        self.sealed.is_some()
     }
 }

@@ -355,17 +355,19 @@ impl TransferEndpoint {
         Ok(c)
     }
 
-    async fn connection(&self, peer: &Peer) -> Result<Connection> {
+    /// The next of `peer`'s connections in turn, with the certificate it
+    /// was opened with.
+    async fn connection(&self, peer: &Peer) -> Result<(Connection, Verified)> {
         let k = self.next_conn.fetch_add(1, Ordering::Relaxed) % self.cfg.connections_per_peer;
         self.connection_at(peer, k).await
     }
 
-    async fn connection_at(&self, peer: &Peer, k: usize) -> Result<Connection> {
+    async fn connection_at(&self, peer: &Peer, k: usize) -> Result<(Connection, Verified)> {
         let addr = peer.addr;
         if let Some((c, who)) = self.conns.lock().expect("not poisoned").get(&(addr, k)) {
             if c.close_reason().is_none() {
                 self.check_reuse(peer, who)?;
-                return Ok(c.clone());
+                return Ok((c.clone(), who.clone()));
             }
         }
         let connect_err = |reason: String| TransferError::Connect { addr, reason };
@@ -380,8 +382,8 @@ impl TransferEndpoint {
         self.conns
             .lock()
             .expect("not poisoned")
-            .insert((addr, k), (conn.clone(), who));
-        Ok(conn)
+            .insert((addr, k), (conn.clone(), who.clone()));
+        Ok((conn, who))
     }
 
     /// Invariant 10 for a connection or data channel opened before: the
@@ -597,11 +599,10 @@ impl TransferEndpoint {
                 after: timeout,
             }
         })?;
-        let path = match (&shm, self.on_data_channel(peer), self.cfg.encryption) {
-            (Some(_), _, _) => "shm",
-            (None, true, Encryption::On) => "sealed",
-            (None, true, Encryption::Off) => "tcp",
-            (None, false, _) => "quic",
+        let path = match (&shm, self.on_data_channel(peer)) {
+            (Some(_), _) => "shm",
+            (None, true) => self.cfg.encryption.channel_path(),
+            (None, false) => "quic",
         };
         if let Some(f) = shm {
             self.shm.release(f, result.is_ok());
@@ -632,8 +633,8 @@ impl TransferEndpoint {
             return self.send_on_channel(peer, header, payload).await;
         }
         let conn = match conn {
-            Some(k) => self.connection_at(peer, k).await?,
-            None => self.connection(peer).await?,
+            Some(k) => self.connection_at(peer, k).await?.0,
+            None => self.connection(peer).await?.0,
         };
         let (mut send, mut recv) = conn
             .open_bi()

@@ -147,8 +147,6 @@ pub(crate) struct LentChannel {
     pub(super) channel: super::data_channel::DataChannel,
     pub(super) len: usize,
     pub(super) back: tokio::sync::oneshot::Sender<super::data_channel::DataChannel>,
-    /// The channel's stall deadline (`TransferConfig::payload_stall`).
-    pub(super) stall: std::time::Duration,
 }
 
 impl LentChannel {
@@ -157,23 +155,22 @@ impl LentChannel {
     }
 
     /// Reads the payload into `dst`, exactly its length.
-    pub(crate) async fn read_into(mut self, dst: &mut [u8]) -> std::io::Result<()> {
-        let landing = super::data_channel::Landing::Slice(dst);
-        self.channel
-            .read_payload(self.len, landing, self.stall)
-            .await?;
-        let _ = self.back.send(self.channel);
-        Ok(())
+    pub(crate) async fn read_into(self, dst: &mut [u8]) -> std::io::Result<()> {
+        self.read(super::data_channel::Landing::Slice(dst)).await
     }
 
     /// Reads the payload into `buf`, an empty buffer with room for it.
-    pub(super) async fn read_to(mut self, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
-        let landing = super::data_channel::Landing::Vec(&mut buf);
-        self.channel
-            .read_payload(self.len, landing, self.stall)
+    pub(super) async fn read_to(self, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
+        self.read(super::data_channel::Landing::Vec(&mut buf))
             .await?;
-        let _ = self.back.send(self.channel);
         Ok(buf)
+    }
+
+    /// Reads the payload to `landing`, then hands the channel back.
+    async fn read(mut self, landing: super::data_channel::Landing<'_>) -> std::io::Result<()> {
+        self.channel.read_payload(self.len, landing).await?;
+        let _ = self.back.send(self.channel);
+        Ok(())
     }
 }
 
