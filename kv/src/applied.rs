@@ -86,7 +86,7 @@ impl<S: TablesMut + Send> AppliedState<S> {
     pub fn apply_batch<'r>(
         &self,
         reqs: impl IntoIterator<Item = &'r Request>,
-        finish: impl FnOnce(&KvState, &mut S) -> Result<()>,
+        finish: impl FnOnce(&mut KvState, &mut S) -> Result<()>,
     ) -> Result<Vec<Result<Output>>> {
         let (results, events, revision) = {
             let mut guard = self.lock();

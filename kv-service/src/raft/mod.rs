@@ -86,6 +86,14 @@
 //! (which also lets redb reuse freed pages); a crash costs at most
 //! re-applying the entries since the last fsync.
 //!
+//! The state (revision, clock, barriers) is stored without its leases, and
+//! each lease as a row of the leases table: a flush writes the rows changed
+//! since the last one (`kv::state` invariant 11), not every lease (a
+//! heartbeat changes one). `leases-at` names the applied log id the rows
+//! go with; a file an older build wrote last holds the leases inside the
+//! state, and opening it drops the rows and writes them all again (`sm`
+//! invariant 9).
+//!
 //! The history table holds the events of each flush as one record keyed by
 //! the last revision in it (one insert per flush); reading from a revision
 //! starts at the first key at or above it and filters; forgetting below a

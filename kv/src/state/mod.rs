@@ -26,6 +26,9 @@
 //!    invariant 5).
 //! 10. An [`Op::PutBatch`] writes all its keys at one revision or none: it
 //!     is refused before anything changes if any put would be.
+//! 11. `changed_leases` holds every lease created, changed or dropped since
+//!     the last [`KvState::take_changed_leases`] (maybe more): a replica that
+//!     stores those rows stores every lease as it is.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,6 +42,7 @@ mod ops;
 pub use ops::*;
 mod sessions;
 pub use sessions::{ClientSession, MAX_CALLS_IN_FLIGHT, SESSION_IDLE_MS, SESSION_SWEEP_MS};
+mod stored;
 mod tables;
 pub use tables::{MemState, MemTables, Tables, TablesMut};
 
@@ -63,11 +67,10 @@ struct Barrier {
 
 /// The replicated state apart from its [`Tables`]: revision, clock, leases,
 /// barriers. It does not grow with the keys, but it does with the leases
-/// (one per worker): a replica persists it whole with each flush, up to
-/// ten a second (at 16,384 workers a large share of the leader's CPU;
-/// docs/performance.md).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "StateFields")]
+/// (one per worker), so a replica stores the leases apart, a row each,
+/// writing only those changed since its last flush (`stored`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(from = "stored::StateFields")]
 pub struct KvState {
     limits: Limits,
     revision: u64,
@@ -80,34 +83,9 @@ pub struct KvState {
     /// Invariant 7; not stored, rebuilt from `leases` when read.
     #[serde(skip_serializing)]
     expiry: BTreeSet<(u64, u64)>,
-}
-
-/// [`KvState`] as stored: its fields in order, without the index.
-#[derive(Deserialize)]
-struct StateFields {
-    limits: Limits,
-    revision: u64,
-    clock_ms: u64,
-    next_lease: u64,
-    leases: BTreeMap<u64, Lease>,
-    barriers: BTreeMap<Vec<u8>, Barrier>,
-    history_limit: u64,
-}
-
-impl From<StateFields> for KvState {
-    fn from(f: StateFields) -> KvState {
-        let expiry = expiry_index(&f.leases);
-        KvState {
-            limits: f.limits,
-            revision: f.revision,
-            clock_ms: f.clock_ms,
-            next_lease: f.next_lease,
-            leases: f.leases,
-            barriers: f.barriers,
-            history_limit: f.history_limit,
-            expiry,
-        }
-    }
+    /// Invariant 11; not stored, not replicated.
+    #[serde(skip_serializing)]
+    changed_leases: BTreeSet<u64>,
 }
 
 /// Invariant 7's index of `leases`.
@@ -136,6 +114,7 @@ impl KvState {
             barriers: BTreeMap::new(),
             history_limit: history_limit.max(1) as u64,
             expiry: BTreeSet::new(),
+            changed_leases: BTreeSet::new(),
         }
     }
 
@@ -221,8 +200,9 @@ impl KvState {
         match &req.op {
             Op::RenewLeases => {
                 let now = self.clock_ms;
-                for l in self.leases.values_mut() {
+                for (id, l) in self.leases.iter_mut() {
                     l.expires_at_ms = l.expires_at_ms.max(now.saturating_add(l.ttl_ms));
+                    self.changed_leases.insert(*id);
                 }
                 self.expiry = expiry_index(&self.leases);
             }
@@ -237,6 +217,7 @@ impl KvState {
                         self.expiry.remove(&(l.expires_at_ms, id));
                         l.expires_at_ms = until;
                         self.expiry.insert((until, id));
+                        self.changed_leases.insert(id);
                     }
                 }
             }
@@ -311,6 +292,7 @@ impl KvState {
         let Some(lease) = self.leases.remove(&id) else {
             return Ok(0);
         };
+        self.changed_leases.insert(id);
         self.expiry.remove(&(lease.expires_at_ms, id));
         let mut keys = Vec::new();
         for k in lease.keys {
@@ -354,13 +336,17 @@ impl KvState {
         if let Some(old) = current.and_then(|kv| kv.lease) {
             if Some(old) != lease {
                 if let Some(l) = self.leases.get_mut(&old) {
-                    l.keys.remove(key);
+                    if l.keys.remove(key) {
+                        self.changed_leases.insert(old);
+                    }
                 }
             }
         }
         if let Some(id) = lease {
             if let Some(l) = self.leases.get_mut(&id) {
-                l.keys.insert(key.to_vec());
+                if l.keys.insert(key.to_vec()) {
+                    self.changed_leases.insert(id);
+                }
             }
         }
         let kv = KeyValue {
@@ -496,6 +482,7 @@ impl KvState {
                     },
                 );
                 self.expiry.insert((expires_at_ms, id));
+                self.changed_leases.insert(id);
                 Ok(Output::Lease {
                     id,
                     ttl_ms: *ttl_ms,
@@ -507,6 +494,7 @@ impl KvState {
                 self.expiry.remove(&(lease.expires_at_ms, *id));
                 lease.expires_at_ms = now.saturating_add(lease.ttl_ms);
                 self.expiry.insert((lease.expires_at_ms, *id));
+                self.changed_leases.insert(*id);
                 Ok(Output::Lease {
                     id: *id,
                     ttl_ms: lease.ttl_ms,

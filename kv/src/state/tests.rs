@@ -689,3 +689,66 @@ fn a_batch_is_applied_whole_at_one_revision_or_not_at_all() {
     assert_eq!(ev.len(), 1);
     assert!(s.get(b"b").is_none() && s.get(b"a").is_some());
 }
+
+/// Invariant 11: after every kind of lease change, the state without its
+/// leases plus the rows changed so far reads back as the state; a
+/// keep-alive or a key put under a lease changes one row, not every lease.
+#[test]
+fn stored_lease_rows_follow_every_lease_change() {
+    let mut s = MemState::default();
+    let mut rows: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut step = |s: &mut MemState, r: Request| {
+        let _ = s.apply(&r);
+        let changed = s.state.take_changed_leases().unwrap();
+        let n = changed.len();
+        for (id, row) in changed {
+            match row {
+                Some(row) => rows.insert(id, row),
+                None => rows.remove(&id),
+            };
+        }
+        let mut back: KvState =
+            postcard::from_bytes(&s.state.encode_without_leases().unwrap()).unwrap();
+        assert!(back.leases.is_empty());
+        back.add_stored_leases(rows.iter().map(|(id, row)| (*id, row.as_slice())))
+            .unwrap();
+        assert_eq!(back, s.state, "after {r:?}");
+        assert_eq!(back.expiry, s.state.expiry);
+        n
+    };
+    for i in 0..20 {
+        assert_eq!(
+            step(&mut s, req(1000, Op::LeaseGrant { ttl_ms: 100 + i })),
+            1
+        );
+    }
+    let leased = |key: &str, lease| Op::Put {
+        key: key.into(),
+        value: b"v".to_vec(),
+        lease: Some(lease),
+    };
+    assert_eq!(step(&mut s, req(1001, leased("a", 1))), 1);
+    assert_eq!(
+        step(&mut s, req(1002, leased("a", 1))),
+        0,
+        "same key, same lease"
+    );
+    assert_eq!(
+        step(&mut s, req(1003, leased("a", 2))),
+        2,
+        "moved to another lease"
+    );
+    assert_eq!(step(&mut s, req(1004, Op::LeaseKeepAlive { id: 3 })), 1);
+    assert_eq!(step(&mut s, req(1005, Op::LeaseRevoke { id: 2 })), 1);
+    let renewed = vec![(4, 1050), (5, 1050)];
+    assert_eq!(step(&mut s, req(1050, Op::ExtendLeases { renewed })), 2);
+    // Expiries (the shortest leases, 101 ms and on) drop their rows.
+    assert!(step(&mut s, req(1110, Op::Tick)) > 0);
+    assert!(s.state.leases.len() < 19);
+    assert_eq!(
+        step(&mut s, req(1120, Op::RenewLeases)),
+        s.state.leases.len()
+    );
+    step(&mut s, req(9000, Op::Tick));
+    assert!(rows.is_empty() && s.state.leases.is_empty());
+}

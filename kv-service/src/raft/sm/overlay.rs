@@ -20,10 +20,8 @@ impl Overlay {
 
 /// What a flush commits with the overlay (invariant 1).
 pub(super) struct FlushCommit {
-    /// The state, encoded when the overlay was frozen: the encoding, not a
-    /// clone, crosses to the flush thread (a clone of every lease, and
-    /// freeing it afterwards, cost more than encoding it).
-    pub(super) state: Vec<u8>,
+    /// The state's rows changed since the last flush (invariant 9).
+    pub(super) state: StateRows,
     pub(super) applied: Option<LogId<NodeId>>,
     pub(super) membership: StoredMembership<NodeId, Node>,
     pub(super) durable: bool,

@@ -25,8 +25,9 @@ pub enum SnapshotRecord {
         version: u32,
         /// openraft's metadata (last log id, membership).
         meta: SnapshotMeta<NodeId, Node>,
-        /// Revision, clock, leases and barriers.
-        state: KvState,
+        /// Revision, clock, leases and barriers (boxed: one a file, and
+        /// larger than the other records).
+        state: Box<KvState>,
     },
     /// One key-value pair, in key order.
     Pair(KeyValue),
@@ -217,7 +218,7 @@ pub(super) fn read_snapshot_header(
                     )));
                 }
             }
-            Ok((version, meta, state))
+            Ok((version, meta, *state))
         }
         _ => Err(KvError::InvalidArgument(
             "a snapshot must start with its header".into(),
@@ -316,6 +317,7 @@ pub(super) fn load_snapshot(
     txn.delete_table(DATA).map_err(storage)?;
     txn.delete_table(HISTORY).map_err(storage)?;
     txn.delete_table(SESSIONS).map_err(storage)?;
+    txn.delete_table(LEASES).map_err(storage)?;
     let (_, state) = {
         let mut data = txn.open_table(DATA).map_err(storage)?;
         let mut history = txn.open_table(HISTORY).map_err(storage)?;

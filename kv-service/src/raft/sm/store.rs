@@ -42,10 +42,12 @@ impl StateMachineStore {
             .map_err(|e| sm_err(ErrorVerb::Write, e))?;
         txn.open_table(SESSIONS)
             .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        let limits = initial.limits();
+        let state = read_state(&txn)
+            .map_err(|e| sm_err(ErrorVerb::Read, e))?
+            .unwrap_or(initial);
         txn.commit().map_err(|e| sm_err(ErrorVerb::Write, e))?;
         let txn = db.begin_read().map_err(|e| sm_err(ErrorVerb::Read, e))?;
-        let limits = initial.limits();
-        let state = read_sm::<KvState>(&txn, STATE)?.unwrap_or(initial);
         let applied = read_sm::<Option<LogId<NodeId>>>(&txn, APPLIED)?.flatten();
         let membership = read_sm(&txn, MEMBERSHIP)?.unwrap_or_default();
         drop(txn);
@@ -118,7 +120,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let header = SnapshotRecord::Header {
             version: SNAPSHOT_VERSION,
             meta: meta.clone(),
-            state: self.state.clone(),
+            state: Box::new(self.state.clone()),
         };
         let txn = self
             .txn
@@ -253,13 +255,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             tokio::task::spawn_blocking(move || load_snapshot(&db, file, &copy, &meta, limits))
                 .await
         };
-        let (txn, state) = loaded
+        let (txn, mut state) = loaded
             .map_err(|e| snap_err(Some(meta), ErrorVerb::Write, e))?
             .map_err(bad)?;
         let (applied, membership) = (meta.last_log_id, meta.last_membership.clone());
         self.shared
             .update(|s, tables| {
-                commit_with_state(txn, &encode_state(&state)?, applied, &membership, true)?;
+                // The snapshot's leases replace every row (invariant 9).
+                state.mark_all_leases_changed();
+                let rows = StateRows::take(&mut state)?;
+                commit_with_state(txn, &rows, applied, &membership, true)?;
                 tables.discard()?;
                 *s = state;
                 Ok(())

@@ -183,7 +183,7 @@ impl SmTables {
     /// the live overlay is full (invariant 6).
     pub(super) fn end_batch(
         &mut self,
-        state: &KvState,
+        state: &mut KvState,
         applied: Option<LogId<NodeId>>,
         membership: &StoredMembership<NodeId, Node>,
     ) -> Result<()> {
@@ -205,7 +205,7 @@ impl SmTables {
     /// `durable` (invariant 2); a flush in flight finishes first.
     pub(super) fn flush(
         &mut self,
-        state: &KvState,
+        state: &mut KvState,
         applied: Option<LogId<NodeId>>,
         membership: &StoredMembership<NodeId, Node>,
         durable: bool,
@@ -233,13 +233,13 @@ impl SmTables {
     /// Takes the live overlay to be written, with what commits with it.
     pub(super) fn freeze(
         &mut self,
-        state: &KvState,
+        state: &mut KvState,
         applied: Option<LogId<NodeId>>,
         membership: &StoredMembership<NodeId, Node>,
         durable: bool,
     ) -> Result<(Overlay, FlushCommit)> {
         let commit = FlushCommit {
-            state: encode_state(state)?,
+            state: StateRows::take(state)?,
             applied,
             membership: membership.clone(),
             durable,
@@ -456,25 +456,47 @@ impl TablesMut for SmTables {
     }
 }
 
-/// `state` as [`commit_with_state`] stores it.
-pub(super) fn encode_state(state: &KvState) -> Result<Vec<u8>> {
-    postcard::to_allocvec(state).map_err(storage)
+/// The state as a commit writes it (invariant 9).
+pub(super) struct StateRows {
+    /// The state without its leases.
+    core: Vec<u8>,
+    /// The lease rows changed since the last commit (`None`: gone).
+    leases: Vec<(u64, Option<Vec<u8>>)>,
 }
 
-/// Records the state ([`encode_state`]) and Raft's bookkeeping in `txn`
-/// and commits it.
+impl StateRows {
+    /// Encodes `state` on the apply thread: the encoding, not a clone,
+    /// crosses to the flush thread (a clone of every lease, and freeing
+    /// it afterwards, cost more than encoding it).
+    pub(super) fn take(state: &mut KvState) -> Result<StateRows> {
+        Ok(StateRows {
+            core: state.encode_without_leases()?,
+            leases: state.take_changed_leases()?,
+        })
+    }
+}
+
+/// Records the state's rows and Raft's bookkeeping in `txn` and commits it.
 pub(super) fn commit_with_state(
     mut txn: WriteTransaction,
-    state: &[u8],
+    state: &StateRows,
     applied: Option<LogId<NodeId>>,
     membership: &StoredMembership<NodeId, Node>,
     durable: bool,
 ) -> Result<()> {
     {
+        let mut leases = txn.open_table(LEASES).map_err(storage)?;
+        for (id, row) in &state.leases {
+            match row {
+                Some(row) => leases.insert(id, row.as_slice()).map_err(storage)?,
+                None => leases.remove(id).map_err(storage)?,
+            };
+        }
         let mut sm = txn.open_table(SM).map_err(storage)?;
-        sm.insert(STATE, state).map_err(storage)?;
+        sm.insert(STATE, state.core.as_slice()).map_err(storage)?;
         let applied = postcard::to_allocvec(&applied).map_err(storage)?;
         sm.insert(APPLIED, applied.as_slice()).map_err(storage)?;
+        sm.insert(LEASES_AT, applied.as_slice()).map_err(storage)?;
         let membership = postcard::to_allocvec(membership).map_err(storage)?;
         sm.insert(MEMBERSHIP, membership.as_slice())
             .map_err(storage)?;
@@ -485,6 +507,34 @@ pub(super) fn commit_with_state(
         Durability::None
     });
     txn.commit().map_err(storage)
+}
+
+/// The state `txn` holds, `None` in a new file: [`STATE`] with the lease
+/// rows, or, where an older build wrote last, `STATE` alone with every
+/// lease counted as changed and the stale rows dropped (invariant 9).
+pub(super) fn read_state(txn: &WriteTransaction) -> Result<Option<KvState>> {
+    let sm = txn.open_table(SM).map_err(storage)?;
+    let Some(core) = sm.get(STATE).map_err(storage)? else {
+        return Ok(None);
+    };
+    let mut state: KvState = postcard::from_bytes(core.value()).map_err(storage)?;
+    let get = |key| -> Result<Option<Vec<u8>>> {
+        Ok(sm.get(key).map_err(storage)?.map(|v| v.value().to_vec()))
+    };
+    let rows_current = matches!(get(LEASES_AT)?, Some(at) if Some(&at) == get(APPLIED)?.as_ref());
+    let mut leases = txn.open_table(LEASES).map_err(storage)?;
+    if rows_current {
+        let rows = leases.iter().map_err(storage)?;
+        let rows: Vec<(u64, Vec<u8>)> = rows
+            .map(|r| r.map(|(id, row)| (id.value(), row.value().to_vec())))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(storage)?;
+        state.add_stored_leases(rows.iter().map(|(id, row)| (*id, row.as_slice())))?;
+    } else {
+        leases.retain(|_, _| false).map_err(storage)?;
+        state.mark_all_leases_changed();
+    }
+    Ok(Some(state))
 }
 
 pub(super) fn read_sm<T: for<'de> Deserialize<'de>>(

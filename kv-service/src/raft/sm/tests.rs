@@ -146,6 +146,64 @@ async fn redb_tables_agree_with_memory_tables_batch_by_batch() {
         size = size % 9 + 1;
     }
     assert!(mem.len() > 3 && mem.state.compacted_below() > 1);
+    // What was flushed, lease rows included (invariant 9), reopens as it was.
+    applied
+        .update(|state, t| t.flush(state, None, &StoredMembership::default(), true))
+        .unwrap();
+    drop((sm, applied));
+    let reopened = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50));
+    assert_same(&reopened.unwrap().applied(), &mem);
+    assert!(mem.state.leases_by_expiry().count() > 0);
+}
+
+/// Applies `reqs` to `sm` and `mem`, then flushes `sm`.
+fn apply_and_flush(sm: &StateMachineStore, mem: &mut MemState, reqs: &[Request]) {
+    let none = StoredMembership::default();
+    let applied = sm.applied();
+    applied
+        .apply_batch(reqs, |state, t| t.flush(state, None, &none, true))
+        .unwrap();
+    for r in reqs {
+        let _ = mem.apply(r);
+    }
+}
+
+#[tokio::test]
+async fn a_file_whose_state_holds_every_lease_opens_with_them_and_drops_stale_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let initial = || KvState::new(Limits::default(), 50);
+    let mut mem = MemState::new(Limits::default(), 50);
+    let reqs = plain_requests();
+    let (first, rest) = reqs.split_at(reqs.len() / 2);
+    let sm = StateMachineStore::open(dir.path(), initial()).unwrap();
+    apply_and_flush(&sm, &mut mem, first);
+    assert!(mem.state.leases_by_expiry().count() > 0);
+    // As an older build leaves it: the state whole (leases inline), no
+    // LEASES_AT, and a row for a lease that is gone.
+    let whole = postcard::to_allocvec(&sm.applied().state()).unwrap();
+    drop(sm);
+    {
+        let db = Database::open(dir.path().join("state.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut sm = txn.open_table(SM).unwrap();
+            sm.insert(STATE, whole.as_slice()).unwrap();
+            sm.remove(LEASES_AT).unwrap();
+            let mut leases = txn.open_table(LEASES).unwrap();
+            leases.insert(999_999, [0u8; 3].as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let sm = StateMachineStore::open(dir.path(), initial()).unwrap();
+    assert_same(&sm.applied(), &mem);
+    // Its first flush writes every lease as a row: reopened, the rows alone
+    // hold them.
+    apply_and_flush(&sm, &mut mem, rest);
+    drop(sm);
+    let sm = StateMachineStore::open(dir.path(), initial()).unwrap();
+    assert_same(&sm.applied(), &mem);
+    let rows = open_read(&sm.db, LEASES).unwrap().len().unwrap();
+    assert_eq!(rows as usize, mem.state.leases_by_expiry().count());
 }
 
 #[tokio::test]
@@ -203,7 +261,7 @@ async fn the_key_filter_holds_every_key_and_is_rebuilt_after_churn() {
             lease: None,
         },
     };
-    let flush_now = |state: &KvState, t: &mut SmTables| {
+    let flush_now = |state: &mut KvState, t: &mut SmTables| {
         t.last_flush -= FLUSH_INTERVAL;
         t.end_batch(state, None, &StoredMembership::default())
     };
@@ -293,7 +351,7 @@ fn version_1_snapshots_are_still_read_and_each_version_ends_its_own_way() {
         let header = SnapshotRecord::Header {
             version,
             meta: SnapshotMeta::default(),
-            state: KvState::default(),
+            state: Box::default(),
         };
         for r in std::iter::once(&header).chain(records) {
             write_record(&mut out, r).unwrap();
