@@ -83,11 +83,11 @@ const LEASES_AT: &str = "leases-at";
 const CACHE_BYTES: usize = 16 << 20;
 /// The overlay is flushed once it holds this many bytes or entries, or is
 /// this old (invariant 2). The log keeps the data safe meanwhile, so the
-/// interval only bounds replay after a crash: redb rewrites a page per row
-/// changed, and with 16,384 workers renewing leases and stamping their
-/// alive keys nearly every page of those tables changes within a second
-/// (a flush every 100 ms wrote 9,500 pages a second there, one a second
-/// 3,700, and halved the put's p50).
+/// interval only bounds replay after a crash. redb rewrites each page that
+/// holds a changed row, and rows changed a second apart often share one:
+/// with 16,384 workers renewing leases and stamping their alive keys, a
+/// flush every 100 ms wrote 9,500 pages a second, one a second 3,700 (and
+/// took a third off the put's p50).
 const FLUSH_BYTES: usize = 8 << 20;
 const FLUSH_ENTRIES: usize = 8 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
