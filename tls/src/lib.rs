@@ -268,7 +268,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// How long a silent peer keeps its connection: a killed process sends no
 /// close, so without this a request to it waits for its full deadline.
-/// Pings after [`KEEP_ALIVE`] without a packet keep idle connections to
+/// Pings after `KEEP_ALIVE` (1.2 s) without a packet keep idle connections to
 /// live peers. The dialing side alone sends them: the other side's
 /// acknowledgements are the dialer's sign of life, its pings the
 /// acceptor's, so a replica does not also ping each of thousands of

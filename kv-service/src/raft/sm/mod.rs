@@ -22,9 +22,9 @@
 //!    ([`StateMachineStore::apply_when_synced`]; storage invariant 5a).
 //! 8. Every key in the tables is in the [`KeyFilter`] (no false negatives);
 //!    a key it does not hold is absent below the overlays.
-//! 9. [`STATE`] holds the state without its leases and [`LEASES`] a row per
+//! 9. `STATE` holds the state without its leases and `LEASES` a row per
 //!    lease, each flush writing the rows changed since the last (`kv::state`
-//!    invariant 11); [`LEASES_AT`] equals [`APPLIED`] in every such commit.
+//!    invariant 11); `LEASES_AT` equals `APPLIED` in every such commit.
 //!    Where it does not (a file an older build wrote last), `STATE` holds
 //!    every lease and the rows are stale: they are dropped on opening.
 
