@@ -18,19 +18,6 @@ pub(super) struct StateFields {
     history_limit: u64,
 }
 
-/// [`StateFields`]' layout written from borrowed fields, with the leases
-/// left out (an empty map).
-#[derive(Serialize)]
-struct WithoutLeases<'a> {
-    limits: &'a Limits,
-    revision: u64,
-    clock_ms: u64,
-    next_lease: u64,
-    leases: BTreeMap<u64, Lease>,
-    barriers: &'a BTreeMap<Vec<u8>, Barrier>,
-    history_limit: u64,
-}
-
 impl From<StateFields> for KvState {
     fn from(f: StateFields) -> KvState {
         let expiry = expiry_index(&f.leases);
@@ -71,18 +58,14 @@ fn encoding(e: postcard::Error) -> KvError {
 
 impl KvState {
     /// The stored form without the leases: it decodes as a `KvState` that
-    /// has none, to which [`Self::add_stored_leases`] adds their rows.
-    pub fn encode_without_leases(&self) -> Result<Vec<u8>> {
-        postcard::to_allocvec(&WithoutLeases {
-            limits: &self.limits,
-            revision: self.revision,
-            clock_ms: self.clock_ms,
-            next_lease: self.next_lease,
-            leases: BTreeMap::new(),
-            barriers: &self.barriers,
-            history_limit: self.history_limit,
-        })
-        .map_err(encoding)
+    /// has none, to which [`Self::add_stored_lease`] adds their rows. The
+    /// leases are set aside while it is encoded (moving a map moves no
+    /// lease), so the layout stays the one `KvState` derives.
+    pub fn encode_without_leases(&mut self) -> Result<Vec<u8>> {
+        let leases = std::mem::take(&mut self.leases);
+        let encoded = postcard::to_allocvec(self);
+        self.leases = leases;
+        encoded.map_err(encoding)
     }
 
     /// The leases changed since the last call (invariant 11), each as
@@ -104,18 +87,13 @@ impl KvState {
         self.changed_leases = self.leases.keys().copied().collect();
     }
 
-    /// Adds the lease rows of `rows` (`(id, row)`, as
-    /// [`Self::take_changed_leases`] gave them) to this state.
-    pub fn add_stored_leases<'a>(
-        &mut self,
-        rows: impl IntoIterator<Item = (u64, &'a [u8])>,
-    ) -> Result<()> {
-        for (id, row) in rows {
-            let lease: Lease = postcard::from_bytes(row)
-                .map_err(|e| KvError::Storage(format!("lease {id}'s stored row: {e}")))?;
-            self.expiry.insert((lease.expires_at_ms, id));
-            self.leases.insert(id, lease);
-        }
+    /// Adds lease `id` from its row (as [`Self::take_changed_leases`] gave
+    /// it) to this state.
+    pub fn add_stored_lease(&mut self, id: u64, row: &[u8]) -> Result<()> {
+        let lease: Lease = postcard::from_bytes(row)
+            .map_err(|e| KvError::Storage(format!("lease {id}'s stored row: {e}")))?;
+        self.expiry.insert((lease.expires_at_ms, id));
+        self.leases.insert(id, lease);
         Ok(())
     }
 }

@@ -710,8 +710,9 @@ fn stored_lease_rows_follow_every_lease_change() {
         let mut back: KvState =
             postcard::from_bytes(&s.state.encode_without_leases().unwrap()).unwrap();
         assert!(back.leases.is_empty());
-        back.add_stored_leases(rows.iter().map(|(id, row)| (*id, row.as_slice())))
-            .unwrap();
+        for (id, row) in &rows {
+            back.add_stored_lease(*id, row).unwrap();
+        }
         assert_eq!(back, s.state, "after {r:?}");
         assert_eq!(back.expiry, s.state.expiry);
         n

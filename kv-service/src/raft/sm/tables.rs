@@ -524,12 +524,10 @@ pub(super) fn read_state(txn: &WriteTransaction) -> Result<Option<KvState>> {
     let rows_current = matches!(get(LEASES_AT)?, Some(at) if Some(&at) == get(APPLIED)?.as_ref());
     let mut leases = txn.open_table(LEASES).map_err(storage)?;
     if rows_current {
-        let rows = leases.iter().map_err(storage)?;
-        let rows: Vec<(u64, Vec<u8>)> = rows
-            .map(|r| r.map(|(id, row)| (id.value(), row.value().to_vec())))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(storage)?;
-        state.add_stored_leases(rows.iter().map(|(id, row)| (*id, row.as_slice())))?;
+        for row in leases.iter().map_err(storage)? {
+            let (id, row) = row.map_err(storage)?;
+            state.add_stored_lease(id.value(), row.value())?;
+        }
     } else {
         leases.retain(|_, _| false).map_err(storage)?;
         state.mark_all_leases_changed();
