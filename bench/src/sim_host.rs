@@ -5,7 +5,7 @@
 //! Mirrors `tessel_worker`'s agent and job process:
 //! 1. claim the worker id (`claim::claim`: two reads), register (three
 //!    writes) and heartbeat at the default period (`registry::Heartbeat`:
-//!    a keep-alive a second, a timestamp write a TTL);
+//!    a keep-alive a second, nothing written);
 //! 2. wait on the drain key (a blocking get held for the run) and follow
 //!    the assignments (revision, watch held for the run, list);
 //! 3. for the assignment: hold the job's failure and end (two blocking

@@ -42,8 +42,19 @@ impl OutputArgs {
     }
 }
 
-/// Schema version of every document (invariant 2).
+/// Schema version of every document but those [`version`] names
+/// (invariant 2).
 pub(crate) const VERSION: u32 = 1;
+
+/// Schema version of a document of `kind` (invariant 2). `WorkerList` 2:
+/// `alive_since_unix_ms` in place of `last_heartbeat_unix_ms`, as a
+/// heartbeat no longer writes its time (`registry` invariant 5).
+pub(crate) fn version(kind: &str) -> u32 {
+    match kind {
+        "WorkerList" => 2,
+        _ => VERSION,
+    }
+}
 
 /// Prints `body` as a document of `kind` (invariant 1): its fields beside
 /// `kind` and `version`.
@@ -59,7 +70,7 @@ fn document<T: Serialize>(kind: &str, body: &T) -> Result<serde_json::Value> {
     };
     let mut doc = serde_json::Map::new();
     doc.insert("kind".into(), kind.into());
-    doc.insert("version".into(), VERSION.into());
+    doc.insert("version".into(), version(kind).into());
     doc.append(fields);
     Ok(doc.into())
 }
@@ -104,5 +115,9 @@ mod tests {
             serde_json::json!({"kind": "JobList", "version": VERSION, "jobs": [1]})
         );
         assert!(document("Bad", &3).is_err(), "not an object");
+        assert_eq!(
+            document("WorkerList", &Body { jobs: vec![] }).unwrap()["version"],
+            2
+        );
     }
 }

@@ -63,7 +63,8 @@ struct WorkerView<'a> {
     /// `alive`, `drained` (alive, taking no placements) or `dead`.
     state: &'static str,
     incarnation: u64,
-    last_heartbeat_unix_ms: Option<u64>,
+    /// Since when its current incarnation is alive.
+    alive_since_unix_ms: Option<u64>,
     hostname: &'a str,
     boot_id: &'a str,
     pid: u32,
@@ -84,28 +85,18 @@ struct DeviceView<'a> {
 impl<'a> From<&'a WorkerStatus> for WorkerView<'a> {
     fn from(w: &'a WorkerStatus) -> WorkerView<'a> {
         let info = &w.record.info;
-        let (state, beat) = match (&w.state, &w.drained) {
-            (
-                WorkerState::Alive {
-                    last_heartbeat_unix_ms,
-                    ..
-                },
-                None,
-            ) => ("alive", Some(*last_heartbeat_unix_ms)),
-            (
-                WorkerState::Alive {
-                    last_heartbeat_unix_ms,
-                    ..
-                },
-                Some(_),
-            ) => ("drained", Some(*last_heartbeat_unix_ms)),
+        let (state, since) = match (&w.state, &w.drained) {
+            (WorkerState::Alive { since_unix_ms, .. }, None) => ("alive", Some(*since_unix_ms)),
+            (WorkerState::Alive { since_unix_ms, .. }, Some(_)) => {
+                ("drained", Some(*since_unix_ms))
+            }
             (WorkerState::Dead, _) => ("dead", None),
         };
         WorkerView {
             id: &info.worker_id,
             state,
             incarnation: w.record.incarnation,
-            last_heartbeat_unix_ms: beat,
+            alive_since_unix_ms: since,
             hostname: &info.hostname,
             boot_id: &info.boot_id,
             pid: info.pid,
@@ -137,7 +128,7 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
         "WORKER",
         "STATE",
         "INC",
-        "LAST HEARTBEAT",
+        "ALIVE FOR",
         "HOST",
         "PID",
         "DEVICES",
@@ -158,8 +149,8 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<()> {
                 w.id.to_owned(),
                 w.state.to_owned(),
                 w.incarnation.to_string(),
-                w.last_heartbeat_unix_ms.map_or("-".into(), |t| {
-                    format!("{:.1} s ago", now.saturating_sub(t) as f64 / 1e3)
+                w.alive_since_unix_ms.map_or("-".into(), |t| {
+                    format!("{:.0} s", now.saturating_sub(t) as f64 / 1e3)
                 }),
                 w.hostname.to_owned(),
                 w.pid.to_string(),

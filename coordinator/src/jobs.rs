@@ -281,27 +281,6 @@ pub async fn wait_for_failure(
     }
 }
 
-/// The job's failure event and the revision that recorded it, if any.
-pub async fn failure_with_revision(
-    kv: &dyn KvStore,
-    job: &str,
-) -> Result<Option<(JobFailure, u64)>> {
-    let key = keys::job_failure(job);
-    let found = kv
-        .list(key.as_bytes())
-        .await
-        .map_err(CoordinatorError::kv("reading a job's failure"))?
-        .into_iter()
-        .find(|p| p.key == key.as_bytes());
-    match found {
-        None => Ok(None),
-        Some(p) => Ok(Some((
-            postcard::from_bytes(&p.value).map_err(CoordinatorError::decode("a job failure"))?,
-            p.mod_revision,
-        ))),
-    }
-}
-
 /// The job's failure event, if there is one now.
 pub async fn failure_of(kv: &dyn KvStore, job: &str) -> Result<Option<JobFailure>> {
     match kv.try_get(keys::job_failure(job).as_bytes()).await {

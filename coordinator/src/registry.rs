@@ -3,24 +3,20 @@
 //! Invariants:
 //! 1. Each registration of a worker id gets the next incarnation and a fresh
 //!    lease; the alive key names the incarnation holding it.
-//! 2. A stale incarnation is refused everywhere ([`check_current`]): its
-//!    heartbeat stops at the first CAS that finds another, and it joins nothing.
+//! 2. A stale incarnation is refused everywhere ([`check_current`]):
+//!    registering revokes the predecessor's lease, so its heartbeat stops
+//!    at its next keep-alive, and it joins nothing.
 //! 3. A worker is alive exactly while its alive key (bound to its lease)
 //!    exists: one that stops beating is dead within its TTL.
 //! 4. A keep-alive is given up after one interval, so a dead replica costs
-//!    one beat. A timestamp write is not: one stays in flight across beats
-//!    until it ends (the client's deadline bounds it), never two; sending
-//!    a read and a write again every interval to a leader already a second
-//!    behind multiplied its queue (4,096 workers: runs of 3 s took 11 s). A
-//!    retried write finding its own value wins.
-//! 5. A keep-alive every interval, a timestamp write once a TTL: the
-//!    keep-alive is answered from the leader's memory, the timestamp is a
-//!    replicated write (and an event for every registry watcher), which
-//!    once a second from each of 16,384 workers saturated the leader. A
-//!    stale incarnation is thus refused within a TTL and an interval.
-//! 6. Each worker beats at its own phase within the interval, and writes
-//!    its first timestamp at its own point of the TTL's second half, so
-//!    workers started together do not all beat (or write) in one instant.
+//!    one beat.
+//! 5. A heartbeat writes nothing: its keep-alive is answered from the
+//!    leader's memory. Proof that a worker lived after some moment is its
+//!    alive key outliving that moment by its TTL (a lease nobody renews
+//!    expires within it). A timestamp written once a TTL by each worker
+//!    was 3,300 replicated writes a second at 16,384 workers.
+//! 6. Each worker beats at its own phase within the interval, so workers
+//!    started together do not all beat in one instant.
 //! 7. A registration whose new lease expired before the alive key was
 //!    bound to it (the leader's queue held the record's write for a TTL,
 //!    as with 16,384 workers registering at once) grants another lease and
@@ -30,13 +26,11 @@
 //!    and registering costs three writes (incarnation, lease, batch).
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvError, KvStore};
+use tessel_kv::{BatchPut, KeyValue, KvError, KvStore};
 use tokio::sync::watch;
 
 use crate::error::{CoordinatorError, Result};
@@ -152,6 +146,17 @@ pub async fn register(
         kv.increment(keys::incarnation(&id).as_bytes(), 1)
             .await
             .map_err(CoordinatorError::kv(format!("registering worker `{id}`")))? as u64;
+    // Invariant 2: the predecessor's lease, revoked once this one is in.
+    let predecessor = match incarnation {
+        1 => None,
+        _ => match kv.try_get(keys::info(&id).as_bytes()).await {
+            Ok(v) => postcard::from_bytes::<WorkerRecord>(&v)
+                .ok()
+                .map(|r| r.lease),
+            Err(KvError::NotFound(_)) => None,
+            Err(e) => return Err(CoordinatorError::kv("reading the previous registration")(e)),
+        },
+    };
     // Invariant 7: a lease that expired before it was used is replaced.
     let mut tries = 0;
     loop {
@@ -183,11 +188,21 @@ pub async fn register(
             .await;
         match alive {
             Ok(_) => {
+                if let Some(old) = predecessor.filter(|&old| old != lease) {
+                    // Gone already when the predecessor is dead; if not,
+                    // it expires within its TTL anyway.
+                    match kv.revoke(old).await {
+                        Ok(()) | Err(KvError::LeaseNotFound(_)) => {}
+                        Err(e) => {
+                            tracing::warn!(worker = %id, lease = old, error = %e, "the previous incarnation's lease not revoked")
+                        }
+                    }
+                }
                 return Ok(Registration {
                     worker_id: id,
                     incarnation,
                     lease,
-                })
+                });
             }
             Err(KvError::LeaseNotFound(_)) if tries < REGISTER_TRIES => {
                 tracing::warn!(worker = %id, lease, "the new lease expired before it was used; granting another");
@@ -275,14 +290,12 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Invariants 4–6: a keep-alive every interval, the timestamp once a TTL.
+/// Invariants 4–6: a keep-alive every interval, and nothing written.
 async fn heartbeat_loop(
     kv: &dyn KvStore,
     reg: &Registration,
     liveness: LivenessConfig,
 ) -> CoordinatorError {
-    let key = keys::alive(&reg.worker_id);
-    let mut last: Option<Vec<u8>> = None;
     // Invariant 6: a phase of this worker's own, in [0, 1).
     let phase = {
         use std::hash::{Hash, Hasher};
@@ -294,30 +307,8 @@ async fn heartbeat_loop(
     let mut tick =
         tokio::time::interval_at(now + liveness.heartbeat.mul_f64(phase), liveness.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Invariant 5: registering wrote the first timestamp; invariant 6: the
-    // next falls due somewhere in the TTL's second half.
-    let mut stamped = now
-        .checked_sub(liveness.ttl.mul_f64(phase / 2.0))
-        .unwrap_or(now);
-    // Invariant 4: the timestamp write in flight, if any.
-    let mut stamp: Option<Pin<Box<dyn Future<Output = StampResult> + Send + '_>>> = None;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            written = async { stamp.as_mut().expect("guarded").await }, if stamp.is_some() => {
-                stamp = None;
-                match written {
-                    Ok(Some(value)) => {
-                        last = Some(value);
-                        stamped = tokio::time::Instant::now();
-                    }
-                    // Unknown whether it was applied: read the key next time.
-                    Ok(None) => last = None,
-                    Err(stale) => return stale,
-                }
-                continue;
-            }
-        }
+        tick.tick().await;
         let started = std::time::Instant::now();
         let beat = tokio::time::timeout(liveness.heartbeat, kv.keep_alive(reg.lease)).await;
         let Ok(beat) = beat else {
@@ -331,75 +322,28 @@ async fn heartbeat_loop(
         match beat {
             Ok(()) => metrics::histogram!("tessel_worker_heartbeat_seconds")
                 .record(started.elapsed().as_secs_f64()),
-            Err(KvError::LeaseNotFound(_)) => {
-                return CoordinatorError::StaleIncarnation {
-                    worker: reg.worker_id.clone(),
-                    incarnation: reg.incarnation,
-                    current: None,
-                }
-            }
+            Err(KvError::LeaseNotFound(_)) => return lease_lost(kv, reg).await,
             Err(e) => {
                 // The lease's TTL leaves room for a few failed beats.
                 tracing::warn!(error = %e, "heartbeat failed; retrying");
-                continue;
             }
         }
-        if stamp.is_some() || stamped.elapsed() + liveness.heartbeat <= liveness.ttl {
-            continue;
-        }
-        stamp = Some(Box::pin(write_stamp(kv, &key, reg, last.take())));
     }
 }
 
-/// What a timestamp write ends with ([`write_stamp`]).
-type StampResult = std::result::Result<Option<Vec<u8>>, CoordinatorError>;
-
-/// Writes the heartbeat's timestamp into the alive key by compare-and-swap
-/// from `last` (read first when unknown); the value the key now holds, or
-/// `None` after a transient failure. `Err` when another incarnation (or
-/// none) holds the key (invariant 2).
-async fn write_stamp(
-    kv: &dyn KvStore,
-    key: &str,
-    reg: &Registration,
-    last: Option<Vec<u8>>,
-) -> StampResult {
-    // The key's value when this incarnation holds it; any value of ours
-    // is, even one of our writes that the client retried after its first
-    // try was applied but not answered (a replica died).
-    let ours = |value: Option<Vec<u8>>| {
-        let holder = value
-            .as_deref()
-            .and_then(keys::parse_alive_value)
-            .map(|(i, _)| i);
-        match value {
-            Some(v) if holder == Some(reg.incarnation) => Ok(v),
-            _ => Err(CoordinatorError::StaleIncarnation {
-                worker: reg.worker_id.clone(),
-                incarnation: reg.incarnation,
-                current: holder,
-            }),
-        }
+/// Why a registration's lease is gone: a successor revoked it
+/// (invariant 2; `current` names it, so the process can stop rather than
+/// register again), or it expired (`current` is this incarnation or
+/// unknown).
+async fn lease_lost(kv: &dyn KvStore, reg: &Registration) -> CoordinatorError {
+    let current = match check_current(kv, &reg.worker_id, reg.incarnation).await {
+        Err(CoordinatorError::StaleIncarnation { current, .. }) => current,
+        _ => None,
     };
-    let expected = match last {
-        Some(v) => v,
-        None => match kv.try_get(key.as_bytes()).await {
-            Ok(v) => ours(Some(v))?,
-            Err(KvError::NotFound(_)) => ours(None)?,
-            Err(_) => return Ok(None),
-        },
-    };
-    let now = keys::alive_value(reg.incarnation, keys::unix_ms()).into_bytes();
-    match kv
-        .compare_and_swap(key.as_bytes(), Some(&expected), &now)
-        .await
-    {
-        Ok(CasOutcome::Swapped { .. }) => Ok(Some(now)),
-        Ok(CasOutcome::Mismatch { current }) => ours(current).map(Some),
-        Err(e) => {
-            tracing::warn!(error = %e, "heartbeat timestamp not written");
-            Ok(None)
-        }
+    CoordinatorError::StaleIncarnation {
+        worker: reg.worker_id.clone(),
+        incarnation: reg.incarnation,
+        current,
     }
 }
 
@@ -410,9 +354,9 @@ pub enum WorkerState {
     Alive {
         /// The incarnation that holds it.
         incarnation: u64,
-        /// When its heartbeat last wrote its timestamp (once a TTL,
-        /// invariant 5).
-        last_heartbeat_unix_ms: u64,
+        /// Since when: the alive key's write, by its registration (a
+        /// heartbeat writes nothing, invariant 5).
+        since_unix_ms: u64,
     },
     /// Its lease expired or was revoked.
     Dead,
@@ -425,9 +369,6 @@ pub struct WorkerStatus {
     pub record: WorkerRecord,
     /// Alive or dead.
     pub state: WorkerState,
-    /// The revision of the alive key's last write (its last heartbeat);
-    /// 0 when dead.
-    pub alive_revision: u64,
     /// Jobs the worker joined (and has not left).
     pub jobs: Vec<String>,
     /// Why it is drained (`tessel drain`, or its preemption): no new
@@ -447,7 +388,7 @@ pub async fn list_workers(kv: &dyn KvStore) -> Result<Vec<WorkerStatus>> {
 /// The workers the registry's pairs (all of `workers/`) describe.
 fn statuses<'a>(all: impl Iterator<Item = &'a KeyValue>) -> Result<Vec<WorkerStatus>> {
     let mut records: BTreeMap<String, WorkerRecord> = BTreeMap::new();
-    let mut alive: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+    let mut alive: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut jobs: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut drained: BTreeMap<String, String> = BTreeMap::new();
     for pair in all {
@@ -466,7 +407,7 @@ fn statuses<'a>(all: impl Iterator<Item = &'a KeyValue>) -> Result<Vec<WorkerSta
             records.insert(worker.into(), r);
         } else if what == "alive" {
             if let Some((inc, t)) = keys::parse_alive_value(&pair.value) {
-                alive.insert(worker.into(), (inc, t, pair.mod_revision));
+                alive.insert(worker.into(), (inc, t));
             }
         } else if what == "drain" {
             drained.insert(
@@ -480,20 +421,18 @@ fn statuses<'a>(all: impl Iterator<Item = &'a KeyValue>) -> Result<Vec<WorkerSta
     Ok(records
         .into_iter()
         .map(|(id, record)| {
-            let (state, alive_revision) = match alive.get(&id) {
-                Some(&(incarnation, t, rev)) if incarnation == record.incarnation => (
+            let state = match alive.get(&id) {
+                Some(&(incarnation, t)) if incarnation == record.incarnation => {
                     WorkerState::Alive {
                         incarnation,
-                        last_heartbeat_unix_ms: t,
-                    },
-                    rev,
-                ),
-                _ => (WorkerState::Dead, 0),
+                        since_unix_ms: t,
+                    }
+                }
+                _ => WorkerState::Dead,
             };
             WorkerStatus {
                 record,
                 state,
-                alive_revision,
                 jobs: jobs.remove(&id).unwrap_or_default(),
                 drained: drained.remove(&id),
             }
@@ -505,7 +444,6 @@ fn statuses<'a>(all: impl Iterator<Item = &'a KeyValue>) -> Result<Vec<WorkerSta
 pub(crate) mod tests {
     use super::*;
     use crate::testing::FaultyKv;
-    use std::sync::atomic::Ordering;
     use tessel_kv::MemoryKv;
 
     pub(crate) fn info(id: &str) -> WorkerInfo {
@@ -550,12 +488,29 @@ pub(crate) mod tests {
                 ..
             })
         ));
-        let lost = tokio::time::timeout(Duration::from_secs(2), hb.lost())
+        // Invariant 2: its lease revoked, it stops at its next beat (well
+        // within its TTL) and learns which incarnation took over.
+        assert!(matches!(
+            kv.keep_alive(first.lease).await,
+            Err(KvError::LeaseNotFound(_))
+        ));
+        let lost = tokio::time::timeout(fast().ttl / 2, hb.lost())
             .await
             .expect("the stale heartbeat stops");
         assert!(
-            matches!(lost, CoordinatorError::StaleIncarnation { .. }),
+            matches!(
+                lost,
+                CoordinatorError::StaleIncarnation {
+                    current: Some(2),
+                    ..
+                }
+            ),
             "{lost}"
+        );
+        let s = list_workers(&*kv).await.unwrap();
+        assert!(
+            matches!(s[0].state, WorkerState::Alive { incarnation: 2, .. }),
+            "{s:?}"
         );
         assert!(matches!(
             check_current(&*kv, "nobody", 1).await,
@@ -586,59 +541,29 @@ pub(crate) mod tests {
         assert!(kv.inner.keep_alive(reg.lease).await.is_ok(), "kept alive");
     }
 
-    /// Invariants 2-4: a worker is alive while it beats, for many TTLs,
-    /// even when a timestamp write never answers or is retried after it
-    /// was applied; it is dead within its TTL once the heartbeat stops.
+    /// Invariants 3 and 5: a worker is alive while it beats, for many
+    /// TTLs, and its beats write nothing (the revision stands still); it
+    /// is dead within its TTL once the heartbeat stops.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_worker_is_alive_while_it_beats_and_dead_after_its_ttl() {
-        for (cas_hangs, cas_retried) in [(false, false), (true, false), (false, true)] {
-            let kv: Arc<dyn KvStore> = Arc::new(FaultyKv {
-                cas_hangs,
-                retry_next_cas: cas_retried.into(),
-                ..FaultyKv::new()
-            });
-            let reg = register(&*kv, info("w"), fast()).await.unwrap();
-            let mut hb = Heartbeat::start(kv.clone(), reg, fast());
-            let case = format!("CAS hangs: {cas_hangs}, retried: {cas_retried}");
-            tokio::select! {
-                lost = hb.lost() => panic!("{case}: lost: {lost}"),
-                () = tokio::time::sleep(Duration::from_millis(2500)) => {}
-            }
-            let s = list_workers(&*kv).await.unwrap();
-            assert!(
-                matches!(s[0].state, WorkerState::Alive { incarnation: 1, .. }),
-                "{case}: {s:?}"
-            );
-            hb.stop();
-            tokio::time::sleep(Duration::from_millis(1300)).await;
-            let s = list_workers(&*kv).await.unwrap();
-            assert_eq!(s[0].state, WorkerState::Dead, "{case}");
-        }
-    }
-
-    /// Invariant 4: a timestamp write that does not answer stays the only
-    /// one in flight; the beats go on, and no second write joins it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_timestamp_write_that_hangs_is_not_sent_again_every_beat() {
-        let faulty = Arc::new(FaultyKv {
-            cas_hangs: true,
-            ..FaultyKv::new()
-        });
-        let kv: Arc<dyn KvStore> = faulty.clone();
+    async fn a_worker_is_alive_while_it_beats_without_writing_and_dead_after_its_ttl() {
+        let kv: Arc<dyn KvStore> = Arc::new(MemoryKv::new());
         let reg = register(&*kv, info("w"), fast()).await.unwrap();
-        let before = faulty.cas_calls.load(Ordering::SeqCst);
+        let before = kv.revision().await.unwrap();
         let mut hb = Heartbeat::start(kv.clone(), reg, fast());
-        // Several TTLs: a timestamp falls due in each.
         tokio::select! {
             lost = hb.lost() => panic!("lost: {lost}"),
-            () = tokio::time::sleep(fast().ttl * 4) => {}
+            () = tokio::time::sleep(fast().ttl * 3) => {}
         }
-        assert_eq!(
-            faulty.cas_calls.load(Ordering::SeqCst) - before,
-            1,
-            "one write in flight"
+        assert_eq!(kv.revision().await.unwrap(), before, "a beat wrote");
+        let s = list_workers(&*kv).await.unwrap();
+        assert!(
+            matches!(s[0].state, WorkerState::Alive { incarnation: 1, .. }),
+            "{s:?}"
         );
         hb.stop();
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let s = list_workers(&*kv).await.unwrap();
+        assert_eq!(s[0].state, WorkerState::Dead);
     }
 
     #[test]

@@ -1,21 +1,17 @@
 //! Test doubles for this crate's unit tests.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
 
-/// [`MemoryKv`] behind a faulty network: compare-and-swaps never answer
-/// when `cas_hangs` (a replica that died mid-call). While
-/// `retry_next_cas` is set, the next one is applied twice, the caller
-/// hearing the second answer (a client retrying a write whose first try
-/// was applied but not answered), and the flag is cleared. The next plain
+/// [`MemoryKv`] behind a faulty network. While `retry_next_cas` is set,
+/// the next compare-and-swap is applied twice, the caller hearing the
+/// second answer (a client retrying a write whose first try was applied
+/// but not answered), and the flag is cleared. The next plain
 /// put or batch waits `slow_next_put` first, when set (a leader's long queue).
-/// `cas_calls` counts the compare-and-swaps asked.
 pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
-    pub cas_hangs: bool,
-    pub cas_calls: AtomicU64,
     pub retry_next_cas: AtomicBool,
     pub slow_next_put: std::sync::Mutex<Option<Duration>>,
 }
@@ -25,8 +21,6 @@ impl FaultyKv {
     pub(crate) fn new() -> FaultyKv {
         FaultyKv {
             inner: MemoryKv::new(),
-            cas_hangs: false,
-            cas_calls: AtomicU64::new(0),
             retry_next_cas: AtomicBool::new(false),
             slow_next_put: std::sync::Mutex::new(None),
         }
@@ -76,10 +70,6 @@ impl KvStore for FaultyKv {
         self.inner.increment(k, d).await
     }
     async fn compare_and_swap(&self, k: &[u8], e: Option<&[u8]>, v: &[u8]) -> Result<CasOutcome> {
-        self.cas_calls.fetch_add(1, Ordering::SeqCst);
-        if self.cas_hangs {
-            std::future::pending::<()>().await;
-        }
         if self.retry_next_cas.swap(false, Ordering::SeqCst) {
             self.inner.compare_and_swap(k, e, v).await?;
         }

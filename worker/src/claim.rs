@@ -2,8 +2,12 @@
 //!
 //! Invariants:
 //! 1. A worker id is taken only when no live process holds it: no alive key,
-//!    or its holder ran on this boot and is gone, or it beat not for a TTL.
-//! 2. A holder that beats while we watch keeps the id; we refuse and name it.
+//!    or its holder ran on this boot and is gone, or its alive key went
+//!    while we watched (a lease nobody renews expires within its TTL).
+//! 2. A holder whose alive key outlives its TTL and a margin while we watch
+//!    renews its lease, so keeps the id (as does a new registration, a new
+//!    value): we refuse and name it. A heartbeat writes nothing
+//!    (`registry` invariant 5), so the key's presence is the proof.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +17,8 @@ use tessel_kv::{KvError, KvStore};
 use crate::error::{kv_err, Result, WorkerError};
 use crate::host::HostFacts;
 
-/// Extra time past the holder's TTL before its silence counts as death.
+/// Extra time past the holder's TTL before its key's presence proves a
+/// renewal: the leader's expiry lags the lease's deadline.
 const MARGIN: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(200);
 
@@ -73,13 +78,14 @@ pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()>
         ),
         None => "a registration without a record".into(),
     };
-    tracing::warn!(worker, %holder, ?wait, "worker id held; watching its heartbeats");
+    tracing::warn!(worker, %holder, ?wait, "worker id held; watching its lease");
     let deadline = Instant::now() + wait;
-    while Instant::now() < deadline {
+    loop {
         tokio::time::sleep(POLL).await;
         match kv.try_get(alive_key.as_bytes()).await {
             Err(KvError::NotFound(_)) => return Ok(()),
-            Ok(v) if Some(&v) != first.as_ref() => {
+            // Invariant 2: renewed past its TTL, or registered anew.
+            Ok(v) if Some(&v) != first.as_ref() || Instant::now() >= deadline => {
                 return Err(WorkerError::IdInUse {
                     worker: worker.into(),
                     holder,
@@ -89,7 +95,6 @@ pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()>
             Err(e) => return Err(kv_err("reading the worker id's holder")(e)),
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

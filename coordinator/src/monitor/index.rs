@@ -100,8 +100,7 @@ impl Index {
         (index, lost)
     }
 
-    /// Worker `w`'s entry; its name is copied only for a new one (every
-    /// heartbeat's timestamp passes here).
+    /// Worker `w`'s entry; its name is copied only for a new one.
     fn worker(&mut self, w: &str) -> &mut Seen {
         if !self.workers.contains_key(w) {
             self.workers.insert(w.to_owned(), Seen::default());
@@ -130,7 +129,7 @@ impl Index {
                 let seen = self.worker(w);
                 seen.dead = false;
                 if seen.alive.replace(inc) == Some(inc) {
-                    // A heartbeat's timestamp: nothing new.
+                    // The same incarnation written again: nothing new.
                     return Vec::new();
                 }
                 fail(w, seen, Some(inc), super::RESTARTED)

@@ -26,8 +26,9 @@
 //! 5. Every transition appends one event, inserted once, in transition order;
 //!    its log line, metrics and trace spans come from the pass that inserted it.
 //! 6. A lost worker or peer restarts the job while restarts remain, placed only
-//!    once each old worker is known lost or alive ([`settle`], at most
-//!    [`MAX_SETTLE_MS`]); the job's own errors fail it.
+//!    once each old worker is known lost or alive ([`settle`]: alive a TTL
+//!    and a margin after the failure; at most [`MAX_SETTLE_MS`]); the job's
+//!    own errors fail it.
 //! 7. An ended attempt leaves nothing to run: `done` written, assignments and
 //!    memberships removed.
 //! 8. Restarts back off ([`restart_backoff_ms`]); a process's non-zero exit
@@ -57,9 +58,9 @@
 //!   (`scheduler::restart_backoff_ms`).
 //! * A Restarting job goes Pending only once `scheduler::settle` says every
 //!   worker of the failed attempt is lost (dead, or a newer incarnation than
-//!   the one that joined) or alive (its alive key was written at a revision
-//!   after the failure record's), or 30 s passed; the Pending event names
-//!   the lost workers. Placement then avoids the dead and keeps each process
+//!   the one that joined) or alive (still alive its TTL and a second after
+//!   the job turned Restarting: its lease was renewed since), or 30 s
+//!   passed; the Pending event names the lost workers. Placement then avoids the dead and keeps each process
 //!   on its previous worker where it can.
 //! * When an attempt ends, the scheduler writes its `done` key and deletes
 //!   its assignments and memberships; a worker that comes back withdraws any
@@ -297,8 +298,8 @@ pub fn restart_backoff_ms(restarts: u32) -> u64 {
 /// The workers of a failed attempt, as a restart sees them (invariant 6).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settled {
-    /// Every worker of the attempt is known alive (it beat after the
-    /// failure) or known lost.
+    /// Every worker of the attempt is known alive (its lease outlived the
+    /// failure by its TTL) or known lost.
     pub done: bool,
     /// The attempt's workers that were lost: dead, or registered again.
     pub lost: Vec<String>,
@@ -311,14 +312,24 @@ pub struct AttemptWorker {
     pub worker: String,
     /// The incarnation that joined the attempt, if it joined.
     pub joined: Option<u64>,
-    /// `(incarnation, revision of its last heartbeat)` while alive.
-    pub alive: Option<(u64, u64)>,
+    /// The incarnation holding its alive key, while alive.
+    pub alive: Option<u64>,
+    /// Its lease's TTL.
+    pub ttl_ms: u64,
 }
 
+/// How far past a worker's TTL its alive key must last to prove it lived
+/// after the failure (invariant 6): the leader's expiry and the registry's
+/// watch lag behind the lease's deadline by this much at most, on a
+/// loaded leader.
+pub const SETTLE_MARGIN_MS: u64 = 1_000;
+
 /// Invariant 6, pure: a worker settles as lost (dead, or a newer
-/// incarnation than the one that joined) or as alive (a heartbeat at a
-/// revision after the failure's); until each has, the restart waits.
-pub fn settle(workers: &[AttemptWorker], failure_revision: u64) -> Settled {
+/// incarnation than the one that joined) or as alive (alive still
+/// `waited_ms` after the job turned Restarting, past its TTL and
+/// [`SETTLE_MARGIN_MS`]: a lease not renewed since the failure would have
+/// expired; `registry` invariant 5); until each has, the restart waits.
+pub fn settle(workers: &[AttemptWorker], waited_ms: u64) -> Settled {
     let mut s = Settled {
         done: true,
         lost: Vec::new(),
@@ -326,8 +337,8 @@ pub fn settle(workers: &[AttemptWorker], failure_revision: u64) -> Settled {
     for w in workers {
         match w.alive {
             None => s.lost.push(w.worker.clone()),
-            Some((inc, _)) if w.joined.is_some_and(|j| inc > j) => s.lost.push(w.worker.clone()),
-            Some((_, rev)) if rev > failure_revision => {}
+            Some(inc) if w.joined.is_some_and(|j| inc > j) => s.lost.push(w.worker.clone()),
+            Some(_) if waited_ms >= w.ttl_ms.saturating_add(SETTLE_MARGIN_MS) => {}
             Some(_) => s.done = false,
         }
     }

@@ -111,38 +111,40 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &[WorkerStatus]) -
     Ok(o)
 }
 
-/// Invariant 6's inputs for a Restarting job: the failure's revision and
-/// how each worker of the failed attempt stands now.
+/// Invariant 6's inputs for a Restarting job: how each worker of the
+/// failed attempt stands now, and how long ago the job turned Restarting.
 async fn observe_settled(
     kv: &dyn KvStore,
     job: &JobRecord,
     registry: &[WorkerStatus],
 ) -> Result<Settled> {
     let inst = job.instance();
-    let Some((_, failure_revision)) = jobs::failure_with_revision(kv, &inst).await? else {
+    if jobs::failure_of(kv, &inst).await?.is_none() {
         // Cancelled or ended without a failure record: nothing to wait for.
         return Ok(Settled {
             done: true,
             lost: Vec::new(),
         });
-    };
+    }
     let joined: BTreeMap<String, u64> = jobs::members(kv, &inst).await?.into_iter().collect();
     let workers: Vec<AttemptWorker> = job
         .placement
         .iter()
-        .map(|w| AttemptWorker {
-            worker: w.clone(),
-            joined: joined.get(w).copied(),
-            alive: registry
-                .iter()
-                .find(|s| &s.record.info.worker_id == w)
-                .and_then(|s| match s.state {
-                    WorkerState::Alive { incarnation, .. } => Some((incarnation, s.alive_revision)),
+        .map(|w| {
+            let status = registry.iter().find(|s| &s.record.info.worker_id == w);
+            AttemptWorker {
+                worker: w.clone(),
+                joined: joined.get(w).copied(),
+                alive: status.and_then(|s| match s.state {
+                    WorkerState::Alive { incarnation, .. } => Some(incarnation),
                     WorkerState::Dead => None,
                 }),
+                ttl_ms: status.map_or(0, |s| s.record.info.ttl_ms),
+            }
         })
         .collect();
-    Ok(settle(&workers, failure_revision))
+    let waited_ms = keys::unix_ms().saturating_sub(job.updated_unix_ms);
+    Ok(settle(&workers, waited_ms))
 }
 
 fn capacity(registry: &[WorkerStatus]) -> Vec<WorkerCapacity> {

@@ -330,15 +330,13 @@ fn settling_tells_lost_workers_from_live_ones() {
         worker: name.into(),
         joined,
         alive,
+        ttl_ms: 5_000,
     };
-    // Dead, restarted (a newer incarnation), beat after the failure.
+    let proof = 5_000 + SETTLE_MARGIN_MS;
+    // Dead, restarted (a newer incarnation): lost at once.
     let s = settle(
-        &[
-            w("dead", Some(1), None),
-            w("restarted", Some(1), Some((2, 5))),
-            w("alive", Some(3), Some((3, 11))),
-        ],
-        10,
+        &[w("dead", Some(1), None), w("restarted", Some(1), Some(2))],
+        0,
     );
     assert_eq!(
         s,
@@ -347,11 +345,36 @@ fn settling_tells_lost_workers_from_live_ones() {
             lost: vec!["dead".into(), "restarted".into()]
         }
     );
-    // Alive but silent since the failure: not settled yet.
-    let s = settle(&[w("quiet", Some(1), Some((1, 9)))], 10);
-    assert!(!s.done);
-    // Never joined (lost before joining) and alive since: alive.
-    assert!(settle(&[w("late", None, Some((4, 12)))], 10).done);
+    // Alive, but not yet for a TTL and the margin since the failure: its
+    // lease may be one nobody renews any more.
+    assert!(!settle(&[w("quiet", Some(1), Some(1))], proof - 1).done);
+    // Alive past them: it renewed after the failure.
+    let s = settle(
+        &[w("alive", Some(3), Some(3)), w("gone", Some(1), None)],
+        proof,
+    );
+    assert_eq!(
+        s,
+        Settled {
+            done: true,
+            lost: vec!["gone".into()]
+        }
+    );
+    // Never joined (lost before joining) and alive past them: alive.
+    assert!(settle(&[w("late", None, Some(4))], proof).done);
+    // Each worker by its own TTL.
+    let short = AttemptWorker {
+        ttl_ms: 1_000,
+        ..w("short", Some(1), Some(1))
+    };
+    assert!(settle(std::slice::from_ref(&short), 1_000 + SETTLE_MARGIN_MS).done);
+    assert!(
+        !settle(
+            &[short, w("long", Some(1), Some(1))],
+            1_000 + SETTLE_MARGIN_MS
+        )
+        .done
+    );
 }
 
 /// A restart keeps each process on its previous worker where it can
