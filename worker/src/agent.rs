@@ -14,7 +14,7 @@ use futures::StreamExt;
 use tessel_coordinator::jobs::JobAssignment;
 use tessel_coordinator::registry::{self, Heartbeat, Registration};
 use tessel_coordinator::{keys, CoordinatorError, LivenessConfig, WorkerDevice, WorkerInfo};
-use tessel_kv::{Event, KvStore};
+use tessel_kv::{Event, KvError, KvStore};
 use tessel_pjrt::{Client, ClientOptions, Plugin};
 use tokio::sync::watch;
 
@@ -289,7 +289,21 @@ impl Worker {
             tokio::pin!(assignments);
             let lost = tokio::select! {
                 lost = heartbeat.lost() => lost,
-                r = &mut assignments => return r,
+                r = &mut assignments => match r {
+                    // Invariant 1: a watch a partition broke is followed
+                    // again, and the heartbeat tells whether the
+                    // registration outlived it (exiting here raced the
+                    // heartbeat's `LeaseNotFound` after a healed partition).
+                    Err(WorkerError::Kv {
+                        source: KvError::Unavailable(e),
+                        ..
+                    }) => {
+                        tracing::warn!(error = %e, "the assignment watch broke; following again");
+                        tokio::time::sleep(REREGISTER_BACKOFF).await;
+                        continue;
+                    }
+                    r => return r,
+                },
                 () = &mut shutdown => {
                     // `preempt` invariant 2: the notice, then time to act
                     // on it, with the lease still held.
