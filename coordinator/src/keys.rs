@@ -4,7 +4,8 @@
 //!   registration of that worker id.
 //! * `workers/{worker}/info`: the latest [`WorkerRecord`] (postcard).
 //! * `workers/{worker}/alive`: `"{incarnation} {unix_ms}"`, attached to the
-//!   incarnation's lease and rewritten by each heartbeat; gone = dead.
+//!   incarnation's lease and written by its registration alone (heartbeats
+//!   write nothing); gone = dead.
 //! * `workers/{worker}/jobs/{job}`: the incarnation that joined the job.
 //! * `jobs/{job}/members/{worker}`: the same, from the job's side.
 //! * `jobs/{job}/failure`: the job's first [`JobFailure`] (postcard),
