@@ -504,8 +504,11 @@ async fn bad_commands_fail_with_their_cause_and_exits_restart_with_back_off() {
 async fn a_worker_that_is_pid_1_reaps_orphaned_grandchildren() {
     let cluster = KvCluster::start(1, &[]);
     let coordinators: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
+    // `--kill-child`: the worker dies with unshare, as a container's PID 1
+    // dies with its container (a worker cut off from its coordinators
+    // keeps trying, agent invariant 1, so it would outlive the test).
     let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--mount-proc"])
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
         .arg(tessel_bin())
         .args(["worker", "--coordinator", &coordinators.join(",")])
         .arg("--tls-dir")
