@@ -198,7 +198,8 @@ fn check_identity(cfg: &WorkerConfig) -> Result<()> {
     }
 }
 
-/// Retry pause of a worker registering again after a loss.
+/// Retry pause of a worker registering again after a loss, or following
+/// its assignments again after their watch broke.
 const REREGISTER_BACKOFF: Duration = Duration::from_secs(1);
 
 impl Worker {
@@ -289,21 +290,7 @@ impl Worker {
             tokio::pin!(assignments);
             let lost = tokio::select! {
                 lost = heartbeat.lost() => lost,
-                r = &mut assignments => match r {
-                    // Invariant 1: a watch a partition broke is followed
-                    // again, and the heartbeat tells whether the
-                    // registration outlived it (exiting here raced the
-                    // heartbeat's `LeaseNotFound` after a healed partition).
-                    Err(WorkerError::Kv {
-                        source: KvError::Unavailable(e),
-                        ..
-                    }) => {
-                        tracing::warn!(error = %e, "the assignment watch broke; following again");
-                        tokio::time::sleep(REREGISTER_BACKOFF).await;
-                        continue;
-                    }
-                    r => return r,
-                },
+                r = &mut assignments => return r,
                 () = &mut shutdown => {
                     // `preempt` invariant 2: the notice, then time to act
                     // on it, with the lease still held.
@@ -385,11 +372,35 @@ impl Worker {
     }
 
     /// Starts a job process for every assignment of `reg`, present and
-    /// future.
+    /// future. A watch the replicas' loss or a partition broke is followed
+    /// again (invariant 1: ending here stopped the worker, racing the
+    /// heartbeat's `LeaseNotFound` after a healed partition); whether the
+    /// registration outlived it is the heartbeat's to say.
     async fn follow_assignments(
         self: Arc<Self>,
         reg: Registration,
         running: Arc<Mutex<HashSet<String>>>,
+    ) -> Result<()> {
+        loop {
+            match self.clone().follow_assignments_once(&reg, &running).await {
+                Err(WorkerError::Kv {
+                    source: KvError::Unavailable(e),
+                    ..
+                }) => {
+                    tracing::warn!(error = %e, "the assignment watch broke; following again");
+                    tokio::time::sleep(REREGISTER_BACKOFF).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One listing and watch of [`Self::follow_assignments`], until the
+    /// watch fails or ends.
+    async fn follow_assignments_once(
+        self: Arc<Self>,
+        reg: &Registration,
+        running: &Arc<Mutex<HashSet<String>>>,
     ) -> Result<()> {
         let prefix = keys::assignments(&reg.worker_id);
         let rev = self
@@ -408,11 +419,11 @@ impl Worker {
             .await
             .map_err(kv_err("listing assignments"))?;
         for pair in existing {
-            self.clone().launch(&pair.value, &reg, &running);
+            self.clone().launch(&pair.value, reg, running);
         }
         while let Some(ev) = events.next().await {
             if let Event::Put(pair) = ev.map_err(kv_err("watching assignments"))? {
-                self.clone().launch(&pair.value, &reg, &running);
+                self.clone().launch(&pair.value, reg, running);
             }
         }
         Err(WorkerError::Internal("the assignment watch ended".into()))

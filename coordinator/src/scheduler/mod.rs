@@ -60,8 +60,9 @@
 //!   worker of the failed attempt is lost (dead, or a newer incarnation than
 //!   the one that joined) or alive (still alive its TTL and a second after
 //!   the job turned Restarting: its lease was renewed since), or 30 s
-//!   passed; the Pending event names the lost workers. Placement then avoids the dead and keeps each process
-//!   on its previous worker where it can.
+//!   passed; the Pending event names the lost workers. Placement then
+//!   avoids the dead and keeps each process on its previous worker where
+//!   it can.
 //! * When an attempt ends, the scheduler writes its `done` key and deletes
 //!   its assignments and memberships; a worker that comes back withdraws any
 //!   assignment whose attempt is done instead of running it.

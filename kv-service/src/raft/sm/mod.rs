@@ -86,8 +86,8 @@ const CACHE_BYTES: usize = 16 << 20;
 /// interval only bounds replay after a crash. redb rewrites each page that
 /// holds a changed row, and rows changed a second apart often share one:
 /// with 16,384 workers renewing leases (and, then, rewriting their alive
-/// keys once a TTL), a flush every 100 ms wrote 9,500 pages a second, one a second 3,700 (and
-/// took a third off the put's p50).
+/// keys once a TTL), a flush every 100 ms wrote 9,500 pages a second, one
+/// a second 3,700 (and took a third off the put's p50).
 const FLUSH_BYTES: usize = 8 << 20;
 const FLUSH_ENTRIES: usize = 8 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
