@@ -33,7 +33,7 @@ use tessel_harness::{Child, LocalCluster, Ready};
 
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
 use crate::simulated::KeepAlives;
-use crate::simulated::{cpu_now, usage};
+use crate::simulated::{cpu_now, cpu_split, usage};
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
@@ -295,16 +295,10 @@ async fn simulated(
     }
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let ops = total_ops(clients) - before;
-    // The busiest coordinator is the leader: it serves every request.
-    let (leader_cpu_ns, leader_peak_kib) = coordinators
-        .iter()
-        .zip(&cpu_before)
-        .map(|(p, before)| {
-            let u = usage(*p);
-            (u.cpu_ns.saturating_sub(*before), u.peak_kib)
-        })
-        .max()
-        .unwrap_or_default();
+    // The busiest coordinator is the leader: it serves every request but
+    // keep-alives, which followers relay to it in batches.
+    let (leader_cpu_ns, followers_ns) = cpu_split(coordinators, &cpu_before, None);
+    let leader_peak_kib = coordinators.iter().map(|p| usage(*p).peak_kib).max();
     let own = usage(std::process::id());
     let published = clients[0]
         .try_get(tessel_topology::keys::global(&job).as_bytes())
@@ -318,11 +312,12 @@ async fn simulated(
     }
     let decode_ms = decode_started.elapsed().as_secs_f64() * 1e3;
     println!(
-        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0}}}",
+        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"followers_cpu_ms\":{:?},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0}}}",
         ms * 1000.0 / n as f64,
         ops as f64 / n as f64,
         leader_cpu_ns / 1_000_000,
-        leader_peak_kib / 1024,
+        followers_ns.iter().map(|n| n / 1_000_000).collect::<Vec<_>>(),
+        leader_peak_kib.unwrap_or(0) / 1024,
         own.cpu_ns.saturating_sub(own_before.cpu_ns) as f64 / 1e3 / n as f64,
     );
     jobs::finish_job(&*clients[0], &job).await?;
@@ -367,6 +362,9 @@ impl KvStore for CountingKv {
     }
     async fn get(&self, k: &[u8], t: Duration) -> tessel_kv::Result<Vec<u8>> {
         self.count().get(k, t).await
+    }
+    async fn get_serializable(&self, k: &[u8], t: Duration) -> tessel_kv::Result<Vec<u8>> {
+        self.count().get_serializable(k, t).await
     }
     async fn try_get(&self, k: &[u8]) -> tessel_kv::Result<Vec<u8>> {
         self.count().try_get(k).await

@@ -26,7 +26,9 @@ use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration
 use tessel_harness::LocalCluster;
 use tessel_kv::{Event, KvStore};
 
-use crate::simulated::{busiest_cpu_since, cpu_now, quantile_ms, worker_info, KeepAlives};
+use crate::simulated::{
+    cpu_now, cpu_split, leader_index, percents_json, quantile_ms, worker_info, KeepAlives,
+};
 
 /// `tessel-bench heartbeat`: leader load and failure detection with N heartbeating workers.
 #[derive(Args)]
@@ -38,9 +40,10 @@ pub struct BenchHeartbeatArgs {
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
     /// How keep-alives travel, each measured in turn: `stream` (the
-    /// client's keep-alive stream, the default) and `requests` (a request
-    /// each, as before it).
-    #[arg(long, value_delimiter = ',', default_value = "stream,requests")]
+    /// client's keep-alive stream to a follower, which relays them to the
+    /// leader in batches), `leader` (the stream to the leader itself, as
+    /// before the relay) and `requests` (a request each, as before both).
+    #[arg(long, value_delimiter = ',', default_value = "stream,leader")]
     pub keep_alives: Vec<KeepAlives>,
     /// How many connections the simulated workers share, or
     /// `per-worker`: one each, as on a cluster.
@@ -82,7 +85,8 @@ pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
             let probe = how.client(&cluster)?;
             let window = Duration::from_secs(args.seconds);
             let pids = cluster.coordinator_pids();
-            one(&clients, &*probe, &pids, n, how, window).await?;
+            let status = cluster.client()?;
+            one(&clients, &*probe, (&pids, &status), n, how, window).await?;
         }
     }
     Ok(())
@@ -91,7 +95,7 @@ pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
 async fn one(
     clients: &[Arc<dyn KvStore>],
     probe: &dyn KvStore,
-    coordinators: &[u32],
+    (coordinators, status): (&[u32], &tessel_kv_service::raft::client::RaftKv),
     n: u32,
     how: KeepAlives,
     window: Duration,
@@ -157,7 +161,8 @@ async fn one(
     let elapsed = started.elapsed();
     // Workers the coordinator declared lost while they beat: must be none.
     let lost_while_beating = beats.iter().filter(|(_, b)| b.lost_now().is_some()).count();
-    let leader_cpu_ns = busiest_cpu_since(coordinators, &before);
+    let leader = leader_index(status).await;
+    let (leader_cpu_ns, followers_ns) = cpu_split(coordinators, &before, leader);
     latencies.sort_unstable();
     // The victim stops beating: how long until its alive key is gone.
     let alive = keys::alive(&victim.worker_id);
@@ -175,12 +180,13 @@ async fn one(
         }
     };
     println!(
-        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"connections\":{},\"keep_alives\":\"{}\",\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
+        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"connections\":{},\"keep_alives\":\"{}\",\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"followers_cpu_percent_of_one_core\":{},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
         clients.len() + 1,
         format!("{how:?}").to_lowercase(),
         liveness.heartbeat.as_millis(),
         liveness.ttl.as_millis(),
         leader_cpu_ns as f64 / elapsed.as_nanos() as f64 * 100.0,
+        percents_json(&followers_ns, elapsed),
         quantile_ms(&latencies, 0.5),
         quantile_ms(&latencies, 0.99),
         latencies.len(),

@@ -65,15 +65,42 @@ pub(crate) fn cpu_now(coordinators: &[u32]) -> Vec<u64> {
     coordinators.iter().map(|p| usage(*p).cpu_ns).collect()
 }
 
-/// The busiest coordinator's CPU time since `before` ([`cpu_now`]): the
-/// leader's, as it serves every request.
-pub(crate) fn busiest_cpu_since(coordinators: &[u32], before: &[u64]) -> u64 {
-    coordinators
+/// Each coordinator's CPU time since `before` ([`cpu_now`]), split into
+/// the leader's (replica `leader` in start order; `None`: the busiest) and
+/// the others', in start order. Followers relay keep-alives (node `relay`),
+/// so the leader is not always the busiest.
+pub(crate) fn cpu_split(
+    coordinators: &[u32],
+    before: &[u64],
+    leader: Option<usize>,
+) -> (u64, Vec<u64>) {
+    let spent: Vec<u64> = coordinators
         .iter()
         .zip(before)
         .map(|(p, b)| usage(*p).cpu_ns.saturating_sub(*b))
-        .max()
-        .unwrap_or(0)
+        .collect();
+    let busiest = (0..spent.len()).max_by_key(|&i| spent[i]).unwrap_or(0);
+    let at = leader.filter(|&l| l < spent.len()).unwrap_or(busiest);
+    let others = (0..spent.len()).filter(|&i| i != at).map(|i| spent[i]);
+    (spent.get(at).copied().unwrap_or(0), others.collect())
+}
+
+/// Which replica leads now, by its index among the client's replicas (the
+/// harness's start order), if one says so.
+pub(crate) async fn leader_index(kv: &RaftKv) -> Option<usize> {
+    kv.cluster_status()
+        .await
+        .into_iter()
+        .position(|(_, s)| s.is_ok_and(|s| s.leader == Some(s.id)))
+}
+
+/// CPU time over `elapsed` as percent of one core, one decimal, as JSON.
+pub(crate) fn percents_json(ns: &[u64], elapsed: std::time::Duration) -> String {
+    let each: Vec<String> = ns
+        .iter()
+        .map(|n| format!("{:.1}", *n as f64 / elapsed.as_nanos() as f64 * 100.0))
+        .collect();
+    format!("[{}]", each.join(","))
 }
 
 /// Quantile `q` of `sorted` latencies, in milliseconds.
@@ -89,9 +116,13 @@ const CONNECTIONS_PER_ENDPOINT: usize = 1024;
 /// How the simulated workers' keep-alives travel.
 #[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
 pub enum KeepAlives {
-    /// On each client's keep-alive stream.
+    /// On each client's keep-alive stream, to a follower that relays them
+    /// to the leader in batches.
     #[default]
     Stream,
+    /// On each client's keep-alive stream to the leader itself, as before
+    /// followers relayed them.
+    Leader,
     /// As a request each.
     Requests,
 }
@@ -101,6 +132,7 @@ impl KeepAlives {
     pub(crate) fn tag(self) -> &'static str {
         match self {
             KeepAlives::Stream => "s",
+            KeepAlives::Leader => "l",
             KeepAlives::Requests => "r",
         }
     }
@@ -112,6 +144,7 @@ impl KeepAlives {
     fn wrap(self, kv: RaftKv) -> Arc<dyn KvStore> {
         match self {
             KeepAlives::Stream => Arc::new(kv),
+            KeepAlives::Leader => Arc::new(kv.keep_alives_to_leader()),
             KeepAlives::Requests => Arc::new(kv.keep_alives_as_requests()),
         }
     }

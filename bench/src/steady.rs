@@ -41,7 +41,7 @@ use tessel_topology::TopologyCache;
 
 use crate::bootstrap::assign_all;
 use crate::sim_host::{self, Outcome, HOSTS_PER_CONNECTION};
-use crate::simulated::{busiest_cpu_since, cpu_now, quantile_ms, KeepAlives};
+use crate::simulated::{cpu_now, cpu_split, leader_index, percents_json, quantile_ms, KeepAlives};
 
 /// `tessel-bench steady`: the KV's load while a large job runs.
 #[derive(Args)]
@@ -148,7 +148,8 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let elapsed = begun.elapsed();
     let mut latencies = probing.await??;
     let (applied_after, revision_after) = leader_progress(&status).await?;
-    let leader_cpu_ns = busiest_cpu_since(&pids, &cpu_before);
+    let leader = leader_index(&status).await;
+    let (leader_cpu_ns, followers_ns) = cpu_split(&pids, &cpu_before, leader);
 
     // Every process publishes its result, as at the end of a plan.
     let t = Instant::now();
@@ -180,10 +181,11 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let secs = elapsed.as_secs_f64();
     commits_ms.sort_by(f64::total_cmp);
     println!(
-        "{{\"figure\":\"steady\",\"workers\":{n},\"bootstrap_ms\":{bootstrap_ms:.0},\"seconds\":{secs:.1},\"steps\":{step},\"reports_dropped\":{dropped},\"checkpoints\":{},\"checkpoint_record_bytes\":{record_bytes},\"checkpoint_record_bytes_before_v2\":{record_bytes_before},\"checkpoint_commit_ms_max\":{:.0},\"leader_cpu_percent_of_one_core\":{:.1},\"leader_entries_per_s\":{:.0},\"leader_writes_per_s\":{:.0},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"results_ms\":{results_ms:.0},\"lost_while_beating\":{lost}}}",
+        "{{\"figure\":\"steady\",\"workers\":{n},\"bootstrap_ms\":{bootstrap_ms:.0},\"seconds\":{secs:.1},\"steps\":{step},\"reports_dropped\":{dropped},\"checkpoints\":{},\"checkpoint_record_bytes\":{record_bytes},\"checkpoint_record_bytes_before_v2\":{record_bytes_before},\"checkpoint_commit_ms_max\":{:.0},\"leader_cpu_percent_of_one_core\":{:.1},\"followers_cpu_percent_of_one_core\":{},\"leader_entries_per_s\":{:.0},\"leader_writes_per_s\":{:.0},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"results_ms\":{results_ms:.0},\"lost_while_beating\":{lost}}}",
         commits_ms.len(),
         commits_ms.last().copied().unwrap_or(0.0),
         leader_cpu_ns as f64 / elapsed.as_nanos() as f64 * 100.0,
+        percents_json(&followers_ns, elapsed),
         (applied_after - applied_before) as f64 / secs,
         (revision_after - revision_before) as f64 / secs,
         quantile_ms(&latencies, 0.5),

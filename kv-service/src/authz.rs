@@ -4,8 +4,9 @@
 //! Invariants:
 //! 1. Raft traffic, forwarded requests, membership changes, guarded
 //!    requests and the replicas' own clock and lease writes (`Tick`,
-//!    `RenewLeases`, `ExtendLeases`: a worker sending one could keep every
-//!    lease alive) come from coordinators only.
+//!    `RenewLeases`, `ExtendLeases`, and `RenewMany`, a follower's batch of
+//!    keep-alives: a worker sending one could keep every lease alive) come
+//!    from coordinators only.
 //! 2. A worker writes the registry and assignment keys of its own name
 //!    (`workers/{name}/`, `assignments/{name}/`) and the `jobs/` keys of
 //!    attempts assigned to it; the last under a [`Guard`] the state machine
@@ -207,7 +208,8 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
         (ClientRequest::Guarded { .. }, _) | (_, Some(Op::Guarded { .. })) => {
             refuse("send a guarded request (the replicas add guards)".into())
         }
-        (_, Some(Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. })) => {
+        (_, Some(Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. }))
+        | (ClientRequest::RenewMany { .. }, _) => {
             refuse("advance the replicas' clock or renew others' leases".into())
         }
         (_, Some(Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. }))
@@ -234,11 +236,12 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
             }
             Ok(guard)
         }
-        (ClientRequest::Get { key, .. } | ClientRequest::TryGet { key }, _)
-            if role == Role::Worker =>
-        {
-            may_read(name, key, false).or_else(refuse)
-        }
+        (
+            ClientRequest::Get { key, .. }
+            | ClientRequest::GetSerializable { key, .. }
+            | ClientRequest::TryGet { key },
+            _,
+        ) if role == Role::Worker => may_read(name, key, false).or_else(refuse),
         (ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. }, _)
             if role == Role::Worker =>
         {

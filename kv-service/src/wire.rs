@@ -32,15 +32,19 @@
 //!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again).
 //!   `ClientRequest`: `Write(Op)`, `Get{key, timeout_ms}`, `TryGet`, `List`,
 //!   `Revision`, `Watch{prefix, from}`, `WaitBarrier`, `Status`,
-//!   `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`.
+//!   `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`,
+//!   `RenewMany{leases}`, `GetSerializable{key, timeout_ms}` (answered by
+//!   the replica asked, from its own state: never forwarded).
 //! * Response (`WireResponse`): one frame, except `Watch`, which streams
 //!   `Event` frames until either side closes. Errors travel as `KvError`;
 //!   `Unavailable` means "try another replica".
 //! * `KeepAliveStream` (etcd's `LeaseKeepAlive`) keeps its stream open: the
 //!   client then sends [`KeepAliveFrame`]s (≤ [`KEEP_ALIVE_MAX_FRAME`]
 //!   bytes) and the replica answers each with one `Output` frame, in order.
-//!   Only a leader that may renew from memory answers one; anything else is
-//!   `Unavailable`, and the client sends that keep-alive as a `Write`.
+//!   A leader that may renew from memory answers from it; a follower
+//!   relays the frames of all its streams to the leader as `RenewMany`
+//!   batches (a request of replicas only, answered `Renewed`); anything
+//!   else is `Unavailable`, and the client sends that keep-alive as a `Write`.
 //! * Raft RPC deadlines: AppendEntries gets openraft's heartbeat interval
 //!   (250 ms), elections start after 1–2 s of silence. Each log entry is a
 //!   `Proposal` (the requests the leader grouped: ≤ 1024 of them, ≤ 1 MiB of
@@ -163,9 +167,29 @@ pub enum ClientRequest {
     },
     /// Opens a lease keep-alive stream: [`KeepAliveFrame`]s follow on the
     /// same stream, each answered by one `Output` frame (module docs).
-    /// Never forwarded: a follower answers every frame `Unavailable`.
+    /// Never forwarded as a stream: a follower relays its frames to the
+    /// leader in [`ClientRequest::RenewMany`] batches.
     KeepAliveStream,
+    /// Renews these leases from the leader's memory, answered by
+    /// [`WireResponse::Renewed`]: a follower's batch of the keep-alives its
+    /// streams carried (≤ [`RENEW_MANY_MAX`]). Only replicas may send it.
+    RenewMany {
+        /// The leases, in the order of the answers.
+        leases: Vec<u64>,
+    },
+    /// A blocking get the replica asked answers from its own applied state
+    /// (etcd's serializable read; `KvStore::get_serializable`), or
+    /// `Unavailable` once it knows no leader.
+    GetSerializable {
+        /// The key.
+        key: Vec<u8>,
+        /// How long to wait for it.
+        timeout_ms: u64,
+    },
 }
+
+/// The most leases one [`ClientRequest::RenewMany`] carries.
+pub const RENEW_MANY_MAX: usize = 4096;
 
 /// One keep-alive on a [`ClientRequest::KeepAliveStream`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +209,7 @@ impl ClientRequest {
     pub fn waits(&self) -> bool {
         match self {
             ClientRequest::Get { timeout_ms, .. }
+            | ClientRequest::GetSerializable { timeout_ms, .. }
             | ClientRequest::WaitBarrier { timeout_ms, .. } => *timeout_ms > 0,
             ClientRequest::Watch { .. } => true,
             _ => false,
@@ -252,6 +277,8 @@ pub enum WireResponse {
     Status(ReplicaStatus),
     /// Answers requests with nothing to return.
     Done(Result<(), KvError>),
+    /// Answers `RenewMany`: one result a lease, in its order.
+    Renewed(Vec<Result<Output, KvError>>),
 }
 
 /// A get's answer with its bytes as one byte string. postcard writes the

@@ -370,12 +370,12 @@ async fn abandoned_waits_free_their_streams() {
     }
 }
 
-/// Client invariant 8 and `node::keep_alives`: keep-alives ride the
-/// client's one stream to the leader and keep a lease past its TTL; when
-/// the leader goes, they are sent as requests until the stream to the
-/// new leader answers them again.
+/// Client invariant 8, `node::keep_alives` and `node::relay`: keep-alives
+/// ride the client's one stream to a follower, which relays them to the
+/// leader, and keep a lease past its TTL; when the leader goes, they are
+/// sent as requests until a stream answers them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keep_alives_ride_one_stream_and_follow_a_new_leader() {
+async fn keep_alives_ride_one_stream_through_a_follower_and_follow_a_new_leader() {
     let (dir, mut replicas, leader) = running_cluster().await;
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
     let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
@@ -393,6 +393,15 @@ async fn keep_alives_ride_one_stream_and_follow_a_new_leader() {
         "alive past its TTL"
     );
     assert_eq!(kv.keep_alives_on_stream(), 12, "each on the stream");
+    let relayed: Vec<(u64, u64)> = replicas
+        .iter()
+        .map(|r| (r.id, r.keep_alives_relayed()))
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    assert!(
+        matches!(relayed[..], [(id, 12)] if id != leader),
+        "all through one follower: {relayed:?} (leader {leader})"
+    );
     let gone = replicas.iter().position(|r| r.id == leader).unwrap();
     replicas.remove(gone).shutdown().await;
     let before = kv.keep_alives_on_stream();
@@ -422,10 +431,75 @@ async fn keep_alives_ride_one_stream_and_follow_a_new_leader() {
     }
 }
 
-/// `node::keep_alives` invariants 1 and 3 on the wire: a follower answers
-/// every frame `Unavailable`; an oversized frame ends that stream alone.
+/// `node::serializable` invariants 1 and 2 and client invariant 9: a
+/// serializable get waits on a follower for a key written later and gets
+/// it; a replica left without a leader answers one `Unavailable` at once
+/// rather than waiting out its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keep_alive_stream_is_served_by_the_leader_alone_and_bad_frames_end_it() {
+async fn a_serializable_get_is_served_by_a_follower_until_it_knows_no_leader() {
+    use tessel_kv_service::wire::{self, WireRequest};
+    let (dir, mut replicas, leader) = running_cluster().await;
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
+    let kv = std::sync::Arc::new(RaftKv::connect(addrs, Some(&tls)).unwrap());
+    kv.put(b"first", b"v").await.unwrap();
+    let waiter = {
+        let kv = kv.clone();
+        tokio::spawn(async move { kv.get_serializable(b"later", Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kv.put(b"later", b"w").await.unwrap();
+    assert_eq!(waiter.await.unwrap(), Ok(b"w".to_vec()));
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(
+        tls.client_config(wire::ALPN, tessel_tls::Expect::Coordinator)
+            .unwrap(),
+    );
+    let client = tessel_kv_service::rpc::PeerClient::new(endpoint);
+    let ask = |key: &[u8]| {
+        WireRequest::Client(ClientRequest::GetSerializable {
+            key: key.to_vec(),
+            timeout_ms: 30_000,
+        })
+    };
+    let follower = replicas.iter().position(|r| r.id != leader).unwrap();
+    let at = replicas[follower].local_addr().unwrap();
+    let served = client
+        .call(at, &ask(b"first"), Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(&served, Ok(WireResponse::Value(Ok(v))) if v == b"v"),
+        "{served:?}"
+    );
+    // The other two go: the last one can elect no leader.
+    let last = replicas.remove(follower);
+    for r in replicas {
+        r.shutdown().await;
+    }
+    let asked = std::time::Instant::now();
+    let answer = client
+        .call(at, &ask(b"never"), Duration::from_secs(40))
+        .await;
+    assert!(
+        matches!(
+            answer,
+            Ok(WireResponse::Value(Err(tessel_kv::KvError::Unavailable(_))))
+        ),
+        "{answer:?}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    last.shutdown().await;
+}
+
+/// `node::keep_alives` invariants 1 and 3 on the wire: every replica
+/// answers a frame with the leader's answer (a follower relays it); an
+/// oversized frame ends that stream alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it() {
     use tessel_kv_service::wire::{self, KeepAliveFrame, WireRequest};
     let (dir, replicas, leader) = running_cluster().await;
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
@@ -462,16 +536,9 @@ async fn a_keep_alive_stream_is_served_by_the_leader_alone_and_bad_frames_end_it
         let (first, recv) = answer(recv).await;
         let (second, _) = answer(recv).await;
         for a in [first, second] {
-            match (r.id == leader, a) {
-                (
-                    true,
-                    Ok(Some(WireResponse::Output(Err(tessel_kv::KvError::LeaseNotFound(77))))),
-                )
-                | (
-                    false,
-                    Ok(Some(WireResponse::Output(Err(tessel_kv::KvError::Unavailable(_))))),
-                ) => {}
-                (leads, other) => panic!("leader {leads}: {other:?}"),
+            match a {
+                Ok(Some(WireResponse::Output(Err(tessel_kv::KvError::LeaseNotFound(77))))) => {}
+                other => panic!("replica {} (leader {leader}): {other:?}", r.id),
             }
         }
     }

@@ -53,6 +53,15 @@ pub trait KvStore: Send + Sync {
     /// Waits until the key exists or `timeout` passes
     /// ([`crate::KvError::DeadlineExceeded`]).
     async fn get(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>>;
+    /// [`KvStore::get`] answered by any replica from what it applied
+    /// (etcd's serializable read): never a value that was not committed,
+    /// but it may miss a deletion the leader acknowledged a moment ago. For
+    /// keys written once that many processes wait for (a job's published
+    /// topology), so that followers serve them. The default is
+    /// [`KvStore::get`].
+    async fn get_serializable(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        self.get(key, timeout).await
+    }
     /// The value now, or [`crate::KvError::NotFound`].
     async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>>;
     /// Every pair under a directory prefix, in key order.

@@ -347,7 +347,9 @@ async fn wait_for_global(
 ) -> Result<Arc<Known>> {
     let key = keys::global(job);
     let left = deadline.saturating_duration_since(Instant::now());
-    match kv.get(key.as_bytes(), left).await {
+    // Written once (invariant 2): any replica that has it may answer, so
+    // the N reads of it are spread over the followers (invariant 5).
+    match kv.get_serializable(key.as_bytes(), left).await {
         Ok(bytes) => open(job, &bytes, cache),
         Err(KvError::DeadlineExceeded { .. }) => Err(missing_error(kv, job, n, timeout).await),
         Err(e) => Err(TopologyError::Kv {

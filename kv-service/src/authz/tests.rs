@@ -97,6 +97,15 @@ fn a_worker_reads_arrays_and_logs_of_its_own_jobs_only() {
         !guard_of(&h4, &list("jobs/j@1/")).is_empty(),
         "covers arrays"
     );
+    let serializable = WireRequest::Client(ClientRequest::GetSerializable {
+        key: b"jobs/j@1/arrays/w".to_vec(),
+        timeout_ms: 0,
+    });
+    assert_eq!(
+        guard_of(&h4, &serializable),
+        ["assignments/h4/j@1"],
+        "guarded alike (so served by the leader: `serializable` invariant 3)"
+    );
     assert_eq!(authorize(&h4, &get("jobs/j@1/spec")), Ok(None));
     assert_eq!(authorize(&h4, &list("jobs/j@1/topology/local/")), Ok(None));
     assert_eq!(authorize(&h4, &list("workers/")), Ok(None));
@@ -231,6 +240,20 @@ fn a_keep_alive_stream_is_opened_by_those_who_hold_leases() {
     assert!(e.contains("hold leases"), "{e}");
     assert_eq!(authorize(&node(Role::Worker, "h4"), &stream), Ok(None));
     assert_eq!(authorize(&node(Role::Coordinator, "c1"), &stream), Ok(None));
+}
+
+#[test]
+fn only_replicas_renew_leases_in_batches() {
+    let many = ClientRequest::RenewMany { leases: vec![7, 9] };
+    for role in [Role::Worker, Role::Client] {
+        let e = authorize(&node(role, "h4"), &WireRequest::Client(many.clone())).unwrap_err();
+        assert!(e.contains("renew others' leases"), "{e}");
+    }
+    let relayed = WireRequest::Forwarded(many);
+    assert_eq!(
+        authorize(&node(Role::Coordinator, "c2"), &relayed),
+        Ok(None)
+    );
 }
 
 #[test]

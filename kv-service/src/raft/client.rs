@@ -30,6 +30,9 @@
 //!    workers). Dead and cut-off replicas are left by other means (above).
 //! 8. A keep-alive goes first on the client's keep-alive stream
 //!    (`keep_alives`), and as a request only where that gives no answer.
+//! 9. A serializable get goes to the follower the keep-alives go to, and
+//!    as a linearizable get, in the time left, where that answers
+//!    `Unavailable` or nothing (an older replica, one cut off).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -53,6 +56,10 @@ use session::Session;
 
 /// How long a request keeps trying replicas, beyond its own timeout.
 pub(crate) const RETRY_BUDGET: Duration = Duration::from_secs(15);
+
+/// How long past its own timeout a serializable get waits for the
+/// follower's answer (invariant 9), which comes at that timeout.
+const GET_MARGIN: Duration = Duration::from_secs(2);
 
 /// A QUIC endpoint, one UDP socket, with the credentials clients present:
 /// one process's clients may share it (a load generator's do), and quinn
@@ -95,6 +102,12 @@ pub trait Transport: Send + Sync + 'static {
     /// Renews `lease` by a cheaper way than a request, where the
     /// transport has one (invariant 8); `None`: send it as a request.
     async fn keep_alive(&self, _lease: u64) -> Option<Result<Output>> {
+        None
+    }
+
+    /// Asks a follower for a serializable get where the transport can
+    /// (invariant 9); `None`: ask as a linearizable get.
+    async fn get_serializable(&self, _key: &[u8], _wait: Duration) -> Option<Result<WireResponse>> {
         None
     }
 }
@@ -184,6 +197,15 @@ impl KvClient<Quic> {
     /// before the keep-alive stream: for comparing the two.
     pub fn keep_alives_as_requests(mut self) -> RaftKv {
         self.transport.keep_alives = None;
+        self
+    }
+
+    /// This client with its keep-alive stream on the leader itself, as
+    /// before followers relayed keep-alives: for comparing the two.
+    pub fn keep_alives_to_leader(mut self) -> RaftKv {
+        if let Some(k) = &mut self.transport.keep_alives {
+            k.never_to_followers();
+        }
         self
     }
 
@@ -352,12 +374,19 @@ impl Transport for Quic {
         self.seek_leader_once().await;
         let at = self.next.load(Ordering::Relaxed);
         let replica = at % self.replicas.len();
+        let lane = keep_alives.target(replica, self.replicas.len());
         match keep_alives
-            .renew(&self.client, &self.replicas, replica, lease)
+            .renew(&self.client, &self.replicas, lane, lease)
             .await
         {
             Renewal::Answered(answer) => Some(answer),
             Renewal::Unknown => None,
+            Renewal::Refused | Renewal::Broken if lane != replica => {
+                // A follower that does not relay (an older build, one
+                // without a leader): the request goes to the leader.
+                keep_alives.avoid_followers();
+                None
+            }
             Renewal::Refused => {
                 // A live follower, or a leader new to its term: the request
                 // that follows asks where the leader is first (invariant 4).
@@ -375,6 +404,27 @@ impl Transport for Quic {
                 None
             }
         }
+    }
+
+    async fn get_serializable(&self, key: &[u8], wait: Duration) -> Option<Result<WireResponse>> {
+        let n = self.replicas.len();
+        self.seek_leader_once().await;
+        let requests = self.next.load(Ordering::Relaxed) % n;
+        // The follower the keep-alives go to: its connection is open.
+        let at = self.keep_alives.as_ref()?.target(requests, n);
+        if at == requests {
+            return None;
+        }
+        let req = WireRequest::Client(ClientRequest::GetSerializable {
+            key: key.to_vec(),
+            timeout_ms: wait.as_millis() as u64,
+        });
+        let answer = self.replicas[at].call(&self.client, &req, wait + GET_MARGIN);
+        Some(
+            answer
+                .await
+                .map_err(|e| KvError::Unavailable(e.to_string())),
+        )
     }
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
@@ -554,6 +604,18 @@ impl<T: Transport> KvStore for KvClient<T> {
         match self.request(req, timeout).await? {
             WireResponse::Value(r) => r,
             other => Err(unexpected(other)),
+        }
+    }
+
+    async fn get_serializable(&self, key: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        let started = Instant::now();
+        match self.transport.get_serializable(key, timeout).await {
+            // Invariant 9: a follower's answer, or the leader's.
+            Some(Ok(WireResponse::Value(r))) if !matches!(r, Err(KvError::Unavailable(_))) => r,
+            _ => {
+                self.get(key, timeout.saturating_sub(started.elapsed()))
+                    .await
+            }
         }
     }
 

@@ -1,69 +1,142 @@
-//! The leader's end of a lease keep-alive stream (etcd's `LeaseKeepAlive`):
+//! The replica's end of a lease keep-alive stream (etcd's `LeaseKeepAlive`):
 //! one long-lived stream per client carries all its keep-alives, so a
 //! keep-alive costs a frame each way, not a stream of its own with its
 //! task, its set-up and its end (`wire` module docs).
 //!
 //! Invariants:
 //! 1. A frame is answered from memory only where a request would be
-//!    (`renewals` invariant 1) and only by the leader; every other frame
-//!    is answered `Unavailable`, and the client sends that keep-alive as a
-//!    request, which takes the usual path (node invariant 1).
-//! 2. Answers go in the order of the frames, one each.
+//!    (`renewals` invariant 1) and only by the leader; a follower relays it
+//!    to the leader (`relay`); every other frame is answered `Unavailable`,
+//!    and the client sends that keep-alive as a request, which takes the
+//!    usual path (node invariant 1).
+//! 2. Answers go in the order of the frames, one each; up to [`IN_FLIGHT`]
+//!    frames may wait for theirs, the stream is not read further meanwhile.
 //! 3. A frame over [`KEEP_ALIVE_MAX_FRAME`] or one that does not decode ends
 //!    this stream alone (`rpc` invariant 1); so does the caller going away.
 
 use quinn::{RecvStream, SendStream, VarInt};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{unavailable, ReplicaHandler};
 use crate::rpc::{self, ReadError};
 use crate::wire::{
-    self, KeepAliveFrame, WireResponse, KEEP_ALIVE_MAX_FRAME, RESET_FRAME_TOO_LARGE,
-    RESET_MALFORMED,
+    self, KeepAliveFrame, WireResponse, KEEP_ALIVE_MAX_FRAME, RENEW_MANY_MAX,
+    RESET_FRAME_TOO_LARGE, RESET_MALFORMED,
 };
 use tessel_kv::state::Output;
 use tessel_kv::KvError;
 
+/// Frames of one stream waiting for their answers (invariant 2): a
+/// client has a lease or two, so this bounds a misbehaving one alone.
+const IN_FLIGHT: usize = 64;
+
+/// A frame's answer: known now, or on its way back from the leader.
+enum Pending {
+    Now(Result<Output, KvError>),
+    Relayed(oneshot::Receiver<Result<Output, KvError>>),
+}
+
+impl Pending {
+    async fn answer(self) -> Result<Output, KvError> {
+        match self {
+            Pending::Now(a) => a,
+            Pending::Relayed(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(unavailable("the relay to the leader ended"))),
+        }
+    }
+}
+
 /// Serves one keep-alive stream until its caller finishes or drops it.
 pub(super) async fn serve(handler: &ReplicaHandler, send: &mut SendStream, mut recv: RecvStream) {
-    loop {
-        let body = match rpc::read_frame(&mut recv, KEEP_ALIVE_MAX_FRAME).await {
-            Ok(Some(b)) => b,
-            Ok(None) | Err(ReadError::Io(_)) => return,
-            Err(ReadError::Frame(e)) => {
-                tracing::warn!("ending a keep-alive stream: {e}");
-                let _ = recv.stop(VarInt::from_u32(RESET_FRAME_TOO_LARGE));
-                let _ = send.reset(VarInt::from_u32(RESET_FRAME_TOO_LARGE));
-                return;
-            }
-        };
-        let answer = match wire::decode::<KeepAliveFrame>(&body) {
-            Ok(f) => handler.renew_on_stream(f.lease),
-            Err(e) => {
-                tracing::warn!("ending a keep-alive stream: {e}");
+    let (pending, mut answers) = mpsc::channel::<Pending>(IN_FLIGHT);
+    // Reads frames until the stream ends; a bad one's reset code.
+    let read = async move {
+        loop {
+            let body = match rpc::read_frame(&mut recv, KEEP_ALIVE_MAX_FRAME).await {
+                Ok(Some(b)) => b,
+                Ok(None) | Err(ReadError::Io(_)) => return None,
+                Err(ReadError::Frame(e)) => {
+                    tracing::warn!("ending a keep-alive stream: {e}");
+                    let _ = recv.stop(VarInt::from_u32(RESET_FRAME_TOO_LARGE));
+                    return Some(RESET_FRAME_TOO_LARGE);
+                }
+            };
+            let Ok(frame) = wire::decode::<KeepAliveFrame>(&body) else {
+                tracing::warn!("ending a keep-alive stream: an undecodable frame");
                 let _ = recv.stop(VarInt::from_u32(RESET_MALFORMED));
-                let _ = send.reset(VarInt::from_u32(RESET_MALFORMED));
+                return Some(RESET_MALFORMED);
+            };
+            if pending
+                .send(handler.renew_on_stream(frame.lease))
+                .await
+                .is_err()
+            {
+                return None;
+            }
+        }
+    };
+    let write = async {
+        while let Some(p) = answers.recv().await {
+            let answer = WireResponse::Output(p.answer().await);
+            if rpc::write_frame(send, &answer).await.is_err() {
                 return;
             }
-        };
-        if rpc::write_frame(send, &WireResponse::Output(answer))
-            .await
-            .is_err()
-        {
-            return;
         }
+    };
+    let mut ended = None;
+    {
+        tokio::pin!(read, write);
+        let mut reading = true;
+        loop {
+            tokio::select! {
+                // After the caller's end, the frames read are still
+                // answered (the sender went with `read`).
+                e = &mut read, if reading => {
+                    reading = false;
+                    ended = e;
+                    if ended.is_some() {
+                        break;
+                    }
+                }
+                () = &mut write => break,
+            }
+        }
+    }
+    if let Some(code) = ended {
+        let _ = send.reset(VarInt::from_u32(code));
     }
 }
 
 impl ReplicaHandler {
     /// Invariant 1.
-    fn renew_on_stream(&self, lease: u64) -> Result<Output, KvError> {
-        let leads = self.raft.metrics().borrow().current_leader == Some(self.id);
-        if !(leads && self.may_renew_from_memory()) {
-            return Err(unavailable(
+    fn renew_on_stream(&self, lease: u64) -> Pending {
+        match self.raft.metrics().borrow().current_leader {
+            Some(l) if l == self.id && self.may_renew_from_memory() => {
+                Pending::Now(self.renew_from_memory(lease))
+            }
+            Some(l) if l != self.id => Pending::Relayed(self.relay.ask(lease)),
+            _ => Pending::Now(Err(unavailable(
                 "this replica does not renew leases from memory now: send the keep-alive as a request",
-            ));
+            ))),
         }
-        self.renew_from_memory(lease)
+    }
+
+    /// The leader's answers to a follower's batch (`relay`), in its order:
+    /// from memory where it may (invariant 1), else `Unavailable` each.
+    pub(super) fn renew_many(&self, leases: &[u64]) -> Vec<Result<Output, KvError>> {
+        let leads = self.raft.metrics().borrow().current_leader == Some(self.id);
+        if leases.len() > RENEW_MANY_MAX || !(leads && self.may_renew_from_memory()) {
+            let why = unavailable("this replica does not renew this batch from memory now");
+            return vec![Err(why); leases.len()];
+        }
+        let now = self.clock.now_ms();
+        self.applied.read(|s, _| {
+            leases
+                .iter()
+                .map(|&id| self.renewals.keep_alive(s, id, now))
+                .collect()
+        })
     }
 
     /// Renews lease `id` now, in memory (where `may_renew_from_memory`

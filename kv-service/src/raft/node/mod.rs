@@ -24,15 +24,19 @@
 //!    served only while its caller listens: a stopped stream or a closed
 //!    connection ends it and its wait.
 //! 9. Keep-alives on a keep-alive stream are answered by the leader from
-//!    memory or refused `Unavailable` (`keep_alives` invariant 1).
+//!    memory, relayed by a follower in batches (`relay`), or refused
+//!    `Unavailable` (`keep_alives` invariant 1).
 
 mod clock;
 mod keep_alives;
 mod local;
+mod membership;
 mod network;
 mod proposer;
 mod quorum;
+mod relay;
 mod renewals;
+mod serializable;
 mod status;
 mod ticker;
 
@@ -220,7 +224,10 @@ impl Replica {
             renewals: leases.renewals.clone(),
             clock: leases.clock.clone(),
             read_floor: std::sync::Mutex::new(None),
+            relay: Arc::default(),
         });
+        let relaying = relay::run(Arc::downgrade(&handler), handler.relay.clone());
+        tokio::spawn(relaying);
         tokio::spawn(rpc::serve(endpoint.clone(), handler.clone()));
         tokio::spawn(tick_when_due(
             raft.clone(),
@@ -324,6 +331,7 @@ struct ReplicaHandler {
     clock: Arc<LeaderClock>,
     /// (term, log index) of invariant 2's read floor.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
+    relay: Arc<relay::Relay>,
 }
 
 async fn reply(send: &mut Answers<'_>, r: WireResponse) {
@@ -339,7 +347,9 @@ fn unavailable(msg: impl Into<String>) -> KvError {
 /// The answer to give when a request fails before producing its own.
 fn error_response(req: &ClientRequest, e: KvError) -> WireResponse {
     match req {
-        ClientRequest::Get { .. } | ClientRequest::TryGet { .. } => WireResponse::Value(Err(e)),
+        ClientRequest::Get { .. }
+        | ClientRequest::GetSerializable { .. }
+        | ClientRequest::TryGet { .. } => WireResponse::Value(Err(e)),
         ClientRequest::List { .. } => WireResponse::List(Err(e)),
         ClientRequest::Revision => WireResponse::Revision(Err(e)),
         ClientRequest::Watch { .. } => WireResponse::Event(Err(e)),
@@ -457,8 +467,13 @@ impl ReplicaHandler {
         }
     }
 
-    /// Serves as leader, or forwards once (invariant 1).
+    /// Serves as leader, or forwards once (invariant 1); a serializable
+    /// get is this replica's own (`serializable`).
     async fn route(&self, req: ClientRequest, send: &mut Answers<'_>, forwarded: bool) {
+        if let ClientRequest::GetSerializable { key, timeout_ms } = &req {
+            let got = self.serializable_get(key, *timeout_ms).await;
+            return reply(send, WireResponse::Value(got)).await;
+        }
         let mut leader = self.raft.metrics().borrow().current_leader;
         if leader.is_none() {
             // An election may be under way: give it a moment.
@@ -471,30 +486,16 @@ impl ReplicaHandler {
         }
         match leader {
             Some(l) if l == self.id => self.serve(req, send).await,
-            Some(l) if !forwarded => {
-                let target = self
-                    .raft
-                    .metrics()
-                    .borrow()
-                    .membership_config
-                    .membership()
-                    .get_node(&l)
-                    .map(|n| n.addr.clone());
-                let addr = match target {
-                    Some(t) => self.client.resolve(&t).await.ok(),
-                    None => None,
-                };
-                match addr {
-                    Some(addr) => self.forward(addr, req, send).await,
-                    None => {
-                        reply(
-                            send,
-                            error_response(&req, unavailable(format!("leader {l} has no address"))),
-                        )
-                        .await
-                    }
+            Some(l) if !forwarded => match self.leader_addr(l).await {
+                Some(addr) => self.forward(addr, req, send).await,
+                None => {
+                    reply(
+                        send,
+                        error_response(&req, unavailable(format!("leader {l} has no address"))),
+                    )
+                    .await
                 }
-            }
+            },
             _ => {
                 let why = if forwarded {
                     "this replica is no longer the leader"
@@ -504,6 +505,13 @@ impl ReplicaHandler {
                 reply(send, error_response(&req, unavailable(why))).await
             }
         }
+    }
+
+    /// Where leader `l` listens, as its membership entry resolves now.
+    async fn leader_addr(&self, l: u64) -> Option<SocketAddr> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        let target = m.membership().get_node(&l).map(|n| n.addr.clone())?;
+        self.client.resolve(&target).await.ok()
     }
 
     /// Relays a request to the leader and every answer frame back.
@@ -530,57 +538,6 @@ impl ReplicaHandler {
                 }
             }
         }
-    }
-
-    async fn add_replica(&self, id: u64, addr: String) -> Result<(), KvError> {
-        crate::rpc::check_host_port(&addr)
-            .map_err(|e| KvError::InvalidArgument(format!("replica address {addr:?}: {e}")))?;
-        let voters: std::collections::BTreeSet<u64> = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
-        if voters.contains(&id) {
-            return Ok(());
-        }
-        self.raft
-            .add_learner(id, BasicNode::new(addr), true)
-            .await
-            .map_err(|e| unavailable(format!("add learner {id}: {e}")))?;
-        let mut new = voters;
-        new.insert(id);
-        self.raft
-            .change_membership(new, false)
-            .await
-            .map(drop)
-            .map_err(|e| unavailable(format!("promote {id}: {e}")))
-    }
-
-    async fn remove_replica(&self, id: u64) -> Result<(), KvError> {
-        let mut voters: std::collections::BTreeSet<u64> = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
-        if !voters.remove(&id) {
-            return Err(KvError::NotFound(id.to_string().into_bytes()));
-        }
-        if voters.is_empty() {
-            return Err(KvError::InvalidArgument(
-                "cannot remove the last voter".into(),
-            ));
-        }
-        self.raft
-            .change_membership(voters, false)
-            .await
-            .map(drop)
-            .map_err(|e| unavailable(format!("remove {id}: {e}")))
     }
 
     /// `renewals` invariant 1: a leader recently acknowledged by a
@@ -650,7 +607,9 @@ impl ReplicaHandler {
             Ok(true) => Ok(*request),
             Ok(false) => {
                 let key = match &*request {
-                    ClientRequest::Get { key, .. } | ClientRequest::TryGet { key } => key.clone(),
+                    ClientRequest::Get { key, .. }
+                    | ClientRequest::GetSerializable { key, .. }
+                    | ClientRequest::TryGet { key } => key.clone(),
                     ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. } => {
                         prefix.clone()
                     }
@@ -701,7 +660,9 @@ impl ReplicaHandler {
                 };
                 WireResponse::Output(r)
             }
-            ClientRequest::Get { key, timeout_ms } => {
+            // A guarded serializable get is served as a linearizable one.
+            ClientRequest::Get { key, timeout_ms }
+            | ClientRequest::GetSerializable { key, timeout_ms } => {
                 let r = match self.linearizable().await {
                     // A leader cut off from its majority may never see the
                     // key written: the client asks another replica.
@@ -772,6 +733,7 @@ impl ReplicaHandler {
                 &request,
                 KvError::InvalidArgument("a guard inside a guard".into()),
             ),
+            ClientRequest::RenewMany { leases } => WireResponse::Renewed(self.renew_many(&leases)),
             ClientRequest::KeepAliveStream => WireResponse::Output(Err(KvError::InvalidArgument(
                 "a keep-alive stream is neither relayed nor local (invariant 9)".into(),
             ))),

@@ -1,0 +1,47 @@
+//! Serializable gets (etcd's `serializable` range requests): the replica
+//! asked answers from its own applied state, so a value every process of a
+//! job waits for (its published topology: N reads of a value that grows
+//! with N) is served by the followers the clients picked, not N times by
+//! the leader.
+//!
+//! Invariants:
+//! 1. The value answered was committed: a replica applies only committed
+//!    entries. It may be one the leader deleted a moment ago; readers ask
+//!    this way only for keys written once (`KvStore::get_serializable`).
+//! 2. A replica that knows no leader, or stops knowing one while the get
+//!    waits (it was cut off), answers `Unavailable`: it may never see the
+//!    key written, and the client asks the leader instead.
+//! 3. A serializable get under a guard is not served here: it goes to the
+//!    leader, which checks the guard and answers it as a linearizable get.
+
+use std::time::Duration;
+
+use super::{unavailable, ReplicaHandler};
+use tessel_kv::KvError;
+
+impl ReplicaHandler {
+    /// Invariants 1 and 2.
+    pub(super) async fn serializable_get(
+        &self,
+        key: &[u8],
+        timeout_ms: u64,
+    ) -> Result<Vec<u8>, KvError> {
+        let mut metrics = self.raft.metrics();
+        let leaderless = async {
+            loop {
+                if metrics.borrow_and_update().current_leader.is_none() {
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            got = self.applied.get(key, Duration::from_millis(timeout_ms)) => got,
+            () = leaderless => Err(unavailable(
+                "this replica knows no leader: a serializable get goes to another",
+            )),
+        }
+    }
+}
