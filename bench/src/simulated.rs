@@ -36,6 +36,8 @@ pub(crate) fn worker_info(id: &str, i: u32, liveness: LivenessConfig) -> WorkerI
 pub(crate) struct Usage {
     pub(crate) cpu_ns: u64,
     pub(crate) peak_kib: u64,
+    /// Resident now (`VmRSS`).
+    pub(crate) rss_kib: u64,
 }
 
 pub(crate) fn usage(pid: u32) -> Usage {
@@ -52,12 +54,19 @@ pub(crate) fn usage(pid: u32) -> Usage {
         .filter_map(|v| v.parse::<u64>().ok())
         .sum();
     let cpu_ns = ticks * 10_000_000;
-    let peak_kib = read("status")
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
-    Usage { cpu_ns, peak_kib }
+    let status = read("status");
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    Usage {
+        cpu_ns,
+        peak_kib: kib("VmHWM:"),
+        rss_kib: kib("VmRSS:"),
+    }
 }
 
 /// Each coordinator's CPU time so far, to measure from.

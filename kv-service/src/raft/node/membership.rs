@@ -2,23 +2,23 @@
 //! learner and is promoted once it caught up; a removed one's id is never
 //! reused.
 
+use std::collections::BTreeSet;
+
 use openraft::BasicNode;
 
 use super::{unavailable, ReplicaHandler};
 use tessel_kv::KvError;
 
 impl ReplicaHandler {
+    fn voters(&self) -> BTreeSet<u64> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().voter_ids().collect()
+    }
+
     pub(super) async fn add_replica(&self, id: u64, addr: String) -> Result<(), KvError> {
         crate::rpc::check_host_port(&addr)
             .map_err(|e| KvError::InvalidArgument(format!("replica address {addr:?}: {e}")))?;
-        let voters: std::collections::BTreeSet<u64> = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
+        let voters = self.voters();
         if voters.contains(&id) {
             return Ok(());
         }
@@ -36,14 +36,7 @@ impl ReplicaHandler {
     }
 
     pub(super) async fn remove_replica(&self, id: u64) -> Result<(), KvError> {
-        let mut voters: std::collections::BTreeSet<u64> = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
+        let mut voters = self.voters();
         if !voters.remove(&id) {
             return Err(KvError::NotFound(id.to_string().into_bytes()));
         }
