@@ -495,8 +495,9 @@ async fn a_serializable_get_is_served_by_a_follower_until_it_knows_no_leader() {
     last.shutdown().await;
 }
 
-/// `node::keep_alives` invariants 1 and 3 on the wire: every replica
-/// answers a frame with the leader's answer (a follower relays it); an
+/// `node::keep_alives` invariants 1–3 on the wire: every replica answers
+/// each frame with the leader's answer (a follower relays it), in order,
+/// also after the caller ended its side, and then ends the stream; an
 /// oversized frame ends that stream alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it() {
@@ -533,8 +534,13 @@ async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it(
                 .await
                 .unwrap();
         }
+        // The caller's end: the frames sent are still answered, then the
+        // replica ends its side too.
+        send.finish().unwrap();
         let (first, recv) = answer(recv).await;
-        let (second, _) = answer(recv).await;
+        let (second, recv) = answer(recv).await;
+        let end = tokio::time::timeout(Duration::from_secs(10), answer(recv)).await;
+        assert!(matches!(end, Ok((Ok(None), _))), "replica {}: no end", r.id);
         for a in [first, second] {
             match a {
                 Ok(Some(WireResponse::Output(Err(tessel_kv::KvError::LeaseNotFound(77))))) => {}

@@ -52,6 +52,9 @@ pub(super) async fn serve(handler: &ReplicaHandler, send: &mut SendStream, mut r
     let (pending, mut answers) = mpsc::channel::<Pending>(IN_FLIGHT);
     // Reads frames until the stream ends; a bad one's reset code.
     let read = async move {
+        // Dropped when reading ends, so that `write` ends once it has
+        // answered every frame read.
+        let pending = pending;
         loop {
             let body = match rpc::read_frame(&mut recv, KEEP_ALIVE_MAX_FRAME).await {
                 Ok(Some(b)) => b,
