@@ -30,10 +30,11 @@ use tessel_kv::{BatchPut, CasOutcome, Event, KeyValue, KvStore, WatchStream};
 use tessel_topology::TopologyCache;
 
 use tessel_harness::{Child, LocalCluster, Ready};
+use tessel_kv_service::raft::client::RaftKv;
 
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
 use crate::simulated::KeepAlives;
-use crate::simulated::{cpu_now, cpu_split, usage};
+use crate::simulated::{cpu_now, cpu_split, leader_index, usage};
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
@@ -130,9 +131,9 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
                     })
                 })
                 .collect();
-            simulated(shared, &own, n, run, &pids).await?;
+            simulated(shared, &own, n, run, (&pids, &kv)).await?;
         } else {
-            simulated(shared, shared, n, run, &pids).await?;
+            simulated(shared, shared, n, run, (&pids, &kv)).await?;
         }
     }
     Ok(())
@@ -268,7 +269,7 @@ async fn simulated(
     clients: &[Arc<CountingKv>],
     n: u32,
     run: usize,
-    coordinators: &[u32],
+    (coordinators, status): (&[u32], &RaftKv),
 ) -> Result<()> {
     let job = format!("bench-simulated-{n}-{run}");
     // Assignments first (not timed), as `--processes` writes them.
@@ -295,10 +296,9 @@ async fn simulated(
     }
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let ops = total_ops(clients) - before;
-    // The busiest coordinator is the leader: it serves every request but
-    // keep-alives, which followers relay to it in batches.
-    let (leader_cpu_ns, followers_ns) = cpu_split(coordinators, &cpu_before, None);
-    let leader_peak_kib = coordinators.iter().map(|p| usage(*p).peak_kib).max();
+    let leader = leader_index(status).await;
+    let (leader_cpu_ns, followers_ns) = cpu_split(coordinators, &cpu_before, leader);
+    let leader_peak_kib = leader.map_or(0, |l| usage(coordinators[l]).peak_kib);
     let own = usage(std::process::id());
     let published = clients[0]
         .try_get(tessel_topology::keys::global(&job).as_bytes())
@@ -317,7 +317,7 @@ async fn simulated(
         ops as f64 / n as f64,
         leader_cpu_ns / 1_000_000,
         followers_ns.iter().map(|n| n / 1_000_000).collect::<Vec<_>>(),
-        leader_peak_kib.unwrap_or(0) / 1024,
+        leader_peak_kib / 1024,
         own.cpu_ns.saturating_sub(own_before.cpu_ns) as f64 / 1e3 / n as f64,
         // The benchmark's resident growth while every host holds its
         // waits: a host's tasks, streams and share of its connection.

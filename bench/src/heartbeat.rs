@@ -25,6 +25,7 @@ use tessel_coordinator::keys;
 use tessel_coordinator::registry::{self, Heartbeat, LivenessConfig, Registration};
 use tessel_harness::LocalCluster;
 use tessel_kv::{Event, KvStore};
+use tessel_kv_service::raft::client::RaftKv;
 
 use crate::simulated::{
     cpu_now, cpu_split, leader_index, percents_json, quantile_ms, worker_info, KeepAlives,
@@ -95,7 +96,7 @@ pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
 async fn one(
     clients: &[Arc<dyn KvStore>],
     probe: &dyn KvStore,
-    (coordinators, status): (&[u32], &tessel_kv_service::raft::client::RaftKv),
+    (coordinators, status): (&[u32], &RaftKv),
     n: u32,
     how: KeepAlives,
     window: Duration,

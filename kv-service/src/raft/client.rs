@@ -30,7 +30,7 @@
 //!    workers). Dead and cut-off replicas are left by other means (above).
 //! 8. A keep-alive goes first on the client's keep-alive stream
 //!    (`keep_alives`), and as a request only where that gives no answer.
-//! 9. A serializable get goes to the follower the keep-alives go to, and
+//! 9. A serializable get goes to the client's follower (`followers`), and
 //!    as a linearizable get, in the time left, where that answers
 //!    `Unavailable` or nothing (an older replica, one cut off).
 
@@ -49,8 +49,10 @@ use tessel_kv::{CasOutcome, KvStore, WatchStream};
 use tessel_kv::{KvError, Result};
 use tessel_tls::TlsFiles;
 
+mod followers;
 mod keep_alives;
 mod session;
+use followers::Followers;
 use keep_alives::{KeepAlives, Renewal};
 use session::Session;
 
@@ -132,6 +134,8 @@ pub struct Quic {
     leader_sought: AtomicBool,
     /// `None`: every keep-alive is a request ([`RaftKv::keep_alives_as_requests`]).
     keep_alives: Option<KeepAlives>,
+    /// The follower of invariants 8 and 9.
+    followers: Followers,
 }
 
 impl KvClient<Quic> {
@@ -190,6 +194,7 @@ impl KvClient<Quic> {
             next: AtomicUsize::new(0),
             leader_sought: AtomicBool::new(false),
             keep_alives: Some(KeepAlives::default()),
+            followers: Followers::default(),
         }))
     }
 
@@ -200,12 +205,10 @@ impl KvClient<Quic> {
         self
     }
 
-    /// This client with its keep-alive stream on the leader itself, as
-    /// before followers relayed keep-alives: for comparing the two.
+    /// This client with its keep-alive stream and serializable gets on the
+    /// leader itself, as before followers served them: for comparing.
     pub fn keep_alives_to_leader(mut self) -> RaftKv {
-        if let Some(k) = &mut self.transport.keep_alives {
-            k.never_to_followers();
-        }
+        self.transport.followers.unused();
         self
     }
 
@@ -374,7 +377,7 @@ impl Transport for Quic {
         self.seek_leader_once().await;
         let at = self.next.load(Ordering::Relaxed);
         let replica = at % self.replicas.len();
-        let lane = keep_alives.target(replica, self.replicas.len());
+        let lane = self.followers.target(replica, self.replicas.len());
         match keep_alives
             .renew(&self.client, &self.replicas, lane, lease)
             .await
@@ -384,7 +387,7 @@ impl Transport for Quic {
             Renewal::Refused | Renewal::Broken if lane != replica => {
                 // A follower that does not relay (an older build, one
                 // without a leader): the request goes to the leader.
-                keep_alives.avoid_followers();
+                self.followers.avoid();
                 None
             }
             Renewal::Refused => {
@@ -411,7 +414,7 @@ impl Transport for Quic {
         self.seek_leader_once().await;
         let requests = self.next.load(Ordering::Relaxed) % n;
         // The follower the keep-alives go to: its connection is open.
-        let at = self.keep_alives.as_ref()?.target(requests, n);
+        let at = self.followers.target(requests, n);
         if at == requests {
             return None;
         }

@@ -8,13 +8,10 @@
 //! 1. A keep-alive the stream answers with a lease's TTL or a final error
 //!    is done; `Unavailable`, a broken stream, or no answer within the
 //!    retry budget sends it again as a request (client invariant 1).
-//! 2. The stream goes to a follower of the replica the client's requests go
-//!    to (the leader), the same one while that replica stays (a pick made
-//!    once per client spreads clients over the followers); to that replica
-//!    itself when it is the only one, or for [`AVOID_FOLLOWERS`] after a
-//!    follower's stream refused a keep-alive or broke. When the target
-//!    changes, or the stream answers `Unavailable` or breaks, it is replaced
-//!    on the next keep-alive.
+//! 2. The stream goes to the client's follower (`followers`); a follower's
+//!    stream that refuses a keep-alive or breaks makes the client avoid
+//!    followers for a while. When the target changes, or the stream answers
+//!    `Unavailable` or breaks, it is replaced on the next keep-alive.
 //! 3. Every keep-alive waiting on the stream fails at once when its
 //!    connection falls silent (`rpc` invariant 4) or the stream breaks.
 //! 4. A replica that does not know the stream (an older build resets it as
@@ -22,10 +19,8 @@
 //!    its keep-alives go as requests from then on, as before.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::{mpsc, oneshot};
@@ -47,67 +42,16 @@ struct Lane {
     asks: mpsc::UnboundedSender<Ask>,
 }
 
-/// How long keep-alives go to the requests' replica after a follower's
-/// stream refused one or broke (invariant 2): a follower of an older build
-/// refuses every frame, one cut off from the leader every batch.
-pub(super) const AVOID_FOLLOWERS: Duration = Duration::from_secs(30);
-
 /// A client's keep-alive stream, opened when first needed.
+#[derive(Default)]
 pub(super) struct KeepAlives {
     lane: Mutex<Option<Lane>>,
     answered: AtomicU64,
     /// Invariant 4.
     unknown: Arc<AtomicBool>,
-    /// Which follower (invariant 2).
-    pick: u64,
-    followers_avoided_until: Mutex<Option<Instant>>,
-    /// Every stream to the requests' replica ([`RaftKv::keep_alives_to_leader`]).
-    ///
-    /// [`RaftKv::keep_alives_to_leader`]: super::RaftKv::keep_alives_to_leader
-    never_to_followers: bool,
-}
-
-impl Default for KeepAlives {
-    fn default() -> Self {
-        KeepAlives {
-            lane: Mutex::default(),
-            answered: AtomicU64::default(),
-            unknown: Arc::default(),
-            // A random pick: the standard library's hasher keys are random
-            // per process and per `RandomState`.
-            pick: std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish(),
-            followers_avoided_until: Mutex::default(),
-            never_to_followers: false,
-        }
-    }
 }
 
 impl KeepAlives {
-    /// The replica whose stream carries the keep-alives while the client's
-    /// requests go to replica `requests` of `n` (invariant 2).
-    pub(super) fn target(&self, requests: usize, n: usize) -> usize {
-        let until = self.followers_avoided_until.lock();
-        let avoided = until
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|t| Instant::now() < t);
-        follower_for(requests, n, self.pick, avoided || self.never_to_followers)
-    }
-
-    pub(super) fn never_to_followers(&mut self) {
-        self.never_to_followers = true;
-    }
-
-    /// A follower's stream refused a keep-alive or broke (invariant 2).
-    pub(super) fn avoid_followers(&self) {
-        let mut until = self
-            .followers_avoided_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        *until = Some(Instant::now() + AVOID_FOLLOWERS);
-    }
-
     /// Keep-alives the stream answered (for tests and benchmarks).
     pub(super) fn answered(&self) -> u64 {
         self.answered.load(Ordering::Relaxed)
@@ -161,16 +105,6 @@ impl KeepAlives {
         }
         renewal
     }
-}
-
-/// Invariant 2, pure: replica `requests` itself when it is the only one or
-/// followers are avoided, else one of the other `n - 1` chosen by `pick`.
-fn follower_for(requests: usize, n: usize, pick: u64, avoided: bool) -> usize {
-    if n < 2 || avoided {
-        return requests;
-    }
-    let others = (n - 1) as u64;
-    (requests + 1 + (pick % others) as usize) % n
 }
 
 /// What the stream made of a keep-alive.
@@ -329,23 +263,6 @@ mod tests {
                 let _ = send.finish();
             })
         }
-    }
-
-    /// Invariant 2.
-    #[test]
-    fn keep_alives_go_to_a_follower_of_the_requests_replica() {
-        for pick in 0..6 {
-            for requests in 0..3 {
-                let to = follower_for(requests, 3, pick, false);
-                assert_ne!(to, requests, "a follower");
-                assert!(to < 3);
-                assert_eq!(follower_for(requests, 3, pick, true), requests);
-            }
-            assert_eq!(follower_for(0, 1, pick, false), 0, "the only replica");
-        }
-        let spread: std::collections::BTreeSet<usize> =
-            (0..4).map(|pick| follower_for(0, 3, pick, false)).collect();
-        assert_eq!(spread, [1, 2].into(), "both followers are picked");
     }
 
     /// Invariant 4: against a replica that does not know the stream,

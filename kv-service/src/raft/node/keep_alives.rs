@@ -114,22 +114,29 @@ pub(super) async fn serve(handler: &ReplicaHandler, send: &mut SendStream, mut r
 impl ReplicaHandler {
     /// Invariant 1.
     fn renew_on_stream(&self, lease: u64) -> Pending {
-        match self.raft.metrics().borrow().current_leader {
-            Some(l) if l == self.id && self.may_renew_from_memory() => {
-                Pending::Now(self.renew_from_memory(lease))
-            }
-            Some(l) if l != self.id => Pending::Relayed(self.relay.ask(lease)),
-            _ => Pending::Now(Err(unavailable(
-                "this replica does not renew leases from memory now: send the keep-alive as a request",
-            ))),
+        let leader = self.raft.metrics().borrow().current_leader;
+        if leader.is_some_and(|l| l != self.id) {
+            return Pending::Relayed(self.relay.ask(lease));
         }
+        Pending::Now(if self.leads_and_renews_from_memory() {
+            self.renew_from_memory(lease)
+        } else {
+            Err(unavailable(
+                "this replica does not renew leases from memory now: send the keep-alive as a request",
+            ))
+        })
+    }
+
+    /// Invariant 1: the leader, where it may renew from memory.
+    fn leads_and_renews_from_memory(&self) -> bool {
+        let leads = self.raft.metrics().borrow().current_leader == Some(self.id);
+        leads && self.may_renew_from_memory()
     }
 
     /// The leader's answers to a follower's batch (`relay`), in its order:
     /// from memory where it may (invariant 1), else `Unavailable` each.
     pub(super) fn renew_many(&self, leases: &[u64]) -> Vec<Result<Output, KvError>> {
-        let leads = self.raft.metrics().borrow().current_leader == Some(self.id);
-        if leases.len() > RENEW_MANY_MAX || !(leads && self.may_renew_from_memory()) {
+        if leases.len() > RENEW_MANY_MAX || !self.leads_and_renews_from_memory() {
             let why = unavailable("this replica does not renew this batch from memory now");
             return vec![Err(why); leases.len()];
         }

@@ -27,8 +27,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 
 use super::{unavailable, Replica, ReplicaHandler};
-use crate::rpc;
-use crate::wire::{self, ClientRequest, WireRequest, WireResponse, RENEW_MANY_MAX};
+use crate::wire::{ClientRequest, WireRequest, WireResponse, RENEW_MANY_MAX};
 use tessel_kv::state::Output;
 use tessel_kv::KvError;
 
@@ -132,41 +131,17 @@ impl ReplicaHandler {
             .await
             .ok_or_else(|| unavailable(format!("leader {leader} has no address")))?;
         let req = WireRequest::Forwarded(ClientRequest::RenewMany { leases });
-        let call = async {
-            let (conn, mut up, mut down) = self
-                .client
-                .open(addr, &req)
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let _ = up.finish();
-            match rpc::read_frame_from(&conn, &mut down, wire::MAX_FRAME).await {
-                Ok(Some(body)) => wire::decode::<WireResponse>(&body)
-                    .map_err(|e| unavailable(format!("a relayed batch's answer: {e}"))),
-                Ok(None) => Err(unavailable("the leader ended a relayed batch unanswered")),
-                Err(e) => Err(unavailable(e.to_string())),
-            }
-        };
-        match tokio::time::timeout(DEADLINE, call).await {
-            Err(_) => Err(unavailable(format!(
-                "the leader did not answer a relayed batch within {DEADLINE:?}"
-            ))),
-            Ok(Err(e)) => Err(e),
-            Ok(Ok(WireResponse::Renewed(answers))) if answers.len() == n => Ok(answers),
-            Ok(Ok(WireResponse::Output(Err(e)))) => Err(unavailable(format!(
+        // A leader gone falls silent first (`rpc` invariant 4).
+        match self.client.call(addr, &req, DEADLINE).await {
+            Err(e) => Err(unavailable(format!("a relayed batch: {e}"))),
+            Ok(WireResponse::Renewed(answers)) if answers.len() == n => Ok(answers),
+            Ok(WireResponse::Output(Err(e))) => Err(unavailable(format!(
                 "the leader refused a relayed batch: {e}"
             ))),
-            Ok(Ok(other)) => Err(unavailable(format!(
-                "the leader answered a relayed batch of {n} with {}",
-                describe(&other)
+            Ok(_) => Err(unavailable(format!(
+                "the leader answered a relayed batch of {n} otherwise"
             ))),
         }
-    }
-}
-
-fn describe(r: &WireResponse) -> String {
-    match r {
-        WireResponse::Renewed(a) => format!("{} answers", a.len()),
-        other => format!("{other:?}").chars().take(80).collect(),
     }
 }
 
