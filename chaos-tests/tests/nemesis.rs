@@ -172,9 +172,12 @@ async fn lease_keeper(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>) -> (u64, Dura
     (lease, gap)
 }
 
+/// Fields drop in this order: the replicas' tmpfs mounts first, so that
+/// the cluster's temporary folder, which holds the mount points, can then
+/// be removed (it was left behind, with the TLS keys, on every run).
 struct Rig {
-    c: KvCluster,
     disks: Vec<Tmpfs>,
+    c: KvCluster,
     clocks: Vec<PathBuf>,
 }
 
@@ -187,7 +190,7 @@ impl Rig {
             .collect();
         let clocks = faketime_replicas(&mut c, 3);
         c.start_prepared(3, &[]);
-        Rig { c, disks, clocks }
+        Rig { disks, c, clocks }
     }
 
     fn port(&self, id: u64) -> u16 {

@@ -423,14 +423,15 @@ impl FakePluginRef {
 
 fn fake_plugin() -> Plugin {
     use std::sync::OnceLock;
-    static PATH: OnceLock<(tempfile::TempDir, std::path::PathBuf)> = OnceLock::new();
-    let (_, so) = PATH.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let so = dir.path().join("kv_plugin.so");
+    // In the build's own scratch folder: a temporary folder held by a
+    // static is never dropped, so it was left in /tmp on every run.
+    static PATH: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let so = PATH.get_or_init(|| {
+        let so = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kv_plugin.so");
         let src =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kv_plugin.c");
         common::cc(&src, &so, true);
-        (dir, so)
+        so
     });
     Plugin::load(so).unwrap()
 }
