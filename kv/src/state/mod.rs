@@ -356,7 +356,7 @@ impl KvState {
             mod_revision: revision,
             lease,
         };
-        t.insert(&kv)?;
+        t.insert(&kv, current.is_none())?;
         events.push(Event::Put(kv));
         Ok(())
     }

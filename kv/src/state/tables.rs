@@ -30,8 +30,10 @@ pub trait Tables {
 
 /// The writes [`KvState::apply`] makes.
 pub trait TablesMut: Tables {
-    /// Writes a pair, replacing any at its key.
-    fn insert(&mut self, kv: &KeyValue) -> Result<()>;
+    /// Writes a pair, replacing any at its key; `created`: no pair was
+    /// there (tables keep their key count from it, as counting by
+    /// scanning made every status probe cost as much as the keys written).
+    fn insert(&mut self, kv: &KeyValue, created: bool) -> Result<()>;
     /// Whether the key was there.
     fn remove(&mut self, key: &[u8]) -> Result<bool>;
     /// Records the events of one revision (all carry `revision`).
@@ -92,7 +94,7 @@ impl Tables for MemTables {
 }
 
 impl TablesMut for MemTables {
-    fn insert(&mut self, kv: &KeyValue) -> Result<()> {
+    fn insert(&mut self, kv: &KeyValue, _created: bool) -> Result<()> {
         self.data.insert(kv.key.clone(), kv.clone());
         Ok(())
     }

@@ -27,6 +27,10 @@
 //!    invariant 11); `LEASES_AT` equals `APPLIED` in every such commit.
 //!    Where it does not (a file an older build wrote last), `STATE` holds
 //!    every lease and the rows are stale: they are dropped on opening.
+//! 10. The key count is the tables' length plus each overlay's keys created
+//!     less keys removed, kept as they are applied: counting reads no key.
+//! 11. The last overlay flushed stays in memory until the next: history from
+//!     its first revision on is read from it, never decoded from the table.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]

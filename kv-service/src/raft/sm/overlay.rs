@@ -10,6 +10,9 @@ pub(super) struct Overlay {
     pub(super) forget_below: Option<u64>,
     /// Client sessions written (`None`: forgotten).
     pub(super) sessions: BTreeMap<u128, Option<ClientSession>>,
+    /// Keys created less keys removed: the tables' count is the base's
+    /// plus the overlays' (invariant 10).
+    pub(super) keys_delta: i64,
 }
 
 impl Overlay {

@@ -120,6 +120,9 @@ pub struct SmTables {
     pub(super) base_sessions: redb::ReadOnlyTable<u128, &'static [u8]>,
     /// Every key in the tables and overlays (invariant 8).
     pub(super) filter: KeyFilter,
+    /// The overlay the tables' newest history came from: events from its
+    /// first revision on are read from it (invariant 11).
+    pub(super) flushed: Option<Arc<Overlay>>,
 }
 
 /// A key filter of every key in `table` (invariant 8).
@@ -153,6 +156,7 @@ impl SmTables {
             flushing: None,
             last_flush: std::time::Instant::now(),
             last_durable: std::time::Instant::now(),
+            flushed: None,
         })
     }
 
@@ -214,6 +218,7 @@ impl SmTables {
         let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
         let rebuilt = write_overlay(&self.db, &overlay, &commit)?;
         self.reopen_base(durable)?;
+        self.flushed = Some(Arc::new(overlay));
         self.adopt_filter(rebuilt);
         Ok(())
     }
@@ -273,6 +278,7 @@ impl SmTables {
         let rebuilt =
             result.ok_or_else(|| storage("the state flush thread panicked or is gone"))??;
         self.reopen_base(f.durable)?;
+        self.flushed = Some(f.overlay);
         self.adopt_filter(rebuilt);
         Ok(())
     }
@@ -293,6 +299,7 @@ impl SmTables {
         debug_assert!(self.flushing.is_none());
         self.take_live();
         self.reopen_base(false)?;
+        self.flushed = None;
         self.filter = filter_of(&self.base)?;
         Ok(())
     }
@@ -344,31 +351,30 @@ impl Tables for SmTables {
     }
 
     fn count(&self) -> Result<u64> {
-        let base = &self.base;
-        let mut n = base.len().map_err(storage)?;
-        let mut count = |existed: bool, exists: bool| match (existed, exists) {
-            (false, true) => n += 1,
-            (true, false) => n -= 1,
-            _ => {}
-        };
-        if let Some(f) = &self.flushing {
-            for (k, v) in &f.overlay.data {
-                count(get_in(base, k)?.is_some(), v.is_some());
-            }
-        }
-        for (k, v) in &self.live.data {
-            count(self.get_below_live(k)?.is_some(), v.is_some());
-        }
-        Ok(n)
+        // Invariant 10: the base's length and the overlays' deltas, with
+        // no key read (a status probe ran this once per key written).
+        let base = self.base.len().map_err(storage)? as i64;
+        let delta: i64 = self.overlays().map(|o| o.keys_delta).sum();
+        Ok((base + delta).max(0) as u64)
     }
 
     fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
         let from = self
             .overlays()
+            .chain(self.flushed.as_deref())
             .filter_map(|o| o.forget_below)
             .fold(from, u64::max);
-        let mut out = events_in(&self.base_history, from, prefix)?;
-        for o in self.overlays() {
+        // Invariant 11: a watch from a recent revision (every worker's, a
+        // moment after it read the revision) reads no table; decoding
+        // every record since `from` for each one cost the leader 40 % of
+        // its time at 16,384 workers.
+        let recent = (self.flushed.as_deref())
+            .filter(|f| f.history.keys().next().is_some_and(|&first| from >= first));
+        let mut out = match recent {
+            Some(_) => Vec::new(),
+            None => events_in(&self.base_history, from, prefix)?,
+        };
+        for o in recent.into_iter().chain(self.overlays()) {
             for events in o.history.range(from..).map(|(_, e)| e) {
                 out.extend(
                     events
@@ -415,8 +421,9 @@ impl Tables for SmTables {
 }
 
 impl TablesMut for SmTables {
-    fn insert(&mut self, kv: &KeyValue) -> Result<()> {
+    fn insert(&mut self, kv: &KeyValue, created: bool) -> Result<()> {
         self.bytes += kv.key.len() + kv.value.len();
+        self.live.keys_delta += i64::from(created);
         self.filter.insert(&kv.key);
         self.live.data.insert(kv.key.clone(), Some(kv.clone()));
         Ok(())
@@ -424,6 +431,7 @@ impl TablesMut for SmTables {
 
     fn remove(&mut self, key: &[u8]) -> Result<bool> {
         let existed = self.get(key)?.is_some();
+        self.live.keys_delta -= i64::from(existed);
         self.bytes += key.len();
         self.live.data.insert(key.to_vec(), None);
         Ok(existed)
