@@ -29,8 +29,9 @@
 //!    every lease and the rows are stale: they are dropped on opening.
 //! 10. The key count is the tables' length plus each overlay's keys created
 //!     less keys removed, kept as they are applied: counting reads no key.
-//! 11. The last overlay flushed stays in memory until the next: history from
-//!     its first revision on is read from it, never decoded from the table.
+//! 11. The last [`KEPT_OVERLAYS`] overlays flushed stay in memory: history
+//!     from the first revision they hold on is read from them, never
+//!     decoded from the table.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
@@ -95,6 +96,9 @@ const CACHE_BYTES: usize = 16 << 20;
 const FLUSH_BYTES: usize = 8 << 20;
 const FLUSH_ENTRIES: usize = 8 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Overlays kept in memory after their flush (invariant 11): a few
+/// seconds of history under load, at most this many times `FLUSH_BYTES`.
+const KEPT_OVERLAYS: usize = 4;
 /// Time between fsyncs of `state.redb` (invariant 2); the log's fsyncs
 /// keep the data safe meanwhile. Each one writes back everything written
 /// since the last and runs on the flush thread (invariant 6), but the

@@ -120,9 +120,9 @@ pub struct SmTables {
     pub(super) base_sessions: redb::ReadOnlyTable<u128, &'static [u8]>,
     /// Every key in the tables and overlays (invariant 8).
     pub(super) filter: KeyFilter,
-    /// The overlay the tables' newest history came from: events from its
-    /// first revision on are read from it (invariant 11).
-    pub(super) flushed: Option<Arc<Overlay>>,
+    /// The last overlays flushed, oldest first: events from the first
+    /// revision they hold on are read from them (invariant 11).
+    pub(super) flushed: std::collections::VecDeque<Arc<Overlay>>,
 }
 
 /// A key filter of every key in `table` (invariant 8).
@@ -156,7 +156,7 @@ impl SmTables {
             flushing: None,
             last_flush: std::time::Instant::now(),
             last_durable: std::time::Instant::now(),
-            flushed: None,
+            flushed: Default::default(),
         })
     }
 
@@ -218,7 +218,7 @@ impl SmTables {
         let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
         let rebuilt = write_overlay(&self.db, &overlay, &commit)?;
         self.reopen_base(durable)?;
-        self.flushed = Some(Arc::new(overlay));
+        self.keep_flushed(Arc::new(overlay));
         self.adopt_filter(rebuilt);
         Ok(())
     }
@@ -253,6 +253,15 @@ impl SmTables {
         Ok((self.take_live(), commit))
     }
 
+    /// Keeps `overlay`, just flushed, for reads of recent history
+    /// (invariant 11), and lets the oldest kept go.
+    fn keep_flushed(&mut self, overlay: Arc<Overlay>) {
+        self.flushed.push_back(overlay);
+        if self.flushed.len() > KEPT_OVERLAYS {
+            self.flushed.pop_front();
+        }
+    }
+
     /// Empties the live overlay and restarts its size and age.
     pub(super) fn take_live(&mut self) -> Overlay {
         self.bytes = 0;
@@ -278,7 +287,7 @@ impl SmTables {
         let rebuilt =
             result.ok_or_else(|| storage("the state flush thread panicked or is gone"))??;
         self.reopen_base(f.durable)?;
-        self.flushed = Some(f.overlay);
+        self.keep_flushed(f.overlay);
         self.adopt_filter(rebuilt);
         Ok(())
     }
@@ -299,7 +308,7 @@ impl SmTables {
         debug_assert!(self.flushing.is_none());
         self.take_live();
         self.reopen_base(false)?;
-        self.flushed = None;
+        self.flushed.clear();
         self.filter = filter_of(&self.base)?;
         Ok(())
     }
@@ -359,22 +368,22 @@ impl Tables for SmTables {
     }
 
     fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
-        let from = self
-            .overlays()
-            .chain(self.flushed.as_deref())
+        let from = (self.flushed.iter().map(|o| &**o))
+            .chain(self.overlays())
             .filter_map(|o| o.forget_below)
             .fold(from, u64::max);
         // Invariant 11: a watch from a recent revision (every worker's, a
         // moment after it read the revision) reads no table; decoding
         // every record since `from` for each one cost the leader 40 % of
         // its time at 16,384 workers.
-        let recent = (self.flushed.as_deref())
-            .filter(|f| f.history.keys().next().is_some_and(|&first| from >= first));
-        let mut out = match recent {
-            Some(_) => Vec::new(),
-            None => events_in(&self.base_history, from, prefix)?,
+        let kept_from = (self.flushed.iter()).find_map(|o| o.history.keys().next().copied());
+        let from_kept = kept_from.is_some_and(|first| from >= first);
+        let mut out = match from_kept {
+            true => Vec::new(),
+            false => events_in(&self.base_history, from, prefix)?,
         };
-        for o in recent.into_iter().chain(self.overlays()) {
+        let kept = self.flushed.iter().filter(|_| from_kept).map(|o| &**o);
+        for o in kept.chain(self.overlays()) {
             for events in o.history.range(from..).map(|(_, e)| e) {
                 out.extend(
                     events
