@@ -378,9 +378,10 @@ impl Tables for SmTables {
         // its time at 16,384 workers.
         let kept_from = (self.flushed.iter()).find_map(|o| o.history.keys().next().copied());
         let from_kept = kept_from.is_some_and(|first| from >= first);
-        let mut out = match from_kept {
-            true => Vec::new(),
-            false => events_in(&self.base_history, from, prefix)?,
+        let mut out = if from_kept {
+            Vec::new()
+        } else {
+            events_in(&self.base_history, from, prefix)?
         };
         let kept = self.flushed.iter().filter(|_| from_kept).map(|o| &**o);
         for o in kept.chain(self.overlays()) {
