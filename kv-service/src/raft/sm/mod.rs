@@ -29,7 +29,7 @@
 //!    every lease and the rows are stale: they are dropped on opening.
 //! 10. The key count is the tables' length plus each overlay's keys created
 //!     less keys removed, kept as they are applied: counting reads no key.
-//! 11. The last [`KEPT_OVERLAYS`] overlays flushed stay in memory: history
+//! 11. The last `KEPT_OVERLAYS` overlays flushed stay in memory: history
 //!     from the first revision they hold on is read from them, never
 //!     decoded from the table.
 
