@@ -3,7 +3,7 @@
 use super::*;
 
 /// Writes applied since a flush began (`None` in `data`: removed).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Overlay {
     pub(super) data: BTreeMap<Vec<u8>, Option<KeyValue>>,
     pub(super) history: BTreeMap<u64, Vec<Event>>,
@@ -60,7 +60,11 @@ impl Flusher {
             .name("state-flush".into())
             .spawn(move || {
                 for (overlay, commit) in queue {
-                    let _ = done.send(write_overlay(&db, &overlay, &commit));
+                    let written = write_overlay(&db, &overlay, &commit);
+                    // Before the result: the state machine then holds the
+                    // only copy, and keeps its history without a clone.
+                    drop((overlay, commit));
+                    let _ = done.send(written);
                 }
             })
             .map_err(storage)?;

@@ -120,9 +120,9 @@ pub struct SmTables {
     pub(super) base_sessions: redb::ReadOnlyTable<u128, &'static [u8]>,
     /// Every key in the tables and overlays (invariant 8).
     pub(super) filter: KeyFilter,
-    /// The last overlays flushed, oldest first: events from the first
-    /// revision they hold on are read from them (invariant 11).
-    pub(super) flushed: std::collections::VecDeque<Arc<Overlay>>,
+    /// The history of the last overlays flushed, oldest first: events from
+    /// the first revision they hold on are read from them (invariant 11).
+    pub(super) flushed: std::collections::VecDeque<Overlay>,
 }
 
 /// A key filter of every key in `table` (invariant 8).
@@ -218,7 +218,7 @@ impl SmTables {
         let (overlay, commit) = self.freeze(state, applied, membership, durable)?;
         let rebuilt = write_overlay(&self.db, &overlay, &commit)?;
         self.reopen_base(durable)?;
-        self.keep_flushed(Arc::new(overlay));
+        self.keep_flushed(overlay);
         self.adopt_filter(rebuilt);
         Ok(())
     }
@@ -253,10 +253,15 @@ impl SmTables {
         Ok((self.take_live(), commit))
     }
 
-    /// Keeps `overlay`, just flushed, for reads of recent history
-    /// (invariant 11), and lets the oldest kept go.
-    fn keep_flushed(&mut self, overlay: Arc<Overlay>) {
-        self.flushed.push_back(overlay);
+    /// Keeps the history of `overlay`, just flushed, for reads of recent
+    /// history (invariant 11), and lets the oldest kept go. Its pairs go:
+    /// the tables hold them, and the events hold their values again.
+    fn keep_flushed(&mut self, overlay: Overlay) {
+        self.flushed.push_back(Overlay {
+            history: overlay.history,
+            forget_below: overlay.forget_below,
+            ..Overlay::default()
+        });
         if self.flushed.len() > KEPT_OVERLAYS {
             self.flushed.pop_front();
         }
@@ -287,7 +292,8 @@ impl SmTables {
         let rebuilt =
             result.ok_or_else(|| storage("the state flush thread panicked or is gone"))??;
         self.reopen_base(f.durable)?;
-        self.keep_flushed(f.overlay);
+        // Unshared: the flush thread drops its copy before it reports.
+        self.keep_flushed(Arc::unwrap_or_clone(f.overlay));
         self.adopt_filter(rebuilt);
         Ok(())
     }
@@ -368,7 +374,7 @@ impl Tables for SmTables {
     }
 
     fn events(&self, from: u64, prefix: &[u8]) -> Result<Vec<Event>> {
-        let from = (self.flushed.iter().map(|o| &**o))
+        let from = (self.flushed.iter())
             .chain(self.overlays())
             .filter_map(|o| o.forget_below)
             .fold(from, u64::max);
@@ -377,13 +383,13 @@ impl Tables for SmTables {
         // every record since `from` for each one cost the leader 40 % of
         // its time at 16,384 workers.
         let kept_from = (self.flushed.iter()).find_map(|o| o.history.keys().next().copied());
-        let from_kept = kept_from.is_some_and(|first| from >= first);
-        let mut out = if from_kept {
-            Vec::new()
-        } else {
-            events_in(&self.base_history, from, prefix)?
+        let (mut out, kept) = match kept_from {
+            Some(first) if from >= first => (Vec::new(), self.flushed.range(..)),
+            _ => (
+                events_in(&self.base_history, from, prefix)?,
+                self.flushed.range(0..0),
+            ),
         };
-        let kept = self.flushed.iter().filter(|_| from_kept).map(|o| &**o);
         for o in kept.chain(self.overlays()) {
             for events in o.history.range(from..).map(|(_, e)| e) {
                 out.extend(
