@@ -118,7 +118,7 @@ impl ReplicaHandler {
         if leader.is_some_and(|l| l != self.id) {
             return Pending::Relayed(self.relay.ask(lease));
         }
-        Pending::Now(if self.leads_and_renews_from_memory() {
+        Pending::Now(if self.renews_from_memory(leader) {
             self.renew_from_memory(lease)
         } else {
             Err(unavailable(
@@ -127,16 +127,17 @@ impl ReplicaHandler {
         })
     }
 
-    /// Invariant 1: the leader, where it may renew from memory.
-    fn leads_and_renews_from_memory(&self) -> bool {
-        let leads = self.raft.metrics().borrow().current_leader == Some(self.id);
-        leads && self.may_renew_from_memory()
+    /// Invariant 1: whether this replica, `leader` being the leader it
+    /// knows, leads and may renew from memory.
+    fn renews_from_memory(&self, leader: Option<u64>) -> bool {
+        leader == Some(self.id) && self.may_renew_from_memory()
     }
 
     /// The leader's answers to a follower's batch (`relay`), in its order:
     /// from memory where it may (invariant 1), else `Unavailable` each.
     pub(super) fn renew_many(&self, leases: &[u64]) -> Vec<Result<Output, KvError>> {
-        if leases.len() > RENEW_MANY_MAX || !self.leads_and_renews_from_memory() {
+        let leader = self.raft.metrics().borrow().current_leader;
+        if leases.len() > RENEW_MANY_MAX || !self.renews_from_memory(leader) {
             let why = unavailable("this replica does not renew this batch from memory now");
             return vec![Err(why); leases.len()];
         }
