@@ -261,6 +261,7 @@ impl Quic {
             Ok(WireResponse::Status(s)) => s,
             Ok(_) => return,
             Err(_) => {
+                self.followers.left(i);
                 self.next.store(i + 1, Ordering::Relaxed);
                 return;
             }
@@ -318,12 +319,18 @@ impl Quic {
                 let mut move_on = MoveOn {
                     next: &self.next,
                     leader_sought: &self.leader_sought,
+                    followers: &self.followers,
+                    n: self.replicas.len(),
                     at: (!req.waits()).then_some(at),
+                    answered: false,
                 };
                 let call = WireRequest::Client(req.clone());
                 let failed = match replica.call(&self.client, &call, per_call).await {
                     Ok(resp) => match retryable(&resp) {
-                        Some(e) => e,
+                        Some(e) => {
+                            move_on.answered = true;
+                            e
+                        }
                         None => {
                             move_on.at = None;
                             return Ok(resp);
@@ -346,16 +353,24 @@ impl Quic {
 /// for all the calls that failed on (or gave up on) the same replica, so
 /// they do not skip the one after it too; the next call asks where the
 /// leader is (invariant 4), so a client that moved on to a follower does
-/// not stay there, its calls relayed.
+/// not stay there, its calls relayed. A replica that did not answer (not
+/// one that answered `Unavailable`) is no follower of the client's for a
+/// while (`followers` invariant 3).
 struct MoveOn<'a> {
     next: &'a AtomicUsize,
     leader_sought: &'a AtomicBool,
+    followers: &'a Followers,
+    n: usize,
     at: Option<usize>,
+    answered: bool,
 }
 
 impl Drop for MoveOn<'_> {
     fn drop(&mut self) {
         if let Some(at) = self.at {
+            if !self.answered {
+                self.followers.left(at % self.n);
+            }
             let moved =
                 self.next
                     .compare_exchange(at, at + 1, Ordering::Relaxed, Ordering::Relaxed);
@@ -402,7 +417,10 @@ impl Transport for Quic {
                 drop(MoveOn {
                     next: &self.next,
                     leader_sought: &self.leader_sought,
+                    followers: &self.followers,
+                    n: self.replicas.len(),
                     at: Some(at),
+                    answered: false,
                 });
                 None
             }

@@ -17,10 +17,21 @@
 //! 4. A replica that does not know the stream (an older build resets it as
 //!    malformed before any answer) turns the stream off for this client:
 //!    its keep-alives go as requests from then on, as before.
+//! 5. The next keep-alive finds the stream broken when it failed (it could
+//!    not be opened, broke, or its replica fell silent), even if no caller
+//!    waited to see it fail; when a keep-alive has waited on it for
+//!    [`UNACKNOWLEDGED`] and its replica sent nothing meanwhile (a live
+//!    one acknowledges a frame within 25 ms, however slow its answer);
+//!    and when its stream is not open [`rpc::SILENCE`] after its first
+//!    keep-alive. A heartbeat gives each keep-alive up after one
+//!    interval, sooner than a dead replica falls silent or refuses a
+//!    connection (`tessel_tls::IDLE_TIMEOUT`): its keep-alives went to a
+//!    dead follower until its lease expired.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::{mpsc, oneshot};
@@ -35,11 +46,58 @@ use tessel_kv::{KvError, Result};
 
 type Ask = (u64, oneshot::Sender<Result<Output>>);
 
+/// How long a keep-alive may wait on a stream whose replica sends nothing
+/// at all before the stream counts as broken (invariant 5): ten times
+/// QUIC's acknowledgement delay, and shorter than the shortest heartbeat
+/// the tests use (300 ms).
+const UNACKNOWLEDGED: Duration = Duration::from_millis(250);
+
 /// The stream to one replica, driven by a task of its own.
 struct Lane {
     /// The index of the replica among the client's.
     at: usize,
     asks: mpsc::UnboundedSender<Ask>,
+    state: Arc<LaneState>,
+}
+
+/// What a lane's task tells the keep-alives that come next (invariant 5).
+#[derive(Default)]
+struct LaneState {
+    /// The stream failed.
+    failed: AtomicBool,
+    /// The stream's connection, once open.
+    conn: OnceLock<Connection>,
+    /// When the first keep-alive was handed to the task.
+    first_ask: OnceLock<Instant>,
+    /// While keep-alives wait for answers: since when (the oldest's send,
+    /// or the last answer), and the datagrams the connection had received
+    /// by then.
+    waiting_since: Mutex<Option<(Instant, u64)>>,
+}
+
+impl LaneState {
+    /// Invariant 5: nothing will come of this stream, or nothing has come
+    /// of it for too long while a keep-alive waits on it.
+    fn broken(&self) -> bool {
+        if self.failed.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(conn) = self.conn.get() else {
+            return self
+                .first_ask
+                .get()
+                .is_some_and(|t| t.elapsed() >= rpc::SILENCE);
+        };
+        let since = *self.waiting_since.lock().unwrap_or_else(|p| p.into_inner());
+        since.is_some_and(|(t, rx)| {
+            t.elapsed() >= UNACKNOWLEDGED && conn.stats().udp_rx.datagrams == rx
+        })
+    }
+
+    fn waiting_since(&self, conn: &Connection, waiting: bool) {
+        let since = waiting.then(|| (Instant::now(), conn.stats().udp_rx.datagrams));
+        *self.waiting_since.lock().unwrap_or_else(|p| p.into_inner()) = since;
+    }
 }
 
 /// A client's keep-alive stream, opened when first needed.
@@ -73,6 +131,14 @@ impl KeepAlives {
         let (tx, rx) = oneshot::channel();
         {
             let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
+            if lane
+                .as_ref()
+                .is_some_and(|l| l.at == at && l.state.broken())
+            {
+                // Invariant 5: seen by no caller, so seen now.
+                *lane = None;
+                return Renewal::Broken;
+            }
             let usable = lane
                 .as_ref()
                 .is_some_and(|l| l.at == at && !l.asks.is_closed());
@@ -80,10 +146,14 @@ impl KeepAlives {
                 let (asks, queued) = mpsc::unbounded_channel();
                 let (client, replicas) = (client.clone(), replicas.clone());
                 let unknown = self.unknown.clone();
-                tokio::spawn(drive(client, replicas, at, queued, unknown));
-                *lane = Some(Lane { at, asks });
+                let state = Arc::<LaneState>::default();
+                tokio::spawn(drive(client, replicas, at, queued, unknown, state.clone()));
+                *lane = Some(Lane { at, asks, state });
             }
-            let sent = lane.as_ref().map(|l| l.asks.send((lease, tx)));
+            let sent = lane.as_ref().map(|l| {
+                l.state.first_ask.get_or_init(Instant::now);
+                l.asks.send((lease, tx))
+            });
             if !matches!(sent, Some(Ok(()))) {
                 *lane = None;
                 return Renewal::Broken;
@@ -123,23 +193,42 @@ pub(super) enum Renewal {
 /// Opens the stream to replica `at` (its address as the client's requests
 /// resolve it) and carries `asks` on it until every sender is gone or the
 /// stream fails; dropping a waiting ask's sender tells its caller to send a
-/// request instead (invariant 3).
+/// request instead (invariant 3), and `state` tells the next keep-alives
+/// how it goes (invariant 5).
 async fn drive(
     client: PeerClient,
     replicas: Arc<[NamedPeer]>,
     at: usize,
     mut asks: mpsc::UnboundedReceiver<Ask>,
     unknown: Arc<AtomicBool>,
+    state: Arc<LaneState>,
 ) {
     let open = WireRequest::Client(ClientRequest::KeepAliveStream);
     let opened = match replicas[at].addr(&client).await {
         Ok(addr) => client.open(addr, &open).await,
         Err(e) => Err(e),
     };
-    let Ok((conn, send, recv)) = opened else {
-        return;
+    let ended = match opened {
+        Ok((conn, send, recv)) => {
+            let _ = state.conn.set(conn.clone());
+            carry(&conn, send, recv, &mut asks, &unknown, &state).await
+        }
+        Err(_) => Ended::Failed,
     };
-    carry(&conn, send, recv, &mut asks, &unknown).await;
+    if ended == Ended::Failed {
+        state.failed.store(true, Ordering::Release);
+    }
+}
+
+/// Why a stream's task ended.
+#[derive(PartialEq, Eq)]
+enum Ended {
+    /// Every sender of asks is gone: the client replaced the lane.
+    Replaced,
+    /// The replica does not know the stream (invariant 4).
+    Unknown,
+    /// The stream broke or its replica fell silent (invariant 5).
+    Failed,
 }
 
 /// Carries asks until the stream ends; a replica that resets it as
@@ -151,7 +240,8 @@ async fn carry(
     mut recv: RecvStream,
     asks: &mut mpsc::UnboundedReceiver<Ask>,
     unknown: &AtomicBool,
-) {
+    state: &LaneState,
+) -> Ended {
     let mut answered = false;
     let mut waiting: VecDeque<oneshot::Sender<Result<Output>>> = VecDeque::new();
     let mut buf: Vec<u8> = Vec::new();
@@ -165,10 +255,13 @@ async fn carry(
             ask = asks.recv() => {
                 let Some((lease, tx)) = ask else {
                     let _ = send.finish();
-                    return;
+                    return Ended::Replaced;
                 };
+                if waiting.is_empty() {
+                    state.waiting_since(conn, true);
+                }
                 if rpc::write_frame(&mut send, &KeepAliveFrame { lease }).await.is_err() {
-                    return;
+                    return Ended::Failed;
                 }
                 waiting.push_back(tx);
             }
@@ -180,20 +273,23 @@ async fn carry(
                     {
                         tracing::info!("the replica does not know keep-alive streams: keep-alives go as requests");
                         unknown.store(true, Ordering::Relaxed);
-                        return;
+                        return Ended::Unknown;
                     }
-                    Ok(None) | Err(_) => return,
+                    Ok(None) | Err(_) => return Ended::Failed,
                 };
                 buf.extend_from_slice(&chunk[..n]);
                 while let Some(answer) = next_answer(&mut buf) {
-                    let Ok(answer) = answer else { return };
+                    let Ok(answer) = answer else { return Ended::Failed };
                     // Invariant 2 of `node::keep_alives`: in order.
-                    let Some(tx) = waiting.pop_front() else { return };
+                    let Some(tx) = waiting.pop_front() else { return Ended::Failed };
                     answered = true;
                     let _ = tx.send(answer);
                 }
+                // An answer proves the replica alive; the keep-alives still
+                // waiting need proof from now on.
+                state.waiting_since(conn, !waiting.is_empty());
             }
-            () = &mut silent, if !waiting.is_empty() => return,
+            () = &mut silent, if !waiting.is_empty() => return Ended::Failed,
         }
     }
 }

@@ -19,6 +19,11 @@
 //!    its holder sent the keep-alive: no lease counts as renewed before its
 //!    holder renewed it, and a lease whose holder stopped still expires its
 //!    TTL after the last keep-alive plus at most one batch's delay.
+//! 4. A batch in flight to a leader this replica no longer follows ends
+//!    `Unavailable` at once: a new leader renews every lease for one TTL
+//!    from its term's start (`renewals` invariant 3), and the keep-alives
+//!    queued meanwhile must reach it within that TTL, not wait out a dead
+//!    leader's silence behind the batch (invariant 1).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -131,8 +136,25 @@ impl ReplicaHandler {
             .await
             .ok_or_else(|| unavailable(format!("leader {leader} has no address")))?;
         let req = WireRequest::Forwarded(ClientRequest::RenewMany { leases });
-        // A leader gone falls silent first (`rpc` invariant 4).
-        match self.client.call(addr, &req, DEADLINE).await {
+        // Invariant 4; a leader gone falls silent too (`rpc` invariant 4).
+        let mut metrics = self.raft.metrics();
+        let replaced = async {
+            loop {
+                if metrics.borrow_and_update().current_leader != Some(leader) {
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let answer = tokio::select! {
+            answer = self.client.call(addr, &req, DEADLINE) => answer,
+            () = replaced => {
+                return Err(unavailable(format!("leader {leader} was replaced during a relayed batch")));
+            }
+        };
+        match answer {
             Err(e) => Err(unavailable(format!("a relayed batch: {e}"))),
             Ok(WireResponse::Renewed(answers)) if answers.len() == n => Ok(answers),
             Ok(WireResponse::Output(Err(e))) => Err(unavailable(format!(

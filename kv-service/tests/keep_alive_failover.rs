@@ -1,0 +1,154 @@
+//! Property: a lease stays alive when the follower its client's keep-alive
+//! stream goes to is gone without a word, though every caller gives each
+//! keep-alive up after one heartbeat interval, as a worker's heartbeat
+//! does (coordinator `registry` invariant 4): a beat is lost to a stream
+//! its follower stopped answering, and the beats of a second to one whose
+//! follower never answered (client `keep_alives` invariant 5).
+//!
+//! A cluster of one real replica stands for the leader; the client is given
+//! a second address, its one follower, which goes silent: a bound UDP
+//! socket that never answers (a host gone before the stream opened), or a
+//! relay to the leader that stops relaying while the stream is open (a
+//! follower killed, frozen or cut off under it). Either is what a dead host
+//! looks like to QUIC: a killed process's port answers ICMP, which quinn
+//! does not read. Before invariant 5 the stream failed after each caller
+//! had given up, no caller saw it fail, and every keep-alive went to the
+//! silent follower until the lease expired.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessel_kv::KvStore;
+use tessel_kv_service::raft::client::RaftKv;
+use tessel_kv_service::raft::node::{wait_for_leader, Replica, ReplicaConfig};
+use tessel_kv_service::raft::wal::LogIo;
+use tokio::net::UdpSocket;
+
+/// The chaos tests' workers' heartbeat and TTL.
+const BEAT: Duration = Duration::from_millis(300);
+const TTL: Duration = Duration::from_millis(1500);
+
+async fn leader(dir: &std::path::Path) -> Replica {
+    let any_port: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let leader = Replica::start(ReplicaConfig {
+        id: 1,
+        listen: any_port,
+        peers: BTreeMap::from([(1, any_port.to_string())]),
+        data_dir: dir.join("r1"),
+        tls: None,
+        raft: ReplicaConfig::default_raft(),
+        log_io: LogIo::Direct,
+    })
+    .await
+    .unwrap();
+    assert!(
+        wait_for_leader(&[&leader], Duration::from_secs(10))
+            .await
+            .is_some(),
+        "a cluster of one elects itself"
+    );
+    leader
+}
+
+/// Beats `lease` for `beats` intervals, each keep-alive given up after
+/// one; how many were given up, and whether one failed.
+async fn beat(kv: &RaftKv, lease: u64, beats: usize) -> usize {
+    let mut tick = tokio::time::interval(BEAT);
+    let mut given_up = 0;
+    for _ in 0..beats {
+        tick.tick().await;
+        match tokio::time::timeout(BEAT, kv.keep_alive(lease)).await {
+            Ok(beat) => beat.expect("the lease is alive"),
+            Err(_) => given_up += 1,
+        }
+    }
+    given_up
+}
+
+/// Relays datagrams between clients and `target` until `frozen` is set,
+/// then drops them all, as a dead host would.
+async fn relay(target: SocketAddr, frozen: Arc<AtomicBool>) -> SocketAddr {
+    let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let addr = front.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+        let mut buf = vec![0u8; 65536];
+        while let Ok((n, from)) = front.recv_from(&mut buf).await {
+            if frozen.load(Ordering::Relaxed) {
+                continue;
+            }
+            let up = match upstreams.get(&from) {
+                Some(up) => up.clone(),
+                None => {
+                    let up = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+                    let (back, front, frozen) = (up.clone(), front.clone(), frozen.clone());
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 65536];
+                        while let Ok(n) = back.recv(&mut buf).await {
+                            if !frozen.load(Ordering::Relaxed) {
+                                let _ = front.send_to(&buf[..n], from).await;
+                            }
+                        }
+                    });
+                    upstreams.insert(from, up.clone());
+                    up
+                }
+            };
+            let _ = up.send_to(&buf[..n], target).await;
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_outlives_a_follower_silent_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = leader(dir.path()).await;
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addrs = vec![leader.local_addr().unwrap(), silent.local_addr().unwrap()];
+    let kv = RaftKv::connect(addrs, None).unwrap();
+    let lease = kv.grant(TTL).await.unwrap();
+    kv.put_with_lease(b"held", b"v", lease).await.unwrap();
+    let given_up = beat(
+        &kv,
+        lease,
+        3 * TTL.as_millis() as usize / BEAT.as_millis() as usize,
+    )
+    .await;
+    // The beats of `rpc::SILENCE`, and one more.
+    assert!(given_up <= 5, "{given_up} keep-alives given up");
+    assert_eq!(kv.try_get(b"held").await, Ok(b"v".to_vec()), "alive");
+    assert!(
+        kv.keep_alives_on_stream() > 0,
+        "the stream moved to the leader"
+    );
+    drop(silent);
+    leader.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_outlives_its_streams_follower_falling_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = leader(dir.path()).await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let follower = relay(leader.local_addr().unwrap(), frozen.clone()).await;
+    let kv = RaftKv::connect(vec![leader.local_addr().unwrap(), follower], None).unwrap();
+    let lease = kv.grant(TTL).await.unwrap();
+    kv.put_with_lease(b"held", b"v", lease).await.unwrap();
+    assert_eq!(beat(&kv, lease, 5).await, 0, "the stream through the relay");
+    let on_stream = kv.keep_alives_on_stream();
+    assert!(on_stream >= 4, "{on_stream} answered on the stream");
+    frozen.store(true, Ordering::Relaxed);
+    let given_up = beat(
+        &kv,
+        lease,
+        3 * TTL.as_millis() as usize / BEAT.as_millis() as usize,
+    )
+    .await;
+    assert!(given_up <= 2, "{given_up} keep-alives given up");
+    assert_eq!(kv.try_get(b"held").await, Ok(b"v".to_vec()), "alive");
+    leader.shutdown().await;
+}
