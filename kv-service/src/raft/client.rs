@@ -394,7 +394,7 @@ impl Transport for Quic {
         let replica = at % self.replicas.len();
         let lane = self.followers.target(replica, self.replicas.len());
         match keep_alives
-            .renew(&self.client, &self.replicas, lane, lease)
+            .renew(&self.client, &self.replicas, (lane, lane != replica), lease)
             .await
         {
             Renewal::Answered(answer) => Some(answer),

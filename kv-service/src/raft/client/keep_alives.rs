@@ -21,12 +21,14 @@
 //!    not be opened, broke, or its replica fell silent), even if no caller
 //!    waited to see it fail; when a keep-alive has waited on it for
 //!    [`UNACKNOWLEDGED`] and its replica sent nothing meanwhile (a live
-//!    one acknowledges a frame within 25 ms, however slow its answer);
-//!    and when its stream is not open [`rpc::SILENCE`] after its first
-//!    keep-alive. A heartbeat gives each keep-alive up after one
-//!    interval, sooner than a dead replica falls silent or refuses a
-//!    connection (`tessel_tls::IDLE_TIMEOUT`): its keep-alives went to a
-//!    dead follower until its lease expired.
+//!    one acknowledges a frame within 25 ms, however slow its answer; the
+//!    requests' own replica, which leaving costs a search for the leader,
+//!    gets [`rpc::SILENCE`], as a request does); and when its stream is
+//!    not open [`rpc::SILENCE`] after its first keep-alive. Before, a dead
+//!    follower was found only once the connection had been silent for
+//!    `rpc::SILENCE` (four 300 ms beats lost), and one whose handshake
+//!    went unanswered after `tessel_tls::IDLE_TIMEOUT` (2 s): more than
+//!    the 1.5 s TTL the tests' workers use.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,8 +79,8 @@ struct LaneState {
 
 impl LaneState {
     /// Invariant 5: nothing will come of this stream, or nothing has come
-    /// of it for too long while a keep-alive waits on it.
-    fn broken(&self) -> bool {
+    /// of it for `patience` while a keep-alive waits on it.
+    fn broken(&self, patience: Duration) -> bool {
         if self.failed.load(Ordering::Acquire) {
             return true;
         }
@@ -89,9 +91,7 @@ impl LaneState {
                 .is_some_and(|t| t.elapsed() >= rpc::SILENCE);
         };
         let since = *self.waiting_since.lock().unwrap_or_else(|p| p.into_inner());
-        since.is_some_and(|(t, rx)| {
-            t.elapsed() >= UNACKNOWLEDGED && conn.stats().udp_rx.datagrams == rx
-        })
+        since.is_some_and(|(t, rx)| t.elapsed() >= patience && conn.stats().udp_rx.datagrams == rx)
     }
 
     fn waiting_since(&self, conn: &Connection, waiting: bool) {
@@ -115,16 +115,21 @@ impl KeepAlives {
         self.answered.load(Ordering::Relaxed)
     }
 
-    /// Renews `lease` on the stream to replica `at`; anything but
-    /// [`Renewal::Answered`] means the keep-alive must go as a request
-    /// (invariant 1).
+    /// Renews `lease` on the stream to replica `at`, a follower or the
+    /// requests' own replica; anything but [`Renewal::Answered`] means the
+    /// keep-alive must go as a request (invariant 1).
     pub(super) async fn renew(
         &self,
         client: &PeerClient,
         replicas: &Arc<[NamedPeer]>,
-        at: usize,
+        (at, follower): (usize, bool),
         lease: u64,
     ) -> Renewal {
+        let patience = if follower {
+            UNACKNOWLEDGED
+        } else {
+            rpc::SILENCE
+        };
         if self.unknown.load(Ordering::Relaxed) {
             return Renewal::Unknown;
         }
@@ -133,7 +138,7 @@ impl KeepAlives {
             let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
             if lane
                 .as_ref()
-                .is_some_and(|l| l.at == at && l.state.broken())
+                .is_some_and(|l| l.at == at && l.state.broken(patience))
             {
                 // Invariant 5: seen by no caller, so seen now.
                 *lane = None;
