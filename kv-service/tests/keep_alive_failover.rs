@@ -11,10 +11,10 @@
 //! relay to the leader that stops relaying while the stream is open (a
 //! follower killed, frozen or cut off under it). Either is what a dead host
 //! looks like to QUIC: a killed process's port answers ICMP, which quinn
-//! does not read. Before invariant 5 the stream's failure showed only when
-//! its connection had been silent for a second (four beats lost) or its
-//! handshake timed out (2 s: the lease, of the 1.5 s TTL the chaos tests'
-//! workers use, expired).
+//! does not read. Before `keep_alives` invariant 5 the stream's failure
+//! showed only when its connection had been silent for a second (four
+//! beats lost) or its handshake timed out (2 s: the lease, of the 1.5 s
+//! TTL the chaos tests' workers use, expired).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
