@@ -51,9 +51,11 @@ use tessel_tls::TlsFiles;
 
 mod followers;
 mod keep_alives;
+mod move_on;
 mod session;
 use followers::Followers;
 use keep_alives::{KeepAlives, Renewal};
+use move_on::MoveOn;
 use session::Session;
 
 /// How long a request keeps trying replicas, beyond its own timeout.
@@ -346,38 +348,6 @@ impl Quic {
             backoff = (backoff * 2).min(Duration::from_millis(500));
         }
         Err(last_error)
-    }
-}
-
-/// Moves a client's `next` replica on from `at` when dropped armed: once
-/// for all the calls that failed on (or gave up on) the same replica, so
-/// they do not skip the one after it too; the next call asks where the
-/// leader is (invariant 4), so a client that moved on to a follower does
-/// not stay there, its calls relayed. A replica that did not answer (not
-/// one that answered `Unavailable`) is no follower of the client's for a
-/// while (`followers` invariant 3).
-struct MoveOn<'a> {
-    next: &'a AtomicUsize,
-    leader_sought: &'a AtomicBool,
-    followers: &'a Followers,
-    n: usize,
-    at: Option<usize>,
-    answered: bool,
-}
-
-impl Drop for MoveOn<'_> {
-    fn drop(&mut self) {
-        if let Some(at) = self.at {
-            if !self.answered {
-                self.followers.left(at % self.n);
-            }
-            let moved =
-                self.next
-                    .compare_exchange(at, at + 1, Ordering::Relaxed, Ordering::Relaxed);
-            if moved.is_ok() {
-                self.leader_sought.store(false, Ordering::Relaxed);
-            }
-        }
     }
 }
 
