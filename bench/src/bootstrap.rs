@@ -16,7 +16,6 @@
 //!   decode is reported (`decode_ms_per_host`): add it to predict a
 //!   cluster.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +25,8 @@ use futures::StreamExt;
 use tessel::pjrt::locate;
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
-use tessel_kv::{BatchPut, CasOutcome, Event, KeyValue, KvStore, WatchStream};
+pub(crate) use tessel_kv::CountingKv;
+use tessel_kv::{Event, KvStore, WatchStream};
 use tessel_topology::TopologyCache;
 
 use tessel_harness::{Child, LocalCluster, Ready};
@@ -106,10 +106,9 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
     let largest = args.simulated.0.iter().copied().max().unwrap_or(0) as usize;
     let mut clients: Vec<Arc<CountingKv>> = Vec::new();
     for _ in 0..largest.div_ceil(HOSTS_PER_CONNECTION).max(MIN_CONNECTIONS) {
-        clients.push(Arc::new(CountingKv {
-            inner: args.keep_alives.client(&cluster)?,
-            ops: AtomicU64::new(0),
-        }));
+        clients.push(Arc::new(CountingKv::new(
+            args.keep_alives.client(&cluster)?,
+        )));
     }
     for (run, &n) in args.simulated.0.iter().enumerate() {
         let used = (n as usize)
@@ -124,12 +123,7 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
                 .keep_alives
                 .clients(&cluster, n as usize)?
                 .into_iter()
-                .map(|inner| {
-                    Arc::new(CountingKv {
-                        inner,
-                        ops: AtomicU64::new(0),
-                    })
-                })
+                .map(|inner| Arc::new(CountingKv::new(inner)))
                 .collect();
             simulated(shared, &own, n, run, (&pids, &kv)).await?;
         } else {
@@ -238,7 +232,7 @@ async fn processes(
 const MIN_CONNECTIONS: usize = 16;
 
 fn total_ops(clients: &[Arc<CountingKv>]) -> u64 {
-    clients.iter().map(|c| c.ops.load(Ordering::Relaxed)).sum()
+    clients.iter().map(|c| c.ops()).sum()
 }
 
 /// `jax.distributed.initialize` in `n` Python processes: spawn of the
@@ -334,83 +328,4 @@ pub(crate) fn dyn_clients(clients: &[Arc<CountingKv>]) -> Vec<Arc<dyn KvStore>> 
         .iter()
         .map(|c| c.clone() as Arc<dyn KvStore>)
         .collect()
-}
-
-/// Counts every operation it passes on.
-pub(crate) struct CountingKv {
-    inner: Arc<dyn KvStore>,
-    ops: AtomicU64,
-}
-
-impl CountingKv {
-    fn count(&self) -> &dyn KvStore {
-        self.ops.fetch_add(1, Ordering::Relaxed);
-        &*self.inner
-    }
-}
-
-#[async_trait::async_trait]
-impl KvStore for CountingKv {
-    async fn insert(&self, k: &[u8], v: &[u8]) -> tessel_kv::Result<u64> {
-        self.count().insert(k, v).await
-    }
-    async fn put(&self, k: &[u8], v: &[u8]) -> tessel_kv::Result<u64> {
-        self.count().put(k, v).await
-    }
-    async fn put_with_lease(&self, k: &[u8], v: &[u8], l: u64) -> tessel_kv::Result<u64> {
-        self.count().put_with_lease(k, v, l).await
-    }
-    async fn put_batch(&self, puts: &[BatchPut]) -> tessel_kv::Result<u64> {
-        self.count().put_batch(puts).await
-    }
-    async fn get(&self, k: &[u8], t: Duration) -> tessel_kv::Result<Vec<u8>> {
-        self.count().get(k, t).await
-    }
-    async fn get_serializable(&self, k: &[u8], t: Duration) -> tessel_kv::Result<Vec<u8>> {
-        self.count().get_serializable(k, t).await
-    }
-    async fn try_get(&self, k: &[u8]) -> tessel_kv::Result<Vec<u8>> {
-        self.count().try_get(k).await
-    }
-    async fn list(&self, p: &[u8]) -> tessel_kv::Result<Vec<KeyValue>> {
-        self.count().list(p).await
-    }
-    async fn delete(&self, k: &[u8]) -> tessel_kv::Result<u64> {
-        self.count().delete(k).await
-    }
-    async fn delete_prefix(&self, p: &[u8]) -> tessel_kv::Result<u64> {
-        self.count().delete_prefix(p).await
-    }
-    async fn increment(&self, k: &[u8], d: i64) -> tessel_kv::Result<i64> {
-        self.count().increment(k, d).await
-    }
-    async fn compare_and_swap(
-        &self,
-        k: &[u8],
-        e: Option<&[u8]>,
-        v: &[u8],
-    ) -> tessel_kv::Result<CasOutcome> {
-        self.count().compare_and_swap(k, e, v).await
-    }
-    async fn watch(&self, p: &[u8], from: u64) -> tessel_kv::Result<WatchStream> {
-        self.count().watch(p, from).await
-    }
-    async fn grant(&self, ttl: Duration) -> tessel_kv::Result<u64> {
-        self.count().grant(ttl).await
-    }
-    async fn keep_alive(&self, l: u64) -> tessel_kv::Result<()> {
-        self.count().keep_alive(l).await
-    }
-    async fn revoke(&self, l: u64) -> tessel_kv::Result<()> {
-        self.count().revoke(l).await
-    }
-    async fn barrier(&self, id: &[u8], p: &[u8], n: u32, t: Duration) -> tessel_kv::Result<()> {
-        self.count().barrier(id, p, n, t).await
-    }
-    async fn cancel_barrier(&self, id: &[u8], r: &str) -> tessel_kv::Result<()> {
-        self.count().cancel_barrier(id, r).await
-    }
-    async fn revision(&self) -> tessel_kv::Result<u64> {
-        self.count().revision().await
-    }
 }

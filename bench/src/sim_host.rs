@@ -3,7 +3,7 @@
 //! the same order, with the same long-lived waits held open meanwhile.
 //!
 //! Mirrors `tessel_worker`'s agent and job process:
-//! 1. claim the worker id (`claim::claim`: two reads), register (three
+//! 1. claim the worker id (`claim::claim`: one read), register (three
 //!    writes) and heartbeat at the default period (`registry::Heartbeat`:
 //!    a keep-alive a second, nothing written);
 //! 2. wait on the drain key (a blocking get held for the run) and follow

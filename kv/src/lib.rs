@@ -11,7 +11,8 @@
 //! * [`state`]: the deterministic state machine every backend applies.
 //! * [`AppliedState`]: applied state with the notifications blocking gets,
 //!   barrier waits and watches need.
-//! * [`MemoryKv`]: an in-memory test double (never a default).
+//! * [`MemoryKv`]: an in-memory test double (never a default);
+//!   [`CountingKv`] counts what passes through it.
 //! * [`conformance`]: the behaviour every backend must show; each backend's
 //!   tests run it.
 //!
@@ -38,6 +39,7 @@
 
 mod applied;
 pub mod conformance;
+mod counting;
 mod error;
 mod memory;
 pub mod state;
@@ -45,6 +47,7 @@ mod store;
 mod watchers;
 
 pub use applied::AppliedState;
+pub use counting::CountingKv;
 pub use error::{check_path_component, show_key, KvError, Result};
 pub use memory::MemoryKv;
 pub use state::{BarrierStatus, BatchPut, Event, KeyValue, Limits};

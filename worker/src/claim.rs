@@ -8,6 +8,9 @@
 //!    renews its lease, so keeps the id (as does a new registration, a new
 //!    value): we refuse and name it. A heartbeat writes nothing
 //!    (`registry` invariant 5), so the key's presence is the proof.
+//! 3. A free id costs one read: the holder's record is read only when its
+//!    alive key exists (thousands of hosts claim their ids at once when a
+//!    pod starts, and each read is the leader's).
 
 use std::time::{Duration, Instant};
 
@@ -57,9 +60,10 @@ fn pid_running(pid: u32) -> bool {
 /// or refuses (invariant 2).
 pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()> {
     let alive_key = keys::alive(worker);
+    // Invariant 3: no alive key, nothing more to read.
     let first = match kv.try_get(alive_key.as_bytes()).await {
-        Ok(v) => Some(v),
-        Err(KvError::NotFound(_)) => None,
+        Ok(v) => v,
+        Err(KvError::NotFound(_)) => return Ok(()),
         Err(e) => return Err(kv_err("reading the worker id's holder")(e)),
     };
     let record: Option<WorkerRecord> = match kv.try_get(keys::info(worker).as_bytes()).await {
@@ -67,7 +71,7 @@ pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()>
         Err(KvError::NotFound(_)) => None,
         Err(e) => return Err(kv_err("reading the worker id's holder")(e)),
     };
-    let wait = match judge(first.is_some(), record.as_ref(), me, pid_running) {
+    let wait = match judge(true, record.as_ref(), me, pid_running) {
         Holder::Free => return Ok(()),
         Holder::Watch(d) => d,
     };
@@ -85,7 +89,7 @@ pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()>
         match kv.try_get(alive_key.as_bytes()).await {
             Err(KvError::NotFound(_)) => return Ok(()),
             // Invariant 2: renewed past its TTL, or registered anew.
-            Ok(v) if Some(&v) != first.as_ref() || Instant::now() >= deadline => {
+            Ok(v) if v != first || Instant::now() >= deadline => {
                 return Err(WorkerError::IdInUse {
                     worker: worker.into(),
                     holder,
@@ -159,6 +163,19 @@ mod tests {
             judge(true, Some(&record("boot-b", 7)), &me, |_| false),
             watch
         );
+    }
+
+    /// Invariant 3: a free id costs one read, not the record's too.
+    #[tokio::test]
+    async fn a_free_id_costs_one_read() {
+        use std::sync::Arc;
+        let kv = tessel_kv::CountingKv::new(Arc::new(tessel_kv::MemoryKv::new()));
+        let me = HostFacts {
+            hostname: "here".into(),
+            boot_id: "here".into(),
+        };
+        claim(&kv, "h4", &me).await.unwrap();
+        assert_eq!(kv.ops(), 1);
     }
 
     /// Invariant 2 against a holder that beats: refused, and its key left
