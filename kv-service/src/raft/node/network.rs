@@ -1,5 +1,15 @@
 //! openraft's network over the replicas' QUIC connections: AppendEntries,
 //! votes and snapshots, each with its deadline.
+//!
+//! Invariants:
+//! 1. An AppendEntries carries at most [`EntriesCap`] entries for its
+//!    follower: halved after one that got no answer within openraft's
+//!    deadline (the heartbeat interval), grown by a quarter after one at
+//!    the cap that was answered. openraft sends the same range again after
+//!    a timeout, so a follower that cannot take it within the deadline (its
+//!    disk slow, its CPU shared) otherwise never catches up: with 16,384
+//!    workers writing, followers got 300 entries a second, each time too
+//!    many, and the leader's writes stopped committing.
 
 use super::*;
 
@@ -12,6 +22,11 @@ pub(super) struct Network {
 }
 
 pub(super) struct PeerLink {
+    /// Invariant 1.
+    pub(super) cap: EntriesCap,
+    /// Entries of the AppendEntries under way: still set at the next one
+    /// when openraft dropped it at its deadline.
+    pub(super) in_flight: Option<usize>,
     pub(super) client: PeerClient,
     pub(super) target: u64,
     /// The peer's `HOST:PORT` as in the membership, looked up again after
@@ -26,6 +41,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerLink {
         PeerLink {
+            cap: EntriesCap::default(),
+            in_flight: None,
             client: self.client.clone(),
             log_synced: self.log_synced.clone(),
             target,
@@ -72,14 +89,27 @@ impl RaftNetwork<TypeConfig> for PeerLink {
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
         // Storage invariant 5b: followers apply only what is on this disk.
         rpc.leader_commit = self.log_synced.bound(rpc.leader_commit);
-        // Entries that would not fit one frame: ask openraft for fewer.
-        let fits = entries_within(&rpc.entries, crate::wire::MAX_FRAME / 2);
+        if let Some(sent) = self.in_flight.take() {
+            self.cap.timed_out(sent);
+        }
+        // Entries that would not fit one frame, or more than this follower
+        // took in time: ask openraft for fewer.
+        let fits = entries_within(&rpc.entries, crate::wire::MAX_FRAME / 2).min(self.cap.get());
         if fits < rpc.entries.len() {
             return Err(RPCError::PayloadTooLarge(
                 openraft::error::PayloadTooLarge::new_entries_hint(fits.max(1) as u64),
             ));
         }
-        match self.rpc(WireRequest::AppendEntries(rpc), &option).await? {
+        let sent = rpc.entries.len();
+        self.in_flight = Some(sent);
+        let answer = self.rpc(WireRequest::AppendEntries(rpc), &option).await;
+        self.in_flight = None;
+        match &answer {
+            Ok(_) => self.cap.answered(sent),
+            Err(RPCError::Unreachable(_)) => self.cap.timed_out(sent),
+            Err(_) => {}
+        }
+        match answer? {
             WireResponse::AppendEntries(r) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
@@ -130,4 +160,76 @@ pub(super) fn entries_within(entries: &[openraft::Entry<TypeConfig>], budget: us
         }
     }
     entries.len()
+}
+
+/// How many entries a follower's next AppendEntries may carry
+/// (invariant 1), pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct EntriesCap(usize);
+
+impl EntriesCap {
+    /// openraft's `max_payload_entries` default: no cap until a timeout.
+    pub(super) const MAX: usize = 300;
+
+    pub(super) fn get(&self) -> usize {
+        self.0
+    }
+
+    /// `sent` entries got no answer in time.
+    pub(super) fn timed_out(&mut self, sent: usize) {
+        if sent > 0 {
+            self.0 = self.0.min(sent / 2).max(1);
+        }
+    }
+
+    /// `sent` entries were answered in time.
+    pub(super) fn answered(&mut self, sent: usize) {
+        if sent >= self.0 {
+            self.0 = (self.0 + self.0 / 4 + 1).min(Self::MAX);
+        }
+    }
+}
+
+impl Default for EntriesCap {
+    fn default() -> EntriesCap {
+        EntriesCap(Self::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EntriesCap;
+
+    /// Invariant 1: halved by each timeout of a batch at the cap, never
+    /// below one; grown only by answered batches that used it; heartbeats
+    /// (no entries) change nothing.
+    #[test]
+    fn a_follower_that_times_out_gets_smaller_batches_until_it_keeps_up() {
+        let mut cap = EntriesCap::default();
+        cap.timed_out(300);
+        assert_eq!(cap.get(), 150);
+        cap.timed_out(0);
+        cap.answered(0);
+        assert_eq!(cap.get(), 150);
+        cap.timed_out(150);
+        cap.timed_out(75);
+        assert_eq!(cap.get(), 37);
+        // A smaller batch answered says nothing about the cap.
+        cap.answered(10);
+        assert_eq!(cap.get(), 37);
+        cap.answered(37);
+        assert_eq!(cap.get(), 47);
+        for _ in 0..5 {
+            cap.timed_out(cap.get());
+        }
+        assert_eq!(cap.get(), 1);
+        cap.timed_out(1);
+        assert_eq!(cap.get(), 1);
+        cap.answered(1);
+        assert_eq!(cap.get(), 2);
+        for _ in 0..40 {
+            cap.answered(cap.get());
+        }
+        assert_eq!(cap.get(), EntriesCap::MAX);
+    }
 }
