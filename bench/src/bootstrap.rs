@@ -25,8 +25,8 @@ use futures::StreamExt;
 use tessel::pjrt::locate;
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
-pub(crate) use tessel_kv::CountingKv;
-use tessel_kv::{Event, KvStore, WatchStream};
+
+use tessel_kv::{CountingKv, Event, KvStore, WatchStream};
 use tessel_topology::TopologyCache;
 
 use tessel_harness::{Child, LocalCluster, Ready};

@@ -37,10 +37,10 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use tessel_coordinator::jobs::{self, FailureKind};
 use tessel_coordinator::{keys, LivenessConfig};
-use tessel_kv::{Event, KvStore};
+use tessel_kv::{CountingKv, Event, KvStore};
 use tessel_topology::TopologyCache;
 
-use crate::bootstrap::{assign_all, dyn_clients, CountingKv};
+use crate::bootstrap::{assign_all, dyn_clients};
 use crate::sim_host::{self, Outcome};
 
 /// How long after the loss every host must have stopped.

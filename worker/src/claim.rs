@@ -34,16 +34,15 @@ pub enum Holder {
     Watch(Duration),
 }
 
-/// Decides from the alive key's presence, the holder's record, and
-/// whether the holder's pid runs here.
+/// Decides, for an id whose alive key exists (invariant 3: without one
+/// it is free), from the holder's record and whether the holder's pid runs
+/// here.
 pub fn judge(
-    alive: bool,
     holder: Option<&WorkerRecord>,
     me: &HostFacts,
     pid_running: impl Fn(u32) -> bool,
 ) -> Holder {
     match holder {
-        _ if !alive => Holder::Free,
         Some(r) if r.info.boot_id == me.boot_id && !pid_running(r.info.pid) => Holder::Free,
         Some(r) => Holder::Watch(Duration::from_millis(r.info.ttl_ms) + MARGIN),
         // An alive key without a record: a registration cut short. Its
@@ -71,7 +70,7 @@ pub async fn claim(kv: &dyn KvStore, worker: &str, me: &HostFacts) -> Result<()>
         Err(KvError::NotFound(_)) => None,
         Err(e) => return Err(kv_err("reading the worker id's holder")(e)),
     };
-    let wait = match judge(true, record.as_ref(), me, pid_running) {
+    let wait = match judge(record.as_ref(), me, pid_running) {
         Holder::Free => return Ok(()),
         Holder::Watch(d) => d,
     };
@@ -143,33 +142,30 @@ mod tests {
             hostname: "a".into(),
             boot_id: "boot-a".into(),
         };
-        // No alive key: free, whatever the record says.
-        assert_eq!(
-            judge(false, Some(&record("boot-b", 7)), &me, |_| true),
-            Holder::Free
-        );
         // The holder ran here and its process is gone: a restart.
         assert_eq!(
-            judge(true, Some(&record("boot-a", 7)), &me, |_| false),
+            judge(Some(&record("boot-a", 7)), &me, |_| false),
             Holder::Free
         );
         // Here and running, or on another host: watch it for its TTL.
         let watch = Holder::Watch(Duration::from_millis(5000) + MARGIN);
-        assert_eq!(
-            judge(true, Some(&record("boot-a", 7)), &me, |_| true),
-            watch
-        );
-        assert_eq!(
-            judge(true, Some(&record("boot-b", 7)), &me, |_| false),
-            watch
-        );
+        assert_eq!(judge(Some(&record("boot-a", 7)), &me, |_| true), watch);
+        assert_eq!(judge(Some(&record("boot-b", 7)), &me, |_| false), watch);
     }
 
-    /// Invariant 3: a free id costs one read, not the record's too.
+    /// Invariant 3: without an alive key an id is free, whatever the
+    /// record says (a holder elsewhere whose pid runs), and costs one read,
+    /// not the record's too.
     #[tokio::test]
     async fn a_free_id_costs_one_read() {
         use std::sync::Arc;
-        let kv = tessel_kv::CountingKv::new(Arc::new(tessel_kv::MemoryKv::new()));
+        let store = Arc::new(tessel_kv::MemoryKv::new());
+        let record = postcard::to_allocvec(&record("boot-b", 1)).unwrap();
+        store
+            .put(tessel_coordinator::keys::info("h4").as_bytes(), &record)
+            .await
+            .unwrap();
+        let kv = tessel_kv::CountingKv::new(store);
         let me = HostFacts {
             hostname: "here".into(),
             boot_id: "here".into(),

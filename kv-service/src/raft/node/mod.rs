@@ -201,6 +201,7 @@ impl Replica {
         let network = Network {
             client: client.clone(),
             log_synced,
+            max_entries: config.max_payload_entries as usize,
         };
         let raft = Raft::new(cfg.id, config.clone(), network, log, sm)
             .await

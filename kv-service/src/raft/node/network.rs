@@ -19,6 +19,9 @@ pub(super) struct Network {
     pub(super) client: PeerClient,
     /// Bounds the commit index sent to followers (storage invariant 5b).
     pub(super) log_synced: storage::LogSynced,
+    /// The most entries openraft sends at once (`max_payload_entries`):
+    /// where [`EntriesCap`] starts and stops growing.
+    pub(super) max_entries: usize,
 }
 
 pub(super) struct PeerLink {
@@ -41,7 +44,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerLink {
         PeerLink {
-            cap: EntriesCap::default(),
+            cap: EntriesCap::new(self.max_entries),
             in_flight: None,
             client: self.client.clone(),
             log_synced: self.log_synced.clone(),
@@ -165,34 +168,33 @@ pub(super) fn entries_within(entries: &[openraft::Entry<TypeConfig>], budget: us
 /// How many entries a follower's next AppendEntries may carry
 /// (invariant 1), pure.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct EntriesCap(usize);
+pub(super) struct EntriesCap {
+    cap: usize,
+    max: usize,
+}
 
 impl EntriesCap {
-    /// openraft's `max_payload_entries` default: no cap until a timeout.
-    pub(super) const MAX: usize = 300;
+    /// No cap below `max` (openraft's own) until a timeout.
+    pub(super) fn new(max: usize) -> EntriesCap {
+        EntriesCap { cap: max, max }
+    }
 
     pub(super) fn get(&self) -> usize {
-        self.0
+        self.cap
     }
 
     /// `sent` entries got no answer in time.
     pub(super) fn timed_out(&mut self, sent: usize) {
         if sent > 0 {
-            self.0 = self.0.min(sent / 2).max(1);
+            self.cap = self.cap.min(sent / 2).max(1);
         }
     }
 
     /// `sent` entries were answered in time.
     pub(super) fn answered(&mut self, sent: usize) {
-        if sent >= self.0 {
-            self.0 = (self.0 + self.0 / 4 + 1).min(Self::MAX);
+        if sent >= self.cap {
+            self.cap = (self.cap + self.cap / 4 + 1).min(self.max);
         }
-    }
-}
-
-impl Default for EntriesCap {
-    fn default() -> EntriesCap {
-        EntriesCap(Self::MAX)
     }
 }
 
@@ -205,7 +207,7 @@ mod tests {
     /// (no entries) change nothing.
     #[test]
     fn a_follower_that_times_out_gets_smaller_batches_until_it_keeps_up() {
-        let mut cap = EntriesCap::default();
+        let mut cap = EntriesCap::new(300);
         cap.timed_out(300);
         assert_eq!(cap.get(), 150);
         cap.timed_out(0);
@@ -230,6 +232,6 @@ mod tests {
         for _ in 0..40 {
             cap.answered(cap.get());
         }
-        assert_eq!(cap.get(), EntriesCap::MAX);
+        assert_eq!(cap.get(), 300);
     }
 }
