@@ -3,7 +3,8 @@
 //! replica, and in a replica's own process), applies a write sent twice
 //! once, frees the streams of calls their callers gave up, refuses peers
 //! whose certificate is from another CA, and renews leases on one
-//! keep-alive stream that follows the leader.
+//! keep-alive stream that follows the leader, also through a follower
+//! whose forwards fill its connection to the leader.
 //! (Replicas run as tasks here; the process-level tests kill real
 //! processes.)
 
@@ -564,6 +565,74 @@ async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it(
     let served = client.call(addr, &status, Duration::from_secs(5)).await;
     assert!(matches!(served, Ok(WireResponse::Status(_))), "{served:?}");
     assert!(conn.close_reason().is_none(), "the connection survived");
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// Node invariant 10: a follower whose connection to the leader is full of
+/// forwarded blocking gets (1,024 streams at once) still relays keep-alives:
+/// the frames on its keep-alive stream get the leader's answer, not the
+/// relay's `Unavailable` after its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_full_of_forwarded_gets_still_relays_keep_alives() {
+    use tessel_kv_service::wire::{self, KeepAliveFrame, WireRequest};
+    let (dir, replicas, leader) = running_cluster().await;
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
+    // A write of the term first (`renewals` invariant 1).
+    RaftKv::connect(addrs, Some(&tls))
+        .unwrap()
+        .put(b"k", b"v")
+        .await
+        .unwrap();
+    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
+    let at = follower.local_addr().unwrap();
+    let peer_client = || {
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(
+            tls.client_config(wire::ALPN, tessel_tls::Expect::Coordinator)
+                .unwrap(),
+        );
+        tessel_kv_service::rpc::PeerClient::new(endpoint)
+    };
+    // Blocking gets sent to the follower, which forwards them: 1,200 over
+    // two connections, more than its connection to the leader carries at
+    // once. Their streams stay open while `held` lives.
+    let getters = [peer_client(), peer_client()];
+    let mut held = Vec::new();
+    for i in 0..1200 {
+        let get = WireRequest::Client(ClientRequest::Get {
+            key: format!("absent/{i}").into_bytes(),
+            timeout_ms: 3_600_000,
+        });
+        held.push(getters[i % 2].open(at, &get).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let peer = peer_client();
+    let open = WireRequest::Client(ClientRequest::KeepAliveStream);
+    let (_conn, mut send, mut recv) = peer.open(at, &open).await.unwrap();
+    tessel_kv_service::rpc::write_frame(&mut send, &KeepAliveFrame { lease: 77 })
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        tessel_kv_service::rpc::read_frame(&mut recv, wire::MAX_FRAME),
+    )
+    .await
+    .expect("an answer within 10 s")
+    .unwrap()
+    .map(|b| wire::decode::<WireResponse>(&b).unwrap());
+    assert!(
+        matches!(
+            answer,
+            Some(WireResponse::Output(Err(
+                tessel_kv::KvError::LeaseNotFound(77)
+            )))
+        ),
+        "the leader's answer, relayed: {answer:?}"
+    );
+    drop(held);
     for r in replicas {
         r.shutdown().await;
     }

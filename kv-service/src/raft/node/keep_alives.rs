@@ -5,7 +5,8 @@
 //!
 //! Invariants:
 //! 1. A frame is answered from memory only where a request would be
-//!    (`renewals` invariant 1) and only by the leader; a follower relays it
+//!    (`renewals` invariants 1 and 5: once the leadership is confirmed)
+//!    and only by the leader; a follower relays it
 //!    to the leader (`relay`); every other frame is answered `Unavailable`,
 //!    and the client sends that keep-alive as a request, which takes the
 //!    usual path (node invariant 1).
@@ -13,6 +14,10 @@
 //!    frames may wait for theirs, the stream is not read further meanwhile.
 //! 3. A frame over [`KEEP_ALIVE_MAX_FRAME`] or one that does not decode ends
 //!    this stream alone (`rpc` invariant 1); so does the caller going away.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
 
 use quinn::{RecvStream, SendStream, VarInt};
 use tokio::sync::{mpsc, oneshot};
@@ -30,16 +35,19 @@ use tessel_kv::KvError;
 /// client has a lease or two, so this bounds a misbehaving one alone.
 const IN_FLIGHT: usize = 64;
 
-/// A frame's answer: known now, or on its way back from the leader.
-enum Pending {
+/// A frame's answer: known now, waiting for the leadership's confirmation
+/// (`renewals` invariant 5), or on its way back from the leader.
+enum Pending<'a> {
     Now(Result<Output, KvError>),
+    Confirming(Pin<Box<dyn Future<Output = Result<Output, KvError>> + Send + 'a>>),
     Relayed(oneshot::Receiver<Result<Output, KvError>>),
 }
 
-impl Pending {
+impl Pending<'_> {
     async fn answer(self) -> Result<Output, KvError> {
         match self {
             Pending::Now(a) => a,
+            Pending::Confirming(f) => f.await,
             Pending::Relayed(rx) => rx
                 .await
                 .unwrap_or_else(|_| Err(unavailable("the relay to the leader ended"))),
@@ -113,33 +121,39 @@ pub(super) async fn serve(handler: &ReplicaHandler, send: &mut SendStream, mut r
 
 impl ReplicaHandler {
     /// Invariant 1.
-    fn renew_on_stream(&self, lease: u64) -> Pending {
+    fn renew_on_stream(&self, lease: u64) -> Pending<'_> {
         let leader = self.raft.metrics().borrow().current_leader;
         if leader.is_some_and(|l| l != self.id) {
             return Pending::Relayed(self.relay.ask(lease));
         }
-        Pending::Now(if self.renews_from_memory(leader) {
-            self.renew_from_memory(lease)
-        } else {
-            Err(unavailable(
-                "this replica does not renew leases from memory now: send the keep-alive as a request",
-            ))
-        })
+        if leader == Some(self.id) && self.may_renew_from_memory() {
+            return Pending::Now(self.renew_from_memory(lease));
+        }
+        Pending::Confirming(Box::pin(async move {
+            self.renew_many(&[lease])
+                .await
+                .pop()
+                .expect("one answer a lease")
+        }))
     }
 
-    /// Invariant 1: whether this replica, `leader` being the leader it
-    /// knows, leads and may renew from memory.
-    fn renews_from_memory(&self, leader: Option<u64>) -> bool {
-        leader == Some(self.id) && self.may_renew_from_memory()
-    }
-
-    /// The leader's answers to a follower's batch (`relay`), in its order:
-    /// from memory where it may (invariant 1), else `Unavailable` each.
-    pub(super) fn renew_many(&self, leases: &[u64]) -> Vec<Result<Output, KvError>> {
-        let leader = self.raft.metrics().borrow().current_leader;
-        if leases.len() > RENEW_MANY_MAX || !self.renews_from_memory(leader) {
-            let why = unavailable("this replica does not renew this batch from memory now");
-            return vec![Err(why); leases.len()];
+    /// The leader's answers to a follower's batch (`relay`) or to one
+    /// keep-alive, in order: from memory where it may (invariant 1), once
+    /// its leadership is confirmed (`renewals` invariant 5); else
+    /// `Unavailable` each.
+    pub(super) async fn renew_many(&self, leases: &[u64]) -> Vec<Result<Output, KvError>> {
+        let refused = |why: KvError| vec![Err(why); leases.len()];
+        if leases.len() > RENEW_MANY_MAX {
+            return refused(unavailable("a batch over the limit"));
+        }
+        match self.renews_once_confirmed().await {
+            Ok(true) => {}
+            Ok(false) => {
+                return refused(unavailable(
+                    "this replica does not renew leases from memory now: send the keep-alive as a request",
+                ))
+            }
+            Err(e) => return refused(e),
         }
         let now = self.clock.now_ms();
         self.applied.read(|s, _| {
@@ -148,6 +162,24 @@ impl ReplicaHandler {
                 .map(|&id| self.renewals.keep_alive(s, id, now))
                 .collect()
         })
+    }
+
+    /// `renewals` invariant 5: `Ok(true)` once this leader, its term's
+    /// `RenewLeases` committed, has a majority's recent acknowledgement
+    /// (at once, or at the next one: `quorum` `confirmed`); `Ok(false)`
+    /// where it may not renew from memory in this term at all; the
+    /// confirmation's `Unavailable` when none came within the leader lease.
+    pub(super) async fn renews_once_confirmed(&self) -> Result<bool, KvError> {
+        let (term, leader) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_term, m.current_leader)
+        };
+        if leader != Some(self.id) || self.leases_renewed.load(Ordering::Acquire) != term {
+            return Ok(false);
+        }
+        self.quorum.confirmed(term).await?;
+        Ok(self.may_renew_from_memory())
     }
 
     /// Renews lease `id` now, in memory (where `may_renew_from_memory`

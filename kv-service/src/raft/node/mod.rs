@@ -26,6 +26,11 @@
 //! 9. Keep-alives on a keep-alive stream are answered by the leader from
 //!    memory, relayed by a follower in batches (`relay`), or refused
 //!    `Unavailable` (`keep_alives` invariant 1).
+//! 10. Raft's messages and the relay's batches travel on connections of
+//!     their own, never on the ones that forward client requests: a
+//!     connection takes 1,024 streams at once, and a follower forwarding
+//!     that many blocking gets left a relayed batch waiting for a stream
+//!     past its deadline, so the keep-alives it carried went unanswered.
 
 mod clock;
 mod keep_alives;
@@ -191,7 +196,10 @@ impl Replica {
                 *a = bound.to_string();
             }
         }
+        // Invariant 10: the consensus and the relayed keep-alives
+        // on connections of their own.
         let client = PeerClient::new(endpoint.clone());
+        let control = PeerClient::new(endpoint.clone());
         let config = Arc::new(
             cfg.raft
                 .clone()
@@ -199,7 +207,7 @@ impl Replica {
                 .map_err(|e| ReplicaError::Raft(e.to_string()))?,
         );
         let network = Network {
-            client: client.clone(),
+            client: control.clone(),
             log_synced,
             max_entries: config.max_payload_entries as usize,
         };
@@ -219,6 +227,7 @@ impl Replica {
             raft: raft.clone(),
             applied: applied.clone(),
             client,
+            control,
             leases_renewed: leases_renewed.clone(),
             proposer: proposer.clone(),
             quorum: quorum.clone(),
@@ -324,7 +333,10 @@ struct ReplicaHandler {
     id: u64,
     raft: Raft<TypeConfig>,
     applied: Arc<AppliedState<SmTables>>,
+    /// Forwards client requests to the leader.
     client: PeerClient,
+    /// Carries Raft's messages and the relay's batches (invariant 10).
+    control: PeerClient,
     leases_renewed: Arc<AtomicU64>,
     proposer: Proposer,
     quorum: QuorumWatch,
@@ -487,7 +499,7 @@ impl ReplicaHandler {
         }
         match leader {
             Some(l) if l == self.id => self.serve(req, send).await,
-            Some(l) if !forwarded => match self.leader_addr(l).await {
+            Some(l) if !forwarded => match self.leader_addr(l, &self.client).await {
                 Some(addr) => self.forward(addr, req, send).await,
                 None => {
                     reply(
@@ -509,10 +521,12 @@ impl ReplicaHandler {
     }
 
     /// Where leader `l` listens, as its membership entry resolves now.
-    async fn leader_addr(&self, l: u64) -> Option<SocketAddr> {
+    /// Resolved by `via`, the client that dials it (a DNS name is dialed by
+    /// the name it resolved from).
+    async fn leader_addr(&self, l: u64, via: &PeerClient) -> Option<SocketAddr> {
         let m = self.raft.metrics().borrow().membership_config.clone();
         let target = m.membership().get_node(&l).map(|n| n.addr.clone())?;
-        self.client.resolve(&target).await.ok()
+        via.resolve(&target).await.ok()
     }
 
     /// Relays a request to the leader and every answer frame back.
@@ -543,7 +557,7 @@ impl ReplicaHandler {
 
     /// `renewals` invariant 1: a leader recently acknowledged by a
     /// majority, whose term's `RenewLeases` has committed.
-    fn may_renew_from_memory(&self) -> bool {
+    pub(super) fn may_renew_from_memory(&self) -> bool {
         let term = self.raft.metrics().borrow().current_term;
         self.quorum.fresh_term() == Some(term)
             && self.leases_renewed.load(Ordering::Acquire) == term
@@ -630,9 +644,17 @@ impl ReplicaHandler {
             Err((r, e)) => return reply(send, error_response(&r, e)).await,
         };
         let response = match req {
-            // `renewals` invariant 1: from memory where it may.
-            ClientRequest::Write(Op::LeaseKeepAlive { id }) if self.may_renew_from_memory() => {
-                WireResponse::Output(self.renew_from_memory(id))
+            // `renewals` invariants 1 and 5: from memory where it may, once
+            // the leadership is confirmed; written only where it may not.
+            ClientRequest::Write(Op::LeaseKeepAlive { id })
+                if self.leases_renewed.load(Ordering::Acquire)
+                    == self.raft.metrics().borrow().current_term =>
+            {
+                WireResponse::Output(match self.renews_once_confirmed().await {
+                    Ok(true) => self.renew_from_memory(id),
+                    Ok(false) => Err(unavailable("this replica no longer renews from memory")),
+                    Err(e) => Err(e),
+                })
             }
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
@@ -734,7 +756,9 @@ impl ReplicaHandler {
                 &request,
                 KvError::InvalidArgument("a guard inside a guard".into()),
             ),
-            ClientRequest::RenewMany { leases } => WireResponse::Renewed(self.renew_many(&leases)),
+            ClientRequest::RenewMany { leases } => {
+                WireResponse::Renewed(self.renew_many(&leases).await)
+            }
             ClientRequest::KeepAliveStream => WireResponse::Output(Err(KvError::InvalidArgument(
                 "a keep-alive stream is neither relayed nor local (invariant 9)".into(),
             ))),

@@ -129,10 +129,10 @@ impl ReplicaHandler {
         let leader = leader.ok_or_else(|| unavailable("no leader known"))?;
         if leader == self.id {
             // It leads since the keep-alives were queued.
-            return Ok(self.renew_many(&leases));
+            return Ok(self.renew_many(&leases).await);
         }
         let addr = self
-            .leader_addr(leader)
+            .leader_addr(leader, &self.control)
             .await
             .ok_or_else(|| unavailable(format!("leader {leader} has no address")))?;
         let req = WireRequest::Forwarded(ClientRequest::RenewMany { leases });
@@ -149,7 +149,7 @@ impl ReplicaHandler {
             }
         };
         let answer = tokio::select! {
-            answer = self.client.call(addr, &req, DEADLINE) => answer,
+            answer = self.control.call(addr, &req, DEADLINE) => answer,
             () = replaced => {
                 return Err(unavailable(format!("leader {leader} was replaced during a relayed batch")));
             }

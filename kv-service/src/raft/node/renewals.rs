@@ -17,6 +17,13 @@
 //!    renewals and extends every lease by its TTL instead (`RenewLeases`).
 //! 4. Pure: what to extend and when to wake are functions of the applied
 //!    state and the renewals; the node does the I/O.
+//! 5. A keep-alive that reaches a leader whose last acknowledgement is too
+//!    old to act on (invariant 1) waits for the next one (`quorum`
+//!    `confirmed`, at most the leader lease), then is renewed from memory
+//!    at that time; only a leader whose term's `RenewLeases` has not
+//!    committed writes it to the log. Refusing it sent every keep-alive of
+//!    that moment as a request to the log: at 16,384 workers thousands of
+//!    entries a second from a leader already too busy to be acknowledged.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
