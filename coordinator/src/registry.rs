@@ -20,7 +20,10 @@
 //! 7. A registration whose new lease expired before the alive key was
 //!    bound to it (the leader's queue held the record's write for a TTL,
 //!    as with 16,384 workers registering at once) grants another lease and
-//!    tries again, a few times.
+//!    tries again, a few times. So does one that took longer than a
+//!    heartbeat interval and finds its lease gone when it renews it at
+//!    once: the heartbeat's first beat, up to an interval later, came too
+//!    late for leases aged seconds by a slow registration.
 //! 8. The record and the alive key are written together (one batch, one
 //!    revision): an alive worker always has the record it registered with,
 //!    and registering costs three writes (incarnation, lease, batch).
@@ -161,6 +164,7 @@ pub async fn register(
     let mut tries = 0;
     loop {
         tries += 1;
+        let began = std::time::Instant::now();
         let lease = kv
             .grant(liveness.ttl)
             .await
@@ -186,6 +190,18 @@ pub async fn register(
                 ),
             ])
             .await;
+        // Invariant 7: a registration slow enough to age its lease renews
+        // it at once, before its heartbeat's first beat (up to an interval
+        // later).
+        let alive = match alive {
+            Ok(rev) if began.elapsed() > liveness.heartbeat => {
+                match tokio::time::timeout(liveness.heartbeat, kv.keep_alive(lease)).await {
+                    Ok(Err(e @ KvError::LeaseNotFound(_))) => Err(e),
+                    _ => Ok(rev),
+                }
+            }
+            other => other,
+        };
         match alive {
             Ok(_) => {
                 if let Some(old) = predecessor.filter(|&old| old != lease) {
@@ -538,6 +554,28 @@ pub(crate) mod tests {
         let _hb = Heartbeat::start(kv.clone(), reg.clone(), fast());
         tokio::time::sleep(fast().ttl * 2).await;
         check_current(&*kv, "w", 1).await.unwrap();
+        assert!(kv.inner.keep_alive(reg.lease).await.is_ok(), "kept alive");
+    }
+
+    /// Invariant 7: the record was written in time but its answer came a
+    /// TTL later (a client running behind): the lease found gone when
+    /// renewed at once is replaced, and the worker is alive on another.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registration_answered_after_its_lease_expired_takes_another() {
+        let kv = Arc::new(FaultyKv::new());
+        *kv.late_next_batch_answer.lock().unwrap() = Some(fast().ttl * 2);
+        let reg = register(&*kv, info("w"), fast()).await.unwrap();
+        assert_ne!(
+            reg.lease, 1,
+            "the first lease expired: a second was granted"
+        );
+        let _hb = Heartbeat::start(kv.clone(), reg.clone(), fast());
+        tokio::time::sleep(fast().ttl * 2).await;
+        let workers = list_workers(&*kv).await.unwrap();
+        assert!(
+            matches!(workers[0].state, WorkerState::Alive { incarnation: 1, .. }),
+            "{workers:?}"
+        );
         assert!(kv.inner.keep_alive(reg.lease).await.is_ok(), "kept alive");
     }
 

@@ -14,6 +14,9 @@ pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
     pub retry_next_cas: AtomicBool,
     pub slow_next_put: std::sync::Mutex<Option<Duration>>,
+    /// The next batch is applied at once and answered this much later (a
+    /// client running behind).
+    pub late_next_batch_answer: std::sync::Mutex<Option<Duration>>,
 }
 
 impl FaultyKv {
@@ -23,6 +26,7 @@ impl FaultyKv {
             inner: MemoryKv::new(),
             retry_next_cas: AtomicBool::new(false),
             slow_next_put: std::sync::Mutex::new(None),
+            late_next_batch_answer: std::sync::Mutex::new(None),
         }
     }
 
@@ -49,7 +53,16 @@ impl KvStore for FaultyKv {
     }
     async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
         self.slow_down().await;
-        self.inner.put_batch(puts).await
+        let applied = self.inner.put_batch(puts).await;
+        let late = self
+            .late_next_batch_answer
+            .lock()
+            .expect("not poisoned")
+            .take();
+        if let Some(d) = late {
+            tokio::time::sleep(d).await;
+        }
+        applied
     }
     async fn get(&self, k: &[u8], t: Duration) -> Result<Vec<u8>> {
         self.inner.get(k, t).await
