@@ -10,8 +10,7 @@
 //! the log as a request: an entry per keep-alive, from the leader least
 //! able to afford it.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +19,9 @@ use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
 use tessel_kv_service::raft::node::{wait_for_leader, Replica, ReplicaConfig};
 use tessel_kv_service::raft::wal::LogIo;
-use tokio::net::UdpSocket;
+
+mod udp_relay;
+use udp_relay::relay;
 
 fn slow_elections() -> openraft::Config {
     openraft::Config {
@@ -42,40 +43,6 @@ async fn start(dir: &std::path::Path, id: u64, peers: BTreeMap<u64, String>) -> 
     })
     .await
     .unwrap()
-}
-
-/// Relays datagrams to `target` and back while `cut` is not set.
-async fn relay(target: SocketAddr, cut: Arc<AtomicBool>) -> SocketAddr {
-    let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-    let addr = front.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
-        let mut buf = vec![0u8; 65536];
-        while let Ok((n, from)) = front.recv_from(&mut buf).await {
-            if cut.load(Ordering::Relaxed) {
-                continue;
-            }
-            let up = match upstreams.get(&from) {
-                Some(up) => up.clone(),
-                None => {
-                    let up = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-                    let (back, front, cut) = (up.clone(), front.clone(), cut.clone());
-                    tokio::spawn(async move {
-                        let mut buf = vec![0u8; 65536];
-                        while let Ok(n) = back.recv(&mut buf).await {
-                            if !cut.load(Ordering::Relaxed) {
-                                let _ = front.send_to(&buf[..n], from).await;
-                            }
-                        }
-                    });
-                    upstreams.insert(from, up.clone());
-                    up
-                }
-            };
-            let _ = up.send_to(&buf[..n], target).await;
-        }
-    });
-    addr
 }
 
 async fn last_log_index(kv: &RaftKv) -> Option<u64> {

@@ -16,7 +16,7 @@
 //! beats lost) or its handshake timed out (2 s: the lease, of the 1.5 s
 //! TTL the chaos tests' workers use, expired).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,7 +26,9 @@ use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
 use tessel_kv_service::raft::node::{wait_for_leader, Replica, ReplicaConfig};
 use tessel_kv_service::raft::wal::LogIo;
-use tokio::net::UdpSocket;
+
+mod udp_relay;
+use udp_relay::relay;
 
 /// The chaos tests' workers' heartbeat and TTL.
 const BEAT: Duration = Duration::from_millis(300);
@@ -76,41 +78,6 @@ async fn outlives_three_ttls(kv: &RaftKv, lease: u64, given_up: usize) {
     let lost = beat(kv, lease, beats).await;
     assert!(lost <= given_up, "{lost} keep-alives given up");
     assert_eq!(kv.try_get(b"held").await, Ok(b"v".to_vec()), "alive");
-}
-
-/// Relays datagrams between clients and `target` until `frozen` is set,
-/// then drops them all, as a dead host would.
-async fn relay(target: SocketAddr, frozen: Arc<AtomicBool>) -> SocketAddr {
-    let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-    let addr = front.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
-        let mut buf = vec![0u8; 65536];
-        while let Ok((n, from)) = front.recv_from(&mut buf).await {
-            if frozen.load(Ordering::Relaxed) {
-                continue;
-            }
-            let up = match upstreams.get(&from) {
-                Some(up) => up.clone(),
-                None => {
-                    let up = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-                    let (back, front, frozen) = (up.clone(), front.clone(), frozen.clone());
-                    tokio::spawn(async move {
-                        let mut buf = vec![0u8; 65536];
-                        while let Ok(n) = back.recv(&mut buf).await {
-                            if !frozen.load(Ordering::Relaxed) {
-                                let _ = front.send_to(&buf[..n], from).await;
-                            }
-                        }
-                    });
-                    upstreams.insert(from, up.clone());
-                    up
-                }
-            };
-            let _ = up.send_to(&buf[..n], target).await;
-        }
-    });
-    addr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,6 +83,31 @@ async fn running_cluster() -> (tempfile::TempDir, Vec<Replica>, u64) {
     (dir, replicas, leader)
 }
 
+/// A write of the term through any replica: until its lease renewal has
+/// committed, the leader too answers keep-alives `Unavailable` (`renewals`
+/// invariant 1).
+async fn write_of_the_term(replicas: &[Replica], tls: &TlsFiles) {
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
+    RaftKv::connect(addrs, Some(tls))
+        .unwrap()
+        .put(b"k", b"v")
+        .await
+        .unwrap();
+}
+
+/// A raw peer client on a connection of its own, as a coordinator.
+fn coordinator_peer(tls: &TlsFiles) -> tessel_kv_service::rpc::PeerClient {
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(
+        tls.client_config(
+            tessel_kv_service::wire::ALPN,
+            tessel_tls::Expect::Coordinator,
+        )
+        .unwrap(),
+    );
+    tessel_kv_service::rpc::PeerClient::new(endpoint)
+}
+
 /// The address of the replica that reports itself leader.
 async fn leader_addr(addrs: &[SocketAddr], tls: &TlsFiles) -> String {
     let kv = RaftKv::connect(addrs.to_vec(), Some(tls)).unwrap();
@@ -505,20 +530,8 @@ async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it(
     use tessel_kv_service::wire::{self, KeepAliveFrame, WireRequest};
     let (dir, replicas, leader) = running_cluster().await;
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-    // A write of the term first: until its lease renewal has committed,
-    // the leader too answers `Unavailable` (`renewals` invariant 1).
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
-    RaftKv::connect(addrs, Some(&tls))
-        .unwrap()
-        .put(b"k", b"v")
-        .await
-        .unwrap();
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(
-        tls.client_config(wire::ALPN, tessel_tls::Expect::Coordinator)
-            .unwrap(),
-    );
-    let client = tessel_kv_service::rpc::PeerClient::new(endpoint);
+    write_of_the_term(&replicas, &tls).await;
+    let client = coordinator_peer(&tls);
     let open = WireRequest::Client(ClientRequest::KeepAliveStream);
     let answer = |mut recv: quinn::RecvStream| async move {
         let body = tessel_kv_service::rpc::read_frame(&mut recv, wire::MAX_FRAME).await;
@@ -579,27 +592,13 @@ async fn a_follower_full_of_forwarded_gets_still_relays_keep_alives() {
     use tessel_kv_service::wire::{self, KeepAliveFrame, WireRequest};
     let (dir, replicas, leader) = running_cluster().await;
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.local_addr().unwrap()).collect();
-    // A write of the term first (`renewals` invariant 1).
-    RaftKv::connect(addrs, Some(&tls))
-        .unwrap()
-        .put(b"k", b"v")
-        .await
-        .unwrap();
+    write_of_the_term(&replicas, &tls).await;
     let follower = replicas.iter().find(|r| r.id != leader).unwrap();
     let at = follower.local_addr().unwrap();
-    let peer_client = || {
-        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        endpoint.set_default_client_config(
-            tls.client_config(wire::ALPN, tessel_tls::Expect::Coordinator)
-                .unwrap(),
-        );
-        tessel_kv_service::rpc::PeerClient::new(endpoint)
-    };
     // Blocking gets sent to the follower, which forwards them: 1,200 over
     // two connections, more than its connection to the leader carries at
     // once. Their streams stay open while `held` lives.
-    let getters = [peer_client(), peer_client()];
+    let getters = [coordinator_peer(&tls), coordinator_peer(&tls)];
     let mut held = Vec::new();
     for i in 0..1200 {
         let get = WireRequest::Client(ClientRequest::Get {
@@ -609,7 +608,7 @@ async fn a_follower_full_of_forwarded_gets_still_relays_keep_alives() {
         held.push(getters[i % 2].open(at, &get).await.unwrap());
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let peer = peer_client();
+    let peer = coordinator_peer(&tls);
     let open = WireRequest::Client(ClientRequest::KeepAliveStream);
     let (_conn, mut send, mut recv) = peer.open(at, &open).await.unwrap();
     tessel_kv_service::rpc::write_frame(&mut send, &KeepAliveFrame { lease: 77 })
