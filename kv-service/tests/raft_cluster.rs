@@ -95,8 +95,9 @@ async fn write_of_the_term(replicas: &[Replica], tls: &TlsFiles) {
         .unwrap();
 }
 
-/// A raw peer client on a connection of its own, as a coordinator.
-fn coordinator_peer(tls: &TlsFiles) -> tessel_kv_service::rpc::PeerClient {
+/// A client endpoint of its own that presents the coordinators'
+/// certificate.
+fn coordinator_endpoint(tls: &TlsFiles) -> quinn::Endpoint {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(
         tls.client_config(
@@ -105,7 +106,12 @@ fn coordinator_peer(tls: &TlsFiles) -> tessel_kv_service::rpc::PeerClient {
         )
         .unwrap(),
     );
-    tessel_kv_service::rpc::PeerClient::new(endpoint)
+    endpoint
+}
+
+/// A raw peer client on a connection of its own, as a coordinator.
+fn coordinator_peer(tls: &TlsFiles) -> tessel_kv_service::rpc::PeerClient {
+    tessel_kv_service::rpc::PeerClient::new(coordinator_endpoint(tls))
 }
 
 /// The address of the replica that reports itself leader.
@@ -236,14 +242,7 @@ async fn a_bad_frame_resets_its_stream_and_the_server_keeps_serving() {
     init_certs(&dir.path().join("tls"), &[]).unwrap();
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
     let (replicas, addrs) = cluster(dir.path(), &tls).await;
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(
-        tls.client_config(
-            tessel_kv_service::wire::ALPN,
-            tessel_tls::Expect::Coordinator,
-        )
-        .unwrap(),
-    );
+    let endpoint = coordinator_endpoint(&tls);
     let conn = endpoint
         .connect(addrs[0], tessel_tls::SERVER_NAME)
         .unwrap()

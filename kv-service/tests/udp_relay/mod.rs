@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 
-/// Relays datagrams between clients and `target` until `frozen` is set,
-/// then drops them all, as a dead host would.
+/// Relays datagrams between clients and `target`; while `frozen` is set it
+/// drops them all, as a dead or cut-off host would.
 pub(crate) async fn relay(target: SocketAddr, frozen: Arc<AtomicBool>) -> SocketAddr {
     let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
     let addr = front.local_addr().unwrap();

@@ -129,12 +129,16 @@ impl ReplicaHandler {
         if leader == Some(self.id) && self.may_renew_from_memory() {
             return Pending::Now(self.renew_from_memory(lease));
         }
-        Pending::Confirming(Box::pin(async move {
-            self.renew_many(&[lease])
-                .await
-                .pop()
-                .expect("one answer a lease")
-        }))
+        Pending::Confirming(Box::pin(self.renew_confirmed(lease)))
+    }
+
+    /// One keep-alive, as [`Self::renew_many`] answers it: on a stream, or
+    /// sent as a request to a leader whose term's `RenewLeases` committed.
+    pub(super) async fn renew_confirmed(&self, lease: u64) -> Result<Output, KvError> {
+        self.renew_many(&[lease])
+            .await
+            .pop()
+            .expect("one answer a lease")
     }
 
     /// The leader's answers to a follower's batch (`relay`) or to one
@@ -146,14 +150,8 @@ impl ReplicaHandler {
         if leases.len() > RENEW_MANY_MAX {
             return refused(unavailable("a batch over the limit"));
         }
-        match self.renews_once_confirmed().await {
-            Ok(true) => {}
-            Ok(false) => {
-                return refused(unavailable(
-                    "this replica does not renew leases from memory now: send the keep-alive as a request",
-                ))
-            }
-            Err(e) => return refused(e),
+        if let Err(e) = self.confirmed_for_renewals().await {
+            return refused(e);
         }
         let now = self.clock.now_ms();
         self.applied.read(|s, _| {
@@ -164,26 +162,34 @@ impl ReplicaHandler {
         })
     }
 
-    /// `renewals` invariant 5: `Ok(true)` once this leader, its term's
-    /// `RenewLeases` committed, has a majority's recent acknowledgement
-    /// (at once, or at the next one: `quorum` `confirmed`); `Ok(false)`
-    /// where it may not renew from memory in this term at all; the
-    /// confirmation's `Unavailable` when none came within the leader lease.
-    pub(super) async fn renews_once_confirmed(&self) -> Result<bool, KvError> {
+    /// `renewals` invariant 5: returns once this leader, its term's
+    /// `RenewLeases` committed, has a majority's recent acknowledgement (at
+    /// once, or at the next one: `quorum` `confirmed`); `Unavailable` where
+    /// it may not renew from memory, or when no acknowledgement came within
+    /// the leader lease.
+    async fn confirmed_for_renewals(&self) -> Result<(), KvError> {
+        let refused = || {
+            unavailable(
+                "this replica does not renew leases from memory now: send the keep-alive as a request",
+            )
+        };
         let (term, leader) = {
             let m = self.raft.metrics();
             let m = m.borrow();
             (m.current_term, m.current_leader)
         };
         if leader != Some(self.id) || self.leases_renewed.load(Ordering::Acquire) != term {
-            return Ok(false);
+            return Err(refused());
         }
         self.quorum.confirmed(term).await?;
-        Ok(self.may_renew_from_memory())
+        if !self.may_renew_from_memory() {
+            return Err(refused());
+        }
+        Ok(())
     }
 
     /// Renews lease `id` now, in memory (where `may_renew_from_memory`
-    /// says so): for a keep-alive on a stream and one sent as a request.
+    /// says so).
     pub(super) fn renew_from_memory(&self, id: u64) -> Result<Output, KvError> {
         let now = self.clock.now_ms();
         self.applied

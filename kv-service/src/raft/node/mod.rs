@@ -650,11 +650,7 @@ impl ReplicaHandler {
                 if self.leases_renewed.load(Ordering::Acquire)
                     == self.raft.metrics().borrow().current_term =>
             {
-                WireResponse::Output(match self.renews_once_confirmed().await {
-                    Ok(true) => self.renew_from_memory(id),
-                    Ok(false) => Err(unavailable("this replica no longer renews from memory")),
-                    Err(e) => Err(e),
-                })
+                WireResponse::Output(self.renew_confirmed(id).await)
             }
             ClientRequest::Write(op) => {
                 // Validated before it can enter the log.
