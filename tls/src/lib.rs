@@ -266,8 +266,14 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-/// How long a silent peer keeps its connection: a killed process sends no
-/// close, so without this a request to it waits for its full deadline.
+/// How long a silent peer keeps its connection. Not what finds a dead
+/// peer: a waiting call gives that up after `tessel_kv_service` rpc's
+/// `SILENCE` (1 s), counting only while its own process runs, and a
+/// handshake after [`HANDSHAKE_TIMEOUT`]. Long because quinn's timer
+/// counts while a starved process sends nothing: at 2 s, the replicas of a
+/// 16,384-host bootstrap dropped the connections of a benchmark whose
+/// runtime woke seconds late, and the replicas' own to each other (tens
+/// of thousands of redials in a run), failing every call waiting on them.
 /// Pings after `KEEP_ALIVE` (1.2 s) without a packet keep idle connections to
 /// live peers. The dialing side alone sends them: the other side's
 /// acknowledgements are the dialer's sign of life, its pings the
@@ -280,7 +286,11 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// a connection each: leader CPU 58 → 50 %). A lost ping is sent again
 /// after a probe timeout, well inside the idle timeout, which quinn also
 /// stretches to three probe timeouts on a slow path.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a dial waits for the peer's handshake: a killed process never
+/// answers one, and a call to it should move on as soon as a silent
+/// connection's would.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 const KEEP_ALIVE: Duration = Duration::from_millis(1200);
 /// Unread datagrams a connection keeps (quinn drops the oldest beyond it);
 /// a larger datagram ends the connection.

@@ -61,6 +61,11 @@ use session::Session;
 /// How long a request keeps trying replicas, beyond its own timeout.
 pub(crate) const RETRY_BUDGET: Duration = Duration::from_secs(15);
 
+/// How long the search for the leader waits for a replica's status
+/// (invariant 4), as long as a dial waits for a handshake: a replica that
+/// says nothing in that time is skipped, as a request would skip it.
+const STATUS_WAIT: Duration = tessel_tls::HANDSHAKE_TIMEOUT;
+
 /// How long past its own timeout a serializable get waits for the
 /// follower's answer (invariant 9), which comes at that timeout.
 const GET_MARGIN: Duration = Duration::from_secs(2);
@@ -258,8 +263,7 @@ impl Quic {
         let i = self.next.load(Ordering::Relaxed) % self.replicas.len();
         let asked = &self.replicas[i];
         let status = WireRequest::Client(ClientRequest::Status);
-        let timeout = tessel_tls::IDLE_TIMEOUT;
-        let s = match asked.call(&self.client, &status, timeout).await {
+        let s = match asked.call(&self.client, &status, STATUS_WAIT).await {
             Ok(WireResponse::Status(s)) => s,
             Ok(_) => return,
             Err(_) => {

@@ -86,6 +86,9 @@ use tessel_kv::AppliedState;
 use tessel_kv::KvError;
 use tessel_tls::TlsFiles;
 
+/// How long a linearizable read waits for its floor to be applied.
+const READ_FLOOR_WAIT: Duration = Duration::from_secs(2);
+
 /// How a replica is set up.
 #[derive(Clone)]
 pub struct ReplicaConfig {
@@ -597,7 +600,7 @@ impl ReplicaHandler {
         let floor_reached = move |m: &openraft::RaftMetrics<u64, BasicNode>| {
             m.current_term != term || m.last_applied.is_some_and(|l| l.index >= floor)
         };
-        raft.wait(Some(tessel_tls::IDLE_TIMEOUT))
+        raft.wait(Some(READ_FLOOR_WAIT))
             .metrics(floor_reached, "the read floor")
             .await
             .map_err(|e| failed(e.to_string()))?;
