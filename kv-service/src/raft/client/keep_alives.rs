@@ -39,7 +39,7 @@ use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::RETRY_BUDGET;
-use crate::rpc::{self, NamedPeer, PeerClient};
+use crate::rpc::{self, Link, NamedPeer, PeerClient};
 use crate::wire::{
     self, ClientRequest, KeepAliveFrame, WireRequest, WireResponse, RESET_MALFORMED,
 };
@@ -68,7 +68,7 @@ struct LaneState {
     /// The stream failed.
     failed: AtomicBool,
     /// The stream's connection, once open.
-    conn: OnceLock<Connection>,
+    conn: OnceLock<Link>,
     /// When the first keep-alive was handed to the task.
     first_ask: OnceLock<Instant>,
     /// While keep-alives wait for answers: since when (the oldest's send,
@@ -240,7 +240,7 @@ enum Ended {
 /// malformed before answering anything sets `unknown` (invariant 4), before
 /// the asks waiting are dropped.
 async fn carry(
-    conn: &Connection,
+    conn: &Link,
     mut send: SendStream,
     mut recv: RecvStream,
     asks: &mut mpsc::UnboundedReceiver<Ask>,
@@ -251,7 +251,7 @@ async fn carry(
     let mut waiting: VecDeque<oneshot::Sender<Result<Output>>> = VecDeque::new();
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 2048];
-    let silent = rpc::until_silent(conn);
+    let silent = conn.until_silent();
     tokio::pin!(silent);
     loop {
         // Each branch is cancel-safe: an ask stays queued, and `read`

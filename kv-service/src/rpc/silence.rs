@@ -1,0 +1,164 @@
+//! Finding a dead peer while calls wait on it (invariant 4): one watch per
+//! connection, not one per call.
+//!
+//! Each waiting call ran its own 250 ms check before: at 16,384 simulated
+//! hosts, ~80,000 held gets and watches woke four times a second each to
+//! read their connection's statistics (under its lock) and were polled
+//! again, reads included; the timer wheel, those polls and quinn's
+//! `Chunks::new` were the top of the benchmark's profile, and the
+//! benchmark used two thirds of the machine. Now a connection's watch
+//! runs while any call waits on it and wakes them only when it finds the
+//! peer silent.
+//!
+//! Invariants:
+//! 1. A connection is found silent once it has received nothing for
+//!    [`SILENCE`] while calls waited on it (counted from the watch's start,
+//!    when the first of them began) and this process could run: a check
+//!    that comes late (this process starved of CPU, the peer's datagrams
+//!    unread in the socket) starts the count again rather than blame the
+//!    peer. Every call waiting then is woken, with its failure.
+//! 2. While calls wait, a peer silent for [`PROBE_AFTER`] is probed, so a
+//!    live one (whose QUIC stack acknowledges within its ACK delay, however
+//!    busy its application) is never silent that long: silence is found
+//!    half a second after a probe at least, whenever a call began.
+//! 3. The watch holds the connection only while calls wait on it: an
+//!    unused pooled connection still closes when it is dropped.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::Connection;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How long a peer may send nothing while a call waits on it: twice
+/// [`PROBE_AFTER`], so a probe of ours has gone unanswered for half a
+/// second.
+pub const SILENCE: Duration = Duration::from_secs(1);
+const SILENCE_CHECK: Duration = Duration::from_millis(250);
+/// A waiting call's peer is probed after this long without a datagram
+/// (invariant 2): an empty QUIC datagram. Idle connections ping more
+/// rarely (`tessel_tls`), and a heartbeating worker's never do.
+pub const PROBE_AFTER: Duration = Duration::from_millis(500);
+
+/// A connection with its watch for silence.
+#[derive(Clone)]
+pub struct Link {
+    conn: Connection,
+    silence: Arc<Silence>,
+}
+
+impl Deref for Link {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+struct Silence {
+    /// Calls waiting, and whether the watch task runs (invariant 3).
+    state: Mutex<Waiting>,
+    /// Counts the times the connection was found silent.
+    found: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    calls: usize,
+    watching: bool,
+}
+
+impl Link {
+    /// `conn`, watched while calls wait on it.
+    pub(crate) fn new(conn: Connection) -> Link {
+        let silence = Silence {
+            state: Mutex::default(),
+            found: watch::Sender::new(0),
+        };
+        Link {
+            conn,
+            silence: Arc::new(silence),
+        }
+    }
+
+    /// The connection itself.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.silence.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns once the connection is found silent (invariant 1).
+    pub(crate) async fn until_silent(&self) {
+        let mut found = self.silence.found.subscribe();
+        let _waiting = CheckIn::new(self);
+        // Ends with `Err` only if the sender is gone, which `self` holds.
+        let _ = found.changed().await;
+    }
+
+    /// `work`, or `None` once the connection is found silent.
+    pub(crate) async fn unless_silent<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            r = work => Some(r),
+            () = self.until_silent() => None,
+        }
+    }
+}
+
+/// One waiting call, counted while it lives; the first starts the watch.
+struct CheckIn<'a>(&'a Link);
+
+impl<'a> CheckIn<'a> {
+    fn new(link: &'a Link) -> CheckIn<'a> {
+        let mut w = link.waiting();
+        w.calls += 1;
+        if !w.watching {
+            w.watching = true;
+            tokio::spawn(watch_silence(link.clone()));
+        }
+        CheckIn(link)
+    }
+}
+
+impl Drop for CheckIn<'_> {
+    fn drop(&mut self) {
+        self.0.waiting().calls -= 1;
+    }
+}
+
+/// Checks `link` every [`SILENCE_CHECK`] while calls wait on it.
+async fn watch_silence(link: Link) {
+    let mut seen = link.conn.stats().udp_rx.datagrams;
+    let mut since = Instant::now();
+    let mut checked = since;
+    loop {
+        tokio::time::sleep(SILENCE_CHECK).await;
+        let now = Instant::now();
+        let late = now.duration_since(checked) > SILENCE_CHECK * 2;
+        checked = now;
+        {
+            let mut w = link.waiting();
+            if w.calls == 0 {
+                // Invariant 3: the next call starts another watch.
+                w.watching = false;
+                return;
+            }
+        }
+        let received = link.conn.stats().udp_rx.datagrams;
+        if received != seen || late {
+            (seen, since) = (received, now);
+        } else if now.duration_since(since) >= SILENCE {
+            link.silence.found.send_modify(|n| *n += 1);
+            since = now;
+        } else if now.duration_since(since) >= PROBE_AFTER {
+            // Unsent only when the connection is closing, which ends the
+            // calls anyway.
+            let _ = link.conn.send_datagram(bytes::Bytes::new());
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The transport's invariants, on real QUIC connections.
+
+use super::*;
+use std::sync::Mutex;
+
+use crate::wire::{ClientRequest, WireResponse};
+
+/// Answers every request with one frame, as the replicas do.
+struct Answer;
+
+impl Handler for Answer {
+    fn handle(
+        self: Arc<Self>,
+        _req: WireRequest,
+        mut send: SendStream,
+        _recv: RecvStream,
+        _peer: PeerInfo,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        Box::pin(async move {
+            let _ = write_frame(&mut send, &WireResponse::Revision(Ok(7))).await;
+            let _ = send.finish();
+        })
+    }
+}
+
+/// Answers after `delay`, or never.
+struct Slow(Option<Duration>);
+
+impl Handler for Slow {
+    fn handle(
+        self: Arc<Self>,
+        req: WireRequest,
+        send: SendStream,
+        recv: RecvStream,
+        peer: PeerInfo,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        Box::pin(async move {
+            match self.0 {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+            Arc::new(Answer).handle(req, send, recv, peer).await
+        })
+    }
+}
+
+/// A server on a runtime of its own, which the test can stop dead: no
+/// close reaches the client, as when a process is killed.
+fn server_on_own_runtime(
+    handler: impl Handler,
+) -> (tokio::runtime::Runtime, SocketAddr, quinn::ClientConfig) {
+    let (server_cfg, client_cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = {
+        let _runtime = rt.enter();
+        endpoint("127.0.0.1:0".parse().unwrap(), Some(server_cfg)).unwrap()
+    };
+    let addr = server.local_addr().unwrap();
+    rt.spawn(serve(server, Arc::new(handler)));
+    (rt, addr, client_cfg)
+}
+
+fn client_with(cfg: quinn::ClientConfig) -> PeerClient {
+    let mut endpoint = endpoint("127.0.0.1:0".parse().unwrap(), None).unwrap();
+    endpoint.set_default_client_config(cfg);
+    PeerClient::new(endpoint)
+}
+
+/// Invariant 2: the calls that find their connection closed share one
+/// dial, not a handshake each.
+#[tokio::test]
+async fn calls_that_find_the_connection_closed_share_one_dial() {
+    let (rt, addr, cfg) = server_on_own_runtime(Answer);
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    let timeout = Duration::from_secs(5);
+    assert!(client.call(addr, &req, timeout).await.is_ok());
+    let conn = client.connection(addr).await.unwrap();
+    conn.close(0u32.into(), b"closed by the test");
+    let calls = (0..64).map(|_| client.call(addr, &req, timeout));
+    for answer in futures::future::join_all(calls).await {
+        assert!(answer.is_ok(), "{answer:?}");
+    }
+    let handshakes = client.endpoint.stats().outgoing_handshakes;
+    assert_eq!(handshakes, 2, "the first dial and one more");
+    rt.shutdown_background();
+}
+
+/// Invariant 2, for a dead peer: the calls waiting to dial it share the
+/// one handshake that goes unanswered, and all fail when it is given up,
+/// not one handshake timeout after another.
+#[tokio::test]
+async fn calls_to_a_dead_peer_share_one_failed_dial() {
+    // A socket nobody reads: a killed process's port, without the ICMP.
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = dead.local_addr().unwrap();
+    let (_, cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    let started = tokio::time::Instant::now();
+    let calls = (0..16).map(|_| client.call(addr, &req, Duration::from_secs(60)));
+    for answer in futures::future::join_all(calls).await {
+        assert!(
+            matches!(answer, Err(NetError::Connect { .. })),
+            "{answer:?}"
+        );
+    }
+    let took = started.elapsed();
+    assert!(
+        took < tessel_tls::HANDSHAKE_TIMEOUT * 2,
+        "16 calls failed after {took:?}"
+    );
+    assert_eq!(client.endpoint.stats().outgoing_handshakes, 1);
+}
+
+/// Invariant 4, before the request is sent: a call that waits for stream
+/// credit from a peer that died is given up after `SILENCE` too.
+#[tokio::test]
+async fn a_call_waiting_for_a_stream_to_a_dead_peer_gives_up() {
+    let (rt, addr, cfg) = server_on_own_runtime(Slow(None));
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    // Every stream the peer allows, waiting on it (`tessel_tls`: 1,024).
+    let waiting: Vec<_> = (0..1024)
+        .map(|_| {
+            let client = client.clone();
+            let req = WireRequest::Client(ClientRequest::Revision);
+            tokio::spawn(async move { client.call(addr, &req, Duration::from_secs(60)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rt.shutdown_background();
+    let started = tokio::time::Instant::now();
+    let answer = client.call(addr, &req, Duration::from_secs(8)).await;
+    let took = started.elapsed();
+    match answer {
+        Err(NetError::Stream { reason, .. }) => {
+            assert!(reason.contains("sent nothing"), "{reason}")
+        }
+        other => panic!("expected a silent peer, got {other:?}"),
+    }
+    assert!(took < SILENCE * 3, "gave up after {took:?}");
+    for w in waiting {
+        assert!(w.await.unwrap().is_err());
+    }
+}
+
+/// Invariant 4: a peer that dies while a call waits on it is given up
+/// after `SILENCE`, well before the connection's idle timeout.
+#[tokio::test]
+async fn a_call_gives_up_on_a_peer_that_fell_silent() {
+    let (rt, addr, cfg) = server_on_own_runtime(Slow(None));
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    let started = tokio::time::Instant::now();
+    let call = client.call(addr, &req, Duration::from_secs(10));
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rt.shutdown_background();
+    };
+    let (answer, ()) = tokio::join!(call, kill);
+    let took = started.elapsed();
+    match answer {
+        Err(NetError::Stream { reason, .. }) => {
+            assert!(reason.contains("sent nothing"), "{reason}")
+        }
+        other => panic!("expected a silent peer, got {other:?}"),
+    }
+    assert!(
+        took < tessel_tls::IDLE_TIMEOUT,
+        "gave up after {took:?}, no sooner than the idle timeout"
+    );
+}
+
+/// Invariant 4, the other side: a live peer that takes longer than
+/// `SILENCE` (and than the idle timeout) to answer is waited for.
+#[tokio::test]
+async fn a_call_waits_for_a_slow_live_peer() {
+    let slow = tessel_tls::IDLE_TIMEOUT + Duration::from_millis(500);
+    let (rt, addr, cfg) = server_on_own_runtime(Slow(Some(slow)));
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    let answer = client.call(addr, &req, slow * 2).await;
+    assert!(
+        matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
+        "{answer:?}"
+    );
+    rt.shutdown_background();
+}
+
+/// `tessel_tls`'s keep-alives: on an idle connection the dialer alone
+/// pings (a replica with thousands of workers' connections would ping
+/// each of them), and its pings keep the connection open past the idle
+/// timeout on both sides.
+#[tokio::test]
+async fn an_idle_connection_lives_on_the_dialers_keep_alives_alone() {
+    let (rt, addr, cfg) = server_on_own_runtime(Answer);
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    assert!(client
+        .call(addr, &req, Duration::from_secs(5))
+        .await
+        .is_ok());
+    let conn = client.connection(addr).await.unwrap();
+    // Past the call's own loss-recovery probes (PINGs too).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = conn.stats();
+    tokio::time::sleep(tessel_tls::IDLE_TIMEOUT + Duration::from_secs(1)).await;
+    let after = conn.stats();
+    assert!(conn.close_reason().is_none(), "{:?}", conn.close_reason());
+    let sent = after.frame_tx.ping - before.frame_tx.ping;
+    let received = after.frame_rx.ping - before.frame_rx.ping;
+    // Every 1.2 s: three in four seconds, two at least.
+    assert!(
+        sent >= 2,
+        "the dialer sent {sent} pings in more than an idle timeout"
+    );
+    assert_eq!(received, 0, "the acceptor pinged");
+    assert!(client
+        .call(addr, &req, Duration::from_secs(5))
+        .await
+        .is_ok());
+    rt.shutdown_background();
+}
+
+/// A pooled connection opened inside a span does not hold that span
+/// open: quinn instruments its connection driver with the current
+/// span, and a job process's span would otherwise live as long as the
+/// worker's connection (and never reach its trace).
+#[tokio::test]
+async fn a_connection_opened_inside_a_span_lets_the_span_end() {
+    use tracing::Instrument;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+    struct Closed(Arc<Mutex<Vec<String>>>);
+    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Closed {
+        fn on_close(&self, id: tracing::span::Id, ctx: Context<'_, S>) {
+            let name = ctx.span(&id).map(|s| s.name().to_owned());
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(name);
+        }
+    }
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(Closed(closed.clone()));
+    // This thread's subscriber: the test's runtime has only this thread.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let (rt, addr, cfg) = server_on_own_runtime(Answer);
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    let answer = client
+        .call(addr, &req, Duration::from_secs(10))
+        .instrument(tracing::info_span!("job_process"))
+        .await;
+    assert!(
+        matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
+        "{answer:?}"
+    );
+    tokio::task::yield_now().await;
+    let closed = closed.lock().unwrap().clone();
+    assert!(
+        closed.iter().any(|n| n == "job_process"),
+        "still open: {closed:?}"
+    );
+    rt.shutdown_background();
+}
+
+/// Invariant 3: requests answered in one frame leave no STOP_SENDING
+/// behind, in either direction.
+#[tokio::test]
+async fn a_call_reads_both_streams_to_their_end() {
+    let (rt, addr, cfg) = server_on_own_runtime(Answer);
+    let client = client_with(cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    for _ in 0..50 {
+        match client.call(addr, &req, Duration::from_secs(5)).await {
+            Ok(WireResponse::Revision(Ok(7))) => {}
+            other => panic!("unexpected answer: {other:?}"),
+        }
+    }
+    let conn = client.connection(addr).await.unwrap();
+    // Let the peer's frames for the last call arrive.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stats = conn.stats();
+    assert_eq!(stats.frame_tx.stop_sending, 0, "sent: {:?}", stats.frame_tx);
+    assert_eq!(
+        stats.frame_rx.stop_sending, 0,
+        "received: {:?}",
+        stats.frame_rx
+    );
+    rt.shutdown_background();
+}
