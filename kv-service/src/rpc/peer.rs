@@ -7,24 +7,17 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, Shared};
-use futures::FutureExt;
 use quinn::{Endpoint, RecvStream, SendStream};
 
 use super::{read_frame_from, take_end, write_frame, Link, NetError, ReadError, SILENCE};
 use crate::wire::{self, WireRequest, WireResponse};
 use tessel_tls::server_name;
 
-/// A dial under way, whose outcome every call waiting for it shares.
-type Dial = Shared<BoxFuture<'static, Result<Link, NetError>>>;
-
 /// A client endpoint with one pooled connection per peer.
 #[derive(Clone)]
 pub struct PeerClient {
     pub(super) endpoint: Endpoint,
     conns: Arc<Mutex<HashMap<SocketAddr, Link>>>,
-    /// The dial under way to each address (invariant 2).
-    dialing: Arc<Mutex<HashMap<SocketAddr, Dial>>>,
     /// The DNS name each address was resolved from: dialed as the server
     /// name, which the peer's certificate must name.
     names: Arc<Mutex<HashMap<SocketAddr, String>>>,
@@ -48,7 +41,6 @@ impl PeerClient {
         PeerClient {
             endpoint,
             conns: Arc::default(),
-            dialing: Arc::default(),
             names: Arc::default(),
         }
     }
@@ -83,65 +75,33 @@ impl PeerClient {
             .cloned()
     }
 
-    /// The pooled connection to `addr`, or the outcome of the one dial to
-    /// it (invariant 2). Each call that found the connection closed dialing
-    /// its own made a handshake per waiting call (tens of thousands when a
-    /// connection carrying 128 hosts' waits closed at 16,384 hosts); and
-    /// calls taking turns to dial a dead peer waited a handshake timeout
-    /// each, one after the other.
+    /// The pooled connection to `addr`, or a new one, pooled (invariant 2).
+    /// Each call that finds the connection closed dials its own: sharing
+    /// one dial among them cut the redials at 16,384 hosts eightfold but
+    /// slowed the heartbeat benchmark's puts (docs/performance.md).
     pub(super) async fn connection(&self, addr: SocketAddr) -> Result<Link, NetError> {
         if let Some(c) = self.pooled(addr) {
             return Ok(c);
         }
-        let dial = {
-            let mut dialing = lock(&self.dialing);
-            // A dial pools its connection before it leaves `dialing`.
-            if let Some(c) = self.pooled(addr) {
-                return Ok(c);
-            }
-            dialing
-                .entry(addr)
-                .or_insert_with(|| self.dial(addr))
-                .clone()
-        };
-        dial.await
-    }
-
-    /// Starts the dial to `addr`, called with `dialing` locked: the task
-    /// leaves `dialing` only after the entry made for it is in.
-    fn dial(&self, addr: SocketAddr) -> Dial {
         let name = lock(&self.names)
             .get(&addr)
             .cloned()
             .unwrap_or_else(|| server_name(addr));
-        let (endpoint, conns, dialing) = (
-            self.endpoint.clone(),
-            self.conns.clone(),
-            self.dialing.clone(),
-        );
-        // A task of its own: it ends, and pools its connection, even when
-        // every caller gave up; and it has no current tracing span. quinn's
-        // connection driver keeps the span current at `connect` until the
-        // connection closes: one opened inside a job process's span kept
-        // that span, and so its trace, from ever ending.
-        let task = tokio::spawn(async move {
-            let result = handshake(&endpoint, addr, &name).await;
-            if let Ok(c) = &result {
-                lock(&conns).insert(addr, c.clone());
-            }
-            lock(&dialing).remove(&addr);
-            result
-        });
-        task.map(move |joined| {
-            joined.unwrap_or_else(|e| {
+        let endpoint = self.endpoint.clone();
+        // A task of its own has no current tracing span. quinn's connection
+        // driver keeps the span current at `connect` until the connection
+        // closes: one opened inside a job process's span kept that span,
+        // and so its trace, from ever ending.
+        let link = tokio::spawn(async move { handshake(&endpoint, addr, &name).await })
+            .await
+            .unwrap_or_else(|e| {
                 Err(NetError::Connect {
                     addr,
                     reason: e.to_string(),
                 })
-            })
-        })
-        .boxed()
-        .shared()
+            })?;
+        lock(&self.conns).insert(addr, link.clone());
+        Ok(link)
     }
 
     /// Forgets the pooled connection to `addr` if it is still `conn`, not

@@ -29,6 +29,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use quinn::Connection;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -101,8 +102,14 @@ impl Link {
         let _ = found.changed().await;
     }
 
-    /// `work`, or `None` once the connection is found silent.
+    /// `work`, or `None` once the connection is found silent. Work done at
+    /// once (a stream with credit, a write into the send buffer) does not
+    /// check in.
     pub(crate) async fn unless_silent<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        let mut work = std::pin::pin!(work);
+        if let Some(r) = work.as_mut().now_or_never() {
+            return Some(r);
+        }
         tokio::select! {
             r = work => Some(r),
             () = self.until_silent() => None,

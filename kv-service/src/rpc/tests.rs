@@ -70,31 +70,11 @@ fn client_with(cfg: quinn::ClientConfig) -> PeerClient {
     PeerClient::new(endpoint)
 }
 
-/// Invariant 2: the calls that find their connection closed share one
-/// dial, not a handshake each.
+/// Invariant 4, the dial: a peer that never answers the handshake is
+/// given up after `tessel_tls::HANDSHAKE_TIMEOUT`, well before the
+/// connection's idle timeout.
 #[tokio::test]
-async fn calls_that_find_the_connection_closed_share_one_dial() {
-    let (rt, addr, cfg) = server_on_own_runtime(Answer);
-    let client = client_with(cfg);
-    let req = WireRequest::Client(ClientRequest::Revision);
-    let timeout = Duration::from_secs(5);
-    assert!(client.call(addr, &req, timeout).await.is_ok());
-    let conn = client.connection(addr).await.unwrap();
-    conn.close(0u32.into(), b"closed by the test");
-    let calls = (0..64).map(|_| client.call(addr, &req, timeout));
-    for answer in futures::future::join_all(calls).await {
-        assert!(answer.is_ok(), "{answer:?}");
-    }
-    let handshakes = client.endpoint.stats().outgoing_handshakes;
-    assert_eq!(handshakes, 2, "the first dial and one more");
-    rt.shutdown_background();
-}
-
-/// Invariant 2, for a dead peer: the calls waiting to dial it share the
-/// one handshake that goes unanswered, and all fail when it is given up,
-/// not one handshake timeout after another.
-#[tokio::test]
-async fn calls_to_a_dead_peer_share_one_failed_dial() {
+async fn a_dial_to_a_dead_peer_is_given_up_after_the_handshake_timeout() {
     // A socket nobody reads: a killed process's port, without the ICMP.
     let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = dead.local_addr().unwrap();
@@ -102,19 +82,16 @@ async fn calls_to_a_dead_peer_share_one_failed_dial() {
     let client = client_with(cfg);
     let req = WireRequest::Client(ClientRequest::Revision);
     let started = tokio::time::Instant::now();
-    let calls = (0..16).map(|_| client.call(addr, &req, Duration::from_secs(60)));
-    for answer in futures::future::join_all(calls).await {
-        assert!(
-            matches!(answer, Err(NetError::Connect { .. })),
-            "{answer:?}"
-        );
-    }
+    let answer = client.call(addr, &req, Duration::from_secs(60)).await;
     let took = started.elapsed();
     assert!(
-        took < tessel_tls::HANDSHAKE_TIMEOUT * 2,
-        "16 calls failed after {took:?}"
+        matches!(answer, Err(NetError::Connect { .. })),
+        "{answer:?}"
     );
-    assert_eq!(client.endpoint.stats().outgoing_handshakes, 1);
+    assert!(
+        took < tessel_tls::IDLE_TIMEOUT / 2,
+        "gave up after {took:?}"
+    );
 }
 
 /// Invariant 4, before the request is sent: a call that waits for stream
@@ -171,8 +148,8 @@ async fn a_call_gives_up_on_a_peer_that_fell_silent() {
         other => panic!("expected a silent peer, got {other:?}"),
     }
     assert!(
-        took < tessel_tls::IDLE_TIMEOUT,
-        "gave up after {took:?}, no sooner than the idle timeout"
+        took < SILENCE * 3,
+        "gave up after {took:?}, not about `SILENCE` after the peer died"
     );
 }
 

@@ -27,7 +27,7 @@
 //!    not open [`rpc::SILENCE`] after its first keep-alive. Before, a dead
 //!    follower was found only once the connection had been silent for
 //!    `rpc::SILENCE` (four 300 ms beats lost), and one whose handshake
-//!    went unanswered after `tessel_tls::IDLE_TIMEOUT` (2 s): more than
+//!    went unanswered after `tessel_tls::HANDSHAKE_TIMEOUT` (2 s): more than
 //!    the 1.5 s TTL the tests' workers use.
 
 use std::collections::VecDeque;
