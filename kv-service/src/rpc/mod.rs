@@ -122,11 +122,7 @@ pub async fn read_frame_from(
 ) -> Result<Option<Vec<u8>>, ReadError> {
     link.unless_silent(read_frame(recv, max))
         .await
-        .unwrap_or_else(|| {
-            Err(ReadError::Io(format!(
-                "the peer sent nothing for {SILENCE:?}"
-            )))
-        })
+        .unwrap_or_else(|| Err(ReadError::Io(silence::silent_reason())))
 }
 
 /// Why a frame could not be read.

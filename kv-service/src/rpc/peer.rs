@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use quinn::{Endpoint, RecvStream, SendStream};
 
-use super::{read_frame_from, take_end, write_frame, Link, NetError, ReadError, SILENCE};
+use super::silence::silent_reason;
+use super::{read_frame_from, take_end, write_frame, Link, NetError, ReadError};
 use crate::wire::{self, WireRequest, WireResponse};
 use tessel_tls::server_name;
 
 /// A client endpoint with one pooled connection per peer.
 #[derive(Clone)]
 pub struct PeerClient {
-    pub(super) endpoint: Endpoint,
+    endpoint: Endpoint,
     conns: Arc<Mutex<HashMap<SocketAddr, Link>>>,
     /// The DNS name each address was resolved from: dialed as the server
     /// name, which the peer's certificate must name.
@@ -126,7 +127,7 @@ impl PeerClient {
         req: &WireRequest,
     ) -> Result<(Link, SendStream, RecvStream), NetError> {
         let stream_err = |reason: String| NetError::Stream { addr, reason };
-        let silent = || stream_err(format!("the peer sent nothing for {SILENCE:?}"));
+        let silent = || stream_err(silent_reason());
         let mut conn = self.connection(addr).await?;
         let (mut send, recv) = match conn.unless_silent(conn.open_bi()).await {
             Some(Ok(s)) => s,

@@ -44,6 +44,11 @@ const SILENCE_CHECK: Duration = Duration::from_millis(250);
 /// rarely (`tessel_tls`), and a heartbeating worker's never do.
 pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 
+/// Why a call gave up on a silent peer.
+pub(crate) fn silent_reason() -> String {
+    format!("the peer sent nothing for {SILENCE:?}")
+}
+
 /// A connection with its watch for silence.
 #[derive(Clone)]
 pub struct Link {
@@ -83,11 +88,6 @@ impl Link {
             conn,
             silence: Arc::new(silence),
         }
-    }
-
-    /// The connection itself.
-    pub fn connection(&self) -> &Connection {
-        &self.conn
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
