@@ -31,6 +31,9 @@
 //!     connection takes 1,024 streams at once, and a follower forwarding
 //!     that many blocking gets left a relayed batch waiting for a stream
 //!     past its deadline, so the keep-alives it carried went unanswered.
+//! 11. The Raft core, its replication and its connections run on a thread,
+//!     runtime and socket of their own (`raft_thread`): client work queued
+//!     on the replica's runtime never delays a heartbeat to a follower.
 
 mod clock;
 mod keep_alives;
@@ -39,6 +42,7 @@ mod membership;
 mod network;
 mod proposer;
 mod quorum;
+mod raft_thread;
 mod relay;
 mod renewals;
 mod serializable;
@@ -46,7 +50,6 @@ mod status;
 mod ticker;
 
 use clock::LeaderClock;
-use network::*;
 use proposer::*;
 use quorum::QuorumWatch;
 use renewals::Renewals;
@@ -185,7 +188,7 @@ impl Replica {
                 addr: cfg.listen,
                 source,
             })?;
-        endpoint.set_default_client_config(client_cfg);
+        endpoint.set_default_client_config(client_cfg.clone());
         let bound = endpoint
             .local_addr()
             .map_err(|source| ReplicaError::Listen {
@@ -199,8 +202,8 @@ impl Replica {
                 *a = bound.to_string();
             }
         }
-        // Invariant 10: the consensus and the relayed keep-alives
-        // on connections of their own.
+        // Invariant 10: the relayed keep-alives on connections of their
+        // own (the consensus has its own socket: invariant 11).
         let client = PeerClient::new(endpoint.clone());
         let control = PeerClient::new(endpoint.clone());
         let config = Arc::new(
@@ -209,14 +212,17 @@ impl Replica {
                 .validate()
                 .map_err(|e| ReplicaError::Raft(e.to_string()))?,
         );
-        let network = Network {
-            client: control.clone(),
+        // Invariant 11.
+        let raft = raft_thread::start(raft_thread::CoreParts {
+            id: cfg.id,
+            config: config.clone(),
+            log,
+            sm,
             log_synced,
-            max_entries: config.max_payload_entries as usize,
-        };
-        let raft = Raft::new(cfg.id, config.clone(), network, log, sm)
-            .await
-            .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+            listen: bound,
+            client_cfg,
+        })
+        .await?;
         let leases_renewed = Arc::new(AtomicU64::new(0));
         let quorum = QuorumWatch::start(&raft, &config);
         let leases = LeaseBook {
@@ -338,7 +344,8 @@ struct ReplicaHandler {
     applied: Arc<AppliedState<SmTables>>,
     /// Forwards client requests to the leader.
     client: PeerClient,
-    /// Carries Raft's messages and the relay's batches (invariant 10).
+    /// Carries the relay's batches (invariant 10; Raft's messages have the
+    /// core's own socket, invariant 11).
     control: PeerClient,
     leases_renewed: Arc<AtomicU64>,
     proposer: Proposer,
