@@ -10,7 +10,11 @@
 //!   process's writes and syncs on some files with EIO, or slows them,
 //!   while a fault file says so;
 //! * [`PortDrop`]: iptables rules on loopback dropping UDP datagrams from
-//!   one port to another (one-way partitions between QUIC endpoints).
+//!   one port to another (one-way partitions between QUIC endpoints);
+//!   [`udp_ports`] names every port a process sends from, so that a cut
+//!   between two processes covers all their sockets, as a cut between two
+//!   hosts does (a replica's Raft core has a socket of its own, node
+//!   invariant 11).
 //!   Rules carry the test process's pid, and [`sweep_stale_rules`] removes
 //!   those of tests that died without dropping theirs.
 //!
@@ -126,6 +130,40 @@ pub fn disk_fault_env(shim: &Path, fault: &Path, matching: &Path) -> Vec<(String
     ]
     .map(|(k, v)| (k.to_owned(), v))
     .to_vec()
+}
+
+/// The local ports of process `pid`'s UDP sockets (IPv4 and IPv6), read
+/// from its open files and `/proc/PID/net/udp{,6}`; empty if it is gone.
+pub fn udp_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["udp", "udp6"] {
+        let table = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode …
+        for line in table.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else {
+                continue;
+            };
+            let port = local
+                .rsplit_once(':')
+                .map(|(_, p)| u16::from_str_radix(p, 16));
+            if let (true, Some(Ok(port))) = (inodes.iter().any(|i| i == inode), port) {
+                ports.push(port);
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    ports
 }
 
 fn tag() -> String {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tessel_chaos_tests::faults::{
-    faketime_replicas, step_clock, sweep_stale_rules, PortDrop, Tmpfs,
+    faketime_replicas, step_clock, sweep_stale_rules, udp_ports, PortDrop, Tmpfs,
 };
 use tessel_chaos_tests::linearizability::{check, Kind, Op};
 use tessel_chaos_tests::nemesis::{
@@ -193,8 +193,25 @@ impl Rig {
         Rig { disks, c, clocks }
     }
 
-    fn port(&self, id: u64) -> u16 {
-        self.c.procs[&id].addr.port()
+    /// Every port replica `id` sends from: its listening socket and its
+    /// Raft core's (node invariant 11), as a cut between hosts covers all
+    /// of a host's sockets.
+    fn ports(&self, id: u64) -> Vec<u16> {
+        let ports = udp_ports(self.c.procs[&id].pid());
+        assert!(
+            ports.contains(&self.c.procs[&id].addr.port()),
+            "replica {id}'s sockets {ports:?} lack its listening port"
+        );
+        ports
+    }
+
+    /// The port pairs that carry what replica `from` sends to `to`.
+    fn carrying(&self, from: u64, to: u64) -> Vec<(u16, u16)> {
+        let to = self.ports(to);
+        self.ports(from)
+            .into_iter()
+            .flat_map(|f| to.iter().map(move |&t| (f, t)))
+            .collect()
     }
 
     /// Restarts every replica that exited (a supervisor's job).
@@ -247,14 +264,14 @@ impl Rig {
                 std::fs::remove_file(filler).unwrap();
             }
             Fault::OneWay => {
-                let cut = PortDrop::new(&[(self.port(v), self.port(others[0]))]);
+                let cut = PortDrop::new(&self.carrying(v, others[0]));
                 tokio::time::sleep(step.lasts).await;
                 proven(|| cut.dropped()).await;
             }
             Fault::Isolate | Fault::Flap => {
                 let pairs: Vec<(u16, u16)> = others
                     .iter()
-                    .flat_map(|&o| [(self.port(v), self.port(o)), (self.port(o), self.port(v))])
+                    .flat_map(|&o| [self.carrying(v, o), self.carrying(o, v)].concat())
                     .collect();
                 let (flap, end) = (step.fault == Fault::Flap, Instant::now() + step.lasts);
                 let mut dropped = 0;
