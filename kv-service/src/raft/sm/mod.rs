@@ -32,11 +32,14 @@
 //! 11. The last `KEPT_OVERLAYS` overlays flushed stay in memory: history
 //!     from the first revision they hold on is read from them, never
 //!     decoded from the table.
+//! 12. Each overlay indexes its events by (key, revision): a watch on a
+//!     narrow prefix replays only its own events, not every event since
+//!     its revision, so N workers' watches cost O(N), not O(N²).
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufReader, BufWriter, Read, Write};
 
 use std::path::{Path, PathBuf};
@@ -99,6 +102,10 @@ const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Overlays kept in memory after their flush (invariant 11): a few
 /// seconds of history under load, at most this many times `FLUSH_BYTES`.
 const KEPT_OVERLAYS: usize = 4;
+/// The most events under a prefix that a read takes from an overlay's
+/// index (invariant 12): past it, reading the revisions since `from`
+/// costs no more than walking the index would.
+const INDEX_BUDGET: usize = 256;
 /// Time between fsyncs of `state.redb` (invariant 2); the log's fsyncs
 /// keep the data safe meanwhile. Each one writes back everything written
 /// since the last and runs on the flush thread (invariant 6), but the

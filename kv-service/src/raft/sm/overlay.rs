@@ -7,6 +7,8 @@ use super::*;
 pub(super) struct Overlay {
     pub(super) data: BTreeMap<Vec<u8>, Option<KeyValue>>,
     pub(super) history: BTreeMap<u64, Vec<Event>>,
+    /// (key, revision) of every event in `history` (invariant 12).
+    pub(super) keyed: BTreeSet<(Vec<u8>, u64)>,
     pub(super) forget_below: Option<u64>,
     /// Client sessions written (`None`: forgotten).
     pub(super) sessions: BTreeMap<u128, Option<ClientSession>>,
@@ -18,6 +20,49 @@ pub(super) struct Overlay {
 impl Overlay {
     pub(super) fn entries(&self) -> usize {
         self.data.len() + self.history.len() + self.sessions.len()
+    }
+
+    /// Adds `events`, all of `revision`, to the history and its index.
+    pub(super) fn record(&mut self, revision: u64, events: &[Event]) {
+        for e in events {
+            self.keyed.insert((e.key().to_vec(), revision));
+        }
+        let of_revision = self.history.entry(revision).or_default();
+        of_revision.extend(events.iter().cloned());
+    }
+
+    /// Appends this overlay's events under `prefix` from revision `from`
+    /// to `out`, in revision order. Invariant 12: a narrow prefix (a
+    /// worker's assignments) reads only its revisions; where the index
+    /// holds more than `INDEX_BUDGET` events under it, every revision
+    /// since `from` is read, as with no prefix.
+    pub(super) fn events_into(&self, from: u64, prefix: &[u8], out: &mut Vec<Event>) {
+        let under = |e: &&Event| e.key().starts_with(prefix);
+        let indexed = (!prefix.is_empty()).then(|| {
+            let range = self.keyed.range((prefix.to_vec(), 0)..);
+            let mut under_prefix = range.take_while(|(k, _)| k.starts_with(prefix));
+            let mut revisions = Vec::new();
+            for (_, r) in under_prefix.by_ref().take(INDEX_BUDGET) {
+                if *r >= from {
+                    revisions.push(*r);
+                }
+            }
+            under_prefix.next().is_none().then_some(revisions)
+        });
+        match indexed.flatten() {
+            Some(mut revisions) => {
+                revisions.sort_unstable();
+                revisions.dedup();
+                for events in revisions.iter().filter_map(|r| self.history.get(r)) {
+                    out.extend(events.iter().filter(under).cloned());
+                }
+            }
+            None => {
+                for events in self.history.range(from..).map(|(_, e)| e) {
+                    out.extend(events.iter().filter(under).cloned());
+                }
+            }
+        }
     }
 }
 

@@ -259,6 +259,7 @@ impl SmTables {
     fn keep_flushed(&mut self, overlay: Overlay) {
         self.flushed.push_back(Overlay {
             history: overlay.history,
+            keyed: overlay.keyed,
             forget_below: overlay.forget_below,
             ..Overlay::default()
         });
@@ -391,14 +392,7 @@ impl Tables for SmTables {
             ),
         };
         for o in kept.chain(self.overlays()) {
-            for events in o.history.range(from..).map(|(_, e)| e) {
-                out.extend(
-                    events
-                        .iter()
-                        .filter(|e| e.key().starts_with(prefix))
-                        .cloned(),
-                );
-            }
+            o.events_into(from, prefix, &mut out);
         }
         Ok(out)
     }
@@ -455,11 +449,7 @@ impl TablesMut for SmTables {
 
     fn record(&mut self, revision: u64, events: &[Event]) -> Result<()> {
         self.bytes += events.iter().map(Event::payload_bytes).sum::<usize>();
-        self.live
-            .history
-            .entry(revision)
-            .or_default()
-            .extend(events.iter().cloned());
+        self.live.record(revision, events);
         Ok(())
     }
 
