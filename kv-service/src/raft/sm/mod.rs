@@ -100,7 +100,8 @@ const FLUSH_BYTES: usize = 8 << 20;
 const FLUSH_ENTRIES: usize = 8 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Overlays kept in memory after their flush (invariant 11): a few
-/// seconds of history under load, at most this many times `FLUSH_BYTES`.
+/// seconds of history under load, at most this many times `FLUSH_BYTES`,
+/// and up to as much again in the index's copies of the keys (invariant 12).
 const KEPT_OVERLAYS: usize = 4;
 /// The most events under a prefix that a read takes from an overlay's
 /// index (invariant 12): past it, reading the revisions since `from`

@@ -32,37 +32,44 @@ impl Overlay {
     }
 
     /// Appends this overlay's events under `prefix` from revision `from`
-    /// to `out`, in revision order. Invariant 12: a narrow prefix (a
-    /// worker's assignments) reads only its revisions; where the index
-    /// holds more than `INDEX_BUDGET` events under it, every revision
-    /// since `from` is read, as with no prefix.
+    /// to `out`, in revision order: through the index where it answers
+    /// (invariant 12), else from every revision since `from`.
     pub(super) fn events_into(&self, from: u64, prefix: &[u8], out: &mut Vec<Event>) {
-        let under = |e: &&Event| e.key().starts_with(prefix);
-        let indexed = (!prefix.is_empty()).then(|| {
-            let range = self.keyed.range((prefix.to_vec(), 0)..);
-            let mut under_prefix = range.take_while(|(k, _)| k.starts_with(prefix));
-            let mut revisions = Vec::new();
-            for (_, r) in under_prefix.by_ref().take(INDEX_BUDGET) {
-                if *r >= from {
-                    revisions.push(*r);
-                }
-            }
-            under_prefix.next().is_none().then_some(revisions)
-        });
-        match indexed.flatten() {
-            Some(mut revisions) => {
-                revisions.sort_unstable();
-                revisions.dedup();
-                for events in revisions.iter().filter_map(|r| self.history.get(r)) {
-                    out.extend(events.iter().filter(under).cloned());
-                }
-            }
-            None => {
-                for events in self.history.range(from..).map(|(_, e)| e) {
-                    out.extend(events.iter().filter(under).cloned());
-                }
-            }
+        let mut add = |events: &Vec<Event>| {
+            out.extend(
+                events
+                    .iter()
+                    .filter(|e| e.key().starts_with(prefix))
+                    .cloned(),
+            )
+        };
+        match self.revisions_under(from, prefix) {
+            Some(revisions) => revisions
+                .iter()
+                .filter_map(|r| self.history.get(r))
+                .for_each(&mut add),
+            None => self.history.range(from..).for_each(|(_, e)| add(e)),
         }
+    }
+
+    /// The revisions from `from` on with an event under `prefix`, sorted,
+    /// from the index; `None` for no prefix (every event is under it) or
+    /// one with more than `INDEX_BUDGET` events here (invariant 12).
+    fn revisions_under(&self, from: u64, prefix: &[u8]) -> Option<Vec<u64>> {
+        if prefix.is_empty() {
+            return None;
+        }
+        let mut under = (self.keyed.range((prefix.to_vec(), 0)..))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|&(_, r)| r);
+        let mut revisions: Vec<u64> = under.by_ref().take(INDEX_BUDGET).collect();
+        if under.next().is_some() {
+            return None;
+        }
+        revisions.retain(|&r| r >= from);
+        revisions.sort_unstable();
+        revisions.dedup();
+        Some(revisions)
     }
 }
 
