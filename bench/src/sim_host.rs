@@ -11,12 +11,14 @@
 //! 3. for the assignment: hold the job's failure and end (two blocking
 //!    gets for the run, `process` invariant 10), join the job (a read, one
 //!    write), read its spec, exchange the topology (an insert, a blocking
-//!    get) unless the job fails first, and publish the digest and the
-//!    transfer-ready record (two writes).
+//!    get) unless the job fails first, look up the two peers its
+//!    communicator's ring talks to in the job's directory (two reads, as
+//!    the barrier's first messages do: topology `exchange` invariant 6),
+//!    and publish the digest and the transfer-ready record (two writes).
 //!
 //! Left out, and why: PJRT (no plugin is loaded: the client's creation and
 //! device probe are the plugin's cost, measured by `--processes`); the
-//! transfer layer's barrier (host to host, not through the KV); decoding
+//! transfer layer's barrier itself (host to host, not through the KV); decoding
 //! the published topology, done once for all hosts
 //! (`tessel_topology::exchange_shared`; one host's decode is reported).
 //! Hosts share connections, [`HOSTS_PER_CONNECTION`] each, where a real
@@ -214,6 +216,15 @@ pub(crate) async fn run(
             "host {id} saw {} devices, not {n}",
             t.topology().num_devices()
         );
+    }
+    // The ring's neighbours, once each, as the communicator looks them up
+    // for the barrier (the worker's `peers`).
+    let neighbours: std::collections::BTreeSet<u32> = [(i + 1) % n, (i + n - 1) % n]
+        .into_iter()
+        .filter(|&p| p != i)
+        .collect();
+    for peer in neighbours {
+        tessel_topology::exchange::peer(&*kv, job, peer, timeout).await?;
     }
     attempt::publish(&*kv, job, i, Record::Topology, t.digest().as_bytes()).await?;
     attempt::publish(&*kv, job, i, Record::TransferReady, b"0.0").await?;

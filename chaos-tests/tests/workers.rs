@@ -75,10 +75,13 @@ async fn four_workers_with_four_devices_build_one_identical_topology() {
             "process {p} owns a contiguous block"
         );
     }
-    // Every process published its transfer endpoint, and all of them pass
-    // the job's barrier over those endpoints.
-    let endpoints: std::collections::BTreeSet<_> = t
-        .processes
+    // Every process published its transfer endpoint in the job's
+    // directory (its local topology, not the global one), and all of them
+    // pass the job's barrier over those endpoints.
+    let directory = tessel_topology::exchange::directory(&kv, "topo", 4)
+        .await
+        .expect("every process's local topology");
+    let endpoints: std::collections::BTreeSet<_> = directory
         .iter()
         .map(|p| {
             let a: std::net::SocketAddr = p

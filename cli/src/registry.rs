@@ -11,7 +11,7 @@ use serde::Serialize;
 use tessel_coordinator::keys;
 use tessel_coordinator::registry::{list_workers, WorkerState, WorkerStatus};
 use tessel_kv::KvStore;
-use tessel_topology::GlobalTopology;
+use tessel_topology::{GlobalTopology, LocalTopology};
 
 use crate::args::KvTargetArgs;
 use crate::output::{print_document, print_table, OutputArgs};
@@ -192,7 +192,7 @@ pub(crate) async fn read_topology(
         .with_context(|| format!("no topology for job `{job}`"))
 }
 
-fn topology_table(t: &GlobalTopology, boots: &BTreeMap<u32, String>, wide: bool) {
+fn topology_table(t: &GlobalTopology, locals: &BTreeMap<u32, LocalTopology>, wide: bool) {
     let mut header = vec![
         "DEVICE", "PROCESS", "SLICE", "LOCAL ID", "KIND", "HOST", "BOOT",
     ];
@@ -203,24 +203,23 @@ fn topology_table(t: &GlobalTopology, boots: &BTreeMap<u32, String>, wide: bool)
         .devices
         .iter()
         .map(|d| {
-            let p = &t.processes[d.process_index as usize];
+            let l = locals.get(&d.process_index);
             let mut row = vec![
                 d.id.to_string(),
                 d.process_index.to_string(),
                 d.slice.to_string(),
                 d.local_hardware_id.to_string(),
                 d.kind.clone(),
-                p.hostname.clone(),
-                boots
-                    .get(&p.process_index)
-                    .map_or("-", |b| b.get(..8).unwrap_or(b))
+                l.map_or("-".into(), |l| l.hostname.clone()),
+                l.map_or("-", |l| l.boot_id.get(..8).unwrap_or(&l.boot_id))
                     .to_owned(),
             ];
             if wide {
                 row.extend([
-                    p.worker.clone(),
+                    l.map_or("-".into(), |l| l.worker.clone()),
                     d.memory_bytes.map_or("-".into(), |b| b.to_string()),
-                    p.transfer_endpoint.clone().unwrap_or_else(|| "-".into()),
+                    l.and_then(|l| l.transfer_endpoint.clone())
+                        .unwrap_or_else(|| "-".into()),
                 ]);
             }
             row
@@ -239,16 +238,22 @@ pub(crate) async fn topology(args: TopologyArgs) -> Result<()> {
         None => args.job.clone(),
     };
     let t = read_topology(&*kv, &job, Duration::ZERO).await?;
-    let boots = boot_ids(&*kv, &job).await?;
+    let locals = directory(&*kv, &job).await?;
     if args.output.json() {
-        // Version 1's document: each process's boot id, not its machine.
+        // Version 1's document: each process's boot id, not its machine,
+        // and its worker, host and endpoint, from its local topology.
         let mut doc = serde_json::to_value(&t)?;
         if let Some(ps) = doc["processes"].as_array_mut() {
             for p in ps.iter_mut().filter_map(|p| p.as_object_mut()) {
                 p.remove("machine");
                 let i = p["process_index"].as_u64().unwrap_or(u64::MAX);
-                let boot = u32::try_from(i).ok().and_then(|i| boots.get(&i));
-                p.insert("boot_id".into(), boot.cloned().unwrap_or_default().into());
+                let l = u32::try_from(i).ok().and_then(|i| locals.get(&i));
+                let text = |f: fn(&LocalTopology) -> &str| l.map_or("", f).to_owned();
+                p.insert("worker".into(), text(|l| &l.worker).into());
+                p.insert("hostname".into(), text(|l| &l.hostname).into());
+                p.insert("boot_id".into(), text(|l| &l.boot_id).into());
+                let endpoint = l.and_then(|l| l.transfer_endpoint.clone());
+                p.insert("transfer_endpoint".into(), endpoint.into());
             }
         }
         return print_document(
@@ -256,14 +261,15 @@ pub(crate) async fn topology(args: TopologyArgs) -> Result<()> {
             &serde_json::json!({ "job": job, "topology": doc }),
         );
     }
-    topology_table(&t, &boots, args.output.wide());
+    topology_table(&t, &locals, args.output.wide());
     Ok(())
 }
 
-/// Each process's boot id, from its local topology: the global one holds
-/// machines instead (one listing, for people and scripts; the processes
-/// of a job never read them all).
-async fn boot_ids(kv: &dyn KvStore, job: &str) -> Result<BTreeMap<u32, String>> {
+/// Each process's local topology (its worker, host, boot id and endpoint:
+/// the job's directory, which the global topology leaves out): one
+/// listing, for people and scripts; a job's processes read only the
+/// peers they talk to.
+async fn directory(kv: &dyn KvStore, job: &str) -> Result<BTreeMap<u32, LocalTopology>> {
     let prefix = tessel_topology::keys::local_prefix(job);
     let pairs = kv
         .list(prefix.as_bytes())
@@ -273,8 +279,7 @@ async fn boot_ids(kv: &dyn KvStore, job: &str) -> Result<BTreeMap<u32, String>> 
         .iter()
         .filter_map(|p| {
             let i = tessel_topology::keys::parse_local(job, &p.key)?;
-            let l = tessel_topology::LocalTopology::decode(&p.value).ok()?;
-            Some((i, l.boot_id))
+            Some((i, LocalTopology::decode(&p.value).ok()?))
         })
         .collect())
 }

@@ -16,8 +16,20 @@
 //!    the same topology.
 //! 5. The published value is compressed, in columns that compress
 //!    (`wire`): N processes each read it, so N times its size crosses the
-//!    network and the leader's memory; names of hosts in a cluster repeat
-//!    their patterns, and boot ids (random) are not in it.
+//!    network and the replicas' memory. It holds what every process needs
+//!    (machines, slices, devices) and nothing that tells one process from
+//!    another: a regular cluster's value does not grow with its processes,
+//!    so the N reads cost O(N) bytes, not O(N²). (With each process's
+//!    endpoint, worker and host name in it, 16,384 hosts read 1 GB:
+//!    docs/performance.md.)
+//! 6. A peer's name and address (its worker, host, transfer endpoint and
+//!    boot id: the job's directory, `types` invariant 7) are read from its
+//!    local topology, by the processes that need that peer ([`peer`]), or
+//!    all at once by one reader ([`directory`]). Local topologies are
+//!    written once (invariant 1) and the global one is built from them, so
+//!    what a reader finds is what the builder read. A process needs the
+//!    peers it talks to (a ring: two), so the directory costs O(N) reads
+//!    in all.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,7 +43,7 @@ use crate::error::{Result, TopologyError};
 use crate::keys;
 use crate::shared::{Known, TopologyCache};
 use crate::types::{GlobalTopology, LocalTopology};
-use crate::wire::{Compact, Stored};
+use crate::wire::{Columns, Stored};
 
 /// The first byte of a compressed [`Published`]: zstd of its stored form
 /// (`wire::Stored`). (An uncompressed one starts with its variant, 0 or
@@ -75,12 +87,13 @@ impl Published {
             Stored::Legacy(t) => Published::Topology(t.decode()?),
             Stored::Failed(reason) => Published::Failed(reason),
             Stored::Compact(t) => Published::Topology(t.decode()?),
+            Stored::Columns(t) => Published::Topology(t.decode()?),
         })
     }
 
     fn encode(&self) -> Vec<u8> {
         let stored = match self {
-            Published::Topology(t) => Stored::Compact(Compact::encode(t)),
+            Published::Topology(t) => Stored::Columns(Columns::encode(t)),
             Published::Failed(reason) => Stored::Failed(reason.clone()),
         };
         let plain = postcard::to_allocvec(&stored).expect("always encodes");
@@ -310,6 +323,62 @@ async fn missing_error(kv: &dyn KvStore, job: &str, n: u32, after: Duration) -> 
     }
 }
 
+/// Process `index`'s entry in job `job`'s directory (invariant 6): its
+/// local topology, waiting up to `wait` for it. Read serializable, from
+/// the client's follower where it has one: the entry is written once, and
+/// a replica that has not applied it yet waits for it.
+pub async fn peer(
+    kv: &dyn KvStore,
+    job: &str,
+    index: u32,
+    wait: Duration,
+) -> Result<LocalTopology> {
+    keys::check_component("job id", job)?;
+    let key = keys::local(job, index);
+    let bytes = kv
+        .get_serializable(key.as_bytes(), wait)
+        .await
+        .map_err(TopologyError::kv(format!("reading {key}")))?;
+    let l = LocalTopology::decode(&bytes)?;
+    if l.process_index != index {
+        return Err(TopologyError::Invalid(format!(
+            "{key} holds process {}",
+            l.process_index
+        )));
+    }
+    Ok(l)
+}
+
+/// Job `job`'s whole directory (invariant 6), by process index: one
+/// listing, for a reader that needs every peer (`tessel topology`, the
+/// checkpoint record's holders). Fails naming the processes whose entry
+/// is missing.
+pub async fn directory(kv: &dyn KvStore, job: &str, n: u32) -> Result<Vec<LocalTopology>> {
+    keys::check_component("job id", job)?;
+    let mut got = BTreeMap::new();
+    for pair in kv
+        .list(keys::local_prefix(job).as_bytes())
+        .await
+        .map_err(TopologyError::kv("listing local topologies"))?
+    {
+        accept(job, n, &mut got, &pair.key, &pair.value)?;
+    }
+    if let Some((i, l)) = got.iter().find(|(&i, l)| l.process_index != i) {
+        return Err(TopologyError::Invalid(format!(
+            "{} holds process {}",
+            keys::local(job, *i),
+            l.process_index
+        )));
+    }
+    if got.len() as u32 != n {
+        let missing: Vec<u32> = (0..n).filter(|i| !got.contains_key(i)).collect();
+        return Err(TopologyError::Invalid(format!(
+            "job `{job}` has no local topology from processes {missing:?}"
+        )));
+    }
+    Ok(got.into_values().collect())
+}
+
 /// Job `job`'s global topology, waiting up to `wait` for its builder
 /// (for readers outside the job: `tessel topology`, tests).
 pub async fn global(kv: &dyn KvStore, job: &str, wait: Duration) -> Result<GlobalTopology> {
@@ -385,6 +454,47 @@ mod tests {
         assert_eq!(all[0].num_devices(), 16);
     }
 
+    /// Invariant 6: each process's name and address are read from its
+    /// own entry, not from the global topology; the whole directory in
+    /// one listing, which names the processes missing from it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_is_found_in_the_directory_the_builder_read() {
+        let kv = std::sync::Arc::new(MemoryKv::new());
+        let tasks: Vec<_> = (0..3)
+            .map(|i| {
+                let kv = kv.clone();
+                tokio::spawn(async move {
+                    exchange(&*kv, "j2", &local(i, 3, "b", 1), Duration::from_secs(5)).await
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let wait = Duration::from_secs(1);
+        let p = peer(&*kv, "j2", 2, wait).await.unwrap();
+        assert_eq!(p, local(2, 3, "b", 1));
+        assert_eq!(p.transfer_endpoint.as_deref(), Some("127.0.0.1:7002"));
+        let all = directory(&*kv, "j2", 3).await.unwrap();
+        assert_eq!(all, (0..3).map(|i| local(i, 3, "b", 1)).collect::<Vec<_>>());
+        // Not there (yet): the wait ends with the KV's deadline.
+        let e = peer(&*kv, "j2", 5, Duration::from_millis(50)).await;
+        assert!(matches!(e, Err(TopologyError::Kv { .. })), "{e:?}");
+        // An entry under another process's key is refused.
+        kv.put(
+            keys::local("j3", 0).as_bytes(),
+            &local(1, 2, "b", 1).encode(),
+        )
+        .await
+        .unwrap();
+        let e = peer(&*kv, "j3", 0, wait).await.unwrap_err().to_string();
+        assert!(e.contains("holds process 1"), "{e}");
+        let e = directory(&*kv, "j3", 2).await.unwrap_err().to_string();
+        assert!(e.contains("holds process 1"), "{e}");
+        let e = directory(&*kv, "j2", 4).await.unwrap_err().to_string();
+        assert!(e.contains("no local topology from processes [3]"), "{e}");
+    }
+
     /// Invariant 5: the published value is compressed and reads back;
     /// an uncompressed one (an older builder's, in the form before the
     /// columns) still reads; a value that would decompress past the cap,
@@ -393,8 +503,7 @@ mod tests {
     fn a_published_topology_is_compressed_and_bounded() {
         let locals: Vec<LocalTopology> = (0..512).map(|i| local(i, 512, "host", 1)).collect();
         let t = GlobalTopology::build(512, &locals).unwrap();
-        let boots = vec!["host"; 512];
-        let old = crate::wire::legacy::Global::from_topology(&t, &boots);
+        let old = crate::wire::legacy::Global::from_topology(&t, &locals);
         let plain = postcard::to_allocvec(&Stored::Legacy(old)).unwrap();
         let p = Published::Topology(t);
         let packed = p.encode();

@@ -25,6 +25,9 @@
 //!     (topology or failure); the rest blocking-get it. Timeouts name the
 //!     processes that never arrived. `exchange_shared` decodes the published
 //!     value once for all of a process's callers (`shared::TopologyCache`).
+//!     The global topology holds no names or addresses: `peer` reads one
+//!     process's from its local topology (the job's directory), `directory`
+//!     all of them.
 //!   * `mesh` — `Mesh`: named axes over the devices in global-id order,
 //!     refusing shapes whose innermost axis would split a host unevenly;
 //!     `groups_along(axis)` gives the cliques of a collective.

@@ -17,6 +17,12 @@
 //!    local topologies: the global one, read by every process, holds only
 //!    the equality they stand for (16 random bytes a process were the
 //!    largest part of it, `exchange` invariant 5).
+//! 7. What tells one process from another (its worker, host name,
+//!    transfer endpoint and boot id: the job's directory) stays in the
+//!    local topologies too, read by the processes that need a given peer
+//!    (`exchange::peer`): the global topology holds only what every
+//!    process needs, which for a regular cluster does not grow with the
+//!    processes once compressed (`exchange` invariant 5).
 
 use std::collections::BTreeMap;
 
@@ -84,22 +90,17 @@ pub struct GlobalDevice {
     pub memory_bytes: Option<u64>,
 }
 
-/// A process of the job, as the global topology lists it.
+/// A process of the job, as the global topology lists it: its place, not
+/// its name or address (invariant 7: those are in its local topology).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessEntry {
     /// The process's index.
     pub process_index: u32,
-    /// The worker that runs it.
-    pub worker: String,
-    /// The host's name.
-    pub hostname: String,
     /// The machine it runs on (invariant 6): equal for processes that
     /// share a boot (and so shared memory).
     pub machine: u32,
     /// The slice it is in.
     pub slice: u32,
-    /// Where its transfer endpoint listens.
-    pub transfer_endpoint: Option<String>,
     /// Whether its network transfers are encrypted (invariant 5).
     pub transfer_encrypted: bool,
     /// Global ids of this process's devices, ascending and contiguous.
@@ -294,11 +295,8 @@ impl GlobalTopology {
             }
             processes.push(ProcessEntry {
                 process_index: l.process_index,
-                worker: l.worker.clone(),
-                hostname: l.hostname.clone(),
                 machine: machine_of_boot[l.boot_id.as_str()],
                 slice,
-                transfer_endpoint: l.transfer_endpoint.clone(),
                 transfer_encrypted: l.transfer_encrypted,
                 device_ids: ids,
             });

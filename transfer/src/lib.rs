@@ -77,7 +77,8 @@ pub use collective::{
     CollectiveBuffer, CollectiveConfig, CollectiveKind, Communicator, Descriptor, DescriptorFrame,
 };
 pub use endpoint::{
-    Peer, Received, TransferConfig, TransferEndpoint, ALPN, GSO_MAX_UDP_PAYLOAD, MIN_SPARE,
+    Directory, Members, Peer, Received, TransferConfig, TransferEndpoint, ALPN,
+    GSO_MAX_UDP_PAYLOAD, MIN_SPARE,
 };
 pub use error::{Result, TransferError};
 pub use header::TransferHeader;

@@ -30,8 +30,9 @@
 //!   * `claim` — a worker id is taken only when no live process holds it.
 //!   * `process` — one job process: withdraw an ended attempt's assignment,
 //!     or join, per-node client, bind a transfer endpoint (rank = process
-//!     index), exchange, barrier over a `Communicator` (each peer checked to
-//!     be the worker the topology names), publish digest, run the plan through
+//!     index), exchange, barrier over a `Communicator` (each peer looked up
+//!     in the job's directory when first needed, `peers`, and checked to be
+//!     the worker its local topology names), publish digest, run the plan through
 //!     the job the `JobRunner` prepared (stopped by a failure event or
 //!     `done`), publish the result, wait for done/failure.
 //!   * `runner` — `JobRunner::prepare` decodes a job's spec once per job
@@ -48,6 +49,7 @@ mod error;
 pub mod host;
 pub mod job_end;
 pub mod job_kv;
+mod peers;
 pub mod preempt;
 mod process;
 pub mod reaper;

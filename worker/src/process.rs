@@ -32,11 +32,12 @@ use std::time::Duration;
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment, JobFailure};
 use tessel_coordinator::{Item, Records, Registration};
+use tessel_kv::KvStore;
 use tessel_pjrt::{Client, ClientOptions};
 use tessel_topology::{exchange, DeviceDescription, GlobalTopology, LocalTopology};
 use tessel_trace::TARGET;
 use tessel_transfer::{
-    CollectiveConfig, Communicator, Encryption, Peer, TransferConfig, TransferEndpoint,
+    CollectiveConfig, Communicator, Encryption, TransferConfig, TransferEndpoint,
 };
 use tracing::Instrument;
 
@@ -49,48 +50,22 @@ use crate::runner::{JobProcess, PreparedJob};
 /// coordinators gives up, and the monitor records its loss instead.
 const RECORD_DEADLINE: Duration = Duration::from_secs(5);
 
-/// The job's communicator: one member per process, at the transfer
-/// endpoint its topology entry names. A peer on this process's machine
-/// (the topology's boot equality) gets this host's boot id, so the
-/// endpoint uses shared memory with it.
+/// The job's communicator: one member per process, each looked up in the
+/// job's directory when the communicator first talks to it
+/// (`peers`).
 fn communicator(
     endpoint: Arc<TransferEndpoint>,
+    kv: Arc<dyn KvStore>,
     topology: &GlobalTopology,
-    (me, boot_id): (u32, &str),
+    me: u32,
     job: &str,
     timeout: Duration,
 ) -> Result<Communicator> {
-    let machine = topology
-        .processes
-        .get(me as usize)
-        .map(|p| p.machine)
+    let members = crate::peers::members(kv, job, topology, me, timeout)
         .ok_or_else(|| WorkerError::Internal(format!("process {me} is not in the topology")))?;
-    let members = topology
-        .processes
-        .iter()
-        .map(|p| {
-            let addr = p
-                .transfer_endpoint
-                .as_deref()
-                .and_then(|a| a.parse().ok())
-                .ok_or_else(|| {
-                    WorkerError::Internal(format!(
-                        "process {} published no usable transfer endpoint ({:?})",
-                        p.process_index, p.transfer_endpoint
-                    ))
-                })?;
-            let peer = Peer::new(addr, (p.machine == machine).then(|| boot_id.to_owned()));
-            // Its certificate must name the worker the topology says
-            // (`endpoint` invariant 10).
-            Ok(match p.worker.as_str() {
-                "" => peer,
-                w => peer.on_worker(w),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
     let digest = tessel_topology::sha256_hex(job.as_bytes());
     let group = u16::from_str_radix(&digest[..4], 16).unwrap_or(0);
-    Ok(Communicator::new(
+    Ok(Communicator::with_members(
         endpoint,
         members,
         group,
@@ -277,8 +252,9 @@ impl Worker {
         .await?;
         let comm = comm.insert(communicator(
             endpoint,
+            self.kv.clone(),
             &topology,
-            (a.process_index, &self.host.boot_id),
+            a.process_index,
             &a.attempt,
             timeout,
         )?);

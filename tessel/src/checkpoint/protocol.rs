@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use tessel_coordinator::{Item, Records};
 use tessel_kv::KvStore;
 use tessel_pjrt::ElementType;
-use tessel_topology::GlobalTopology;
 use tessel_transfer::Communicator;
 
 use super::disk::CheckpointDir;
@@ -30,8 +29,10 @@ pub struct Checkpoints {
     process: usize,
     n: usize,
     shared: bool,
-    /// Each process's worker, by index.
-    holders: Vec<Holder>,
+    /// Each process's worker and host, by index: the job's directory,
+    /// read by process 0 when it first commits (topology `exchange`
+    /// invariant 6).
+    holders: tokio::sync::OnceCell<Vec<Holder>>,
 }
 
 /// A process's blocks as they travel between processes (postcard).
@@ -76,7 +77,6 @@ impl Checkpoints {
         roots: &[PathBuf],
         instance: &str,
         process: usize,
-        topology: &GlobalTopology,
         comm: &mut Communicator,
     ) -> Result<Checkpoints, PlanError> {
         let job = tessel_coordinator::scheduler::job_of_instance(instance).to_owned();
@@ -112,14 +112,7 @@ impl Checkpoints {
             process,
             n,
             shared,
-            holders: topology
-                .processes
-                .iter()
-                .map(|p| Holder {
-                    worker: p.worker.clone(),
-                    hostname: p.hostname.clone(),
-                })
-                .collect(),
+            holders: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -390,6 +383,26 @@ impl Checkpoints {
         }
         let mut keep = [u64::MAX; KEEP];
         if self.process == 0 {
+            let holders = self
+                .holders
+                .get_or_try_init(|| async {
+                    let directory =
+                        tessel_topology::exchange::directory(kv, &self.attempt, n as u32)
+                            .await
+                            .map_err(|e| {
+                                PlanError::Checkpoint(format!("the job's directory: {e}"))
+                            })?;
+                    Ok::<_, PlanError>(
+                        directory
+                            .into_iter()
+                            .map(|l| Holder {
+                                worker: l.worker,
+                                hostname: l.hostname,
+                            })
+                            .collect(),
+                    )
+                })
+                .await?;
             let record = CheckpointRecord::new(
                 step,
                 self.spec_sha256.clone(),
@@ -402,9 +415,9 @@ impl Checkpoints {
                 (0..n)
                     .map(|p| {
                         let holders = if replicate {
-                            vec![self.holders[p].clone(), self.holders[(p + 1) % n].clone()]
+                            vec![holders[p].clone(), holders[(p + 1) % n].clone()]
                         } else {
-                            vec![self.holders[p].clone()]
+                            vec![holders[p].clone()]
                         };
                         (digest_of(p), holders)
                     })

@@ -107,7 +107,6 @@ pub async fn run_job_process(
                 process.checkpoint_roots,
                 process.job,
                 index,
-                process.topology,
                 comm,
             )
             .await?,

@@ -9,13 +9,13 @@ use tessel_pjrt::ElementType;
 use super::arenas::Arenas;
 use super::descriptor::{Descriptor, DescriptorFrame};
 use super::tag::{Phase, Tag};
-use crate::endpoint::{Incoming, Outgoing, Payload, Peer, TransferEndpoint, Waiting};
+use crate::endpoint::{Incoming, Members, Outgoing, Payload, TransferEndpoint, Waiting};
 use crate::error::{Result, TransferError};
 
 /// The state of one collective call.
 pub(super) struct Call {
     pub(super) endpoint: Arc<TransferEndpoint>,
-    pub(super) members: Vec<Peer>,
+    pub(super) members: Arc<Members>,
     pub(super) rank: usize,
     pub(super) base: Tag,
     pub(super) deadline: Instant,
@@ -77,9 +77,10 @@ impl Call {
         lend: bool,
     ) -> Result<()> {
         let count = (data.len() / dtype.size()) as u64;
-        let (peer, left) = (&self.members[to], self.left()?);
+        let peer = self.members.get(to).await?;
+        let left = self.left()?;
         self.endpoint
-            .send_with(peer, tag, dtype, &[count], data, left, lend)
+            .send_with(&peer, tag, dtype, &[count], data, left, lend)
             .await
             .map_err(|e| match e {
                 TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),

@@ -157,7 +157,7 @@ use tessel_pjrt::ElementType;
 pub use buffer::CollectiveBuffer;
 pub use descriptor::{CollectiveKind, Descriptor, DescriptorFrame};
 
-use crate::endpoint::{Peer, TransferEndpoint};
+use crate::endpoint::{Members, Peer, TransferEndpoint};
 use crate::error::{Result, TransferError};
 use crate::reduce::{all_reduce_is_small, check_reducible, fold_in_rank_order, ReduceOp};
 use crate::shm::ShmArena;
@@ -200,7 +200,7 @@ impl Default for CollectiveConfig {
 /// `members[i]`.
 pub struct Communicator {
     endpoint: Arc<TransferEndpoint>,
-    members: Vec<Peer>,
+    members: Arc<Members>,
     rank: usize,
     group: u16,
     seq: u64,
@@ -216,6 +216,18 @@ impl Communicator {
     pub fn new(
         endpoint: Arc<TransferEndpoint>,
         members: Vec<Peer>,
+        group: u16,
+        cfg: CollectiveConfig,
+    ) -> Result<Communicator> {
+        let members = Members::known(members, |p| endpoint.same_host(p));
+        Communicator::with_members(endpoint, members, group, cfg)
+    }
+
+    /// As [`Self::new`], with members that may be looked up when first
+    /// needed (`endpoint::members`): a ring looks up two.
+    pub fn with_members(
+        endpoint: Arc<TransferEndpoint>,
+        members: Members,
         group: u16,
         cfg: CollectiveConfig,
     ) -> Result<Communicator> {
@@ -238,7 +250,8 @@ impl Communicator {
             ));
         }
         // Endpoint invariant 13: each member sends only as itself.
-        endpoint.bind_ranks(members.iter().map(|m| m.worker.clone()).collect());
+        let members = Arc::new(members);
+        endpoint.bind_members(members.clone());
         Ok(Communicator {
             endpoint,
             members,
@@ -488,11 +501,8 @@ impl Communicator {
         self.cfg.arenas
             && self.size() > 1
             && d.wants_arenas()
-            && self
-                .members
-                .iter()
-                .enumerate()
-                .all(|(r, p)| r == self.rank || self.endpoint.same_host(p))
+            && self.endpoint.shares_memory()
+            && (0..self.size()).all(|r| r == self.rank || self.members.on_this_machine(r))
     }
 
     /// Makes this rank's arena at least `len` bytes long before the call
@@ -610,19 +620,19 @@ impl Communicator {
 /// Invariant 3: best effort, in the background, bounded.
 fn tell_others(
     endpoint: &Arc<TransferEndpoint>,
-    members: &[Peer],
+    members: &Arc<Members>,
     rank: usize,
     base: Tag,
     reason: &str,
 ) {
-    for (r, peer) in members.iter().enumerate() {
-        if r == rank {
-            continue;
-        }
+    for r in (0..members.len()).filter(|&r| r != rank) {
         let endpoint = endpoint.clone();
-        let peer = peer.clone();
+        let members = members.clone();
         let bytes = reason.as_bytes().to_vec();
         tokio::spawn(async move {
+            let Ok(peer) = members.get(r).await else {
+                return;
+            };
             let _ = endpoint
                 .send_to(
                     &peer,

@@ -75,9 +75,12 @@ impl Call {
     /// runs on this host) or whole in one buffer (a data channel of the
     /// unencrypted data plane): the ring then works in place (invariant
     /// 10's exception).
-    pub(super) fn in_place_ring(&self) -> bool {
-        let prev = &self.members[(self.rank + self.n() - 1) % self.n()];
-        self.endpoint.same_host(prev) || self.endpoint.on_data_channel(prev)
+    pub(super) async fn in_place_ring(&self) -> Result<bool> {
+        let prev = self
+            .members
+            .get((self.rank + self.n() - 1) % self.n())
+            .await?;
+        Ok(self.endpoint.same_host(&prev) || self.endpoint.on_data_channel(&prev))
     }
 
     /// One ring pass of `n - 1` steps in place (invariant 10's exception).
@@ -101,7 +104,9 @@ impl Call {
         // only the gather's chunks are lent (read straight into `buf`),
         // while the reduce's are read ahead into buffers as the previous
         // chunk is folded (endpoint invariant 12).
-        let streamed = self.endpoint.on_data_channel(&self.members[next]);
+        let streamed = self
+            .endpoint
+            .on_data_channel(&self.members.get(next).await?);
         let lend = op.is_none() || !streamed;
         for step in 0..n - 1 {
             let (send_seg, recv_seg) = schedule(step);
@@ -304,7 +309,7 @@ impl Call {
                 .fold_in_arenas(op, dtype, &mut data, &segs, true)
                 .await?;
             self.copy_folded_segments(&peers, &mut data, &segs).await?;
-        } else if self.n() > 1 && self.in_place_ring() {
+        } else if self.n() > 1 && self.in_place_ring().await? {
             self.reduce_in_place(op, dtype, &mut data, &segs).await?;
             self.gather_in_place(dtype, &mut data, &segs).await?;
         } else if self.n() > 1 {
@@ -339,7 +344,7 @@ impl Call {
             self.copy_folded_segments(&peers, data, &segs).await?;
             // Nobody reads this buffer once every peer says so.
             self.post_to_all(self.tag(Phase::Gather, 1, 0), &[]).await?;
-        } else if self.n() > 1 && self.in_place_ring() {
+        } else if self.n() > 1 && self.in_place_ring().await? {
             self.reduce_in_place(op, dtype, data, &segs).await?;
             self.gather_in_place(dtype, data, &segs).await?;
         } else if self.n() > 1 {
@@ -361,7 +366,7 @@ impl Call {
         if self.shared {
             self.fold_in_arenas(op, dtype, &mut data, &segs, false)
                 .await?;
-        } else if self.n() > 1 && self.in_place_ring() {
+        } else if self.n() > 1 && self.in_place_ring().await? {
             self.reduce_in_place(op, dtype, &mut data, &segs).await?;
         } else if self.n() > 1 {
             let input = Source::Shared(Bytes::from(data));
@@ -389,7 +394,7 @@ impl Call {
         }
         let (n, r) = (self.n(), self.rank);
         let segs: Vec<_> = (0..n).map(|j| j * len..(j + 1) * len).collect();
-        if self.in_place_ring() {
+        if self.in_place_ring().await? {
             let mut buf = vec![0u8; len * n];
             buf[segs[r].clone()].copy_from_slice(data);
             self.gather_in_place(dtype, &mut buf, &segs).await?;

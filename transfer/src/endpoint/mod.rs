@@ -148,6 +148,7 @@ mod channels;
 mod config;
 mod data_channel;
 mod mailbox;
+mod members;
 mod payload;
 mod ranks;
 mod receive;
@@ -170,6 +171,7 @@ use crate::stripe::{part_range, Part};
 
 pub use config::{Peer, TransferConfig};
 use mailbox::Mailbox;
+pub use members::{Directory, Members};
 use payload::Arrived;
 pub use payload::Received;
 pub(crate) use payload::{Incoming, Outgoing, Payload, Waiting};
@@ -316,6 +318,19 @@ impl TransferEndpoint {
     /// (invariant 13). [`crate::Communicator::new`] binds its members.
     pub fn bind_ranks(&self, workers: Vec<Option<String>>) {
         self.ranks.bind(workers);
+    }
+
+    /// As [`Self::bind_ranks`], the ranks being a communicator's members:
+    /// a rank's worker is looked up when it first sends.
+    pub(crate) fn bind_members(&self, members: Arc<Members>) {
+        self.ranks.bind_members(members);
+    }
+
+    /// Whether peers on this machine are reached through shared memory:
+    /// the endpoint knows its boot id and is not forced onto the network
+    /// ([`Self::same_host`] for a peer of this boot).
+    pub(crate) fn shares_memory(&self) -> bool {
+        !self.cfg.force_network && self.cfg.boot_id.is_some()
     }
 
     /// The bound address.

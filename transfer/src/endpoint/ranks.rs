@@ -8,22 +8,50 @@ use std::sync::{Arc, RwLock};
 
 use tessel_tls::{Identity, Role};
 
+use super::members::Members;
 use crate::error::{Result, TransferError};
 
 /// The worker of each rank, once known.
 #[derive(Default)]
-pub(super) struct Ranks(RwLock<Option<Arc<[Option<String>]>>>);
+pub(super) struct Ranks(RwLock<Option<Bound>>);
+
+#[derive(Clone)]
+enum Bound {
+    /// Each rank's worker (`None`: not named).
+    Table(Arc<[Option<String>]>),
+    /// A communicator's members, each looked up when first needed
+    /// (`members` invariant 1).
+    Members(Arc<Members>),
+}
 
 impl Ranks {
     /// The job's ranks: the worker each runs on (`None`: not known).
     pub(super) fn bind(&self, workers: Vec<Option<String>>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(workers.into());
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(Bound::Table(workers.into()));
     }
 
-    /// Whether `who` may send as rank `from`.
-    pub(super) fn admit(&self, from: u32, who: &Identity) -> Result<()> {
-        let table = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
-        admits(table.as_deref(), from, who).map_err(TransferError::InvalidHeader)
+    /// The job's ranks as a communicator's members.
+    pub(super) fn bind_members(&self, members: Arc<Members>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(Bound::Members(members));
+    }
+
+    /// Whether `who` may send as rank `from` (looking the rank up first
+    /// where it is a member not yet looked up, and `who` has a name).
+    pub(super) async fn admit(&self, from: u32, who: &Identity) -> Result<()> {
+        let bound = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let verdict = match bound {
+            None => Ok(()),
+            Some(Bound::Table(t)) => admits(Some(&t), from, who),
+            Some(Bound::Members(_)) if !matches!(who, Identity::Node { .. }) => Ok(()),
+            Some(Bound::Members(m)) => {
+                let worker = match (from as usize) < m.len() {
+                    true => Some(m.worker(from as usize).await?),
+                    false => None,
+                };
+                admits_worker(m.len(), from, worker.as_ref().map(Option::as_deref), who)
+            }
+        };
+        verdict.map_err(TransferError::InvalidHeader)
     }
 }
 
@@ -35,14 +63,26 @@ fn admits(
     from: u32,
     who: &Identity,
 ) -> std::result::Result<(), String> {
-    let (Some(table), Identity::Node { role, name }) = (table, who) else {
+    let Some(table) = table else {
         return Ok(());
     };
-    match table.get(from as usize) {
-        None => Err(format!(
-            "rank {from} is not in this job (of {} ranks)",
-            table.len()
-        )),
+    let worker = table.get(from as usize).map(Option::as_deref);
+    admits_worker(table.len(), from, worker, who)
+}
+
+/// The rule for rank `from` of `ranks`, whose worker is `worker` (`None`:
+/// no such rank; `Some(None)`: its worker is not named).
+fn admits_worker(
+    ranks: usize,
+    from: u32,
+    worker: Option<Option<&str>>,
+    who: &Identity,
+) -> std::result::Result<(), String> {
+    let Identity::Node { role, name } = who else {
+        return Ok(());
+    };
+    match worker {
+        None => Err(format!("rank {from} is not in this job (of {ranks} ranks)")),
         Some(Some(worker)) if *role != Role::Worker || worker != name => Err(format!(
             "rank {from} runs on worker `{worker}`; the sender's certificate names {who}"
         )),

@@ -203,7 +203,7 @@ async fn answer_channel_request(
         ChannelRequest::decode(&body)
     };
     let answer = match request.await {
-        Ok(r) => match sender.ranks.admit(r.from, &sender.who) {
+        Ok(r) => match sender.ranks.admit(r.from, &sender.who).await {
             // Invariant 13, with its reason for the sender.
             Err(e) => ChannelAnswer::Refused(e.to_string()),
             Ok(()) => channels.answer(&r, asked, remote, |token| {
@@ -252,7 +252,7 @@ pub(super) async fn receive(
             .map_err(|e| stream_err(e.to_string()))?;
         let header = TransferHeader::decode(&body, max_bytes)?;
         // Invariant 13, before anything is allocated for the payload.
-        sender.ranks.admit(header.from, &sender.who)?;
+        sender.ranks.admit(header.from, &sender.who).await?;
         let dtype = header.dtype;
         Ok::<_, TransferError>((header, dtype))
     }
