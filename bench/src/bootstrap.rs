@@ -14,7 +14,8 @@
 //!   own CPU) is done once for all of them here, else N² decoding on this
 //!   machine's two cores starves the replicas being measured. One host's
 //!   decode is reported (`decode_ms_per_host`): add it to predict a
-//!   cluster.
+//!   cluster. `phases_ms` says when the last host finished each step of
+//!   its bootstrap (`sim_host::PHASES`), from the run's start.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -272,13 +273,15 @@ async fn simulated(
     let own_before = usage(std::process::id());
     let before = total_ops(clients);
     let cache = Arc::new(TopologyCache::new());
+    let phases = Arc::new(sim_host::Phases::new());
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let kv: Arc<dyn KvStore> = clients[i as usize % clients.len()].clone();
             let job = job.clone();
             let cache = cache.clone();
-            tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache).await })
+            let phases = phases.clone();
+            tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache, Some(&phases)).await })
         })
         .collect();
     let mut hosts = Vec::with_capacity(n as usize);
@@ -306,7 +309,7 @@ async fn simulated(
     }
     let decode_ms = decode_started.elapsed().as_secs_f64() * 1e3;
     println!(
-        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"followers_cpu_ms\":{:?},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0},\"kib_per_simulated_worker\":{:.1}}}",
+        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"followers_cpu_ms\":{:?},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0},\"kib_per_simulated_worker\":{:.1},\"phases_ms\":{}}}",
         ms * 1000.0 / n as f64,
         ops as f64 / n as f64,
         leader_cpu_ns / 1_000_000,
@@ -316,6 +319,7 @@ async fn simulated(
         // The benchmark's resident growth while every host holds its
         // waits: a host's tasks, streams and share of its connection.
         own.rss_kib.saturating_sub(own_before.rss_kib) as f64 / n as f64,
+        phases.json(),
     );
     jobs::finish_job(&*clients[0], &job).await?;
     futures::future::join_all(hosts.into_iter().map(sim_host::RunningHost::stop)).await;

@@ -27,6 +27,7 @@
 //! per-connection work (a handshake, keep-alives while idle) is not,
 //! unless `--connection-per-host` gives each host its own.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,48 @@ use crate::simulated::worker_info;
 /// assignments, the job's end and failure, and the topology's get), and a
 /// connection takes `tessel_tls` MAX_STREAMS (1,024) at once.
 pub(crate) const HOSTS_PER_CONNECTION: usize = 128;
+
+/// The steps of a host's bootstrap, in order, as [`Phases`] reports them.
+pub(crate) const PHASES: [&str; 6] = [
+    "registered",
+    "assignment_listed",
+    "spec_read",
+    "topology_known",
+    "neighbours_found",
+    "published",
+];
+
+/// When the last host finished each step of [`PHASES`], from the start of
+/// the run: where a run's time goes, step by step.
+pub(crate) struct Phases {
+    started: Instant,
+    last_us: [AtomicU64; PHASES.len()],
+}
+
+impl Phases {
+    /// Counting from now.
+    pub(crate) fn new() -> Phases {
+        Phases {
+            started: Instant::now(),
+            last_us: Default::default(),
+        }
+    }
+
+    fn done(&self, step: usize) {
+        let us = self.started.elapsed().as_micros() as u64;
+        self.last_us[step].fetch_max(us, Ordering::Relaxed);
+    }
+
+    /// `{"registered":MS,…}`.
+    pub(crate) fn json(&self) -> String {
+        let each: Vec<String> = PHASES
+            .iter()
+            .zip(&self.last_us)
+            .map(|(name, us)| format!("\"{name}\":{}", us.load(Ordering::Relaxed) / 1000))
+            .collect();
+        format!("{{{}}}", each.join(","))
+    }
+}
 
 /// How a host's bootstrap ended.
 pub(crate) enum Outcome {
@@ -142,15 +185,23 @@ async fn start(
 
 /// Host `i` of `n`, started now, assigned process `i` of `job` (the
 /// assignment is written before): returns once it published its digest,
-/// or once the job failed before its topology was complete.
+/// or once the job failed before its topology was complete. Each step it
+/// finishes is marked in `phases`, where given.
 pub(crate) async fn run(
     kv: Arc<dyn KvStore>,
     n: u32,
     i: u32,
     job: &str,
     cache: &TopologyCache,
+    phases: Option<&Phases>,
 ) -> Result<Outcome> {
+    let done = |step: usize| {
+        if let Some(p) = phases {
+            p.done(step);
+        }
+    };
     let (id, facts, reg, heartbeat) = start(&kv, n, i).await?;
+    done(0);
     let drain = keys::drain(&id);
     let k = kv.clone();
     let mut waits = vec![tokio::spawn(async move {
@@ -165,6 +216,7 @@ pub(crate) async fn run(
         while let Some(Ok(_)) = events.next().await {}
     }));
     let listed = kv.list(prefix.as_bytes()).await?;
+    done(1);
     let Some(a) = listed
         .iter()
         .filter_map(|p| JobAssignment::decode(&p.value).ok())
@@ -177,6 +229,7 @@ pub(crate) async fn run(
     let end = JobEnd::start(kv.clone(), job);
     jobs::join_job(&*kv, job, &reg).await?;
     Records::new(&*kv, job).get(Item::Spec).await?;
+    done(2);
     let local = LocalTopology {
         process_index: a.process_index,
         num_processes: a.num_processes,
@@ -217,6 +270,7 @@ pub(crate) async fn run(
             t.topology().num_devices()
         );
     }
+    done(3);
     // The ring's neighbours, once each, as the communicator looks them up
     // for the barrier (the worker's `peers`).
     let neighbours: std::collections::BTreeSet<u32> = [(i + 1) % n, (i + n - 1) % n]
@@ -226,8 +280,10 @@ pub(crate) async fn run(
     for peer in neighbours {
         tessel_topology::exchange::peer(&*kv, job, peer, timeout).await?;
     }
+    done(4);
     attempt::publish(&*kv, job, i, Record::Topology, t.digest().as_bytes()).await?;
     attempt::publish(&*kv, job, i, Record::TransferReady, b"0.0").await?;
+    done(5);
     Ok(Outcome::Known(RunningHost {
         kv,
         reg,

@@ -90,7 +90,7 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
                 job.clone(),
                 cache.clone(),
             );
-            tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache).await })
+            tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache, None).await })
         })
         .collect();
     let mut hosts = Vec::with_capacity(n as usize);
