@@ -73,15 +73,11 @@ pub(crate) struct Columns {
     machines: Vec<i64>,
 }
 
-/// The second form: the columns, then the job's directory (invariant 4).
+/// The second form: the columns, then the job's directory (invariant 4;
+/// postcard lays a nested struct's fields out as if they were this one's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Compact {
-    num_slices: u32,
-    transfer_encrypted: bool,
-    device_lists: Vec<Vec<Shape>>,
-    devices: Vec<i64>,
-    slices: Vec<i64>,
-    machines: Vec<i64>,
+    columns: Columns,
     workers: Vec<Front>,
     hostnames: Vec<Front>,
     endpoints: Vec<Option<Front>>,
@@ -103,7 +99,7 @@ impl Compact {
     /// Invariant 4: the directory's columns must match the processes; the
     /// topology is in the rest.
     pub(crate) fn decode(self) -> Result<GlobalTopology> {
-        let n = self.devices.len();
+        let n = self.columns.devices.len();
         let directory = [
             self.workers.len(),
             self.hostnames.len(),
@@ -114,15 +110,7 @@ impl Compact {
                 "a published topology: columns of {directory:?} entries for {n} processes"
             )));
         }
-        Columns {
-            num_slices: self.num_slices,
-            transfer_encrypted: self.transfer_encrypted,
-            device_lists: self.device_lists,
-            devices: self.devices,
-            slices: self.slices,
-            machines: self.machines,
-        }
-        .decode()
+        self.columns.decode()
     }
 }
 
@@ -354,15 +342,9 @@ fn second_form(t: &GlobalTopology, locals: &[LocalTopology]) -> Compact {
         *prev = s.to_owned();
         Front(shared as u32, s[shared..].to_owned())
     };
-    let c = Columns::encode(t);
     let (mut w, mut h, mut e) = (String::new(), String::new(), String::new());
     Compact {
-        num_slices: c.num_slices,
-        transfer_encrypted: c.transfer_encrypted,
-        device_lists: c.device_lists,
-        devices: c.devices,
-        slices: c.slices,
-        machines: c.machines,
+        columns: Columns::encode(t),
         workers: locals.iter().map(|l| front(&mut w, &l.worker)).collect(),
         hostnames: locals.iter().map(|l| front(&mut h, &l.hostname)).collect(),
         endpoints: locals
@@ -453,6 +435,10 @@ mod tests {
         let machines: Vec<u32> = t.processes.iter().map(|p| p.machine).collect();
         assert_eq!(machines, vec![0, 0, 1, 1, 2, 2, 3, 3]);
         assert_eq!(second_form(&t, &locals).decode().unwrap(), t);
+        // Its bytes begin with the columns' own (postcard nests flat).
+        let columns = postcard::to_allocvec(&Columns::encode(&t)).unwrap();
+        let second = postcard::to_allocvec(&second_form(&t, &locals)).unwrap();
+        assert!(second.starts_with(&columns) && second.len() > columns.len());
         let mut short = second_form(&t, &locals);
         short.endpoints.pop();
         let e = short.decode().unwrap_err().to_string();

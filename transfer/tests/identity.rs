@@ -2,30 +2,16 @@
 //! admits workers only, and a sender reaches only the worker it means.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use tessel_pjrt::ElementType;
-use tessel_tls::{init_ca, issue, NodeCert, Role, TlsFiles};
+use tessel_tls::{init_ca, Role, TlsFiles};
 use tessel_transfer::{Peer, TransferConfig, TransferEndpoint, TransferError};
 
-const T: Duration = Duration::from_secs(10);
+mod common;
+use common::node;
 
-fn node(ca: &Path, dir: &Path, role: Role, name: &str) -> TlsFiles {
-    let out = dir.join(name);
-    issue(
-        ca,
-        &NodeCert {
-            role,
-            name,
-            hosts: &[],
-            valid: tessel_tls::Validity::days(30),
-        },
-        &out,
-    )
-    .unwrap();
-    TlsFiles::load(&out).unwrap()
-}
+const T: Duration = Duration::from_secs(10);
 
 /// On data channels and on QUIC streams; a connection or channel kept
 /// from an earlier transfer is checked again (one connection per peer,

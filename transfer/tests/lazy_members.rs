@@ -11,27 +11,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tessel_pjrt::ElementType;
-use tessel_tls::{init_ca, issue, NodeCert, Role, TlsFiles};
+use tessel_tls::{init_ca, Role};
+mod common;
+
 use tessel_transfer::{
     CollectiveConfig, Communicator, Directory, Members, Peer, ReduceOp, TransferConfig,
     TransferEndpoint,
 };
-
-fn worker(ca: &Path, dir: &Path, name: &str) -> TlsFiles {
-    let out = dir.join(name);
-    issue(
-        ca,
-        &NodeCert {
-            role: Role::Worker,
-            name,
-            hosts: &[],
-            valid: tessel_tls::Validity::days(30),
-        },
-        &out,
-    )
-    .unwrap();
-    TlsFiles::load(&out).unwrap()
-}
 
 /// The job's directory, as one rank asks it: records which ranks it was
 /// asked for.
@@ -58,7 +44,7 @@ fn endpoints(ca: &Path, dir: &Path, names: &[&str]) -> Vec<Arc<TransferEndpoint>
         .iter()
         .enumerate()
         .map(|(r, name)| {
-            let tls = worker(ca, dir, name);
+            let tls = common::node(ca, dir, Role::Worker, name);
             Arc::new(TransferEndpoint::bind(any, r as u32, Some(&tls), cfg.clone()).unwrap())
         })
         .collect()
