@@ -21,6 +21,7 @@ has PyYAML: kubernetes-validate's).
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -67,13 +68,16 @@ def env(c):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
+# The rendered manifests, for kubernetes-validate: in a folder of this
+# run's own, removed when the run ends however it ends.
+RENDERED = tempfile.TemporaryDirectory(prefix="tessel-chart-")
 counts = {}
 for preset in PRESETS:
     r = subprocess.run([HELM, "lint", "--strict", str(CHART), *values_args(preset)],
                        capture_output=True, text=True)
     check(r.returncode == 0, f"helm lint --strict ({preset}): {r.stdout}{r.stderr}")
     rendered = template(values_args(preset)).stdout
-    path = Path(f"/tmp/tessel-chart-{preset}.yaml")
+    path = Path(RENDERED.name) / f"{preset}.yaml"
     path.write_text(rendered)
     objs = [o for o in yaml.safe_load_all(rendered) if o]
     counts[preset] = {}
