@@ -256,13 +256,7 @@ async fn gather(
         .watch(prefix.as_bytes(), rev + 1)
         .await
         .map_err(TopologyError::kv("watching local topologies"))?;
-    for pair in kv
-        .list(prefix.as_bytes())
-        .await
-        .map_err(TopologyError::kv("listing local topologies"))?
-    {
-        accept(job, n, &mut got, &pair.key, &pair.value)?;
-    }
+    list_into(kv, job, n, &mut got).await?;
     while (got.len() as u32) < n {
         let next = tokio::time::timeout_at(deadline, events.next()).await;
         let event = match next {
@@ -280,6 +274,23 @@ async fn gather(
         }
     }
     Ok(got.into_values().collect())
+}
+
+/// Every local topology of job `job` listed now, into `got`.
+async fn list_into(
+    kv: &dyn KvStore,
+    job: &str,
+    n: u32,
+    got: &mut BTreeMap<u32, LocalTopology>,
+) -> Result<()> {
+    for pair in kv
+        .list(keys::local_prefix(job).as_bytes())
+        .await
+        .map_err(TopologyError::kv("listing local topologies"))?
+    {
+        accept(job, n, got, &pair.key, &pair.value)?;
+    }
+    Ok(())
 }
 
 /// Takes one local-topology key into `got`.
@@ -356,13 +367,7 @@ pub async fn peer(
 pub async fn directory(kv: &dyn KvStore, job: &str, n: u32) -> Result<Vec<LocalTopology>> {
     keys::check_component("job id", job)?;
     let mut got = BTreeMap::new();
-    for pair in kv
-        .list(keys::local_prefix(job).as_bytes())
-        .await
-        .map_err(TopologyError::kv("listing local topologies"))?
-    {
-        accept(job, n, &mut got, &pair.key, &pair.value)?;
-    }
+    list_into(kv, job, n, &mut got).await?;
     if let Some((i, l)) = got.iter().find(|(&i, l)| l.process_index != i) {
         return Err(TopologyError::Invalid(format!(
             "{} holds process {}",

@@ -80,7 +80,7 @@ impl Call {
         let peer = self.members.get(to).await?;
         let left = self.left()?;
         self.endpoint
-            .send_with(&peer, tag, dtype, &[count], data, left, lend)
+            .send_with(peer, tag, dtype, &[count], data, left, lend)
             .await
             .map_err(|e| match e {
                 TransferError::DeadlineExceeded { .. } => self.deadline_exceeded(),

@@ -635,7 +635,7 @@ fn tell_others(
             };
             let _ = endpoint
                 .send_to(
-                    &peer,
+                    peer,
                     base.abort(),
                     ElementType::U8,
                     &[bytes.len() as u64],

@@ -80,7 +80,7 @@ impl Call {
             .members
             .get((self.rank + self.n() - 1) % self.n())
             .await?;
-        Ok(self.endpoint.same_host(&prev) || self.endpoint.on_data_channel(&prev))
+        Ok(self.endpoint.same_host(prev) || self.endpoint.on_data_channel(prev))
     }
 
     /// One ring pass of `n - 1` steps in place (invariant 10's exception).
@@ -104,9 +104,7 @@ impl Call {
         // only the gather's chunks are lent (read straight into `buf`),
         // while the reduce's are read ahead into buffers as the previous
         // chunk is folded (endpoint invariant 12).
-        let streamed = self
-            .endpoint
-            .on_data_channel(&self.members.get(next).await?);
+        let streamed = self.endpoint.on_data_channel(self.members.get(next).await?);
         let lend = op.is_none() || !streamed;
         for step in 0..n - 1 {
             let (send_seg, recv_seg) = schedule(step);

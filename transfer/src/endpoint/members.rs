@@ -77,7 +77,8 @@ impl Members {
     }
 
     /// Rank `rank`'s peer, looked up now if it was not yet (invariant 1).
-    pub async fn get(&self, rank: usize) -> Result<Peer> {
+    /// Borrowed: a ring asks for its neighbour at every chunk it sends.
+    pub async fn get(&self, rank: usize) -> Result<&Peer> {
         let cell = self.peers.get(rank).ok_or_else(|| {
             TransferError::InvalidArgument(format!("rank {rank} of a group of {}", self.len()))
         })?;
@@ -90,12 +91,11 @@ impl Members {
             }
         })
         .await
-        .cloned()
     }
 
     /// Its peer's worker, where the certificate check needs it.
-    pub(super) async fn worker(&self, rank: usize) -> Result<Option<String>> {
-        Ok(self.get(rank).await?.worker)
+    pub(super) async fn worker(&self, rank: usize) -> Result<Option<&str>> {
+        Ok(self.get(rank).await?.worker.as_deref())
     }
 }
 
@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(d.asked.load(Ordering::Relaxed), 0, "invariant 2");
         let one = m.get(1).await.unwrap();
         assert_eq!(one.addr.port(), 7001);
-        assert_eq!(m.worker(1).await.unwrap().as_deref(), Some("w1"));
+        assert_eq!(m.worker(1).await.unwrap(), Some("w1"));
         assert_eq!(d.asked.load(Ordering::Relaxed), 1, "once");
         assert!(m.get(2).await.is_err());
         assert_eq!(m.get(2).await.unwrap().addr.port(), 7002, "asked again");

@@ -498,7 +498,7 @@ impl TransferEndpoint {
 
     /// Whether transfers to `peer` take the shared-memory path.
     pub fn same_host(&self, peer: &Peer) -> bool {
-        !self.cfg.force_network && self.same_boot_id(peer)
+        self.shares_memory() && self.cfg.boot_id == peer.boot_id
     }
 
     /// Whether payloads to and from `peer` travel on data channels

@@ -48,7 +48,7 @@ impl Ranks {
                     true => Some(m.worker(from as usize).await?),
                     false => None,
                 };
-                admits_worker(m.len(), from, worker.as_ref().map(Option::as_deref), who)
+                admits_worker(m.len(), from, worker, who)
             }
         };
         verdict.map_err(TransferError::InvalidHeader)
