@@ -81,12 +81,14 @@
 //!   `--worker-id` other than its certificate's name (which is the default
 //!   id); a coordinator refuses a non-coordinator certificate.
 
+mod credit;
 mod files;
 mod identity;
 mod issue;
 mod reload;
 mod verify;
 
+pub use credit::{OpenStream, StreamCredit, FIRST_STREAMS};
 pub use files::show_time;
 pub use identity::{identity_of, peer_identity, Identity, Role};
 pub use issue::{init_ca, init_certs, issue, renew, NodeCert, Validity, CA_DAYS, NODE_DAYS};
@@ -296,17 +298,26 @@ const KEEP_ALIVE: Duration = Duration::from_millis(1200);
 /// a larger datagram ends the connection.
 const DATAGRAM_BUFFER: usize = 256;
 
-/// Requests in flight per connection. Blocking gets and watches hold a
-/// stream each, so quinn's default (100) would let 100 waiting gets starve
-/// the writes that would wake them. Not much more: quinn keeps the state of
-/// up to this many streams per connection for reuse (about 360 bytes each
-/// here), and at 8192 the leader of `tessel-bench kv` held ~2.9 MB per
-/// client connection (~250 MB of its 386 MB with 1 M keys).
+/// Requests in flight per connection, at most. Blocking gets and watches
+/// hold a stream each, so quinn's default (100) would let 100 waiting gets
+/// starve the writes that would wake them. Not much more: quinn keeps the
+/// state of up to this many streams per connection for reuse, and at 8192
+/// the leader of `tessel-bench kv` held ~2.9 MB per client connection
+/// (~250 MB of its 386 MB with 1 M keys). An accepted connection starts at
+/// [`FIRST_STREAMS`] and earns more by using them ([`StreamCredit`]).
 const MAX_STREAMS: u32 = 1024;
 
 fn transport(dialer: bool) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
-    t.max_concurrent_bidi_streams(MAX_STREAMS.into());
+    // Only the dialing side opens streams, and only bidirectional ones:
+    // the dialer accepts none, the acceptor no unidirectional ones. quinn
+    // sets up every stream the peer may open as the connection is made:
+    // 1,124 slots per dialed connection before, 88 KiB of its memory
+    // (`tessel-bench dial`), set up again at every redial. The acceptor's
+    // limit starts low and grows with use ([`StreamCredit`]).
+    let accepted = if dialer { 0 } else { FIRST_STREAMS };
+    t.max_concurrent_bidi_streams(accepted.into());
+    t.max_concurrent_uni_streams(0u32.into());
     t.keep_alive_interval(dialer.then_some(KEEP_ALIVE));
     // Datagrams are only the liveness probes of a waiting call (`kv-service`
     // rpc invariant 4), never read: keep a few bytes of them, not quinn's

@@ -207,8 +207,14 @@ pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
                 addr: conn.remote_address(),
                 identity: Arc::new(peer_identity(&conn)),
             };
+            let credit = tessel_tls::StreamCredit::new(&conn);
             while let Ok((send, recv)) = conn.accept_bi().await {
-                tokio::spawn(serve_stream(handler.clone(), send, recv, peer.clone()));
+                let open = credit.accepted();
+                let served = serve_stream(handler.clone(), send, recv, peer.clone());
+                tokio::spawn(async move {
+                    served.await;
+                    drop(open);
+                });
             }
         });
     }

@@ -101,7 +101,8 @@ async fn a_call_waiting_for_a_stream_to_a_dead_peer_gives_up() {
     let (rt, addr, cfg) = server_on_own_runtime(Slow(None));
     let client = client_with(cfg);
     let req = WireRequest::Client(ClientRequest::Revision);
-    // Every stream the peer allows, waiting on it (`tessel_tls`: 1,024).
+    // Every stream the peer allows, waiting on it (`tessel_tls`: 1,024 at
+    // most, granted as they are used).
     let waiting: Vec<_> = (0..1024)
         .map(|_| {
             let client = client.clone();

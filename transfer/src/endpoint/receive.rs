@@ -39,7 +39,9 @@ pub(super) async fn accept_loop(
                 who: Arc::new(tessel_tls::peer_identity(&conn)),
                 ranks,
             };
+            let credit = tessel_tls::StreamCredit::new(&conn);
             while let Ok((send, recv)) = conn.accept_bi().await {
+                let open = credit.accepted();
                 let mailbox = mailbox.clone();
                 let cfg = cfg.clone();
                 let channels = channels.clone();
@@ -49,6 +51,7 @@ pub(super) async fn accept_loop(
                     if let Err(e) = received.await {
                         tracing::warn!(error = %e, "transfer refused");
                     }
+                    drop(open);
                 });
             }
         });
