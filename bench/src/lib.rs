@@ -41,6 +41,7 @@ pub fn tessel_bin() -> anyhow::Result<std::path::PathBuf> {
 
 pub mod bootstrap;
 mod bootstrap_loss;
+pub mod dial;
 pub mod heartbeat;
 pub mod jax;
 pub mod job;

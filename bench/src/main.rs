@@ -29,6 +29,8 @@ enum Command {
     Kv(tessel_bench::kv::BenchKvArgs),
     /// Worker start to global topology known by all, processes and simulated.
     Bootstrap(tessel_bench::bootstrap::BenchBootstrapArgs),
+    /// What a client connection costs, dialing side and replicas'.
+    Dial(tessel_bench::dial::BenchDialArgs),
     /// Simulated workers heartbeating: the leader's load, a put's latency
     /// meanwhile, and how soon a silent one is seen lost.
     Heartbeat(tessel_bench::heartbeat::BenchHeartbeatArgs),
@@ -85,6 +87,7 @@ fn run(cli: Cli) -> Result<()> {
                 .context("the bench task failed")?
         }),
         Command::Bootstrap(args) => runtime.block_on(tessel_bench::bootstrap::run(args)),
+        Command::Dial(args) => runtime.block_on(tessel_bench::dial::run(args)),
         Command::Heartbeat(args) => runtime.block_on(tessel_bench::heartbeat::run(args)),
         Command::Steady(args) => runtime.block_on(tessel_bench::steady::run(args)),
         Command::Transfer(args) => runtime.block_on(tessel_bench::transfer::run(args)),
