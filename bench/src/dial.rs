@@ -42,12 +42,14 @@ pub async fn run(args: BenchDialArgs) -> Result<()> {
     let elapsed = started.elapsed();
     let (own, replicas_now) = (usage(std::process::id()), replica_usage());
     let per = |v: u64| v as f64 / n as f64;
-    let replicas_cpu_ns: u64 = (replicas_now.iter().zip(&replicas_before))
-        .map(|(a, b)| a.cpu_ns.saturating_sub(b.cpu_ns))
-        .sum();
-    let replicas_kib: u64 = (replicas_now.iter().zip(&replicas_before))
-        .map(|(a, b)| a.rss_kib.saturating_sub(b.rss_kib))
-        .sum();
+    let (replicas_cpu_ns, replicas_kib) = (replicas_now.iter().zip(&replicas_before))
+        .map(|(a, b)| {
+            (
+                a.cpu_ns.saturating_sub(b.cpu_ns),
+                a.rss_kib.saturating_sub(b.rss_kib),
+            )
+        })
+        .fold((0, 0), |(c, k), (dc, dk)| (c + dc, k + dk));
     println!(
         "{{\"figure\":\"dial\",\"connections\":{n},\"us_per_connection\":{:.0},\"dialer_cpu_us\":{:.0},\"dialer_kib\":{:.1},\"replicas_cpu_us\":{:.0},\"replicas_kib\":{:.1}}}",
         elapsed.as_secs_f64() * 1e6 / n as f64,
@@ -56,6 +58,5 @@ pub async fn run(args: BenchDialArgs) -> Result<()> {
         per(replicas_cpu_ns) / 1e3,
         per(replicas_kib),
     );
-    drop(clients);
     Ok(())
 }

@@ -22,24 +22,21 @@ use crate::MAX_STREAMS;
 /// Streams a dialer may open at once on an accepted connection at first.
 pub const FIRST_STREAMS: u32 = 64;
 
-/// Counts an accepted connection's open streams and raises its limit.
-#[derive(Clone)]
+/// Counts an accepted connection's open streams and raises its limit. Its
+/// accept loop alone calls [`StreamCredit::accepted`], so the limit is
+/// plain state; the count is shared with the streams being served.
 pub struct StreamCredit {
     conn: quinn::Connection,
-    counts: Arc<Counts>,
-}
-
-struct Counts {
-    open: AtomicU32,
-    limit: AtomicU32,
+    limit: u32,
+    open: Arc<AtomicU32>,
 }
 
 /// One accepted stream, counted open until dropped.
-pub struct OpenStream(Arc<Counts>);
+pub struct OpenStream(Arc<AtomicU32>);
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -49,31 +46,20 @@ impl StreamCredit {
     pub fn new(conn: &quinn::Connection) -> StreamCredit {
         StreamCredit {
             conn: conn.clone(),
-            counts: Arc::new(Counts {
-                open: AtomicU32::new(0),
-                limit: AtomicU32::new(FIRST_STREAMS),
-            }),
+            limit: FIRST_STREAMS,
+            open: Arc::new(AtomicU32::new(0)),
         }
     }
 
     /// A stream was accepted: hold the result while it is served.
-    pub fn accepted(&self) -> OpenStream {
-        let open = self.counts.open.fetch_add(1, Ordering::AcqRel) + 1;
-        if let Some(raised) = self.raise(open) {
+    /// Invariants 1–2: raises the limit if the open streams earn it.
+    pub fn accepted(&mut self) -> OpenStream {
+        let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some(raised) = next_limit(self.limit, open) {
+            self.limit = raised;
             self.conn.set_max_concurrent_bi_streams(raised.into());
         }
-        OpenStream(self.counts.clone())
-    }
-
-    /// Invariants 1–2: the new limit, if `open` streams earn one.
-    fn raise(&self, open: u32) -> Option<u32> {
-        let limit = self.counts.limit.load(Ordering::Acquire);
-        let raised = next_limit(limit, open)?;
-        self.counts
-            .limit
-            .compare_exchange(limit, raised, Ordering::AcqRel, Ordering::Acquire)
-            .ok()
-            .map(|_| raised)
+        OpenStream(self.open.clone())
     }
 }
 

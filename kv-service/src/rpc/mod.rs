@@ -207,7 +207,7 @@ pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
                 addr: conn.remote_address(),
                 identity: Arc::new(peer_identity(&conn)),
             };
-            let credit = tessel_tls::StreamCredit::new(&conn);
+            let mut credit = tessel_tls::StreamCredit::new(&conn);
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let open = credit.accepted();
                 let served = serve_stream(handler.clone(), send, recv, peer.clone());

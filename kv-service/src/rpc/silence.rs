@@ -50,8 +50,10 @@ const SILENCE_CHECK: Duration = Duration::from_millis(250);
 /// rarely (`tessel_tls`), and a heartbeating worker's never do.
 pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 /// How long a probe that left this process goes unanswered before the
-/// peer is found silent (invariant 1).
-pub(crate) const PROBE_ANSWER: Duration = Duration::from_millis(500);
+/// peer is found silent (invariant 1): the rest of [`SILENCE`]. A probe
+/// leaves [`PROBE_AFTER`] into a silence at the earliest, so a verdict
+/// also implies [`SILENCE`] without a datagram.
+pub(crate) const PROBE_ANSWER: Duration = SILENCE.saturating_sub(PROBE_AFTER);
 
 /// Why a call gave up on a silent peer.
 pub(crate) fn silent_reason() -> String {
@@ -191,7 +193,7 @@ async fn watch_silence(link: Link) {
                 Probe::Queued(stats.frame_tx.datagram)
             }
             Probe::Queued(before) if stats.frame_tx.datagram > before => Probe::Sent(now),
-            Probe::Sent(at) if silent_for >= SILENCE && now.duration_since(at) >= PROBE_ANSWER => {
+            Probe::Sent(at) if now.duration_since(at) >= PROBE_ANSWER => {
                 link.silence.found.send_modify(|n| *n += 1);
                 since = now;
                 Probe::None

@@ -39,7 +39,7 @@ pub(super) async fn accept_loop(
                 who: Arc::new(tessel_tls::peer_identity(&conn)),
                 ranks,
             };
-            let credit = tessel_tls::StreamCredit::new(&conn);
+            let mut credit = tessel_tls::StreamCredit::new(&conn);
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let open = credit.accepted();
                 let mailbox = mailbox.clone();
