@@ -183,7 +183,10 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
     };
     let refuse = |what: String| Err(format!("{identity} may not {what}"));
     let c = match req {
-        WireRequest::AppendEntries(_) | WireRequest::Vote(_) | WireRequest::InstallSnapshot(_) => {
+        WireRequest::AppendEntries(_)
+        | WireRequest::Vote(_)
+        | WireRequest::InstallSnapshot(_)
+        | WireRequest::RaftPort => {
             return match role {
                 Role::Coordinator => Ok(None),
                 _ => refuse("take part in Raft".into()),
