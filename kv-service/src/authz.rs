@@ -183,10 +183,7 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
     };
     let refuse = |what: String| Err(format!("{identity} may not {what}"));
     let c = match req {
-        WireRequest::AppendEntries(_)
-        | WireRequest::Vote(_)
-        | WireRequest::InstallSnapshot(_)
-        | WireRequest::RaftPort => {
+        WireRequest::AppendEntries(_) | WireRequest::Vote(_) | WireRequest::InstallSnapshot(_) => {
             return match role {
                 Role::Coordinator => Ok(None),
                 _ => refuse("take part in Raft".into()),

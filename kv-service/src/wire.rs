@@ -29,9 +29,7 @@
 //!   Either way only that stream ends.
 //! * Request (`WireRequest`): `AppendEntries`, `Vote`, `InstallSnapshot`
 //!   (Raft, between replicas); `Client(ClientRequest)` and
-//!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again);
-//!   `RaftPort` (a replica asks where another's Raft core listens, and
-//!   sends its Raft messages there: node invariant 12).
+//!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again).
 //!   `ClientRequest`: `Write(Op)`, `Get{key, timeout_ms}`, `TryGet`, `List`,
 //!   `Revision`, `Watch{prefix, from}`, `WaitBarrier`, `Status`,
 //!   `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`,
@@ -103,9 +101,6 @@ pub enum WireRequest {
     Client(ClientRequest),
     /// A client request relayed by a follower; never relayed again.
     Forwarded(ClientRequest),
-    /// Where this replica's Raft core listens (a replica's question):
-    /// answered [`WireResponse::RaftPort`] (node invariant 12).
-    RaftPort,
 }
 
 /// Requests of key-value clients. Any replica accepts them; followers
@@ -284,9 +279,6 @@ pub enum WireResponse {
     Done(Result<(), KvError>),
     /// Answers `RenewMany`: one result a lease, in its order.
     Renewed(Vec<Result<Output, KvError>>),
-    /// Answers `RaftPort`: the UDP port of the replica's Raft core, on the
-    /// address the question was sent to.
-    RaftPort(u16),
 }
 
 /// A get's answer with its bytes as one byte string. postcard writes the

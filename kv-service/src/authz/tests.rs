@@ -170,21 +170,6 @@ fn only_coordinators_join_forward_or_guard() {
 }
 
 #[test]
-fn only_coordinators_take_part_in_raft_or_ask_where_a_core_listens() {
-    let vote = WireRequest::Vote(openraft::raft::VoteRequest::new(
-        openraft::Vote::new(3, 1),
-        None,
-    ));
-    for req in [&vote, &WireRequest::RaftPort] {
-        for who in [node(Role::Worker, "h4"), node(Role::Client, "ops")] {
-            let e = authorize(&who, req).unwrap_err();
-            assert!(e.contains("take part in Raft"), "{e}");
-        }
-        assert_eq!(authorize(&node(Role::Coordinator, "2"), req), Ok(None));
-    }
-}
-
-#[test]
 fn only_coordinators_advance_the_clock_or_renew_leases_in_bulk() {
     let internal = [
         Op::Tick,

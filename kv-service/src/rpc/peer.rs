@@ -67,16 +67,6 @@ impl PeerClient {
         Ok(addr)
     }
 
-    /// Dials `addr` by the name `like` was resolved from, if any: another
-    /// port of the same host (a replica's Raft core), whose certificate
-    /// names the host.
-    pub fn same_host(&self, addr: SocketAddr, like: SocketAddr) {
-        let mut names = lock(&self.names);
-        if let Some(name) = names.get(&like).cloned() {
-            names.insert(addr, name);
-        }
-    }
-
     /// The pooled connection to `addr` while it is open.
     fn pooled(&self, addr: SocketAddr) -> Option<Link> {
         let conns = lock(&self.conns);

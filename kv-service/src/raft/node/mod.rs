@@ -34,10 +34,6 @@
 //! 11. The Raft core, its replication and its connections run on a thread,
 //!     runtime and socket of their own (`raft_thread`): client work queued
 //!     on the replica's runtime never delays a heartbeat to a follower.
-//! 12. Raft's messages arrive there too: a replica asks a peer's listening
-//!     port where its core listens (`RaftPort`) and sends them to that
-//!     port (`network` invariant 2), so client work queued on a follower
-//!     never delays its answer to the leader either.
 
 mod clock;
 mod keep_alives;
@@ -168,8 +164,6 @@ pub struct Replica {
     applied: Arc<AppliedState<SmTables>>,
     endpoint: quinn::Endpoint,
     handler: Arc<ReplicaHandler>,
-    /// Dropped with the replica: the Raft core's server stops.
-    _core_stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Replica {
@@ -189,7 +183,6 @@ impl Replica {
             ),
             None => tessel_tls::insecure_configs(wire::ALPN)?,
         };
-        let core_server_cfg = server_cfg.clone();
         let mut endpoint =
             rpc::endpoint(cfg.listen, Some(server_cfg)).map_err(|source| ReplicaError::Listen {
                 addr: cfg.listen,
@@ -219,8 +212,8 @@ impl Replica {
                 .validate()
                 .map_err(|e| ReplicaError::Raft(e.to_string()))?,
         );
-        // Invariants 11 and 12.
-        let core = raft_thread::start(raft_thread::CoreParts {
+        // Invariant 11.
+        let raft = raft_thread::start(raft_thread::CoreParts {
             id: cfg.id,
             config: config.clone(),
             log,
@@ -228,10 +221,8 @@ impl Replica {
             log_synced,
             listen: bound,
             client_cfg,
-            server_cfg: core_server_cfg,
         })
         .await?;
-        let raft = core.raft;
         let leases_renewed = Arc::new(AtomicU64::new(0));
         let quorum = QuorumWatch::start(&raft, &config);
         let leases = LeaseBook {
@@ -253,7 +244,6 @@ impl Replica {
             clock: leases.clock.clone(),
             read_floor: std::sync::Mutex::new(None),
             relay: Arc::default(),
-            raft_port: core.port,
         });
         let relaying = relay::run(Arc::downgrade(&handler), handler.relay.clone());
         tokio::spawn(relaying);
@@ -288,7 +278,6 @@ impl Replica {
             applied,
             endpoint,
             handler,
-            _core_stop: core.stop,
         })
     }
 
@@ -366,8 +355,6 @@ struct ReplicaHandler {
     /// (term, log index) of invariant 2's read floor.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
     relay: Arc<relay::Relay>,
-    /// Where the Raft core serves its peers (invariant 12).
-    raft_port: u16,
 }
 
 async fn reply(send: &mut Answers<'_>, r: WireResponse) {
@@ -451,9 +438,23 @@ impl Handler for ReplicaHandler {
                 }
             };
             match req {
-                WireRequest::RaftPort => {
-                    let port = WireResponse::RaftPort(self.raft_port);
-                    reply(&mut Answers::Stream(&mut send), port).await
+                WireRequest::AppendEntries(r) => {
+                    reply(
+                        &mut Answers::Stream(&mut send),
+                        WireResponse::AppendEntries(self.raft.append_entries(r).await),
+                    )
+                    .await
+                }
+                WireRequest::Vote(r) => {
+                    let vote = WireResponse::Vote(self.raft.vote(r).await);
+                    reply(&mut Answers::Stream(&mut send), vote).await
+                }
+                WireRequest::InstallSnapshot(r) => {
+                    reply(
+                        &mut Answers::Stream(&mut send),
+                        WireResponse::InstallSnapshot(self.raft.install_snapshot(r).await),
+                    )
+                    .await
                 }
                 WireRequest::Client(ClientRequest::Status) => {
                     let status = WireResponse::Status(self.status());
@@ -464,13 +465,6 @@ impl Handler for ReplicaHandler {
                 }
                 WireRequest::Client(c) => self.listened(c, &mut send, false).await,
                 WireRequest::Forwarded(c) => self.listened(c, &mut send, true).await,
-                // From peers that send to the listening port (network
-                // invariant 2).
-                raft_message => {
-                    if let Some(answer) = raft_thread::answer_raft(&self.raft, raft_message).await {
-                        reply(&mut Answers::Stream(&mut send), answer).await
-                    }
-                }
             }
             let _ = send.finish();
         })

@@ -10,21 +10,8 @@
 //!    disk slow, its CPU shared) otherwise never catches up: with 16,384
 //!    workers writing, followers got 300 entries a second, each time too
 //!    many, and the leader's writes stopped committing.
-//! 2. Raft's messages go to the peer's core ([`CoreRoute`]): its port is
-//!    asked of the peer's listening port (`RaftPort`) and kept while calls
-//!    to it work. A connection that fails after calls succeeded has the
-//!    port asked again (the peer restarted, on a new port); a port that
-//!    was never reached, or a peer that has none (an older version), sends
-//!    to the listening port, where the replica answers Raft too, and the
-//!    port is asked again after [`ASK_AGAIN`].
-
-use std::time::Instant;
 
 use super::*;
-
-/// How long Raft's messages go to a peer's listening port before its core's
-/// port is asked for again (invariant 2).
-pub(super) const ASK_AGAIN: Duration = Duration::from_secs(30);
 
 /// openraft's view of the network: RPCs over [`PeerClient`].
 #[derive(Clone)]
@@ -49,8 +36,6 @@ pub(super) struct PeerLink {
     /// a while or a failed call (a rescheduled pod keeps its name, not its
     /// IP).
     pub(super) peer: NamedPeer,
-    /// Invariant 2.
-    pub(super) route: CoreRoute,
     pub(super) log_synced: storage::LogSynced,
 }
 
@@ -65,7 +50,6 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             log_synced: self.log_synced.clone(),
             target,
             peer: NamedPeer::new(node.addr.clone()),
-            route: CoreRoute::Unknown,
         }
     }
 }
@@ -77,60 +61,20 @@ pub(super) struct LinkError(String);
 
 impl PeerLink {
     pub(super) async fn rpc<E>(
-        &mut self,
+        &self,
         req: WireRequest,
         option: &RPCOption,
     ) -> Result<WireResponse, RPCError<u64, BasicNode, E>>
     where
         E: std::error::Error,
     {
-        let ttl = option.hard_ttl();
-        let result = tokio::time::timeout(ttl, self.send(&req, ttl)).await;
-        let result = match result {
-            Ok(r) => r,
-            Err(_) => Err(NetError::Timeout {
-                addr: self.peer.last().unwrap_or(([0, 0, 0, 0], 0).into()),
-                after: ttl,
-            }),
-        };
-        if result.is_err() {
-            self.peer.forget();
-        }
+        let result = self.peer.call(&self.client, &req, option.hard_ttl()).await;
         result.map_err(|e| match e {
             NetError::Resolve { .. } | NetError::Connect { .. } | NetError::Timeout { .. } => {
                 RPCError::Unreachable(Unreachable::new(&e))
             }
             other => RPCError::Network(NetworkError::new(&other)),
         })
-    }
-
-    /// `req` to the peer's core, its port asked for first when not known
-    /// (invariant 2).
-    async fn send(&mut self, req: &WireRequest, ttl: Duration) -> Result<WireResponse, NetError> {
-        let listening = self.peer.addr(&self.client).await?;
-        let to = match self.route.target(listening, Instant::now()) {
-            Some(to) => to,
-            None => {
-                let asked = self.client.call(listening, &WireRequest::RaftPort, ttl);
-                let port = match asked.await {
-                    Ok(WireResponse::RaftPort(port)) => Some(port),
-                    // No such request: a replica of an older version.
-                    Ok(_) | Err(NetError::Stream { .. } | NetError::Frame(_)) => None,
-                    Err(e) => return Err(e),
-                };
-                let to = self.route.found(listening, port, Instant::now());
-                self.client.same_host(to, listening);
-                to
-            }
-        };
-        let result = self.client.call(to, req, ttl).await;
-        match &result {
-            Ok(_) => self.route.answered(),
-            Err(NetError::Connect { .. }) => self.route.unreachable(Instant::now()),
-            Err(NetError::Stream { .. }) => self.route.broken(),
-            Err(_) => {}
-        }
-        result
     }
 
     pub(super) fn unexpected<E: std::error::Error>(r: WireResponse) -> RPCError<u64, BasicNode, E> {
@@ -206,79 +150,6 @@ impl RaftNetwork<TypeConfig> for PeerLink {
     }
 }
 
-/// Where a peer's Raft messages go (invariant 2), pure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum CoreRoute {
-    /// Ask the peer's listening port.
-    Unknown,
-    /// The core's address, found through the listening address `via`;
-    /// `proven` once a call to it was answered.
-    Core {
-        via: SocketAddr,
-        at: SocketAddr,
-        proven: bool,
-    },
-    /// The listening address itself, since `since`.
-    Listening { via: SocketAddr, since: Instant },
-}
-
-impl CoreRoute {
-    /// Where to send now, or `None` to ask first. A peer found at a new
-    /// listening address (a rescheduled pod) is asked again.
-    pub(super) fn target(&self, listening: SocketAddr, now: Instant) -> Option<SocketAddr> {
-        match *self {
-            CoreRoute::Core { via, at, .. } if via == listening => Some(at),
-            CoreRoute::Listening { via, since }
-                if via == listening && now.duration_since(since) < ASK_AGAIN =>
-            {
-                Some(via)
-            }
-            _ => None,
-        }
-    }
-
-    /// The answer to the question: the core's port, or none (older
-    /// peers). Returns where to send.
-    pub(super) fn found(&mut self, via: SocketAddr, port: Option<u16>, now: Instant) -> SocketAddr {
-        *self = match port {
-            Some(port) => CoreRoute::Core {
-                via,
-                at: SocketAddr::new(via.ip(), port),
-                proven: false,
-            },
-            None => CoreRoute::Listening { via, since: now },
-        };
-        self.target(via, now).unwrap_or(via)
-    }
-
-    /// A call was answered.
-    pub(super) fn answered(&mut self) {
-        if let CoreRoute::Core { proven, .. } = self {
-            *proven = true;
-        }
-    }
-
-    /// No connection could be made: a core that answered before moved (ask
-    /// again); one never reached is not reachable from here (use the
-    /// listening port).
-    pub(super) fn unreachable(&mut self, now: Instant) {
-        if let CoreRoute::Core { via, proven, .. } = *self {
-            *self = if proven {
-                CoreRoute::Unknown
-            } else {
-                CoreRoute::Listening { via, since: now }
-            };
-        }
-    }
-
-    /// The connection broke (closed, or the peer fell silent): ask again.
-    pub(super) fn broken(&mut self) {
-        if matches!(self, CoreRoute::Core { .. }) {
-            *self = CoreRoute::Unknown;
-        }
-    }
-}
-
 /// How many leading entries carry at most `budget` payload bytes (at least
 /// one: a single entry always goes, the frame limit refuses it if needed).
 pub(super) fn entries_within(entries: &[openraft::Entry<TypeConfig>], budget: usize) -> usize {
@@ -329,54 +200,7 @@ impl EntriesCap {
 
 #[cfg(test)]
 mod tests {
-    use super::{CoreRoute, EntriesCap, ASK_AGAIN};
-    use std::net::SocketAddr;
-    use std::time::{Duration, Instant};
-
-    /// Invariant 2: the core's port once asked, kept while it answers and
-    /// across timeouts; asked again after a proven core's connection fails,
-    /// or when the peer's address changes.
-    #[test]
-    fn raft_messages_go_to_the_core_port_asked_for_and_kept_while_it_answers() {
-        let via: SocketAddr = "10.0.0.2:7000".parse().unwrap();
-        let core: SocketAddr = "10.0.0.2:41000".parse().unwrap();
-        let now = Instant::now();
-        let mut route = CoreRoute::Unknown;
-        assert_eq!(route.target(via, now), None);
-        assert_eq!(route.found(via, Some(41000), now), core);
-        route.answered();
-        assert_eq!(route.target(via, now + ASK_AGAIN * 10), Some(core));
-        // Rescheduled at a new address: ask there.
-        assert_eq!(route.target("10.0.0.9:7000".parse().unwrap(), now), None);
-        // Restarted on a new port: the old one refuses connections.
-        route.unreachable(now);
-        assert_eq!(route, CoreRoute::Unknown);
-        route.found(via, Some(41001), now);
-        route.answered();
-        route.broken();
-        assert_eq!(route.target(via, now), None);
-    }
-
-    /// Invariant 2: a core port never reached (a NAT, a Service exposing
-    /// one port) or never offered (an older peer) falls back to the
-    /// listening port, asked again after `ASK_AGAIN`.
-    #[test]
-    fn a_core_port_that_cannot_be_reached_falls_back_to_the_listening_port() {
-        let via: SocketAddr = "10.0.0.2:7000".parse().unwrap();
-        let now = Instant::now();
-        let mut route = CoreRoute::Unknown;
-        route.found(via, Some(41000), now);
-        route.unreachable(now);
-        assert_eq!(route.target(via, now + Duration::from_secs(1)), Some(via));
-        assert_eq!(route.target(via, now + ASK_AGAIN), None);
-        // Errors on the listening port change nothing here.
-        route.unreachable(now);
-        route.broken();
-        assert_eq!(route.target(via, now), Some(via));
-        let mut older = CoreRoute::Unknown;
-        assert_eq!(older.found(via, None, now), via);
-        assert_eq!(older.target(via, now + ASK_AGAIN / 2), Some(via));
-    }
+    use super::EntriesCap;
 
     /// Invariant 1: halved by each timeout of a batch at the cap, never
     /// below one; grown only by answered batches that used it; heartbeats
