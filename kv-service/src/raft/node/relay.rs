@@ -137,7 +137,9 @@ impl ReplicaHandler {
             .ok_or_else(|| unavailable(format!("leader {leader} has no address")))?;
         let req = WireRequest::Forwarded(ClientRequest::RenewMany { leases });
         // Invariant 4; a leader gone falls silent too (`rpc` invariant 4).
-        let mut metrics = self.raft.metrics();
+        // The server metrics change only with the vote, the leader or the
+        // membership (`serializable` invariant 4).
+        let mut metrics = self.raft.server_metrics();
         let replaced = async {
             loop {
                 if metrics.borrow_and_update().current_leader != Some(leader) {
