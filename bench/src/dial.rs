@@ -42,7 +42,9 @@ pub async fn run(args: BenchDialArgs) -> Result<()> {
     let elapsed = started.elapsed();
     let (own, replicas_now) = (usage(std::process::id()), replica_usage());
     let per = |v: u64| v as f64 / n as f64;
-    let (replicas_cpu_ns, replicas_kib) = (replicas_now.iter().zip(&replicas_before))
+    let (replicas_cpu_ns, replicas_kib) = replicas_now
+        .iter()
+        .zip(&replicas_before)
         .map(|(a, b)| {
             (
                 a.cpu_ns.saturating_sub(b.cpu_ns),

@@ -311,10 +311,10 @@ fn transport(dialer: bool) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     // Only the dialing side opens streams, and only bidirectional ones:
     // the dialer accepts none, the acceptor no unidirectional ones. quinn
-    // sets up every stream the peer may open as the connection is made:
-    // 1,124 slots per dialed connection before, 88 KiB of its memory
-    // (`tessel-bench dial`), set up again at every redial. The acceptor's
-    // limit starts low and grows with use ([`StreamCredit`]).
+    // sets up every stream the peer may open as the connection is made
+    // (1,124 slots were 88 KiB of a dialed connection, `tessel-bench
+    // dial`, paid again at every redial). The acceptor's limit starts low
+    // and grows with use ([`StreamCredit`]).
     let accepted = if dialer { 0 } else { FIRST_STREAMS };
     t.max_concurrent_bidi_streams(accepted.into());
     t.max_concurrent_uni_streams(0u32.into());

@@ -363,6 +363,19 @@ async fn reply(send: &mut Answers<'_>, r: WireResponse) {
     }
 }
 
+/// Resolves once the leader this replica knows no longer passes `keep`,
+/// or its Raft core ended. Woken by openraft's server metrics (vote,
+/// leader, membership) alone, never by its other metrics
+/// (`serializable` invariant 4).
+async fn leader_leaves(raft: &Raft<TypeConfig>, keep: impl Fn(Option<u64>) -> bool) {
+    let mut metrics = raft.server_metrics();
+    while keep(metrics.borrow_and_update().current_leader) {
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 fn unavailable(msg: impl Into<String>) -> KvError {
     KvError::Unavailable(msg.into())
 }

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
 
-use super::{unavailable, Replica, ReplicaHandler};
+use super::{leader_leaves, unavailable, Replica, ReplicaHandler};
 use crate::wire::{ClientRequest, WireRequest, WireResponse, RENEW_MANY_MAX};
 use tessel_kv::state::Output;
 use tessel_kv::KvError;
@@ -137,19 +137,7 @@ impl ReplicaHandler {
             .ok_or_else(|| unavailable(format!("leader {leader} has no address")))?;
         let req = WireRequest::Forwarded(ClientRequest::RenewMany { leases });
         // Invariant 4; a leader gone falls silent too (`rpc` invariant 4).
-        // The server metrics change only with the vote, the leader or the
-        // membership (`serializable` invariant 4).
-        let mut metrics = self.raft.server_metrics();
-        let replaced = async {
-            loop {
-                if metrics.borrow_and_update().current_leader != Some(leader) {
-                    return;
-                }
-                if metrics.changed().await.is_err() {
-                    return;
-                }
-            }
-        };
+        let replaced = leader_leaves(&self.raft, |now| now == Some(leader));
         let answer = tokio::select! {
             answer = self.control.call(addr, &req, DEADLINE) => answer,
             () = replaced => {

@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use super::{unavailable, ReplicaHandler};
+use super::{leader_leaves, unavailable, ReplicaHandler};
 use tessel_kv::KvError;
 
 impl ReplicaHandler {
@@ -30,19 +30,7 @@ impl ReplicaHandler {
         key: &[u8],
         timeout_ms: u64,
     ) -> Result<Vec<u8>, KvError> {
-        // Invariant 4: changed only with the vote, the leader or the
-        // membership.
-        let mut metrics = self.raft.server_metrics();
-        let leaderless = async {
-            loop {
-                if metrics.borrow_and_update().current_leader.is_none() {
-                    return;
-                }
-                if metrics.changed().await.is_err() {
-                    return;
-                }
-            }
-        };
+        let leaderless = leader_leaves(&self.raft, |leader| leader.is_some());
         tokio::select! {
             got = self.applied.get(key, Duration::from_millis(timeout_ms)) => got,
             () = leaderless => Err(unavailable(
