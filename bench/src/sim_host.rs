@@ -3,8 +3,9 @@
 //! the same order, with the same long-lived waits held open meanwhile.
 //!
 //! Mirrors `tessel_worker`'s agent and job process:
-//! 1. claim the worker id (`claim::claim`: one read), register (three
-//!    writes) and heartbeat at the default period (`registry::Heartbeat`:
+//! 1. claim the worker id (`claim::claim`: one read), register (two
+//!    writes: the incarnation, then the lease with the record and the
+//!    alive key) and heartbeat at the default period (`registry::Heartbeat`:
 //!    a keep-alive a second, nothing written);
 //! 2. wait on the drain key (a blocking get held for the run) and follow
 //!    the assignments (revision, watch held for the run, list);

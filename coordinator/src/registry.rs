@@ -17,16 +17,20 @@
 //!    was 3,300 replicated writes a second at 16,384 workers.
 //! 6. Each worker beats at its own phase within the interval, so workers
 //!    started together do not all beat in one instant.
-//! 7. A registration whose new lease expired before the alive key was
-//!    bound to it (the leader's queue held the record's write for a TTL,
-//!    as with 16,384 workers registering at once) grants another lease and
-//!    tries again, a few times. So does one that took longer than a
-//!    heartbeat interval and finds its lease gone when it renews it at
-//!    once: the heartbeat's first beat, up to an interval later, came too
-//!    late for leases aged seconds by a slow registration.
-//! 8. The record and the alive key are written together (one batch, one
-//!    revision): an alive worker always has the record it registered with,
-//!    and registering costs three writes (incarnation, lease, batch).
+//! 7. A registration that took longer than a heartbeat interval renews its
+//!    lease at once, and one that finds it gone then grants another and
+//!    tries again, a few times: the heartbeat's first beat, up to an
+//!    interval later, came too late for leases aged seconds by a slow
+//!    answer. (On etcd, which grants before it writes, so does one whose
+//!    lease expired before its keys were bound to it.)
+//! 8. The lease, the record and the alive key are written together
+//!    (`grant_and_put`: one write, one revision): an alive worker always
+//!    has the record it registered with, its lease cannot expire before
+//!    its alive key is bound to it (a leader's queue held a separate
+//!    record's write for a TTL when 16,384 workers registered at once), and
+//!    registering costs two writes (incarnation, then lease and keys).
+//! 9. The lease's id is the worker's choice, random among 2^63; one that is
+//!    taken is chosen again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -160,35 +164,36 @@ pub async fn register(
             Err(e) => return Err(CoordinatorError::kv("reading the previous registration")(e)),
         },
     };
-    // Invariant 7: a lease that expired before it was used is replaced.
+    // Invariants 7 and 9: a lease found gone, or an id taken, is replaced.
     let mut tries = 0;
     loop {
         tries += 1;
         let began = std::time::Instant::now();
-        let lease = kv
-            .grant(liveness.ttl)
-            .await
-            .map_err(CoordinatorError::kv("granting the worker's lease"))?;
+        let lease = chosen_lease(&id, incarnation, tries);
         let record = WorkerRecord {
             info: info.clone(),
             incarnation,
             lease,
             registered_unix_ms: keys::unix_ms(),
         };
-        // Invariant 8: the record and the alive key in one write.
+        // Invariant 8: the lease, the record and the alive key in one write.
         let alive = kv
-            .put_batch(&[
-                BatchPut::new(
-                    keys::info(&id).as_bytes(),
-                    &postcard::to_allocvec(&record).expect("always encodes"),
-                    None,
-                ),
-                BatchPut::new(
-                    keys::alive(&id).as_bytes(),
-                    keys::alive_value(incarnation, keys::unix_ms()).as_bytes(),
-                    Some(lease),
-                ),
-            ])
+            .grant_and_put(
+                lease,
+                liveness.ttl,
+                &[
+                    BatchPut::new(
+                        keys::info(&id).as_bytes(),
+                        &postcard::to_allocvec(&record).expect("always encodes"),
+                        None,
+                    ),
+                    BatchPut::new(
+                        keys::alive(&id).as_bytes(),
+                        keys::alive_value(incarnation, keys::unix_ms()).as_bytes(),
+                        Some(lease),
+                    ),
+                ],
+            )
             .await;
         // Invariant 7: a registration slow enough to age its lease renews
         // it at once, before its heartbeat's first beat (up to an interval
@@ -221,16 +226,32 @@ pub async fn register(
                 });
             }
             Err(KvError::LeaseNotFound(_)) if tries < REGISTER_TRIES => {
-                tracing::warn!(worker = %id, lease, "the new lease expired before it was used; granting another");
+                tracing::warn!(worker = %id, lease, "the new lease was gone when the registration was answered; granting another");
             }
+            // Invariant 9: another lease holds the id (by chance).
+            Err(KvError::AlreadyExists(_)) if tries < REGISTER_TRIES => {}
             Err(e) => return Err(CoordinatorError::kv("writing the worker record")(e)),
         }
     }
 }
 
 /// Grants a registration tries when the lease expires on the way
-/// (invariant 7).
+/// (invariant 7) or its id is taken (invariant 9).
 const REGISTER_TRIES: u32 = 3;
+
+/// The id registration `incarnation` of `worker` asks for on try `tries`
+/// (invariant 9): random, from 1 to [`tessel_kv::MAX_CHOSEN_LEASE`].
+fn chosen_lease(worker: &str, incarnation: u64, tries: u32) -> u64 {
+    use std::hash::BuildHasher;
+    // The standard library's hasher keys are random per `RandomState`.
+    let h = std::collections::hash_map::RandomState::new().hash_one((
+        worker,
+        incarnation,
+        tries,
+        keys::unix_ms(),
+    ));
+    1 + h % tessel_kv::MAX_CHOSEN_LEASE
+}
 
 /// Refuses anything from an incarnation that is not the worker's latest
 /// (invariant 2).
@@ -534,18 +555,16 @@ pub(crate) mod tests {
         ));
     }
 
-    /// Invariant 7: the record's write outlasted the new lease's TTL; the
-    /// registration takes another lease and the worker is alive on it.
+    /// Invariant 8: the registration's write waited in a queue for twice
+    /// the TTL; its lease, granted as it was applied, is the one the worker
+    /// lives on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_registration_whose_lease_expired_on_the_way_takes_another() {
+    async fn a_registration_held_in_a_queue_keeps_the_lease_granted_with_it() {
         let kv = Arc::new(FaultyKv::new());
         *kv.slow_next_put.lock().unwrap() = Some(fast().ttl * 2);
         let reg = register(&*kv, info("w"), fast()).await.unwrap();
         assert_eq!(reg.incarnation, 1);
-        assert_ne!(
-            reg.lease, 1,
-            "the first lease expired: a second was granted"
-        );
+        assert_eq!(*kv.granted.lock().unwrap(), [reg.lease], "one lease");
         let workers = list_workers(&*kv).await.unwrap();
         assert!(
             matches!(workers[0].state, WorkerState::Alive { incarnation: 1, .. }),
@@ -565,10 +584,13 @@ pub(crate) mod tests {
         let kv = Arc::new(FaultyKv::new());
         *kv.late_next_batch_answer.lock().unwrap() = Some(fast().ttl * 2);
         let reg = register(&*kv, info("w"), fast()).await.unwrap();
-        assert_ne!(
-            reg.lease, 1,
+        let granted = kv.granted.lock().unwrap().clone();
+        assert_eq!(
+            granted.len(),
+            2,
             "the first lease expired: a second was granted"
         );
+        assert_eq!(reg.lease, granted[1]);
         let _hb = Heartbeat::start(kv.clone(), reg.clone(), fast());
         tokio::time::sleep(fast().ttl * 2).await;
         let workers = list_workers(&*kv).await.unwrap();

@@ -9,7 +9,7 @@ use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, Watch
 /// the next compare-and-swap is applied twice, the caller hearing the
 /// second answer (a client retrying a write whose first try was applied
 /// but not answered), and the flag is cleared. The next plain
-/// put or batch waits `slow_next_put` first, when set (a leader's long queue).
+/// put or batch (a registration's too) waits `slow_next_put` first, when set (a leader's long queue).
 pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
     pub retry_next_cas: AtomicBool,
@@ -17,6 +17,8 @@ pub(crate) struct FaultyKv {
     /// The next batch is applied at once and answered this much later (a
     /// client running behind).
     pub late_next_batch_answer: std::sync::Mutex<Option<Duration>>,
+    /// The leases registrations granted (`grant_and_put`), in order.
+    pub granted: std::sync::Mutex<Vec<u64>>,
 }
 
 impl FaultyKv {
@@ -27,6 +29,19 @@ impl FaultyKv {
             retry_next_cas: AtomicBool::new(false),
             slow_next_put: std::sync::Mutex::new(None),
             late_next_batch_answer: std::sync::Mutex::new(None),
+            granted: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits `late_next_batch_answer` once, if set.
+    async fn answer_late(&self) {
+        let late = self
+            .late_next_batch_answer
+            .lock()
+            .expect("not poisoned")
+            .take();
+        if let Some(d) = late {
+            tokio::time::sleep(d).await;
         }
     }
 
@@ -54,14 +69,14 @@ impl KvStore for FaultyKv {
     async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
         self.slow_down().await;
         let applied = self.inner.put_batch(puts).await;
-        let late = self
-            .late_next_batch_answer
-            .lock()
-            .expect("not poisoned")
-            .take();
-        if let Some(d) = late {
-            tokio::time::sleep(d).await;
-        }
+        self.answer_late().await;
+        applied
+    }
+    async fn grant_and_put(&self, l: u64, ttl: Duration, puts: &[BatchPut]) -> Result<u64> {
+        self.slow_down().await;
+        let applied = self.inner.grant_and_put(l, ttl, puts).await;
+        self.granted.lock().expect("not poisoned").push(l);
+        self.answer_late().await;
         applied
     }
     async fn get(&self, k: &[u8], t: Duration) -> Result<Vec<u8>> {

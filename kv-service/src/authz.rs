@@ -162,7 +162,9 @@ fn written(op: &Op) -> Vec<(&[u8], bool)> {
         // Refused before (`authorize`).
         Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } | Op::Guarded { .. } => vec![],
         Op::Once { op, .. } => written(op),
-        Op::PutBatch { puts } => puts.iter().map(|p| (&p.key[..], false)).collect(),
+        Op::PutBatch { puts } | Op::GrantPutBatch { puts, .. } => {
+            puts.iter().map(|p| (&p.key[..], false)).collect()
+        }
     }
 }
 
@@ -212,7 +214,15 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
         | (ClientRequest::RenewMany { .. }, _) => {
             refuse("advance the replicas' clock or renew others' leases".into())
         }
-        (_, Some(Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. }))
+        (
+            _,
+            Some(
+                Op::LeaseGrant { .. }
+                | Op::GrantPutBatch { .. }
+                | Op::LeaseKeepAlive { .. }
+                | Op::LeaseRevoke { .. },
+            ),
+        )
         | (ClientRequest::KeepAliveStream, _)
             if role == Role::Client =>
         {

@@ -29,6 +29,7 @@ pub async fn run_all(store: &dyn KvStore) {
     barrier_timeouts_and_cancels_fail_everyone_alike(store).await;
     oversized_writes_are_refused_and_write_nothing(store).await;
     a_batch_writes_all_its_keys_at_one_revision_or_none(store).await;
+    a_lease_granted_with_its_keys_binds_them_and_a_taken_id_is_refused(store).await;
 }
 
 /// Insert refuses an existing key; put overwrites it.
@@ -473,4 +474,64 @@ pub async fn a_batch_writes_all_its_keys_at_one_revision_or_none(store: &dyn KvS
     let left: Vec<_> = store.list(b"conf/batch/").await.unwrap();
     assert_eq!(left.len(), 1, "the leased key went with its lease");
     assert_eq!(left[0].key, b"conf/batch/a");
+}
+
+/// `grant_and_put`: the lease the caller chose holds the keys bound to it;
+/// an id in use, 0, or a batch that would be refused grants nothing.
+pub async fn a_lease_granted_with_its_keys_binds_them_and_a_taken_id_is_refused(
+    store: &dyn KvStore,
+) {
+    use crate::state::BatchPut;
+    use crate::store::MAX_CHOSEN_LEASE;
+    // New for each run: an etcd cluster outlives a test's store.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let id = 1 + nanos % (MAX_CHOSEN_LEASE / 2);
+    let ttl = Duration::from_secs(60);
+    let rev = store
+        .grant_and_put(
+            id,
+            ttl,
+            &[
+                BatchPut::new(b"conf/chosen/record", b"1", None),
+                BatchPut::new(b"conf/chosen/alive", b"2", Some(id)),
+            ],
+        )
+        .await
+        .unwrap();
+    let got = store.list(b"conf/chosen/").await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|kv| kv.mod_revision == rev), "one revision");
+    store.keep_alive(id).await.unwrap();
+    let again = [BatchPut::new(b"conf/chosen/other", b"3", Some(id))];
+    let e = store.grant_and_put(id, ttl, &again).await.unwrap_err();
+    assert!(matches!(e, KvError::AlreadyExists(_)), "{e}");
+    let e = store.grant_and_put(0, ttl, &again).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)), "{e}");
+    let twice = [
+        BatchPut::new(b"conf/chosen/other", b"3", Some(id + 1)),
+        BatchPut::new(b"conf/chosen/other", b"4", None),
+    ];
+    let e = store.grant_and_put(id + 1, ttl, &twice).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(
+            store.keep_alive(id + 1).await,
+            Err(KvError::LeaseNotFound(_))
+        ),
+        "a refused batch grants no lease"
+    );
+    assert!(matches!(
+        store.try_get(b"conf/chosen/other").await,
+        Err(KvError::NotFound(_))
+    ));
+    let granted = store.grant(ttl).await.unwrap();
+    assert_ne!(granted, id, "a granted id is never a chosen one in use");
+    store.revoke(granted).await.unwrap();
+    store.revoke(id).await.unwrap();
+    let left = store.list(b"conf/chosen/").await.unwrap();
+    assert_eq!(left.len(), 1, "the bound key went with its lease");
+    assert_eq!(left[0].key, b"conf/chosen/record");
 }

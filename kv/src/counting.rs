@@ -49,6 +49,9 @@ impl KvStore for CountingKv {
     async fn put_batch(&self, puts: &[BatchPut]) -> Result<u64> {
         self.count().put_batch(puts).await
     }
+    async fn grant_and_put(&self, l: u64, ttl: Duration, puts: &[BatchPut]) -> Result<u64> {
+        self.count().grant_and_put(l, ttl, puts).await
+    }
     async fn get(&self, k: &[u8], t: Duration) -> Result<Vec<u8>> {
         self.count().get(k, t).await
     }

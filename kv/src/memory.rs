@@ -184,6 +184,15 @@ impl KvStore for MemoryKv {
         .into_lease()
     }
 
+    async fn grant_and_put(&self, lease: u64, ttl: Duration, puts: &[BatchPut]) -> Result<u64> {
+        self.propose(Op::GrantPutBatch {
+            lease,
+            ttl_ms: ttl.as_millis() as u64,
+            puts: puts.to_vec(),
+        })?
+        .into_revision()
+    }
+
     async fn keep_alive(&self, lease: u64) -> Result<()> {
         self.propose(Op::LeaseKeepAlive { id: lease }).map(drop)
     }

@@ -35,6 +35,10 @@ impl From<std::result::Result<u64, Option<Vec<u8>>>> for CasOutcome {
     }
 }
 
+/// The largest lease id a caller may choose ([`KvStore::grant_and_put`]):
+/// etcd's ids are positive 64-bit signed integers.
+pub const MAX_CHOSEN_LEASE: u64 = i64::MAX as u64;
+
 /// Key-value operations with XLA coordination-service semantics. Keys and
 /// values are bytes. Every write returns the revision it was given.
 #[async_trait::async_trait]
@@ -84,6 +88,14 @@ pub trait KvStore: Send + Sync {
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream>;
     /// A lease of `ttl`; returns its id.
     async fn grant(&self, ttl: Duration) -> Result<u64>;
+    /// Grants lease `lease` of `ttl` (an id the caller chose, 1 to
+    /// [`MAX_CHOSEN_LEASE`]; [`crate::KvError::AlreadyExists`] while one
+    /// holds it) and writes `puts`, which may bind keys to it, as
+    /// [`KvStore::put_batch`] does. Where the backend can (tessel's
+    /// replicas, memory) it is one write: the lease cannot expire before
+    /// its keys are bound. etcd grants first, then writes, and revokes the
+    /// lease if the write fails.
+    async fn grant_and_put(&self, lease: u64, ttl: Duration, puts: &[BatchPut]) -> Result<u64>;
     /// Renews a lease for its whole TTL.
     async fn keep_alive(&self, lease: u64) -> Result<()>;
     /// Ends a lease now, deleting its keys.

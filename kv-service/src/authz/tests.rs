@@ -281,3 +281,23 @@ fn a_batch_is_judged_put_by_put_under_one_guard() {
     let e = authorize(&h4, &batch(&["jobs/j@1/members/h4", "jobs/k@1/members/h4"])).unwrap_err();
     assert!(e.contains("in a batch with another job's keys"), "{e}");
 }
+
+#[test]
+fn a_registration_grants_a_lease_and_writes_only_its_own_workers_keys() {
+    let register = |worker: &str| {
+        let put = |k: &str| {
+            tessel_kv::BatchPut::new(format!("workers/{worker}/{k}").as_bytes(), b"", Some(7))
+        };
+        WireRequest::Client(ClientRequest::Write(Op::GrantPutBatch {
+            lease: 7,
+            ttl_ms: 5000,
+            puts: vec![put("info"), put("alive")],
+        }))
+    };
+    let h4 = node(Role::Worker, "h4");
+    assert_eq!(authorize(&h4, &(register("h4"))), Ok(None));
+    let e = authorize(&h4, &(register("h5"))).unwrap_err();
+    assert!(e.contains("may not write `workers/h5/"), "{e}");
+    let e = authorize(&node(Role::Client, "ops"), &(register("ops"))).unwrap_err();
+    assert!(e.contains("hold leases"), "{e}");
+}

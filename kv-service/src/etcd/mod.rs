@@ -32,7 +32,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KvClient,
-    LeaseClient, PutOptions, Txn, TxnOp, TxnOpResponse, WatchClient, WatchOptions,
+    LeaseClient, LeaseGrantOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchClient,
+    WatchOptions,
 };
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -314,6 +315,11 @@ fn map_err(e: etcd_client::Error, lease: Option<u64>) -> KvError {
             let msg = s.message().to_owned();
             if msg.contains("lease not found") {
                 return KvError::LeaseNotFound(lease.unwrap_or(0));
+            }
+            if msg.contains("lease already exists") {
+                return KvError::AlreadyExists(
+                    format!("lease {}", lease.unwrap_or(0)).into_bytes(),
+                );
             }
             match s.code() {
                 Code::Unavailable
@@ -639,6 +645,43 @@ impl KvStore for EtcdKv {
             }
         })
         .await
+    }
+
+    /// Two round trips: etcd grants no lease inside a transaction.
+    async fn grant_and_put(&self, lease: u64, ttl: Duration, puts: &[BatchPut]) -> Result<u64> {
+        self.opts.limits.check_batch(puts)?;
+        if lease == 0 || lease > tessel_kv::MAX_CHOSEN_LEASE {
+            return Err(KvError::InvalidArgument(format!(
+                "a chosen lease id is 1 to {}, not {lease}",
+                tessel_kv::MAX_CHOSEN_LEASE
+            )));
+        }
+        // Invariant 5: whole seconds, rounded up.
+        let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
+        // A retry of a grant that took but went unanswered finds the id
+        // taken: its own (ids are chosen at random from 2^63).
+        let tried = std::sync::atomic::AtomicBool::new(false);
+        self.retry(Duration::ZERO, || {
+            let mut l = self.lease.clone();
+            let retried = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                let opts = LeaseGrantOptions::new().with_id(lease as i64);
+                match l
+                    .grant(secs, Some(opts))
+                    .await
+                    .map_err(|e| map_err(e, Some(lease)))
+                {
+                    Err(KvError::AlreadyExists(_)) if retried => Ok(()),
+                    r => r.map(drop),
+                }
+            }
+        })
+        .await?;
+        let written = self.put_batch(puts).await;
+        if written.is_err() {
+            let _ = self.lease.clone().revoke(lease as i64).await;
+        }
+        written
     }
 
     async fn keep_alive(&self, lease: u64) -> Result<()> {

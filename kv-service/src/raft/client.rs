@@ -688,6 +688,16 @@ impl<T: Transport> KvStore for KvClient<T> {
         .into_lease()
     }
 
+    async fn grant_and_put(&self, lease: u64, ttl: Duration, puts: &[BatchPut]) -> Result<u64> {
+        self.write(Op::GrantPutBatch {
+            lease,
+            ttl_ms: ttl.as_millis() as u64,
+            puts: puts.to_vec(),
+        })
+        .await?
+        .into_revision()
+    }
+
     async fn keep_alive(&self, lease: u64) -> Result<()> {
         if let Some(answer) = self.transport.keep_alive(lease).await {
             return answer.map(drop);

@@ -29,6 +29,9 @@
 //! 11. `changed_leases` holds every lease created, changed or dropped since
 //!     the last [`KvState::take_changed_leases`] (maybe more): a replica that
 //!     stores those rows stores every lease as it is.
+//! 12. An [`Op::GrantPutBatch`] grants its lease and writes its puts at one
+//!     revision, or does neither; lease ids a client chose are never given
+//!     again by [`Op::LeaseGrant`], which skips ids in use.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -312,6 +315,21 @@ impl KvState {
         Ok(count)
     }
 
+    /// Lease `id` of `ttl_ms`, from now, with no keys yet.
+    fn new_lease(&mut self, id: u64, ttl_ms: u64) {
+        let expires_at_ms = self.clock_ms.saturating_add(ttl_ms);
+        self.leases.insert(
+            id,
+            Lease {
+                ttl_ms,
+                expires_at_ms,
+                keys: BTreeSet::new(),
+            },
+        );
+        self.expiry.insert((expires_at_ms, id));
+        self.changed_leases.insert(id);
+    }
+
     fn check_lease(&self, lease: Option<u64>) -> Result<()> {
         match lease {
             Some(id) if !self.leases.contains_key(&id) => Err(KvError::LeaseNotFound(id)),
@@ -359,6 +377,53 @@ impl KvState {
         t.insert(&kv, current.is_none())?;
         events.push(Event::Put(kv));
         Ok(())
+    }
+
+    /// Invariants 10 and 12: `puts` at one revision, after granting
+    /// `grant` (a chosen id and its TTL) if given; everything that can fail
+    /// is checked first (the values' total bounds each value).
+    fn put_batch(
+        &mut self,
+        t: &mut impl TablesMut,
+        puts: &[BatchPut],
+        grant: Option<(u64, u64)>,
+        events: &mut Vec<Event>,
+    ) -> Result<Output> {
+        if let Some((lease, ttl_ms)) = grant {
+            if ttl_ms == 0 || lease == 0 || lease > crate::MAX_CHOSEN_LEASE {
+                return Err(KvError::InvalidArgument(format!(
+                    "a lease needs a positive TTL and an id from 1 to {}, not {lease}",
+                    crate::MAX_CHOSEN_LEASE
+                )));
+            }
+            if self.leases.contains_key(&lease) {
+                return Err(KvError::AlreadyExists(
+                    format!("lease {lease}").into_bytes(),
+                ));
+            }
+        }
+        self.limits.check_batch(puts)?;
+        let granted = grant.map(|(lease, _)| lease);
+        for p in puts.iter().filter(|p| p.lease != granted) {
+            self.check_lease(p.lease)?;
+        }
+        if let Some((lease, ttl_ms)) = grant {
+            self.new_lease(lease, ttl_ms);
+        }
+        let revision = self.bump();
+        for p in puts {
+            let current = t.get(&p.key)?;
+            self.write(
+                t,
+                &p.key,
+                current.as_ref(),
+                p.value.clone(),
+                p.lease,
+                revision,
+                events,
+            )?;
+        }
+        Ok(Output::Written { revision })
     }
 
     fn apply_op(
@@ -470,19 +535,13 @@ impl KvState {
                         "lease TTL must be positive".into(),
                     ));
                 }
+                // Invariant 12: past the ids clients chose.
+                while self.leases.contains_key(&self.next_lease) {
+                    self.next_lease += 1;
+                }
                 let id = self.next_lease;
                 self.next_lease += 1;
-                let expires_at_ms = self.clock_ms.saturating_add(*ttl_ms);
-                self.leases.insert(
-                    id,
-                    Lease {
-                        ttl_ms: *ttl_ms,
-                        expires_at_ms,
-                        keys: BTreeSet::new(),
-                    },
-                );
-                self.expiry.insert((expires_at_ms, id));
-                self.changed_leases.insert(id);
+                self.new_lease(id, *ttl_ms);
                 Ok(Output::Lease {
                     id,
                     ttl_ms: *ttl_ms,
@@ -575,28 +634,12 @@ impl KvState {
                 }
                 Ok(Output::Barrier(b.status.clone()))
             }
-            // Invariant 10: everything that can fail is checked first (the
-            // values' total bounds each value).
-            Op::PutBatch { puts } => {
-                limits.check_batch(puts)?;
-                for p in puts {
-                    self.check_lease(p.lease)?;
-                }
-                let revision = self.bump();
-                for p in puts {
-                    let current = t.get(&p.key)?;
-                    self.write(
-                        t,
-                        &p.key,
-                        current.as_ref(),
-                        p.value.clone(),
-                        p.lease,
-                        revision,
-                        events,
-                    )?;
-                }
-                Ok(Output::Written { revision })
-            }
+            Op::PutBatch { puts } => self.put_batch(t, puts, None, events),
+            Op::GrantPutBatch {
+                lease,
+                ttl_ms,
+                puts,
+            } => self.put_batch(t, puts, Some((*lease, *ttl_ms)), events),
             Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } => Ok(Output::Ticked),
             Op::Guarded { guard, op } => {
                 if !guard.holds(t)? {

@@ -80,7 +80,7 @@ impl Limits {
             | Op::RenewLeases
             | Op::ExtendLeases { .. } => Ok(()),
             Op::Guarded { op, .. } | Op::Once { op, .. } => self.check_op(op),
-            Op::PutBatch { puts } => self.check_batch(puts),
+            Op::PutBatch { puts } | Op::GrantPutBatch { puts, .. } => self.check_batch(puts),
         }
     }
 
@@ -331,6 +331,18 @@ pub enum Op {
         /// The puts, in order.
         puts: Vec<BatchPut>,
     },
+    /// A new lease with the id its client chose, and a batch of puts that
+    /// may bind keys to it, as one write: the lease cannot expire before
+    /// its keys are bound to it (a worker's registration: its record and
+    /// its alive key). The id is refused while a lease holds it.
+    GrantPutBatch {
+        /// The new lease's id (not 0).
+        lease: u64,
+        /// How long it lives without a keep-alive.
+        ttl_ms: u64,
+        /// The puts, as [`Op::PutBatch`]'s.
+        puts: Vec<BatchPut>,
+    },
 }
 
 /// The most puts one [`Op::PutBatch`] carries (etcd's default too).
@@ -392,7 +404,9 @@ impl Op {
             Op::DeletePrefix { prefix } => Some(prefix),
             Op::BarrierArrive { id, .. } | Op::BarrierCancel { id, .. } => Some(id),
             Op::Guarded { op, .. } | Op::Once { op, .. } => op.key(),
-            Op::PutBatch { puts } => puts.first().map(|p| &p.key[..]),
+            Op::PutBatch { puts } | Op::GrantPutBatch { puts, .. } => {
+                puts.first().map(|p| &p.key[..])
+            }
             Op::LeaseGrant { .. }
             | Op::LeaseKeepAlive { .. }
             | Op::LeaseRevoke { .. }
@@ -426,7 +440,9 @@ impl Op {
             Op::ExtendLeases { renewed } => renewed.len() * 16,
             Op::Guarded { op, .. } => op.payload_bytes(),
             Op::Once { op, .. } => 32 + op.payload_bytes(),
-            Op::PutBatch { puts } => puts.iter().map(|p| p.key.len() + p.value.len()).sum(),
+            Op::PutBatch { puts } | Op::GrantPutBatch { puts, .. } => {
+                puts.iter().map(|p| p.key.len() + p.value.len()).sum()
+            }
         }
     }
 

@@ -753,3 +753,29 @@ fn stored_lease_rows_follow_every_lease_change() {
     step(&mut s, req(9000, Op::Tick));
     assert!(rows.is_empty() && s.state.leases.is_empty());
 }
+
+/// Invariant 12: the chosen lease and its keys come at one revision, expire
+/// together, and a granted id skips the chosen ones in use.
+#[test]
+fn a_chosen_lease_comes_with_its_keys_and_is_never_granted_again() {
+    let mut s = MemState::default();
+    let grant_put = |lease: u64, key: &str| Op::GrantPutBatch {
+        lease,
+        ttl_ms: 100,
+        puts: vec![
+            BatchPut::new(key.as_bytes(), b"record", None),
+            BatchPut::new(format!("{key}/alive").as_bytes(), b"1", Some(lease)),
+        ],
+    };
+    let ev = must(&mut s, req(0, grant_put(1, "w")));
+    assert!(ev.iter().all(|e| e.revision() == 1), "{ev:?}");
+    assert_eq!(s.state.lease(1).map(|(ttl, _)| ttl), Some(100));
+    let (r, _) = s.apply(&req(0, grant_put(1, "v")));
+    assert!(matches!(r, Err(KvError::AlreadyExists(_))), "{r:?}");
+    assert!(s.get(b"v").is_none(), "a refused grant writes nothing");
+    let (r, _) = s.apply(&req(0, Op::LeaseGrant { ttl_ms: 100 }));
+    assert_eq!(r, Ok(Output::Lease { id: 2, ttl_ms: 100 }));
+    must(&mut s, req(101, Op::Tick));
+    assert!(s.get(b"w/alive").is_none(), "expired with its lease");
+    assert!(s.get(b"w").is_some());
+}
