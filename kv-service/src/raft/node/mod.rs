@@ -43,6 +43,7 @@ mod network;
 mod proposer;
 mod quorum;
 mod raft_thread;
+mod reads;
 mod relay;
 mod renewals;
 mod serializable;
@@ -88,9 +89,6 @@ use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
 use tessel_kv::AppliedState;
 use tessel_kv::KvError;
 use tessel_tls::TlsFiles;
-
-/// How long a linearizable read waits for its floor to be applied.
-const READ_FLOOR_WAIT: Duration = Duration::from_secs(2);
 
 /// How a replica is set up.
 #[derive(Clone)]
@@ -584,80 +582,6 @@ impl ReplicaHandler {
         let term = self.raft.metrics().borrow().current_term;
         self.quorum.fresh_term() == Some(term)
             && self.leases_renewed.load(Ordering::Acquire) == term
-    }
-
-    /// Invariant 2.
-    async fn linearizable(&self) -> Result<(), KvError> {
-        let failed = |e: String| unavailable(format!("linearizable read: {e}"));
-        // A majority's recent acknowledgement confirms leadership: its
-        // members refuse other candidates for the leader lease after it
-        // (`quorum` invariant 3), so no round of AppendEntries per read.
-        let term_now = self.raft.metrics().borrow().current_term;
-        self.quorum
-            .confirmed(term_now)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        let (term, last_log, applied) = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            let applied = m.last_applied.map_or(0, |l| l.index);
-            (m.current_term, m.last_log_index.unwrap_or(0), applied)
-        };
-        let floor = {
-            let mut f = self.read_floor.lock().expect("not poisoned");
-            match *f {
-                Some((t, index)) if t == term => index,
-                _ => {
-                    *f = Some((term, last_log));
-                    last_log
-                }
-            }
-        };
-        if applied >= floor {
-            return Ok(());
-        }
-        let raft = self.raft.clone();
-        let floor_reached = move |m: &openraft::RaftMetrics<u64, BasicNode>| {
-            m.current_term != term || m.last_applied.is_some_and(|l| l.index >= floor)
-        };
-        raft.wait(Some(READ_FLOOR_WAIT))
-            .metrics(floor_reached, "the read floor")
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        // Still the leader of that term once the floor is applied.
-        if self.raft.metrics().borrow().current_term != term {
-            return Err(failed("leadership moved while reading".into()));
-        }
-        Ok(())
-    }
-
-    /// `authz` invariant 4: a guarded read goes ahead once linearizable
-    /// and only if its guard holds.
-    async fn unguard(&self, req: ClientRequest) -> Result<ClientRequest, (ClientRequest, KvError)> {
-        let ClientRequest::Guarded { guard, request } = req else {
-            return Ok(req);
-        };
-        let holds = match self.linearizable().await {
-            Ok(()) => self.applied.read(|_, t| guard.holds(t)),
-            Err(e) => Err(e),
-        };
-        match holds {
-            Ok(true) => Ok(*request),
-            Ok(false) => {
-                let key = match &*request {
-                    ClientRequest::Get { key, .. }
-                    | ClientRequest::GetSerializable { key, .. }
-                    | ClientRequest::TryGet { key } => key.clone(),
-                    ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. } => {
-                        prefix.clone()
-                    }
-                    _ => Vec::new(),
-                };
-                let e = guard.refusal("read", &key);
-                Err((*request, e))
-            }
-            Err(e) => Err((*request, e)),
-        }
     }
 
     /// Serves a request on the leader.
