@@ -8,8 +8,9 @@ use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, Watch
 /// [`MemoryKv`] behind a faulty network. While `retry_next_cas` is set,
 /// the next compare-and-swap is applied twice, the caller hearing the
 /// second answer (a client retrying a write whose first try was applied
-/// but not answered), and the flag is cleared. The next plain
-/// put or batch (a registration's too) waits `slow_next_put` first, when set (a leader's long queue).
+/// but not answered), and the flag is cleared. The next plain put or
+/// batch (a registration's too) waits `slow_next_put` first, when set (a
+/// leader's long queue).
 pub(crate) struct FaultyKv {
     pub inner: MemoryKv,
     pub retry_next_cas: AtomicBool,

@@ -39,6 +39,17 @@ impl From<std::result::Result<u64, Option<Vec<u8>>>> for CasOutcome {
 /// etcd's ids are positive 64-bit signed integers.
 pub const MAX_CHOSEN_LEASE: u64 = i64::MAX as u64;
 
+/// Refuses a lease id a caller may not choose (0, or past
+/// [`MAX_CHOSEN_LEASE`]).
+pub fn check_chosen_lease(lease: u64) -> Result<()> {
+    if lease == 0 || lease > MAX_CHOSEN_LEASE {
+        return Err(crate::KvError::InvalidArgument(format!(
+            "a chosen lease id is 1 to {MAX_CHOSEN_LEASE}, not {lease}"
+        )));
+    }
+    Ok(())
+}
+
 /// Key-value operations with XLA coordination-service semantics. Keys and
 /// values are bytes. Every write returns the revision it was given.
 #[async_trait::async_trait]

@@ -26,6 +26,7 @@
 pub mod server;
 
 mod barrier;
+mod watch;
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -281,6 +282,11 @@ impl EtcdKv {
 /// Put options attaching `lease` (0: none, as etcd reports it).
 fn with_lease(lease: i64) -> Option<PutOptions> {
     (lease != 0).then(|| PutOptions::new().with_lease(lease))
+}
+
+/// A lease's TTL as etcd takes it (invariant 5): whole seconds, rounded up.
+fn ttl_secs(ttl: Duration) -> i64 {
+    ttl.as_millis().div_ceil(1000).max(1) as i64
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -546,95 +552,11 @@ impl KvStore for EtcdKv {
     }
 
     async fn watch(&self, prefix: &[u8], from_revision: u64) -> Result<WatchStream> {
-        self.opts.limits.check_key(prefix)?;
-        let p = self.data_key(prefix);
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event>>(256);
-        let watch = self.watch.clone();
-        let strip = self.opts.namespace.len() + 2;
-        // Open the first watch here, so a bad start fails the call.
-        let first = open_prefix_watch(&watch, &p, from_revision.max(1)).await?;
-        tokio::spawn(async move {
-            let mut next_from = from_revision.max(1);
-            let mut stream = Some(first);
-            let mut requested_oldest = from_revision <= 1;
-            loop {
-                let mut s = match stream.take() {
-                    Some(s) => s,
-                    None => match open_prefix_watch(&watch, &p, next_from).await {
-                        Ok(s) => s,
-                        Err(KvError::Unavailable(_)) => {
-                            if tx.is_closed() {
-                                return;
-                            }
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e)).await;
-                            return;
-                        }
-                    },
-                };
-                loop {
-                    let msg = tokio::select! {
-                        m = s.message() => m,
-                        () = tx.closed() => return,
-                    };
-                    let msg = match msg {
-                        Ok(Some(m)) => m,
-                        Ok(None) | Err(_) => break,
-                    };
-                    if msg.canceled() {
-                        let oldest = msg.compact_revision().max(0) as u64;
-                        if oldest > 0 && requested_oldest {
-                            next_from = oldest;
-                            break;
-                        }
-                        let e = if oldest > 0 {
-                            KvError::Compacted {
-                                requested: next_from,
-                                oldest,
-                            }
-                        } else {
-                            KvError::Unavailable(format!(
-                                "etcd cancelled the watch: {}",
-                                msg.cancel_reason()
-                            ))
-                        };
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                    for ev in msg.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        let revision = kv.mod_revision() as u64;
-                        let event = match ev.event_type() {
-                            EventType::Put => Event::Put(KeyValue {
-                                key: kv.key()[strip..].to_vec(),
-                                value: kv.value().to_vec(),
-                                create_revision: kv.create_revision() as u64,
-                                mod_revision: revision,
-                                lease: (kv.lease() != 0).then_some(kv.lease() as u64),
-                            }),
-                            EventType::Delete => Event::Delete {
-                                key: kv.key()[strip..].to_vec(),
-                                revision,
-                            },
-                        };
-                        next_from = revision + 1;
-                        requested_oldest = false;
-                        if tx.send(Ok(event)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Ok(tokio_stream_from(rx))
+        self.watch_prefix(prefix, from_revision).await
     }
 
     async fn grant(&self, ttl: Duration) -> Result<u64> {
-        // Invariant 5: whole seconds, rounded up.
-        let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
+        let secs = ttl_secs(ttl);
         self.retry(Duration::ZERO, || {
             let mut l = self.lease.clone();
             async move {
@@ -650,14 +572,8 @@ impl KvStore for EtcdKv {
     /// Two round trips: etcd grants no lease inside a transaction.
     async fn grant_and_put(&self, lease: u64, ttl: Duration, puts: &[BatchPut]) -> Result<u64> {
         self.opts.limits.check_batch(puts)?;
-        if lease == 0 || lease > tessel_kv::MAX_CHOSEN_LEASE {
-            return Err(KvError::InvalidArgument(format!(
-                "a chosen lease id is 1 to {}, not {lease}",
-                tessel_kv::MAX_CHOSEN_LEASE
-            )));
-        }
-        // Invariant 5: whole seconds, rounded up.
-        let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
+        tessel_kv::check_chosen_lease(lease)?;
+        let secs = ttl_secs(ttl);
         // A retry of a grant that took but went unanswered finds the id
         // taken: its own (ids are chosen at random from 2^63).
         let tried = std::sync::atomic::AtomicBool::new(false);
@@ -772,32 +688,6 @@ impl KvStore for EtcdKv {
         })
         .await
     }
-}
-
-async fn open_prefix_watch(
-    watch: &WatchClient,
-    prefix: &[u8],
-    from: u64,
-) -> Result<etcd_client::WatchStream> {
-    let mut w = watch.clone();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        w.watch(
-            prefix.to_vec(),
-            Some(
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(from as i64),
-            ),
-        ),
-    )
-    .await
-    .map_err(|_| KvError::Unavailable("etcd did not open the watch in time".into()))?
-    .map_err(|e| map_err(e, None))
-}
-
-fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Result<Event>>) -> WatchStream {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
 }
 
 #[cfg(test)]

@@ -390,12 +390,8 @@ impl KvState {
         events: &mut Vec<Event>,
     ) -> Result<Output> {
         if let Some((lease, ttl_ms)) = grant {
-            if ttl_ms == 0 || lease == 0 || lease > crate::MAX_CHOSEN_LEASE {
-                return Err(KvError::InvalidArgument(format!(
-                    "a lease needs a positive TTL and an id from 1 to {}, not {lease}",
-                    crate::MAX_CHOSEN_LEASE
-                )));
-            }
+            crate::check_chosen_lease(lease)?;
+            check_ttl(ttl_ms)?;
             if self.leases.contains_key(&lease) {
                 return Err(KvError::AlreadyExists(
                     format!("lease {lease}").into_bytes(),
@@ -530,11 +526,7 @@ impl KvState {
                 Ok(Output::Swapped { revision })
             }
             Op::LeaseGrant { ttl_ms } => {
-                if *ttl_ms == 0 {
-                    return Err(KvError::InvalidArgument(
-                        "lease TTL must be positive".into(),
-                    ));
-                }
+                check_ttl(*ttl_ms)?;
                 // Invariant 12: past the ids clients chose.
                 while self.leases.contains_key(&self.next_lease) {
                     self.next_lease += 1;
@@ -655,6 +647,16 @@ impl KvState {
             } => self.apply_once(t, (*client, *seq, *floor), op, events),
         }
     }
+}
+
+/// Refuses a lease of no time at all.
+fn check_ttl(ttl_ms: u64) -> Result<()> {
+    if ttl_ms == 0 {
+        return Err(KvError::InvalidArgument(
+            "lease TTL must be positive".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
