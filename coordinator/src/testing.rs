@@ -1,6 +1,6 @@
 //! Test doubles for this crate's unit tests.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
@@ -20,6 +20,14 @@ pub(crate) struct FaultyKv {
     pub late_next_batch_answer: std::sync::Mutex<Option<Duration>>,
     /// The leases registrations granted (`grant_and_put`), in order.
     pub granted: std::sync::Mutex<Vec<u64>>,
+    /// Every keep-alive is served this much later (a leader running
+    /// behind), when set.
+    pub late_keep_alives: std::sync::Mutex<Option<Duration>>,
+    /// Keep-alives sent, those in flight now, and the most ever in flight
+    /// at once.
+    pub keep_alives: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub most_in_flight: AtomicU64,
 }
 
 impl FaultyKv {
@@ -31,6 +39,10 @@ impl FaultyKv {
             slow_next_put: std::sync::Mutex::new(None),
             late_next_batch_answer: std::sync::Mutex::new(None),
             granted: std::sync::Mutex::new(Vec::new()),
+            late_keep_alives: std::sync::Mutex::new(None),
+            keep_alives: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            most_in_flight: AtomicU64::new(0),
         }
     }
 
@@ -111,6 +123,21 @@ impl KvStore for FaultyKv {
         self.inner.grant(ttl).await
     }
     async fn keep_alive(&self, l: u64) -> Result<()> {
+        self.keep_alives.fetch_add(1, Ordering::Relaxed);
+        let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::AcqRel);
+        /// Counts the keep-alive out when it ends, answered or dropped.
+        struct Out<'a>(&'a AtomicU64);
+        impl Drop for Out<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _out = Out(&self.in_flight);
+        let late = *self.late_keep_alives.lock().unwrap();
+        if let Some(late) = late {
+            tokio::time::sleep(late).await;
+        }
         self.inner.keep_alive(l).await
     }
     async fn revoke(&self, l: u64) -> Result<()> {
