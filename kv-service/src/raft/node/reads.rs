@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use openraft::BasicNode;
 use tessel_kv::KvError;
 
@@ -20,8 +21,14 @@ use crate::wire::ClientRequest;
 const READ_FLOOR_WAIT: Duration = Duration::from_secs(2);
 
 impl ReplicaHandler {
-    /// Invariant 1.
-    pub(super) async fn linearizable(&self) -> Result<(), KvError> {
+    /// Invariant 1. Boxed: the wait is 1 KB, and a request's future holds
+    /// the room for it as long as the request waits after it (a blocking
+    /// get, a watch).
+    pub(super) fn linearizable(&self) -> BoxFuture<'_, Result<(), KvError>> {
+        Box::pin(self.confirm_linearizable())
+    }
+
+    async fn confirm_linearizable(&self) -> Result<(), KvError> {
         let failed = |e: String| unavailable(format!("linearizable read: {e}"));
         // A majority's recent acknowledgement confirms leadership: its
         // members refuse other candidates for the leader lease after it
