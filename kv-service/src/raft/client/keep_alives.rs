@@ -17,10 +17,11 @@
 //! 4. A replica that does not know the stream (an older build resets it as
 //!    malformed before any answer) turns the stream off for this client:
 //!    its keep-alives go as requests from then on, as before.
-//! 5. The next keep-alive finds the stream broken when it failed (it could
-//!    not be opened, broke, or its replica fell silent), even if no caller
-//!    waited to see it fail; when a keep-alive has waited on it for
-//!    [`UNACKNOWLEDGED`] and its replica sent nothing meanwhile (a live
+//! 5. A keep-alive, the one waiting or the next, finds the stream broken
+//!    when it failed (it could not be opened, broke, or its replica fell
+//!    silent), even if no caller waited to see it fail; when a keep-alive
+//!    has waited on it for [`UNACKNOWLEDGED`] and its replica sent
+//!    nothing meanwhile (a live
 //!    one acknowledges a frame within 25 ms, however slow its answer; the
 //!    requests' own replica, which leaving costs a search for the leader,
 //!    gets [`rpc::SILENCE`], as a request does); and when its stream is
@@ -134,7 +135,7 @@ impl KeepAlives {
             return Renewal::Unknown;
         }
         let (tx, rx) = oneshot::channel();
-        {
+        let state = {
             let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
             if lane
                 .as_ref()
@@ -159,19 +160,36 @@ impl KeepAlives {
                 l.state.first_ask.get_or_init(Instant::now);
                 l.asks.send((lease, tx))
             });
-            if !matches!(sent, Some(Ok(()))) {
-                *lane = None;
-                return Renewal::Broken;
+            match (sent, lane.as_ref()) {
+                (Some(Ok(())), Some(l)) => l.state.clone(),
+                _ => {
+                    *lane = None;
+                    return Renewal::Broken;
+                }
             }
-        }
-        let renewal = match tokio::time::timeout(RETRY_BUDGET, rx).await {
-            Ok(Ok(Err(KvError::Unavailable(_)))) => Renewal::Refused,
-            Ok(Ok(done)) => {
+        };
+        // Invariant 5, for this keep-alive too: the heartbeat sends no other
+        // while it waits (`registry` invariant 4).
+        let silent = async {
+            loop {
+                tokio::time::sleep(patience / 5).await;
+                if state.broken(patience) {
+                    return;
+                }
+            }
+        };
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(RETRY_BUDGET, rx) => Some(answer),
+            () = silent => None,
+        };
+        let renewal = match answer {
+            Some(Ok(Ok(Err(KvError::Unavailable(_))))) => Renewal::Refused,
+            Some(Ok(Ok(done))) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
                 return Renewal::Answered(done);
             }
-            Ok(Err(_)) | Err(_) if self.unknown.load(Ordering::Relaxed) => Renewal::Unknown,
-            Ok(Err(_)) | Err(_) => Renewal::Broken,
+            Some(Ok(Err(_)) | Err(_)) if self.unknown.load(Ordering::Relaxed) => Renewal::Unknown,
+            None | Some(Ok(Err(_)) | Err(_)) => Renewal::Broken,
         };
         // Invariant 2: replaced on the next keep-alive.
         let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
