@@ -168,12 +168,16 @@ impl KeepAlives {
                 }
             }
         };
-        // Invariant 5, for this keep-alive too: the heartbeat sends no other
-        // while it waits (`registry` invariant 4).
+        // Invariant 5, for this keep-alive too (the heartbeat sends no other
+        // while it waits, `registry` invariant 4), with the patience of a
+        // request: a follower overloaded for a quarter second is common when
+        // thousands of hosts start at once, and each keep-alive it costs
+        // becomes a request to the leader.
+        let waiting = patience.max(rpc::SILENCE);
         let silent = async {
             loop {
-                tokio::time::sleep(patience / 5).await;
-                if state.broken(patience) {
+                tokio::time::sleep(waiting / 5).await;
+                if state.broken(waiting) {
                     return;
                 }
             }
