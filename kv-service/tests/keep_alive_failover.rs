@@ -128,8 +128,8 @@ async fn a_lease_outlives_its_streams_follower_falling_silent() {
     let on_stream = kv.keep_alives_on_stream();
     assert!(on_stream >= 4, "{on_stream} answered on the stream");
     frozen.store(true, Ordering::Relaxed);
-    // Invariant 5 on the keep-alive waiting: `rpc::SILENCE` (1 s) of
-    // silence, then a request, within the TTL.
+    // Client `keep_alives` invariant 5 on the keep-alive waiting:
+    // `rpc::SILENCE` (1 s) of silence, then a request, within the TTL.
     outlives_three_ttls(&kv, lease, TTL).await;
     leader.shutdown().await;
 }
