@@ -14,7 +14,7 @@
 //!    answer says which). Giving up after an interval and sending another
 //!    doubled a late leader's work (the abandoned keep-alive is still
 //!    served): 70,901 late beats in one 16,384-host bootstrap; giving up
-//!    after half a TTL, 5 of 8 such runs failed, against 1 of 17. Moving off
+//!    after half a TTL, 5 of 8 such runs failed, against 3 of 28. Moving off
 //!    a dead replica is the KV client's work, within its own deadlines.
 //! 5. A heartbeat writes nothing: its keep-alive is answered from the
 //!    leader's memory. Proof that a worker lived after some moment is its

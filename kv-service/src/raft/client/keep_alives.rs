@@ -29,7 +29,9 @@
 //!    follower was found only once the connection had been silent for
 //!    `rpc::SILENCE` (four 300 ms beats lost), and one whose handshake
 //!    went unanswered after `tessel_tls::HANDSHAKE_TIMEOUT` (2 s): more than
-//!    the 1.5 s TTL the tests' workers use.
+//!    the 1.5 s TTL the tests' workers use. The keep-alive waiting gives a
+//!    follower a sixth of the shortest TTL answered so far, at least
+//!    [`UNACKNOWLEDGED`] and at most [`rpc::SILENCE`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -106,6 +108,10 @@ impl LaneState {
 pub(super) struct KeepAlives {
     lane: Mutex<Option<Lane>>,
     answered: AtomicU64,
+    /// The shortest lease TTL the stream has answered with, in ms (0:
+    /// none yet): the keep-alive waiting gives its follower a sixth of it
+    /// (invariant 5).
+    ttl_ms: AtomicU64,
     /// Invariant 4.
     unknown: Arc<AtomicBool>,
 }
@@ -169,11 +175,14 @@ impl KeepAlives {
             }
         };
         // Invariant 5, for this keep-alive too (the heartbeat sends no other
-        // while it waits, `registry` invariant 4), with the patience of a
-        // request: a follower overloaded for a quarter second is common when
-        // thousands of hosts start at once, and each keep-alive it costs
-        // becomes a request to the leader.
-        let waiting = patience.max(rpc::SILENCE);
+        // while it waits, `registry` invariant 4), with a sixth of the
+        // lease's TTL as patience, between `UNACKNOWLEDGED` and a request's:
+        // a 1.5 s lease needs its keep-alive moved within a beat, while a
+        // follower overloaded for a quarter second is common when thousands
+        // of hosts with 5 s leases start at once, and each keep-alive it
+        // costs becomes a request to the leader.
+        let sixth = Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed) / 6);
+        let waiting = patience.max(sixth.min(rpc::SILENCE));
         let silent = async {
             loop {
                 tokio::time::sleep(waiting / 5).await;
@@ -190,6 +199,12 @@ impl KeepAlives {
             Some(Ok(Ok(Err(KvError::Unavailable(_))))) => Renewal::Refused,
             Some(Ok(Ok(done))) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
+                if let Ok(Output::Lease { ttl_ms, .. }) = &done {
+                    let seen = self.ttl_ms.load(Ordering::Relaxed);
+                    if seen == 0 || *ttl_ms < seen {
+                        self.ttl_ms.store(*ttl_ms, Ordering::Relaxed);
+                    }
+                }
                 return Renewal::Answered(done);
             }
             Some(Ok(Err(_)) | Err(_)) if self.unknown.load(Ordering::Relaxed) => Renewal::Unknown,
