@@ -628,7 +628,9 @@ pub(crate) mod tests {
 
     /// Invariant 4: keep-alives served 2.5 intervals late (a leader
     /// running behind) are waited for, one at a time, and keep the worker
-    /// alive; given up after an interval, none would have renewed.
+    /// alive. The old loop sent one an interval (what `sent` counts); in
+    /// this double, which never serves a dropped keep-alive, none of them
+    /// would also have renewed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_keep_alive_is_waited_for_and_never_sent_twice() {
         let kv = Arc::new(FaultyKv::new());

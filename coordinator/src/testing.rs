@@ -21,7 +21,9 @@ pub(crate) struct FaultyKv {
     /// The leases registrations granted (`grant_and_put`), in order.
     pub granted: std::sync::Mutex<Vec<u64>>,
     /// Every keep-alive is served this much later (a leader running
-    /// behind), when set.
+    /// behind), when set. Stricter than a replica: a keep-alive its caller
+    /// drops before then is never served, where a real one already sent
+    /// still renews the lease.
     pub late_keep_alives: std::sync::Mutex<Option<Duration>>,
     /// Keep-alives sent, those in flight now, and the most ever in flight
     /// at once.

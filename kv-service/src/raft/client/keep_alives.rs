@@ -199,11 +199,11 @@ impl KeepAlives {
             Some(Ok(Ok(Err(KvError::Unavailable(_))))) => Renewal::Refused,
             Some(Ok(Ok(done))) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
-                if let Ok(Output::Lease { ttl_ms, .. }) = &done {
-                    let seen = self.ttl_ms.load(Ordering::Relaxed);
-                    if seen == 0 || *ttl_ms < seen {
-                        self.ttl_ms.store(*ttl_ms, Ordering::Relaxed);
-                    }
+                if let Ok(Output::Lease { ttl_ms, .. }) = done {
+                    let shorter = |seen: u64| (seen == 0 || ttl_ms < seen).then_some(ttl_ms);
+                    let _ = self
+                        .ttl_ms
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, shorter);
                 }
                 return Renewal::Answered(done);
             }

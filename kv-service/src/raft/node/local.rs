@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::StreamExt;
 use quinn::SendStream;
 use tokio::sync::mpsc;
@@ -38,12 +39,20 @@ pub(super) enum Answers<'a> {
 }
 
 impl Answers<'_> {
-    /// Sends one answer; an error means the asker is gone.
-    pub(super) async fn frame(&mut self, r: WireResponse) -> std::result::Result<(), String> {
-        match self {
-            Answers::Stream(s) => rpc::write_frame(s, &r).await,
-            Answers::Local(tx) => tx.send(r).await.map_err(|_| "the asker left".into()),
-        }
+    /// Sends one answer; an error means the asker is gone. Boxed: the
+    /// write is 0.9 KB, and every request's future held room for it for
+    /// as long as the request waited (a blocking get, a watch; a leader
+    /// held 80,000 such futures at 16,384 hosts).
+    pub(super) fn frame(
+        &mut self,
+        r: WireResponse,
+    ) -> BoxFuture<'_, std::result::Result<(), String>> {
+        Box::pin(async move {
+            match self {
+                Answers::Stream(s) => rpc::write_frame(s, &r).await,
+                Answers::Local(tx) => tx.send(r).await.map_err(|_| "the asker left".into()),
+            }
+        })
     }
 
     /// Relays one encoded answer of the leader's.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use openraft::BasicNode;
+use tessel_kv::state::Guard;
 use tessel_kv::KvError;
 
 use super::{unavailable, ReplicaHandler};
@@ -72,22 +73,21 @@ impl ReplicaHandler {
         Ok(())
     }
 
-    /// Invariant 2.
+    /// Invariant 2: `request`, once `guard` holds; else the request back
+    /// with why.
     pub(super) async fn unguard(
         &self,
-        req: ClientRequest,
+        guard: Guard,
+        request: ClientRequest,
     ) -> Result<ClientRequest, (ClientRequest, KvError)> {
-        let ClientRequest::Guarded { guard, request } = req else {
-            return Ok(req);
-        };
         let holds = match self.linearizable().await {
             Ok(()) => self.applied.read(|_, t| guard.holds(t)),
             Err(e) => Err(e),
         };
         match holds {
-            Ok(true) => Ok(*request),
+            Ok(true) => Ok(request),
             Ok(false) => {
-                let key = match &*request {
+                let key = match &request {
                     ClientRequest::Get { key, .. }
                     | ClientRequest::GetSerializable { key, .. }
                     | ClientRequest::TryGet { key } => key.clone(),
@@ -97,9 +97,9 @@ impl ReplicaHandler {
                     _ => Vec::new(),
                 };
                 let e = guard.refusal("read", &key);
-                Err((*request, e))
+                Err((request, e))
             }
-            Err(e) => Err((*request, e)),
+            Err(e) => Err((request, e)),
         }
     }
 }
