@@ -284,13 +284,7 @@ async fn simulated(
             tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache, Some(&phases)).await })
         })
         .collect();
-    let mut hosts = Vec::with_capacity(n as usize);
-    for t in tasks {
-        match t.await?? {
-            sim_host::Outcome::Known(h) => hosts.push(h),
-            sim_host::Outcome::Failed(_, f) => anyhow::bail!("the job failed: {f}"),
-        }
-    }
+    let hosts = sim_host::all_known(tasks).await?;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let ops = total_ops(clients) - before;
     let leader = leader_index(status).await;

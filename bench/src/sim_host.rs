@@ -294,6 +294,31 @@ pub(crate) async fn run(
     }))
 }
 
+/// Waits for every host of `tasks` (host `i` at index `i`) to know its
+/// topology, in the order they finish: the first that fails, or sees its
+/// job fail, ends the wait at once with its cause, rather than after the
+/// hosts before it in order (which wait out the topology's timeout when a
+/// peer is gone).
+pub(crate) async fn all_known(
+    tasks: Vec<tokio::task::JoinHandle<Result<Outcome>>>,
+) -> Result<Vec<RunningHost>> {
+    let mut pending: futures::stream::FuturesUnordered<_> = tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| async move { (i, t.await) })
+        .collect();
+    let mut hosts = Vec::with_capacity(pending.len());
+    while let Some((i, ended)) = pending.next().await {
+        match ended {
+            Ok(Ok(Outcome::Known(h))) => hosts.push(h),
+            Ok(Ok(Outcome::Failed(_, f))) => bail!("host {i}: the job failed: {f}"),
+            Ok(Err(e)) => return Err(e.context(format!("host {i}"))),
+            Err(e) => bail!("host {i}: its task ended: {e}"),
+        }
+    }
+    Ok(hosts)
+}
+
 /// Host `i` of `n` as a worker that dies during its job's bootstrap: it
 /// registers, heartbeats, joins the job and reads its spec, then stops as
 /// a killed process does (no more keep-alives, nothing revoked, no local

@@ -40,7 +40,7 @@ use tessel_kv_service::raft::client::RaftKv;
 use tessel_topology::TopologyCache;
 
 use crate::bootstrap::assign_all;
-use crate::sim_host::{self, Outcome, HOSTS_PER_CONNECTION};
+use crate::sim_host::{self, HOSTS_PER_CONNECTION};
 use crate::simulated::{cpu_now, cpu_split, leader_index, percents_json, quantile_ms, KeepAlives};
 
 /// `tessel-bench steady`: the KV's load while a large job runs.
@@ -93,13 +93,9 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
             tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache, None).await })
         })
         .collect();
-    let mut hosts = Vec::with_capacity(n as usize);
-    for t in tasks {
-        match t.await?? {
-            Outcome::Known(h) => hosts.push(h),
-            Outcome::Failed(_, f) => bail!("the job failed in its bootstrap: {f}"),
-        }
-    }
+    let hosts = crate::sim_host::all_known(tasks)
+        .await
+        .context("the job's bootstrap")?;
     let bootstrap_ms = started.elapsed().as_secs_f64() * 1e3;
 
     let pids = cluster.coordinator_pids();

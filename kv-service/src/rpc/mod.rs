@@ -18,6 +18,8 @@
 //!    buffer itself (a copy of a written slice, in a fresh allocation,
 //!    was a fifth of the leader's CPU when 4,096 hosts read one 66 KB
 //!    value), and a frame is read into a buffer not zeroed first.
+//! 6. A server's QUIC stack runs on a thread of its own (`io_thread`): a
+//!    replica busy with requests is slow to answer but never silent.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -32,6 +34,7 @@ use serde::Serialize;
 use crate::wire::{self, FrameError, WireRequest, RESET_FRAME_TOO_LARGE, RESET_MALFORMED};
 use tessel_tls::{peer_identity, Identity};
 
+mod io_thread;
 mod peer;
 mod silence;
 pub use peer::{check_host_port, NamedPeer, PeerClient, RESOLVE_TTL};
@@ -152,17 +155,23 @@ pub async fn write_frame<T: Serialize>(send: &mut SendStream, msg: &T) -> Result
 /// and each drop cost a client QUIC's loss-recovery wait.
 pub const SOCKET_BUFFER: usize = 4 << 20;
 
-/// A QUIC endpoint on `addr` (a server when `server` is given) on a
-/// [`tessel_tls::udp_socket`] with [`SOCKET_BUFFER`]-byte buffers.
+/// A QUIC endpoint on `addr` on a [`tessel_tls::udp_socket`] with
+/// [`SOCKET_BUFFER`]-byte buffers: a server when `server` is given, its
+/// drivers on the process's QUIC thread (invariant 6); a client's on the
+/// caller's runtime.
 pub fn endpoint(
     addr: SocketAddr,
     server: Option<quinn::ServerConfig>,
 ) -> std::io::Result<Endpoint> {
+    let runtime: Arc<dyn quinn::Runtime> = match server {
+        Some(_) => io_thread::IoThread::shared()?,
+        None => Arc::new(quinn::TokioRuntime),
+    };
     Endpoint::new(
         quinn::EndpointConfig::default(),
         server,
         tessel_tls::udp_socket(addr, SOCKET_BUFFER)?,
-        Arc::new(quinn::TokioRuntime),
+        runtime,
     )
 }
 
@@ -190,32 +199,47 @@ pub trait Handler: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
-/// Accepts connections on `endpoint` until it closes.
+/// Accepts connections on `endpoint` until it closes. Accepting and the
+/// handshakes run on the QUIC thread when the endpoint's drivers do
+/// (invariant 6: a busy replica still completes a dial within its
+/// deadline); each connection's requests are served on the caller's
+/// runtime.
 pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
-    while let Some(incoming) = endpoint.accept().await {
-        let handler = handler.clone();
-        tokio::spawn(async move {
-            let from = incoming.remote_address();
-            let conn = match incoming.await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(%from, "refused a connection: {e}");
-                    return;
+    let requests = tokio::runtime::Handle::current();
+    let accepting = async move {
+        while let Some(incoming) = endpoint.accept().await {
+            let handler = handler.clone();
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let from = incoming.remote_address();
+                match incoming.await {
+                    Ok(conn) => drop(requests.spawn(serve_connection(conn, handler))),
+                    Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
                 }
-            };
-            let peer = PeerInfo {
-                addr: conn.remote_address(),
-                identity: Arc::new(peer_identity(&conn)),
-            };
-            let mut credit = tessel_tls::StreamCredit::new(&conn);
-            while let Ok((send, recv)) = conn.accept_bi().await {
-                let open = credit.accepted();
-                let served = serve_stream(handler.clone(), send, recv, peer.clone());
-                tokio::spawn(async move {
-                    served.await;
-                    drop(open);
-                });
-            }
+            });
+        }
+    };
+    match io_thread::IoThread::shared() {
+        Ok(io) => {
+            let _ = io.spawn_here(accepting).await;
+        }
+        Err(_) => accepting.await,
+    }
+}
+
+/// Serves the streams of `conn` until it closes.
+async fn serve_connection<H: Handler>(conn: quinn::Connection, handler: Arc<H>) {
+    let peer = PeerInfo {
+        addr: conn.remote_address(),
+        identity: Arc::new(peer_identity(&conn)),
+    };
+    let mut credit = tessel_tls::StreamCredit::new(&conn);
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        let open = credit.accepted();
+        let served = serve_stream(handler.clone(), send, recv, peer.clone());
+        tokio::spawn(async move {
+            served.await;
+            drop(open);
         });
     }
 }
