@@ -57,6 +57,13 @@ impl IoThread {
 }
 
 impl IoThread {
+    /// An "I/O thread" that is `runtime`: tests stop it with the runtime,
+    /// as a killed process's QUIC stack stops with it.
+    #[cfg(test)]
+    pub(crate) fn on(runtime: Handle) -> IoThread {
+        IoThread(runtime)
+    }
+
     /// Runs `task` on the I/O thread.
     pub(crate) fn spawn_here<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
     where

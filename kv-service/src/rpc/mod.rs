@@ -35,6 +35,7 @@ use crate::wire::{self, FrameError, WireRequest, RESET_FRAME_TOO_LARGE, RESET_MA
 use tessel_tls::{peer_identity, Identity};
 
 mod io_thread;
+use io_thread::IoThread;
 mod peer;
 mod silence;
 pub use peer::{check_host_port, NamedPeer, PeerClient, RESOLVE_TTL};
@@ -163,8 +164,21 @@ pub fn endpoint(
     addr: SocketAddr,
     server: Option<quinn::ServerConfig>,
 ) -> std::io::Result<Endpoint> {
-    let runtime: Arc<dyn quinn::Runtime> = match server {
-        Some(_) => io_thread::IoThread::shared()?,
+    let io = match server {
+        Some(_) => Some(IoThread::shared()?),
+        None => None,
+    };
+    endpoint_on(addr, server, io)
+}
+
+/// [`endpoint`], its drivers on `io` where given.
+fn endpoint_on(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+    io: Option<Arc<IoThread>>,
+) -> std::io::Result<Endpoint> {
+    let runtime: Arc<dyn quinn::Runtime> = match io {
+        Some(io) => io,
         None => Arc::new(quinn::TokioRuntime),
     };
     Endpoint::new(
@@ -199,32 +213,36 @@ pub trait Handler: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
-/// Accepts connections on `endpoint` until it closes. Accepting and the
-/// handshakes run on the QUIC thread when the endpoint's drivers do
-/// (invariant 6: a busy replica still completes a dial within its
-/// deadline); each connection's requests are served on the caller's
-/// runtime.
+/// Accepts connections on `endpoint` (made by [`endpoint`] with a server
+/// configuration) until it closes: accepting and the handshakes on the
+/// QUIC thread, as its drivers (invariant 6: a busy replica still
+/// completes a dial within its deadline); each connection's requests on
+/// the caller's runtime.
 pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
-    let requests = tokio::runtime::Handle::current();
-    let accepting = async move {
-        while let Some(incoming) = endpoint.accept().await {
-            let handler = handler.clone();
-            let requests = requests.clone();
-            tokio::spawn(async move {
-                let from = incoming.remote_address();
-                match incoming.await {
-                    Ok(conn) => drop(requests.spawn(serve_connection(conn, handler))),
-                    Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
-                }
-            });
-        }
-    };
-    match io_thread::IoThread::shared() {
-        Ok(io) => {
-            let _ = io.spawn_here(accepting).await;
-        }
-        Err(_) => accepting.await,
+    match IoThread::shared() {
+        Ok(io) => serve_on(endpoint, handler, &io).await,
+        Err(e) => tracing::error!("no QUIC thread, so no server: {e}"),
     }
+}
+
+/// [`serve`] for an endpoint whose drivers run on `io`.
+async fn serve_on<H: Handler>(endpoint: Endpoint, handler: Arc<H>, io: &IoThread) {
+    let requests = tokio::runtime::Handle::current();
+    let _ = io
+        .spawn_here(async move {
+            while let Some(incoming) = endpoint.accept().await {
+                let handler = handler.clone();
+                let requests = requests.clone();
+                tokio::spawn(async move {
+                    let from = incoming.remote_address();
+                    match incoming.await {
+                        Ok(conn) => drop(requests.spawn(serve_connection(conn, handler))),
+                        Err(e) => tracing::warn!(%from, "refused a connection: {e}"),
+                    }
+                });
+            }
+        })
+        .await;
 }
 
 /// Serves the streams of `conn` until it closes.

@@ -55,12 +55,16 @@ fn server_on_own_runtime(
         .enable_all()
         .build()
         .unwrap();
-    let server = {
-        let _runtime = rt.enter();
-        endpoint("127.0.0.1:0".parse().unwrap(), Some(server_cfg)).unwrap()
-    };
+    // Its QUIC stack too: the process's QUIC thread would outlive it.
+    let io = Arc::new(IoThread::on(rt.handle().clone()));
+    let server = endpoint_on(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(server_cfg),
+        Some(io.clone()),
+    )
+    .unwrap();
     let addr = server.local_addr().unwrap();
-    rt.spawn(serve(server, Arc::new(handler)));
+    rt.spawn(async move { serve_on(server, Arc::new(handler), &io).await });
     (rt, addr, client_cfg)
 }
 
@@ -168,6 +172,60 @@ async fn a_call_waits_for_a_slow_live_peer() {
         "{answer:?}"
     );
     rt.shutdown_background();
+}
+
+/// Holds its runtime's only thread for `0` before answering, as a backlog
+/// of request tasks does.
+struct Busy(Duration);
+
+impl Handler for Busy {
+    fn handle(
+        self: Arc<Self>,
+        req: WireRequest,
+        send: SendStream,
+        recv: RecvStream,
+        peer: PeerInfo,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        Box::pin(async move {
+            std::thread::sleep(self.0);
+            Arc::new(Answer).handle(req, send, recv, peer).await
+        })
+    }
+}
+
+/// Invariant 6: a server whose request runtime is stuck for three times
+/// `SILENCE` still acknowledges on its QUIC thread, so the call waits for
+/// its answer instead of finding it silent (with the drivers on that
+/// runtime, the call gave up after `SILENCE`).
+#[tokio::test]
+async fn a_server_busy_with_requests_is_slow_but_never_silent() {
+    let (server_cfg, client_cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
+    let requests = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = endpoint("127.0.0.1:0".parse().unwrap(), Some(server_cfg)).unwrap();
+    let addr = server.local_addr().unwrap();
+    let busy = SILENCE * 3;
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    let serving = std::thread::spawn(move || {
+        requests.block_on(async move {
+            tokio::spawn(serve(server, Arc::new(Busy(busy))));
+            let _ = finished.await;
+        })
+    });
+    let client = client_with(client_cfg);
+    let req = WireRequest::Client(ClientRequest::Revision);
+    let started = tokio::time::Instant::now();
+    let answer = client.call(addr, &req, busy * 2).await;
+    assert!(
+        matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
+        "{answer:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() >= busy);
+    let _ = done.send(());
+    serving.join().unwrap();
 }
 
 /// `tessel_tls`'s keep-alives: on an idle connection the dialer alone
