@@ -1,6 +1,7 @@
 //! The scheduler in the coordinator processes, with real workers: restarts
 //! from checkpoints after a SIGKILLed worker, a SIGKILLed coordinator
-//! leader, gang scheduling that waits, and cancellation.
+//! leader, gang scheduling that waits, cancellation, and a placed worker
+//! that never joins.
 //!
 //! Organised by the property each test proves.
 
@@ -154,12 +155,17 @@ async fn a_killed_coordinator_leader_loses_no_job() {
 const ADD: &str = "func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  %0 = stablehlo.add %a, %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}\n";
 
 fn tiny(dir: &Path, name: &str, processes: u32, steps: u64) -> ValidatedJob {
+    tiny_with(dir, name, processes, steps, "")
+}
+
+/// [`tiny`] with `extra` top-level lines (`max_restarts = 1\n`).
+fn tiny_with(dir: &Path, name: &str, processes: u32, steps: u64, extra: &str) -> ValidatedJob {
     std::fs::write(dir.join("double.mlir"), ADD).unwrap();
     let spec = dir.join(format!("{name}.toml"));
     std::fs::write(
         &spec,
         format!(
-            "name = \"{name}\"\nprocesses = {processes}\nmesh = \"data={processes}\"\nsteps = {steps}\n\n\
+            "name = \"{name}\"\n{extra}processes = {processes}\nmesh = \"data={processes}\"\nsteps = {steps}\n\n\
              [programs.double]\nfile = \"double.mlir\"\n\n\
              [arrays.a]\ndtype = \"f32\"\nshape = [4]\ninit = {{ kind = \"constant\", value = 1.0 }}\n\n\
              [[plan]]\nop = \"execute\"\nprogram = \"double\"\ninputs = [\"a\"]\noutputs = [\"a\"]\n"
@@ -355,4 +361,72 @@ async fn jobs_wait_for_free_devices_and_cancel_frees_them() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("DEVICE"));
+}
+
+/// A worker frozen (SIGSTOP) just before a job is placed on it looks alive
+/// until its TTL runs out, and never joins: the attempt fails naming it as
+/// lost before it joined (scheduler invariant 12) within that TTL and a
+/// pass or two, not after the 120 s topology timeout its peers would wait
+/// out. Thawed (SIGCONT), it registers again and the job's second attempt
+/// succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placed_worker_that_never_joins_fails_the_attempt_within_its_ttl() {
+    use nix::sys::signal::Signal;
+    use tessel_coordinator::jobs::FailureKind;
+    use tessel_coordinator::scheduler::LOST_BEFORE_JOINING;
+
+    let cluster = KvCluster::start(3, &[]);
+    let mut ws = workers(&cluster, 2);
+    // A TTL of 5 s leaves the scheduler time to place the job on it once
+    // it is frozen.
+    let flags: Vec<String> = job_worker_flags(&ckpt_root(&cluster))
+        .into_iter()
+        .map(|f| match f.as_str() {
+            "300" => "1000".into(),
+            "1500" => "5000".into(),
+            _ => f,
+        })
+        .collect();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    ws.insert("w2".into(), spawn_worker(&cluster, "w2", &flags));
+    let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
+    let client = Client::from_store(kv.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tessel_coordinator::registry::list_workers(&*kv)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|w| matches!(w.state, tessel_coordinator::WorkerState::Alive { .. }))
+        .count()
+        < 3
+    {
+        assert!(Instant::now() < deadline, "three workers registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    ws["w2"].child.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    let job = tiny_with(dir.path(), "frozen", 3, 10, "max_restarts = 1\n");
+    let id = client.submit(&job).await.unwrap();
+    let failure = jobs::wait_for_failure(&*kv, &format!("{id}@1"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the first attempt failed");
+    let took = stopped.elapsed();
+    assert_eq!(failure.kind, FailureKind::WorkerLost, "{failure}");
+    assert_eq!(failure.worker.as_deref(), Some("w2"), "{failure}");
+    assert_eq!(failure.reason, LOST_BEFORE_JOINING);
+    assert!(
+        took < Duration::from_secs(15),
+        "seen {took:?} after the freeze"
+    );
+
+    ws["w2"].child.signal(Signal::SIGCONT);
+    let end = tokio::time::timeout(Duration::from_secs(120), client.wait(&id))
+        .await
+        .expect("the job ended")
+        .unwrap();
+    assert_eq!(end.state, JobState::Succeeded, "{:?}", end.reason);
+    assert_eq!(end.attempt, 2);
 }

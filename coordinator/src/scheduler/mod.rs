@@ -43,6 +43,11 @@
 //!     clock is behind that stamp (a coordinator that ran ahead, or its own
 //!     clock stepped back) stamps it again with its own: a clock step delays
 //!     a restart by at most one back-off and settle, never by the step.
+//! 12. A placed worker found dead before it joined the attempt fails the
+//!     attempt (`WorkerLost`) at the next pass, as the monitor fails one
+//!     that joined: a host that died just before or after its placement
+//!     (alive until its TTL ran out) held every other process in the
+//!     topology exchange for its timeout (120 s) first.
 //!
 //! # Restarts
 //!
@@ -78,7 +83,7 @@ mod spans;
 
 pub use history::{attempts, Attempt};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,7 +95,7 @@ use crate::jobs::{self, FailureKind, JobAssignment, JobFailure};
 use crate::keys;
 use crate::registry::{list_workers, RegistryView, WorkerState, WorkerStatus};
 
-pub use pass::{cancel, pass, read_state, run, submit};
+pub use pass::{cancel, pass, read_state, run, submit, LOST_BEFORE_JOINING};
 
 /// Finished jobs kept in the state for listing.
 pub const KEEP_FINISHED: usize = 256;

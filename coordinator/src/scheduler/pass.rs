@@ -89,8 +89,12 @@ pub(super) async fn commit(
     }
 }
 
+/// The registry by worker id, built once a pass: with 16,384 workers a
+/// search of the list for each worker of an attempt was 2^28 comparisons.
+type ById<'a> = std::collections::HashMap<&'a str, &'a WorkerStatus>;
+
 /// What the workers published about `job`'s current attempt.
-async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &[WorkerStatus]) -> Result<Observed> {
+async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &ById<'_>) -> Result<Observed> {
     let mut o = Observed {
         cancel_requested: kv
             .try_get(keys::sched_cancel(&job.id).as_bytes())
@@ -104,6 +108,9 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &[WorkerStatus]) -
     if matches!(job.state, JobState::Scheduled | JobState::Running) {
         let inst = job.instance();
         o.failure = jobs::failure_of(kv, &inst).await?;
+        if o.failure.is_none() && job.state == JobState::Scheduled {
+            o.failure = fail_lost_before_joining(kv, job, registry).await?;
+        }
         let published = crate::attempt::published(kv, &inst).await?;
         o.ready = published.count(crate::attempt::Record::TransferReady);
         o.finished = published.count(crate::attempt::Record::Result);
@@ -111,12 +118,53 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &[WorkerStatus]) -
     Ok(o)
 }
 
+/// Invariant 12: the failure of a Scheduled attempt one of whose placed
+/// workers is dead and never joined it, recorded as the monitor records a
+/// joined one's (`monitor` invariant 1), if there is such a worker. No
+/// read unless the registry shows a placed worker dead.
+async fn fail_lost_before_joining(
+    kv: &dyn KvStore,
+    job: &JobRecord,
+    registry: &ById<'_>,
+) -> Result<Option<JobFailure>> {
+    let alive = |w: &str| {
+        registry
+            .get(w)
+            .is_some_and(|s| matches!(s.state, WorkerState::Alive { .. }))
+    };
+    let dead: Vec<&String> = job.placement.iter().filter(|w| !alive(w)).collect();
+    if dead.is_empty() {
+        return Ok(None);
+    }
+    let inst = job.instance();
+    let joined: BTreeSet<String> = jobs::members(kv, &inst)
+        .await?
+        .into_iter()
+        .map(|(w, _)| w)
+        .collect();
+    let Some(worker) = dead.into_iter().find(|w| !joined.contains(*w)) else {
+        // Each joined before it died: the monitor's to record.
+        return Ok(None);
+    };
+    let failure = JobFailure {
+        worker: Some(worker.clone()),
+        incarnation: None,
+        kind: FailureKind::WorkerLost,
+        reason: LOST_BEFORE_JOINING.into(),
+        unix_ms: keys::unix_ms(),
+    };
+    Ok(Some(jobs::fail_job(kv, &inst, &failure).await?))
+}
+
+/// The reason a failure of invariant 12 gives.
+pub const LOST_BEFORE_JOINING: &str = "lost before it joined the attempt";
+
 /// Invariant 6's inputs for a Restarting job: how each worker of the
 /// failed attempt stands now, and how long ago the job turned Restarting.
 async fn observe_settled(
     kv: &dyn KvStore,
     job: &JobRecord,
-    registry: &[WorkerStatus],
+    registry: &ById<'_>,
 ) -> Result<Settled> {
     let inst = job.instance();
     if jobs::failure_of(kv, &inst).await?.is_none() {
@@ -131,7 +179,7 @@ async fn observe_settled(
         .placement
         .iter()
         .map(|w| {
-            let status = registry.iter().find(|s| &s.record.info.worker_id == w);
+            let status = registry.get(w.as_str());
             AttemptWorker {
                 worker: w.clone(),
                 joined: joined.get(w).copied(),
@@ -281,9 +329,13 @@ async fn pass_in(
         Some(v) => v.workers(kv).await?,
         None => list_workers(kv).await?,
     };
+    let by_id: ById<'_> = registry
+        .iter()
+        .map(|s| (s.record.info.worker_id.as_str(), s))
+        .collect();
     let mut observed = BTreeMap::new();
     for job in state.jobs.iter().filter(|j| !j.state.is_terminal()) {
-        observed.insert(job.id.clone(), observe(kv, job, &registry).await?);
+        observed.insert(job.id.clone(), observe(kv, job, &by_id).await?);
     }
     let workers = capacity(&registry);
     let before = state.clone();

@@ -46,6 +46,48 @@ async fn two_passes_that_commit_the_same_state_announce_each_event_once() {
     assert_eq!(pass::carry_out(&kv, &b, &b_events, t).await.unwrap(), 0);
 }
 
+/// Invariant 12: a placed worker dead before it joined fails the attempt
+/// at the next pass, naming it; while it lives, or once it joined (the
+/// monitor's case), the pass records nothing.
+#[tokio::test]
+async fn a_placed_worker_lost_before_joining_fails_the_attempt_at_the_next_pass() {
+    use crate::registry::{self, tests::info, LivenessConfig};
+    let kv = tessel_kv::MemoryKv::new();
+    let liveness = LivenessConfig::default();
+    let mut regs = Vec::new();
+    for w in ["a", "b", "c"] {
+        regs.push(registry::register(&kv, info(w), liveness).await.unwrap());
+    }
+    let id = submit(&kv, &sub("j", 3, 0), b"bundle").await.unwrap();
+    let t = Duration::from_secs(120);
+    pass::pass(&kv, t).await.unwrap();
+    let (_, state) = read_state(&kv).await.unwrap();
+    let job = state.job(&id).unwrap().clone();
+    assert_eq!(job.state, JobState::Scheduled);
+    assert_eq!(job.placement.len(), 3);
+    let inst = job.instance();
+    let by = |w: &str| regs.iter().find(|r| r.worker_id == w).unwrap().clone();
+    jobs::join_job(&kv, &inst, &by("a")).await.unwrap();
+    jobs::join_job(&kv, &inst, &by("b")).await.unwrap();
+    pass::pass(&kv, t).await.unwrap();
+    assert_eq!(jobs::failure_of(&kv, &inst).await.unwrap(), None);
+    // `b` joined, then died: the monitor's to record, not the pass's.
+    kv.revoke(by("b").lease).await.unwrap();
+    pass::pass(&kv, t).await.unwrap();
+    assert_eq!(jobs::failure_of(&kv, &inst).await.unwrap(), None);
+    kv.revoke(by("c").lease).await.unwrap();
+    pass::pass(&kv, t).await.unwrap();
+    let failure = jobs::failure_of(&kv, &inst)
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(failure.kind, FailureKind::WorkerLost);
+    assert_eq!(failure.worker.as_deref(), Some("c"));
+    assert_eq!(failure.reason, pass::LOST_BEFORE_JOINING);
+    let (_, state) = read_state(&kv).await.unwrap();
+    assert_ne!(state.job(&id).unwrap().state, JobState::Scheduled);
+}
+
 fn workers(n: u32, devices: u32) -> Vec<WorkerCapacity> {
     (0..n)
         .map(|i| WorkerCapacity {
