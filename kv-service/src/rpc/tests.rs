@@ -23,8 +23,14 @@ impl Handler for Answer {
     }
 }
 
-/// Answers after `delay`, or never.
-struct Slow(Option<Duration>);
+/// Answers after a while, or never.
+enum Slow {
+    Never,
+    After(Duration),
+    /// Holding its runtime's only thread meanwhile, as a backlog of
+    /// request tasks does.
+    Holding(Duration),
+}
 
 impl Handler for Slow {
     fn handle(
@@ -35,9 +41,10 @@ impl Handler for Slow {
         peer: PeerInfo,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         Box::pin(async move {
-            match self.0 {
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => std::future::pending().await,
+            match *self {
+                Slow::Never => std::future::pending().await,
+                Slow::After(delay) => tokio::time::sleep(delay).await,
+                Slow::Holding(delay) => std::thread::sleep(delay),
             }
             Arc::new(Answer).handle(req, send, recv, peer).await
         })
@@ -102,7 +109,7 @@ async fn a_dial_to_a_dead_peer_is_given_up_after_the_handshake_timeout() {
 /// credit from a peer that died is given up after `SILENCE` too.
 #[tokio::test]
 async fn a_call_waiting_for_a_stream_to_a_dead_peer_gives_up() {
-    let (rt, addr, cfg) = server_on_own_runtime(Slow(None));
+    let (rt, addr, cfg) = server_on_own_runtime(Slow::Never);
     let client = client_with(cfg);
     let req = WireRequest::Client(ClientRequest::Revision);
     // Every stream the peer allows, waiting on it (`tessel_tls`: 1,024 at
@@ -135,7 +142,7 @@ async fn a_call_waiting_for_a_stream_to_a_dead_peer_gives_up() {
 /// after `SILENCE`, well before the connection's idle timeout.
 #[tokio::test]
 async fn a_call_gives_up_on_a_peer_that_fell_silent() {
-    let (rt, addr, cfg) = server_on_own_runtime(Slow(None));
+    let (rt, addr, cfg) = server_on_own_runtime(Slow::Never);
     let client = client_with(cfg);
     let req = WireRequest::Client(ClientRequest::Revision);
     let started = tokio::time::Instant::now();
@@ -163,7 +170,7 @@ async fn a_call_gives_up_on_a_peer_that_fell_silent() {
 #[tokio::test]
 async fn a_call_waits_for_a_slow_live_peer() {
     let slow = tessel_tls::IDLE_TIMEOUT + Duration::from_millis(500);
-    let (rt, addr, cfg) = server_on_own_runtime(Slow(Some(slow)));
+    let (rt, addr, cfg) = server_on_own_runtime(Slow::After(slow));
     let client = client_with(cfg);
     let req = WireRequest::Client(ClientRequest::Revision);
     let answer = client.call(addr, &req, slow * 2).await;
@@ -172,25 +179,6 @@ async fn a_call_waits_for_a_slow_live_peer() {
         "{answer:?}"
     );
     rt.shutdown_background();
-}
-
-/// Holds its runtime's only thread for `0` before answering, as a backlog
-/// of request tasks does.
-struct Busy(Duration);
-
-impl Handler for Busy {
-    fn handle(
-        self: Arc<Self>,
-        req: WireRequest,
-        send: SendStream,
-        recv: RecvStream,
-        peer: PeerInfo,
-    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
-        Box::pin(async move {
-            std::thread::sleep(self.0);
-            Arc::new(Answer).handle(req, send, recv, peer).await
-        })
-    }
 }
 
 /// Invariant 6: a server whose request runtime is stuck for three times
@@ -210,7 +198,7 @@ async fn a_server_busy_with_requests_is_slow_but_never_silent() {
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     let serving = std::thread::spawn(move || {
         requests.block_on(async move {
-            tokio::spawn(serve(server, Arc::new(Busy(busy))));
+            tokio::spawn(serve(server, Arc::new(Slow::Holding(busy))));
             let _ = finished.await;
         })
     });
