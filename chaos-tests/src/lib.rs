@@ -123,14 +123,27 @@ pub fn spawn_worker(cluster: &KvCluster, worker_id: &str, extra: &[&str]) -> Wor
 /// The flags of a job's workers in these tests: one CPU device,
 /// checkpoints under `root`, beating every 300 ms with a 1.5 s TTL.
 pub fn job_worker_flags(root: &Path) -> Vec<String> {
+    job_worker_flags_beating(root, 300, 1500)
+}
+
+/// [`job_worker_flags`] beating every `heartbeat_ms` with a TTL of
+/// `ttl_ms`.
+pub fn job_worker_flags_beating(root: &Path, heartbeat_ms: u64, ttl_ms: u64) -> Vec<String> {
     let root = root.display().to_string();
-    let flags = ["--devices", "1", "--checkpoint-root", &root];
-    let liveness = ["--heartbeat-ms", "300", "--ttl-ms", "1500"];
-    flags
-        .iter()
-        .chain(&liveness)
-        .map(|f| f.to_string())
-        .collect()
+    let (heartbeat_ms, ttl_ms) = (heartbeat_ms.to_string(), ttl_ms.to_string());
+    [
+        "--devices",
+        "1",
+        "--checkpoint-root",
+        &root,
+        "--heartbeat-ms",
+        &heartbeat_ms,
+        "--ttl-ms",
+        &ttl_ms,
+    ]
+    .iter()
+    .map(|f| f.to_string())
+    .collect()
 }
 
 /// [`spawn_worker`] with more environment variables.

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use tessel::client::Client;
 use tessel::job::{JobSpec, ValidatedJob};
 use tessel_chaos_tests::mlp::{mlp_dir, mlp_job, mlp_params as params};
-use tessel_chaos_tests::{job_worker_flags, sample, scrape, spawn_worker, KvCluster, WorkerProc};
+use tessel_chaos_tests::{
+    job_worker_flags, job_worker_flags_beating, sample, scrape, spawn_worker, KvCluster, WorkerProc,
+};
 
 use tessel_coordinator::scheduler::{JobRecord, JobState};
 use tessel_coordinator::{jobs, Item, Records};
@@ -127,10 +129,7 @@ async fn a_killed_coordinator_leader_loses_no_job() {
     // with 1.5 s, a worker lost its lease across the leader change in about
     // one fresh-clone CI run of two, though in 0 of 40 runs alone (cause
     // not found; docs/performance.md, "Keep-alives to a dead replica").
-    let flags: Vec<String> = job_worker_flags(&ckpt_root(&cluster))
-        .into_iter()
-        .map(|f| if f == "1500" { "5000".into() } else { f })
-        .collect();
+    let flags = job_worker_flags_beating(&ckpt_root(&cluster), 300, 5000);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let _ws: Vec<WorkerProc> = (0..4)
         .map(|i| spawn_worker(&cluster, &format!("w{i}"), &flags))
@@ -379,32 +378,14 @@ async fn a_placed_worker_that_never_joins_fails_the_attempt_within_its_ttl() {
     let mut ws = workers(&cluster, 2);
     // A TTL of 5 s leaves the scheduler time to place the job on it once
     // it is frozen.
-    let flags: Vec<String> = job_worker_flags(&ckpt_root(&cluster))
-        .into_iter()
-        .map(|f| match f.as_str() {
-            "300" => "1000".into(),
-            "1500" => "5000".into(),
-            _ => f,
-        })
-        .collect();
+    let flags = job_worker_flags_beating(&ckpt_root(&cluster), 1000, 5000);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     ws.insert("w2".into(), spawn_worker(&cluster, "w2", &flags));
     let kv: Arc<dyn KvStore> = Arc::new(cluster.client());
     let client = Client::from_store(kv.clone());
     let dir = tempfile::tempdir().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tessel_coordinator::registry::list_workers(&*kv)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|w| matches!(w.state, tessel_coordinator::WorkerState::Alive { .. }))
-        .count()
-        < 3
-    {
-        assert!(Instant::now() < deadline, "three workers registered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
+    // Each worker announced itself registered (`spawn_worker`).
     ws["w2"].child.signal(Signal::SIGSTOP);
     let stopped = Instant::now();
     let job = tiny_with(dir.path(), "frozen", 3, 10, "max_restarts = 1\n");

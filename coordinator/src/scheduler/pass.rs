@@ -109,7 +109,7 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &ById<'_>) -> Resu
         let inst = job.instance();
         o.failure = jobs::failure_of(kv, &inst).await?;
         if o.failure.is_none() && job.state == JobState::Scheduled {
-            o.failure = fail_lost_before_joining(kv, job, registry).await?;
+            o.failure = fail_lost_before_joining(kv, job, &inst, registry).await?;
         }
         let published = crate::attempt::published(kv, &inst).await?;
         o.ready = published.count(crate::attempt::Record::TransferReady);
@@ -125,6 +125,7 @@ async fn observe(kv: &dyn KvStore, job: &JobRecord, registry: &ById<'_>) -> Resu
 async fn fail_lost_before_joining(
     kv: &dyn KvStore,
     job: &JobRecord,
+    inst: &str,
     registry: &ById<'_>,
 ) -> Result<Option<JobFailure>> {
     let alive = |w: &str| {
@@ -136,8 +137,7 @@ async fn fail_lost_before_joining(
     if dead.is_empty() {
         return Ok(None);
     }
-    let inst = job.instance();
-    let joined: BTreeSet<String> = jobs::members(kv, &inst)
+    let joined: BTreeSet<String> = jobs::members(kv, inst)
         .await?
         .into_iter()
         .map(|(w, _)| w)
@@ -153,7 +153,7 @@ async fn fail_lost_before_joining(
         reason: LOST_BEFORE_JOINING.into(),
         unix_ms: keys::unix_ms(),
     };
-    Ok(Some(jobs::fail_job(kv, &inst, &failure).await?))
+    Ok(Some(jobs::fail_job(kv, inst, &failure).await?))
 }
 
 /// The reason a failure of invariant 12 gives.

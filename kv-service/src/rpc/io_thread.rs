@@ -16,7 +16,6 @@
 //! Requests are still served on the replica's runtime; only the transport
 //! moved, so a busy replica is slow but never silent.
 
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -28,13 +27,8 @@ use tokio::runtime::Handle;
 
 /// quinn's tokio runtime, with its tasks, timers and socket on the I/O
 /// thread's runtime instead of the caller's.
+#[derive(Debug)]
 pub(crate) struct IoThread(Handle);
-
-impl fmt::Debug for IoThread {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("IoThread")
-    }
-}
 
 impl IoThread {
     /// The process's I/O thread, started on first use and kept for the
@@ -54,12 +48,10 @@ impl IoThread {
             .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
         Ok(shared.insert(Arc::new(IoThread(handle))).clone())
     }
-}
 
-impl IoThread {
-    /// An "I/O thread" that is `runtime`: tests stop it with the runtime,
-    /// as a killed process's QUIC stack stops with it.
-    #[cfg(test)]
+    /// An "I/O thread" that is `runtime`, the drivers back with the caller:
+    /// tests stop it with the runtime, as a killed process's QUIC stack
+    /// stops with it.
     pub(crate) fn on(runtime: Handle) -> IoThread {
         IoThread(runtime)
     }

@@ -219,10 +219,11 @@ pub trait Handler: Send + Sync + 'static {
 /// completes a dial within its deadline); each connection's requests on
 /// the caller's runtime.
 pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
-    match IoThread::shared() {
-        Ok(io) => serve_on(endpoint, handler, &io).await,
-        Err(e) => tracing::error!("no QUIC thread, so no server: {e}"),
-    }
+    // `endpoint` started the shared thread, so this finds it; were it
+    // gone, accepting here is slower under load, not wrong.
+    let io = IoThread::shared()
+        .unwrap_or_else(|_| Arc::new(IoThread::on(tokio::runtime::Handle::current())));
+    serve_on(endpoint, handler, &io).await
 }
 
 /// [`serve`] for an endpoint whose drivers run on `io`.
