@@ -19,26 +19,36 @@
 //!    its keep-alives go as requests from then on, as before.
 //! 5. A keep-alive, the one waiting or the next, finds the stream broken
 //!    when it failed (it could not be opened, broke, or its replica fell
-//!    silent), even if no caller waited to see it fail; when a keep-alive
-//!    has waited on it for [`UNACKNOWLEDGED`] and its replica sent
-//!    nothing meanwhile (a live
+//!    silent), even if no caller waited to see it fail. The lane's task
+//!    finds it silent when keep-alives have waited on it for
+//!    [`UNACKNOWLEDGED`] and its replica sent nothing meanwhile (a live
 //!    one acknowledges a frame within 25 ms, however slow its answer; the
 //!    requests' own replica, which leaving costs a search for the leader,
-//!    gets [`rpc::SILENCE`], as a request does); and when its stream is
+//!    gets [`rpc::SILENCE`], as a request does), and fails it when it is
 //!    not open [`rpc::SILENCE`] after its first keep-alive. Before, a dead
 //!    follower was found only once the connection had been silent for
 //!    `rpc::SILENCE` (four 300 ms beats lost), and one whose handshake
 //!    went unanswered after `tessel_tls::HANDSHAKE_TIMEOUT` (2 s): more than
-//!    the 1.5 s TTL the tests' workers use. The keep-alive waiting gives a
+//!    the 1.5 s TTL the tests' workers use. The keep-alives waiting give a
 //!    follower a sixth of the shortest TTL answered so far, at least
 //!    [`UNACKNOWLEDGED`] and at most [`rpc::SILENCE`].
+//! 6. Only time this process could watch counts as the replica's silence:
+//!    a check that comes more than twice its period late (this process
+//!    starved of CPU, the replica's datagrams unread in the socket) starts
+//!    the count again, as `rpc` silence invariant 1 does. One check a lane,
+//!    not a timer a keep-alive; and a keep-alive's failure replaces only
+//!    the lane it was sent on. At 16,384 simulated hosts the benchmark's
+//!    own runtime ran 0.4–0.8 s late: verdicts on live followers dropped
+//!    every keep-alive of their lanes to requests, and each of those,
+//!    failing, replaced the lane that had replaced theirs (6,177 dropped
+//!    and 1,352 verdicts in one failing run: docs/performance.md).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use quinn::{Connection, RecvStream, SendStream};
+use quinn::{RecvStream, SendStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::RETRY_BUDGET;
@@ -68,38 +78,43 @@ struct Lane {
 /// What a lane's task tells the keep-alives that come next (invariant 5).
 #[derive(Default)]
 struct LaneState {
-    /// The stream failed.
+    /// The stream failed, or is about to: nothing more will be answered.
     failed: AtomicBool,
-    /// The stream's connection, once open.
-    conn: OnceLock<Link>,
-    /// When the first keep-alive was handed to the task.
-    first_ask: OnceLock<Instant>,
-    /// While keep-alives wait for answers: since when (the oldest's send,
-    /// or the last answer), and the datagrams the connection had received
-    /// by then.
-    waiting_since: Mutex<Option<(Instant, u64)>>,
+    /// Whether the lane's replica is a follower (its patience, invariant 5).
+    follower: AtomicBool,
 }
 
 impl LaneState {
-    /// Invariant 5: nothing will come of this stream, or nothing has come
-    /// of it for `patience` while a keep-alive waits on it.
-    fn broken(&self, patience: Duration) -> bool {
-        if self.failed.load(Ordering::Acquire) {
-            return true;
+    /// Invariant 5: nothing will come of this stream.
+    fn broken(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+}
+
+/// Counts the time this process could watch (invariant 6): from `since`,
+/// restarted by a check that comes more than twice its period late.
+struct Watched {
+    since: Instant,
+    checked: Instant,
+}
+
+impl Watched {
+    fn from_now() -> Watched {
+        let now = Instant::now();
+        Watched {
+            since: now,
+            checked: now,
         }
-        let Some(conn) = self.conn.get() else {
-            return self
-                .first_ask
-                .get()
-                .is_some_and(|t| t.elapsed() >= rpc::SILENCE);
-        };
-        let since = *self.waiting_since.lock().unwrap_or_else(|p| p.into_inner());
-        since.is_some_and(|(t, rx)| t.elapsed() >= patience && conn.stats().udp_rx.datagrams == rx)
     }
 
-    fn waiting_since(&self, conn: &Connection, waiting: bool) {
-        let since = waiting.then(|| (Instant::now(), conn.stats().udp_rx.datagrams));
-        *self.waiting_since.lock().unwrap_or_else(|p| p.into_inner()) = since;
+    /// How long was watched at this check, `period` after the last.
+    fn check(&mut self, period: Duration) -> Duration {
+        let now = Instant::now();
+        if now.duration_since(self.checked) > period * 2 {
+            self.since = now;
+        }
+        self.checked = now;
+        now.duration_since(self.since)
     }
 }
 
@@ -110,8 +125,8 @@ pub(super) struct KeepAlives {
     answered: AtomicU64,
     /// The shortest lease TTL the stream has answered with, in ms (0:
     /// none yet): the keep-alive waiting gives its follower a sixth of it
-    /// (invariant 5).
-    ttl_ms: AtomicU64,
+    /// (invariant 5); shared with the lanes' tasks.
+    ttl_ms: Arc<AtomicU64>,
     /// Invariant 4.
     unknown: Arc<AtomicBool>,
 }
@@ -132,11 +147,6 @@ impl KeepAlives {
         (at, follower): (usize, bool),
         lease: u64,
     ) -> Renewal {
-        let patience = if follower {
-            UNACKNOWLEDGED
-        } else {
-            rpc::SILENCE
-        };
         if self.unknown.load(Ordering::Relaxed) {
             return Renewal::Unknown;
         }
@@ -145,7 +155,7 @@ impl KeepAlives {
             let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
             if lane
                 .as_ref()
-                .is_some_and(|l| l.at == at && l.state.broken(patience))
+                .is_some_and(|l| l.at == at && l.state.broken())
             {
                 // Invariant 5: seen by no caller, so seen now.
                 *lane = None;
@@ -156,14 +166,20 @@ impl KeepAlives {
                 .is_some_and(|l| l.at == at && !l.asks.is_closed());
             if !usable {
                 let (asks, queued) = mpsc::unbounded_channel();
-                let (client, replicas) = (client.clone(), replicas.clone());
-                let unknown = self.unknown.clone();
                 let state = Arc::<LaneState>::default();
-                tokio::spawn(drive(client, replicas, at, queued, unknown, state.clone()));
+                let lane_task = LaneTask {
+                    client: client.clone(),
+                    replicas: replicas.clone(),
+                    at,
+                    unknown: self.unknown.clone(),
+                    ttl_ms: self.ttl_ms.clone(),
+                    state: state.clone(),
+                };
+                tokio::spawn(lane_task.drive(queued));
                 *lane = Some(Lane { at, asks, state });
             }
             let sent = lane.as_ref().map(|l| {
-                l.state.first_ask.get_or_init(Instant::now);
+                l.state.follower.store(follower, Ordering::Relaxed);
                 l.asks.send((lease, tx))
             });
             match (sent, lane.as_ref()) {
@@ -174,30 +190,11 @@ impl KeepAlives {
                 }
             }
         };
-        // Invariant 5, for this keep-alive too (the heartbeat sends no other
-        // while it waits, `registry` invariant 4), with a sixth of the
-        // lease's TTL as patience, between `UNACKNOWLEDGED` and a request's:
-        // a 1.5 s lease needs its keep-alive moved within a beat, while a
-        // follower overloaded for a quarter second is common when thousands
-        // of hosts with 5 s leases start at once, and each keep-alive it
-        // costs becomes a request to the leader.
-        let sixth = Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed) / 6);
-        let waiting = patience.max(sixth.min(rpc::SILENCE));
-        let silent = async {
-            loop {
-                tokio::time::sleep(waiting / 5).await;
-                if state.broken(waiting) {
-                    return;
-                }
-            }
-        };
-        let answer = tokio::select! {
-            answer = tokio::time::timeout(RETRY_BUDGET, rx) => Some(answer),
-            () = silent => None,
-        };
-        let renewal = match answer {
-            Some(Ok(Ok(Err(KvError::Unavailable(_))))) => Renewal::Refused,
-            Some(Ok(Ok(done))) => {
+        // Invariants 5 and 6: the lane's task drops the keep-alives waiting
+        // on a stream that broke or fell silent.
+        let renewal = match tokio::time::timeout(RETRY_BUDGET, rx).await {
+            Ok(Ok(Err(KvError::Unavailable(_)))) => Renewal::Refused,
+            Ok(Ok(done)) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
                 if let Ok(Output::Lease { ttl_ms, .. }) = done {
                     let shorter = |seen: u64| (seen == 0 || ttl_ms < seen).then_some(ttl_ms);
@@ -207,12 +204,13 @@ impl KeepAlives {
                 }
                 return Renewal::Answered(done);
             }
-            Some(Ok(Err(_)) | Err(_)) if self.unknown.load(Ordering::Relaxed) => Renewal::Unknown,
-            None | Some(Ok(Err(_)) | Err(_)) => Renewal::Broken,
+            Ok(Err(_)) | Err(_) if self.unknown.load(Ordering::Relaxed) => Renewal::Unknown,
+            Ok(Err(_)) | Err(_) => Renewal::Broken,
         };
-        // Invariant 2: replaced on the next keep-alive.
+        // Invariants 2 and 6: its own lane replaced on the next keep-alive,
+        // not one that replaced it meanwhile.
         let mut lane = self.lane.lock().unwrap_or_else(|p| p.into_inner());
-        if lane.as_ref().is_some_and(|l| l.at == at) {
+        if lane.as_ref().is_some_and(|l| Arc::ptr_eq(&l.state, &state)) {
             *lane = None;
         }
         renewal
@@ -232,108 +230,168 @@ pub(super) enum Renewal {
     Unknown,
 }
 
-/// Opens the stream to replica `at` (its address as the client's requests
-/// resolve it) and carries `asks` on it until every sender is gone or the
-/// stream fails; dropping a waiting ask's sender tells its caller to send a
-/// request instead (invariant 3), and `state` tells the next keep-alives
-/// how it goes (invariant 5).
-async fn drive(
+/// A lane's task: what it needs to open and watch its stream.
+struct LaneTask {
     client: PeerClient,
     replicas: Arc<[NamedPeer]>,
+    /// The replica, by index.
     at: usize,
-    mut asks: mpsc::UnboundedReceiver<Ask>,
     unknown: Arc<AtomicBool>,
+    ttl_ms: Arc<AtomicU64>,
     state: Arc<LaneState>,
-) {
-    let open = WireRequest::Client(ClientRequest::KeepAliveStream);
-    let opened = match replicas[at].addr(&client).await {
-        Ok(addr) => client.open(addr, &open).await,
-        Err(e) => Err(e),
-    };
-    let ended = match opened {
-        Ok((conn, send, recv)) => {
-            let _ = state.conn.set(conn.clone());
-            carry(&conn, send, recv, &mut asks, &unknown, &state).await
+}
+
+impl LaneTask {
+    /// Opens the stream to replica `at` (its address as the client's
+    /// requests resolve it) and carries `asks` on it until every sender is
+    /// gone and every keep-alive sent is answered, or the stream fails;
+    /// dropping a waiting ask's sender tells its caller to send a request
+    /// instead (invariant 3), and `state` tells the next keep-alives how it
+    /// goes (invariant 5).
+    async fn drive(self, mut asks: mpsc::UnboundedReceiver<Ask>) {
+        let open = WireRequest::Client(ClientRequest::KeepAliveStream);
+        let opening = async {
+            let addr = self.replicas[self.at].addr(&self.client).await?;
+            self.client.open(addr, &open).await
+        };
+        // Invariants 5 and 6: not open `rpc::SILENCE` after the first
+        // keep-alive (this task's start), counting what was watched.
+        let opened = tokio::select! {
+            opened = opening => opened.ok(),
+            () = watch_for(rpc::SILENCE) => None,
+        };
+        let ended = match opened {
+            Some((conn, send, recv)) => self.carry(&conn, send, recv, &mut asks).await,
+            None => Ended::Failed,
+        };
+        if ended == Ended::Failed {
+            self.state.failed.store(true, Ordering::Release);
         }
-        Err(_) => Ended::Failed,
-    };
-    if ended == Ended::Failed {
-        state.failed.store(true, Ordering::Release);
+    }
+
+    /// How long keep-alives may wait on a replica that sends nothing
+    /// (invariant 5).
+    fn patience(&self) -> Duration {
+        if !self.state.follower.load(Ordering::Relaxed) {
+            return rpc::SILENCE;
+        }
+        let sixth = Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed) / 6);
+        UNACKNOWLEDGED.max(sixth.min(rpc::SILENCE))
+    }
+
+    /// Carries asks until the stream ends; a replica that resets it as
+    /// malformed before answering anything sets `unknown` (invariant 4),
+    /// before the asks waiting are dropped.
+    async fn carry(
+        &self,
+        conn: &Link,
+        mut send: SendStream,
+        mut recv: RecvStream,
+        asks: &mut mpsc::UnboundedReceiver<Ask>,
+    ) -> Ended {
+        let mut answered = false;
+        let mut waiting: VecDeque<oneshot::Sender<Result<Output>>> = VecDeque::new();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = [0u8; 2048];
+        let mut replaced = false;
+        let silent = conn.until_silent();
+        tokio::pin!(silent);
+        // Invariants 5 and 6, while keep-alives wait: the datagrams the
+        // connection had received when the count (re)started.
+        let mut watched = Watched::from_now();
+        let mut seen = 0;
+        let check = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(check);
+        loop {
+            if replaced && waiting.is_empty() {
+                let _ = send.finish();
+                return Ended::Replaced;
+            }
+            // Each branch is cancel-safe: an ask stays queued, and `read`
+            // returns bytes only when it completes.
+            tokio::select! {
+                ask = asks.recv(), if !replaced => {
+                    let Some((lease, tx)) = ask else {
+                        // Those sent are still answered (invariant 6).
+                        replaced = true;
+                        continue;
+                    };
+                    if waiting.is_empty() {
+                        (watched, seen) = (Watched::from_now(), conn.stats().udp_rx.datagrams);
+                        check.as_mut().reset(tokio::time::Instant::now() + self.patience() / 5);
+                    }
+                    if rpc::write_frame(&mut send, &KeepAliveFrame { lease }).await.is_err() {
+                        return Ended::Failed;
+                    }
+                    waiting.push_back(tx);
+                }
+                read = recv.read(&mut chunk) => {
+                    let n = match read {
+                        Ok(Some(n)) => n,
+                        Err(quinn::ReadError::Reset(code))
+                            if !answered && code.into_inner() == u64::from(RESET_MALFORMED) =>
+                        {
+                            tracing::info!("the replica does not know keep-alive streams: keep-alives go as requests");
+                            self.unknown.store(true, Ordering::Relaxed);
+                            return Ended::Unknown;
+                        }
+                        Ok(None) | Err(_) => return Ended::Failed,
+                    };
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(answer) = next_answer(&mut buf) {
+                        let Ok(answer) = answer else { return Ended::Failed };
+                        // Invariant 2 of `node::keep_alives`: in order.
+                        let Some(tx) = waiting.pop_front() else { return Ended::Failed };
+                        answered = true;
+                        let _ = tx.send(answer);
+                    }
+                    // An answer proves the replica alive; the keep-alives
+                    // still waiting need proof from now on.
+                    (watched, seen) = (Watched::from_now(), conn.stats().udp_rx.datagrams);
+                }
+                () = &mut check, if !waiting.is_empty() => {
+                    let patience = self.patience();
+                    let period = patience / 5;
+                    let rx = conn.stats().udp_rx.datagrams;
+                    if rx != seen {
+                        (watched, seen) = (Watched::from_now(), rx);
+                    } else if watched.check(period) >= patience {
+                        // Nothing more comes of it: the next keep-alives
+                        // go elsewhere before this task has ended.
+                        self.state.failed.store(true, Ordering::Release);
+                        return Ended::Failed;
+                    }
+                    check.as_mut().reset(tokio::time::Instant::now() + period);
+                }
+                () = &mut silent, if !waiting.is_empty() => return Ended::Failed,
+            }
+        }
+    }
+}
+
+/// Returns once `patience` of time this process could watch has passed
+/// (invariant 6).
+async fn watch_for(patience: Duration) {
+    let period = patience / 5;
+    let mut watched = Watched::from_now();
+    loop {
+        tokio::time::sleep(period).await;
+        if watched.check(period) >= patience {
+            return;
+        }
     }
 }
 
 /// Why a stream's task ended.
 #[derive(PartialEq, Eq)]
 enum Ended {
-    /// Every sender of asks is gone: the client replaced the lane.
+    /// Every sender of asks is gone (the client replaced the lane), and
+    /// every keep-alive sent was answered.
     Replaced,
     /// The replica does not know the stream (invariant 4).
     Unknown,
     /// The stream broke or its replica fell silent (invariant 5).
     Failed,
-}
-
-/// Carries asks until the stream ends; a replica that resets it as
-/// malformed before answering anything sets `unknown` (invariant 4), before
-/// the asks waiting are dropped.
-async fn carry(
-    conn: &Link,
-    mut send: SendStream,
-    mut recv: RecvStream,
-    asks: &mut mpsc::UnboundedReceiver<Ask>,
-    unknown: &AtomicBool,
-    state: &LaneState,
-) -> Ended {
-    let mut answered = false;
-    let mut waiting: VecDeque<oneshot::Sender<Result<Output>>> = VecDeque::new();
-    let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = [0u8; 2048];
-    let silent = conn.until_silent();
-    tokio::pin!(silent);
-    loop {
-        // Each branch is cancel-safe: an ask stays queued, and `read`
-        // returns bytes only when it completes.
-        tokio::select! {
-            ask = asks.recv() => {
-                let Some((lease, tx)) = ask else {
-                    let _ = send.finish();
-                    return Ended::Replaced;
-                };
-                if waiting.is_empty() {
-                    state.waiting_since(conn, true);
-                }
-                if rpc::write_frame(&mut send, &KeepAliveFrame { lease }).await.is_err() {
-                    return Ended::Failed;
-                }
-                waiting.push_back(tx);
-            }
-            read = recv.read(&mut chunk) => {
-                let n = match read {
-                    Ok(Some(n)) => n,
-                    Err(quinn::ReadError::Reset(code))
-                        if !answered && code.into_inner() == u64::from(RESET_MALFORMED) =>
-                    {
-                        tracing::info!("the replica does not know keep-alive streams: keep-alives go as requests");
-                        unknown.store(true, Ordering::Relaxed);
-                        return Ended::Unknown;
-                    }
-                    Ok(None) | Err(_) => return Ended::Failed,
-                };
-                buf.extend_from_slice(&chunk[..n]);
-                while let Some(answer) = next_answer(&mut buf) {
-                    let Ok(answer) = answer else { return Ended::Failed };
-                    // Invariant 2 of `node::keep_alives`: in order.
-                    let Some(tx) = waiting.pop_front() else { return Ended::Failed };
-                    answered = true;
-                    let _ = tx.send(answer);
-                }
-                // An answer proves the replica alive; the keep-alives still
-                // waiting need proof from now on.
-                state.waiting_since(conn, !waiting.is_empty());
-            }
-            () = &mut silent, if !waiting.is_empty() => return Ended::Failed,
-        }
-    }
 }
 
 /// The next whole answer frame at the front of `buf`, taken off it; an
@@ -401,6 +459,21 @@ mod tests {
                 let _ = send.finish();
             })
         }
+    }
+
+    /// Invariant 6: a check that comes late (this process starved) starts
+    /// the count again; checks on time add up.
+    #[test]
+    fn a_check_that_comes_late_starts_the_count_again() {
+        let period = Duration::from_millis(100);
+        let mut watched = Watched::from_now();
+        std::thread::sleep(period);
+        assert!(watched.check(period) >= period, "on time: counted");
+        std::thread::sleep(period * 3);
+        assert!(watched.check(period) < period, "late: not counted");
+        std::thread::sleep(period);
+        let counted = watched.check(period);
+        assert!(counted >= period && counted < period * 3, "{counted:?}");
     }
 
     /// Invariant 4: against a replica that does not know the stream,
