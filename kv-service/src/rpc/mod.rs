@@ -39,6 +39,7 @@ use io_thread::IoThread;
 mod peer;
 mod silence;
 pub use peer::{check_host_port, NamedPeer, PeerClient, RESOLVE_TTL};
+pub(crate) use silence::Watched;
 pub use silence::{Link, PROBE_AFTER, SILENCE};
 #[cfg(test)]
 mod tests;

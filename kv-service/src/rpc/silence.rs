@@ -160,17 +160,51 @@ enum Probe {
     Sent(Instant),
 }
 
+/// Counts the time this process could watch (invariant 1): from its
+/// start, restarted by a check that comes more than twice its period late.
+/// A connection's watch and a keep-alive lane's check (client
+/// `keep_alives` invariant 6) both count silence with it.
+pub(crate) struct Watched {
+    since: Instant,
+    checked: Instant,
+}
+
+impl Watched {
+    pub(crate) fn from_now() -> Watched {
+        let now = Instant::now();
+        Watched {
+            since: now,
+            checked: now,
+        }
+    }
+
+    /// Counts again from now.
+    pub(crate) fn restart(&mut self) {
+        *self = Watched::from_now();
+    }
+
+    /// How long was watched, at a check `period` after the last; `None`
+    /// when this check came late, which starts the count again.
+    pub(crate) fn check(&mut self, period: Duration) -> Option<Duration> {
+        let now = Instant::now();
+        let late = now.duration_since(self.checked) > period * 2;
+        self.checked = now;
+        if late {
+            self.since = now;
+            return None;
+        }
+        Some(now.duration_since(self.since))
+    }
+}
+
 /// Checks `link` every [`SILENCE_CHECK`] while calls wait on it.
 async fn watch_silence(link: Link) {
     let mut seen = link.conn.stats().udp_rx.datagrams;
-    let mut since = Instant::now();
-    let mut checked = since;
+    let mut watched = Watched::from_now();
     let mut probe = Probe::None;
     loop {
         tokio::time::sleep(SILENCE_CHECK).await;
-        let now = Instant::now();
-        let late = now.duration_since(checked) > SILENCE_CHECK * 2;
-        checked = now;
+        let watched_for = watched.check(SILENCE_CHECK);
         {
             let mut w = link.waiting();
             if w.calls == 0 {
@@ -180,11 +214,15 @@ async fn watch_silence(link: Link) {
             }
         }
         let stats = link.conn.stats();
-        if stats.udp_rx.datagrams != seen || late {
-            (seen, since, probe) = (stats.udp_rx.datagrams, now, Probe::None);
-            continue;
-        }
-        let silent_for = now.duration_since(since);
+        let silent_for = match watched_for {
+            Some(d) if stats.udp_rx.datagrams == seen => d,
+            _ => {
+                (seen, probe) = (stats.udp_rx.datagrams, Probe::None);
+                watched.restart();
+                continue;
+            }
+        };
+        let now = Instant::now();
         probe = match probe {
             Probe::None if silent_for >= PROBE_AFTER => {
                 // Unsent only when the connection is closing, which ends
@@ -195,10 +233,37 @@ async fn watch_silence(link: Link) {
             Probe::Queued(before) if stats.frame_tx.datagram > before => Probe::Sent(now),
             Probe::Sent(at) if now.duration_since(at) >= PROBE_ANSWER => {
                 link.silence.found.send_modify(|n| *n += 1);
-                since = now;
+                watched.restart();
                 Probe::None
             }
             unchanged => unchanged,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Invariant 1 (and client `keep_alives` invariant 6): a check that
+    /// comes late (this process starved) starts the count again; checks on
+    /// time add up.
+    #[test]
+    fn a_check_that_comes_late_starts_the_count_again() {
+        let period = Duration::from_millis(100);
+        let mut watched = Watched::from_now();
+        std::thread::sleep(period);
+        assert!(
+            watched.check(period).is_some_and(|w| w >= period),
+            "on time: counted"
+        );
+        std::thread::sleep(period * 3);
+        assert!(
+            watched.check(period).is_none_or(|w| w < period),
+            "late: not counted"
+        );
+        std::thread::sleep(period);
+        let counted = watched.check(period).unwrap_or_default();
+        assert!(counted >= period && counted < period * 3, "{counted:?}");
     }
 }
