@@ -16,7 +16,7 @@ use tessel_kv::{CasOutcome, KvStore, WatchStream};
 use tessel_kv_service::raft::client::{KvClient, RaftKv, Transport};
 use tessel_kv_service::raft::node::{wait_for_leader, Replica, ReplicaConfig};
 use tessel_kv_service::raft::wal::LogIo;
-use tessel_kv_service::wire::{ClientRequest, WireResponse};
+use tessel_kv_service::wire::{ClientRequest, WireRequest, WireResponse};
 use tessel_tls::{init_certs, TlsFiles};
 
 /// Three replicas, each bound to port 0 (a reserved-then-released port
@@ -526,7 +526,7 @@ async fn a_serializable_get_is_served_by_a_follower_until_it_knows_no_leader() {
 /// oversized frame ends that stream alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it() {
-    use tessel_kv_service::wire::{self, KeepAliveFrame, WireRequest};
+    use tessel_kv_service::wire::{self, KeepAliveFrame};
     let (dir, replicas, leader) = running_cluster().await;
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
     write_of_the_term(&replicas, &tls).await;
@@ -588,7 +588,7 @@ async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it(
 /// relay's `Unavailable` after its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_full_of_forwarded_gets_still_relays_keep_alives() {
-    use tessel_kv_service::wire::{self, KeepAliveFrame, WireRequest};
+    use tessel_kv_service::wire::{self, KeepAliveFrame};
     let (dir, replicas, leader) = running_cluster().await;
     let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
     write_of_the_term(&replicas, &tls).await;
@@ -629,6 +629,91 @@ async fn a_follower_full_of_forwarded_gets_still_relays_keep_alives() {
             )))
         ),
         "the leader's answer, relayed: {answer:?}"
+    );
+    drop(held);
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// Node invariant 12: a follower whose connection to the leader is full of
+/// forwarded blocking gets refuses the next get within its bound, rather
+/// than holding it with no stream, and still forwards a write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_full_of_forwarded_gets_still_forwards_writes() {
+    use tessel_kv_service::rpc::read_frame;
+    use tessel_kv_service::wire::{self, MAX_FRAME};
+    let (dir, replicas, leader) = running_cluster().await;
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    write_of_the_term(&replicas, &tls).await;
+    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
+    let at = follower.local_addr().unwrap();
+    let get = |i: usize| {
+        WireRequest::Client(ClientRequest::Get {
+            key: format!("absent/{i}").into_bytes(),
+            timeout_ms: 3_600_000,
+        })
+    };
+    // Held gets through the follower, in waves, until one is refused while
+    // more than a connection's streams (1,024) are held. Before the bound,
+    // none ever was: each waited for a stream for good.
+    let getters: Vec<_> = (0..4).map(|_| coordinator_peer(&tls)).collect();
+    let open = |n: usize| {
+        let getter = &getters[n % getters.len()];
+        async move {
+            let req = get(n);
+            tokio::time::timeout(Duration::from_secs(10), getter.open(at, &req))
+                .await
+                .expect("a stream to the follower within 10 s")
+                .unwrap()
+        }
+    };
+    // The first one dials the follower's connection to the leader, which
+    // the others then share.
+    let mut held = vec![open(usize::MAX).await];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut refused = None;
+    for wave in 0..8 {
+        let size = if wave == 0 { 1100 } else { 100 };
+        for i in 0..size {
+            held.push(open(wave * 10_000 + i).await);
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut open = Vec::new();
+        let mut answers = Vec::new();
+        for (conn, send, mut recv) in held {
+            let read =
+                tokio::time::timeout(Duration::from_millis(1), read_frame(&mut recv, MAX_FRAME));
+            match read.await {
+                Ok(Ok(Some(body))) => answers.push(wire::decode::<WireResponse>(&body).unwrap()),
+                _ => open.push((conn, send, recv)),
+            }
+        }
+        held = open;
+        if held.len() >= 1024 && !answers.is_empty() {
+            refused = answers.pop();
+            break;
+        }
+    }
+    assert!(
+        matches!(
+            refused,
+            Some(WireResponse::Value(Err(tessel_kv::KvError::Unavailable(_))))
+        ),
+        "a get refused with {} held: {refused:?}",
+        held.len()
+    );
+    // A write, forwarded on a connection of its own.
+    let put = WireRequest::Client(ClientRequest::Write(tessel_kv::state::Op::Put {
+        key: b"written/through/a/full/follower".to_vec(),
+        value: b"v".to_vec(),
+        lease: None,
+    }));
+    let peer = coordinator_peer(&tls);
+    let answer = peer.call(at, &put, Duration::from_secs(20)).await;
+    assert!(
+        matches!(answer, Ok(WireResponse::Output(Ok(_)))),
+        "the write, forwarded: {answer:?}"
     );
     drop(held);
     for r in replicas {

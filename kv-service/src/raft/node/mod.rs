@@ -34,6 +34,13 @@
 //! 11. The Raft core, its replication and its connections run on a thread,
 //!     runtime and socket of their own (`raft_thread`): client work queued
 //!     on the replica's runtime never delays a heartbeat to a follower.
+//! 12. A follower forwards waiting requests (blocking gets, barriers,
+//!     watches) on a connection apart from the one for other requests, and
+//!     answers `Unavailable` when it gets no stream to the leader within
+//!     [`FORWARD_OPEN`]; the client then tries another replica. Held waits
+//!     that filled the one connection's 1,024 streams left every write
+//!     forwarded after them waiting past its caller's retry budget (16,384
+//!     simulated hosts: docs/performance.md).
 
 mod clock;
 mod keep_alives;
@@ -89,6 +96,11 @@ use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
 use tessel_kv::AppliedState;
 use tessel_kv::KvError;
 use tessel_tls::TlsFiles;
+
+/// How long a follower waits for a stream to the leader to forward a
+/// request on (invariant 12): the handshake's own bound, so a connection
+/// being dialed is not given up sooner than it would be.
+const FORWARD_OPEN: Duration = tessel_tls::HANDSHAKE_TIMEOUT;
 
 /// How a replica is set up.
 #[derive(Clone)]
@@ -203,6 +215,7 @@ impl Replica {
         // Invariant 10: the relayed keep-alives on connections of their
         // own (the consensus has its own socket: invariant 11).
         let client = PeerClient::new(endpoint.clone());
+        let waits = PeerClient::new(endpoint.clone());
         let control = PeerClient::new(endpoint.clone());
         let config = Arc::new(
             cfg.raft
@@ -234,6 +247,7 @@ impl Replica {
             raft: raft.clone(),
             applied: applied.clone(),
             client,
+            waits,
             control,
             leases_renewed: leases_renewed.clone(),
             proposer: proposer.clone(),
@@ -342,6 +356,8 @@ struct ReplicaHandler {
     applied: Arc<AppliedState<SmTables>>,
     /// Forwards client requests to the leader.
     client: PeerClient,
+    /// Forwards the waiting ones (invariant 12).
+    waits: PeerClient,
     /// Carries the relay's batches (invariant 10; Raft's messages have the
     /// core's own socket, invariant 11).
     control: PeerClient,
@@ -555,13 +571,23 @@ impl ReplicaHandler {
 
     /// Relays a request to the leader and every answer frame back.
     async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut Answers<'_>) {
-        let (conn, mut up, mut down) = match self
-            .client
-            .open(addr, &WireRequest::Forwarded(req.clone()))
-            .await
-        {
-            Ok(s) => s,
-            Err(e) => return reply(send, error_response(&req, unavailable(e.to_string()))).await,
+        // Invariant 12.
+        let peer = if req.waits() {
+            &self.waits
+        } else {
+            &self.client
+        };
+        let forwarded = WireRequest::Forwarded(req.clone());
+        let opening = peer.open(addr, &forwarded);
+        let (conn, mut up, mut down) = match tokio::time::timeout(FORWARD_OPEN, opening).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                return reply(send, error_response(&req, unavailable(e.to_string()))).await
+            }
+            Err(_) => {
+                let why = format!("no stream to the leader within {FORWARD_OPEN:?}");
+                return reply(send, error_response(&req, unavailable(why))).await;
+            }
         };
         let _ = up.finish();
         loop {
