@@ -37,7 +37,7 @@
 //! 12. A follower forwards waiting requests (blocking gets, barriers,
 //!     watches) on a connection apart from the one for other requests, and
 //!     answers `Unavailable` when it gets no stream to the leader within
-//!     [`FORWARD_OPEN`]; the client then tries another replica. Held waits
+//!     `FORWARD_OPEN` (2 s); the client then tries another replica. Held waits
 //!     that filled the one connection's 1,024 streams left every write
 //!     forwarded after them waiting past its caller's retry budget (16,384
 //!     simulated hosts: docs/performance.md).
