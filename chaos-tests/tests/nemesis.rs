@@ -118,9 +118,12 @@ async fn client(c: u64, kv: Arc<dyn KvStore>, t0: Instant, history: History, ack
 }
 
 /// Every event under `nem/`, re-watching after the last revision seen
-/// whenever the stream breaks, until `stop` and the cluster's revision is
-/// reached.
-async fn watcher(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>) -> Vec<Event> {
+/// whenever the stream breaks, until `stop` and the last acknowledged
+/// write's revision is reached. Not until the stream is quiet for a while:
+/// a watch resumed through a follower after a leader's loss can be quiet
+/// for longer than any such while and still be catching up (a false
+/// "watched as None"); a lost event still fails, here or in the check.
+async fn watcher(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>, acked: Acked) -> Vec<Event> {
     let mut events: Vec<Event> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(180);
     let mut target = None;
@@ -129,10 +132,11 @@ async fn watcher(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>) -> Vec<Event> {
         if let Ok(mut stream) = kv.watch(b"nem/", from).await {
             loop {
                 if stop.load(Ordering::Relaxed) && target.is_none() {
-                    target = kv.revision().await.ok();
+                    let last = acked.lock().unwrap().iter().map(|(rev, ..)| *rev).max();
+                    target = Some(last.unwrap_or(0));
                 }
                 let reached = |events: &Vec<Event>| {
-                    target.is_some_and(|t| events.last().is_some_and(|e| e.revision() >= t))
+                    target.is_some_and(|t| events.last().map_or(0, |e| e.revision()) >= t)
                 };
                 if reached(&events) {
                     return events;
@@ -140,15 +144,14 @@ async fn watcher(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>) -> Vec<Event> {
                 match tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
                     Ok(Some(Ok(e))) => events.push(e),
                     Ok(_) => break,
-                    // Quiet: nothing under `nem/` after the last event.
-                    Err(_) if target.is_some() => return events,
                     Err(_) => {}
                 }
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    panic!("the watch did not catch up within 180 s");
+    let last = events.last().map(|e| e.revision());
+    panic!("the watch did not catch up within 180 s: last revision watched {last:?}, wanted {target:?}");
 }
 
 /// A lease of 10 s, with a key, kept alive every second until `stop`;
@@ -322,7 +325,7 @@ async fn run_seed(seed: u64) {
             tokio::spawn(client(c, kv, t0, history.clone(), acked.clone()))
         })
         .collect();
-    let watch = tokio::spawn(watcher(kv(&rig), stop.clone()));
+    let watch = tokio::spawn(watcher(kv(&rig), stop.clone(), acked.clone()));
     let keeper = tokio::spawn(lease_keeper(kv(&rig), stop.clone()));
     for step in &steps {
         tokio::time::sleep(step.after).await;
