@@ -539,16 +539,20 @@ impl ReplicaHandler {
         }
         match leader {
             Some(l) if l == self.id => self.serve(req, send).await,
-            Some(l) if !forwarded => match Box::pin(self.leader_addr(l, &self.client)).await {
-                Some(addr) => Box::pin(self.forward(addr, req, send)).await,
-                None => {
-                    reply(
-                        send,
-                        error_response(&req, unavailable(format!("leader {l} has no address"))),
-                    )
-                    .await
+            // Invariant 12; the address resolved by the client that dials
+            // it, which remembers the name its certificate must carry.
+            Some(l) if !forwarded => {
+                match Box::pin(self.leader_addr(l, self.forwarder(&req))).await {
+                    Some(addr) => Box::pin(self.forward(addr, req, send)).await,
+                    None => {
+                        reply(
+                            send,
+                            error_response(&req, unavailable(format!("leader {l} has no address"))),
+                        )
+                        .await
+                    }
                 }
-            },
+            }
             _ => {
                 let why = if forwarded {
                     "this replica is no longer the leader"
@@ -569,14 +573,18 @@ impl ReplicaHandler {
         via.resolve(&target).await.ok()
     }
 
-    /// Relays a request to the leader and every answer frame back.
-    async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut Answers<'_>) {
-        // Invariant 12.
-        let peer = if req.waits() {
+    /// The client that forwards `req` (invariant 12).
+    fn forwarder(&self, req: &ClientRequest) -> &PeerClient {
+        if req.waits() {
             &self.waits
         } else {
             &self.client
-        };
+        }
+    }
+
+    /// Relays a request to the leader and every answer frame back.
+    async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut Answers<'_>) {
+        let peer = self.forwarder(&req);
         let forwarded = WireRequest::Forwarded(req.clone());
         let opening = peer.open(addr, &forwarded);
         let (conn, mut up, mut down) = match tokio::time::timeout(FORWARD_OPEN, opening).await {
