@@ -120,9 +120,10 @@ async fn client(c: u64, kv: Arc<dyn KvStore>, t0: Instant, history: History, ack
 /// Every event under `nem/`, re-watching after the last revision seen
 /// whenever the stream breaks, until `stop` and the last acknowledged
 /// write's revision is reached. Not until the stream is quiet for a while:
-/// a watch resumed through a follower after a leader's loss can be quiet
-/// for longer than any such while and still be catching up (a false
-/// "watched as None"); a lost event still fails, here or in the check.
+/// a quiet stream does not show the watch caught up (one being resumed
+/// after a replica's loss says nothing meanwhile), and taking it so would
+/// report a slow watch as a lost write; a lost event still fails, here or
+/// in the check.
 async fn watcher(kv: Arc<dyn KvStore>, stop: Arc<AtomicBool>, acked: Acked) -> Vec<Event> {
     let mut events: Vec<Event> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(180);

@@ -97,6 +97,18 @@ async fn write_of_the_term(replicas: &[Replica], tls: &TlsFiles) {
 
 /// A client endpoint of its own that presents the coordinators'
 /// certificate.
+/// A running cluster whose leader has written in its term, its TLS files,
+/// and the address of one of its followers.
+async fn a_follower_after_the_terms_write(
+) -> (tempfile::TempDir, Vec<Replica>, TlsFiles, SocketAddr) {
+    let (dir, replicas, leader) = running_cluster().await;
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    write_of_the_term(&replicas, &tls).await;
+    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
+    let at = follower.local_addr().unwrap();
+    (dir, replicas, tls, at)
+}
+
 fn coordinator_endpoint(tls: &TlsFiles) -> quinn::Endpoint {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(
@@ -589,11 +601,7 @@ async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_full_of_forwarded_gets_still_relays_keep_alives() {
     use tessel_kv_service::wire::{self, KeepAliveFrame};
-    let (dir, replicas, leader) = running_cluster().await;
-    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-    write_of_the_term(&replicas, &tls).await;
-    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
-    let at = follower.local_addr().unwrap();
+    let (_dir, replicas, tls, at) = a_follower_after_the_terms_write().await;
     // Blocking gets sent to the follower, which forwards them: 1,200 over
     // two connections, more than its connection to the leader carries at
     // once. Their streams stay open while `held` lives.
@@ -643,11 +651,7 @@ async fn a_follower_full_of_forwarded_gets_still_relays_keep_alives() {
 async fn a_follower_full_of_forwarded_gets_still_forwards_writes() {
     use tessel_kv_service::rpc::read_frame;
     use tessel_kv_service::wire::{self, MAX_FRAME};
-    let (dir, replicas, leader) = running_cluster().await;
-    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
-    write_of_the_term(&replicas, &tls).await;
-    let follower = replicas.iter().find(|r| r.id != leader).unwrap();
-    let at = follower.local_addr().unwrap();
+    let (_dir, replicas, tls, at) = a_follower_after_the_terms_write().await;
     let get = |i: usize| {
         WireRequest::Client(ClientRequest::Get {
             key: format!("absent/{i}").into_bytes(),
@@ -679,17 +683,17 @@ async fn a_follower_full_of_forwarded_gets_still_forwards_writes() {
             held.push(open(wave * 10_000 + i).await);
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let mut open = Vec::new();
+        let mut unanswered = Vec::new();
         let mut answers = Vec::new();
         for (conn, send, mut recv) in held {
             let read =
                 tokio::time::timeout(Duration::from_millis(1), read_frame(&mut recv, MAX_FRAME));
             match read.await {
                 Ok(Ok(Some(body))) => answers.push(wire::decode::<WireResponse>(&body).unwrap()),
-                _ => open.push((conn, send, recv)),
+                _ => unanswered.push((conn, send, recv)),
             }
         }
-        held = open;
+        held = unanswered;
         if held.len() >= 1024 && !answers.is_empty() {
             refused = answers.pop();
             break;

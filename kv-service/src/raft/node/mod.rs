@@ -542,8 +542,9 @@ impl ReplicaHandler {
             // Invariant 12; the address resolved by the client that dials
             // it, which remembers the name its certificate must carry.
             Some(l) if !forwarded => {
-                match Box::pin(self.leader_addr(l, self.forwarder(&req))).await {
-                    Some(addr) => Box::pin(self.forward(addr, req, send)).await,
+                let peer = self.forwarder(&req);
+                match Box::pin(self.leader_addr(l, peer)).await {
+                    Some(addr) => Box::pin(self.forward(peer, addr, req, send)).await,
                     None => {
                         reply(
                             send,
@@ -582,9 +583,15 @@ impl ReplicaHandler {
         }
     }
 
-    /// Relays a request to the leader and every answer frame back.
-    async fn forward(&self, addr: SocketAddr, req: ClientRequest, send: &mut Answers<'_>) {
-        let peer = self.forwarder(&req);
+    /// Relays a request to the leader at `addr`, over `peer`
+    /// ([`Self::forwarder`]), and every answer frame back.
+    async fn forward(
+        &self,
+        peer: &PeerClient,
+        addr: SocketAddr,
+        req: ClientRequest,
+        send: &mut Answers<'_>,
+    ) {
         let forwarded = WireRequest::Forwarded(req.clone());
         let opening = peer.open(addr, &forwarded);
         let (conn, mut up, mut down) = match tokio::time::timeout(FORWARD_OPEN, opening).await {
