@@ -26,6 +26,10 @@
 //!    forgotten, at the first request of a new [`SESSION_SWEEP_MS`] period:
 //!    deterministic, so every replica forgets the same sessions at the same
 //!    request. A client retries for seconds, far less than the idle time.
+//! 5. A call changes its session in place ([`TablesMut::session_mut`]):
+//!    its cost does not grow with the answers the session holds (a client
+//!    carrying many hosts' calls held 50–100 at 16,384 simulated hosts, and
+//!    each call copied them all out and back).
 
 use std::collections::BTreeMap;
 
@@ -75,31 +79,47 @@ impl KvState {
                 "only a client's own write can be sent once".into(),
             ));
         }
-        let mut session = t.session(client)?.unwrap_or_default();
-        if let Some(first) = session.done.get(&seq) {
-            return Ok(first.clone());
-        }
-        if seq < session.floor {
-            return Err(KvError::InvalidArgument(format!(
-                "call {seq} of a session arrived after its client gave up on it"
-            )));
-        }
-        session.floor = session.floor.max(floor);
-        session.done = session.done.split_off(&session.floor);
-        if session.done.len() >= MAX_CALLS_IN_FLIGHT {
-            return Err(KvError::InvalidArgument(format!(
-                "a session may have at most {MAX_CALLS_IN_FLIGHT} writes in flight"
-            )));
+        // Read in place (invariant 5); nothing changes unless the call runs.
+        if let Some(kept) = t.session_mut(client)? {
+            if let Some(first) = kept.done.get(&seq) {
+                return Ok(first.clone());
+            }
+            if seq < kept.floor {
+                return Err(KvError::InvalidArgument(format!(
+                    "call {seq} of a session arrived after its client gave up on it"
+                )));
+            }
+            let floor = kept.floor.max(floor);
+            if kept.done.len() >= MAX_CALLS_IN_FLIGHT
+                && kept.done.range(floor..).count() >= MAX_CALLS_IN_FLIGHT
+            {
+                return Err(KvError::InvalidArgument(format!(
+                    "a session may have at most {MAX_CALLS_IN_FLIGHT} writes in flight"
+                )));
+            }
         }
         let result = match self.apply_op(t, op, events) {
             Err(KvError::Storage(e)) => return Err(KvError::Storage(e)),
             r => r,
         };
+        if t.session_mut(client)?.is_none() {
+            t.set_session(client, Some(ClientSession::default()))?;
+        }
+        let session = t
+            .session_mut(client)?
+            .ok_or_else(|| KvError::Storage("a session just kept is gone".into()))?;
+        session.floor = session.floor.max(floor);
+        if session
+            .done
+            .first_key_value()
+            .is_some_and(|(&first, _)| first < session.floor)
+        {
+            session.done = session.done.split_off(&session.floor);
+        }
         if let Some(answer) = result.as_ref().ok().filter(|o| changed_state(op, o)) {
             session.done.insert(seq, answer.clone());
         }
         session.last_ms = self.clock_ms;
-        t.set_session(client, Some(session))?;
         result
     }
 

@@ -42,6 +42,11 @@ pub trait TablesMut: Tables {
     fn forget_below(&mut self, revision: u64) -> Result<()>;
     /// Keeps (`Some`) or forgets (`None`) client session `client`.
     fn set_session(&mut self, client: u128, session: Option<ClientSession>) -> Result<()>;
+    /// Client session `client`, if it is kept, to change in place: a
+    /// session holds an answer per call in flight, and copying it out
+    /// and back for every call cost as much as the calls its client had
+    /// in flight (`sessions` invariant 5).
+    fn session_mut(&mut self, client: u128) -> Result<Option<&mut ClientSession>>;
 }
 
 /// Tables in memory: the test double's and the unit tests' storage.
@@ -125,6 +130,10 @@ impl TablesMut for MemTables {
             None => self.sessions.remove(&client),
         };
         Ok(())
+    }
+
+    fn session_mut(&mut self, client: u128) -> Result<Option<&mut ClientSession>> {
+        Ok(self.sessions.get_mut(&client))
     }
 }
 

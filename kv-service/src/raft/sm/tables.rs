@@ -468,6 +468,19 @@ impl TablesMut for SmTables {
         self.live.sessions.insert(client, session);
         Ok(())
     }
+
+    /// Copies the session into the live overlay once, where an older
+    /// overlay or the tables hold it; changed there from then on.
+    fn session_mut(&mut self, client: u128) -> Result<Option<&mut ClientSession>> {
+        if !self.live.sessions.contains_key(&client) {
+            let Some(kept) = self.session(client)? else {
+                return Ok(None);
+            };
+            self.bytes += 64;
+            self.live.sessions.insert(client, Some(kept));
+        }
+        Ok(self.live.sessions.get_mut(&client).and_then(Option::as_mut))
+    }
 }
 
 /// The state as a commit writes it (invariant 9).
