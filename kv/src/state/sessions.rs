@@ -266,12 +266,15 @@ mod tests {
         for seq in 0..MAX_CALLS_IN_FLIGHT as u64 {
             apply(&mut s, 1, once(seq, 0, incr())).unwrap();
         }
-        let r = apply(&mut s, 1, once(MAX_CALLS_IN_FLIGHT as u64, 0, incr()));
+        let before = s.tables.session(7).unwrap();
+        let r = apply(&mut s, 2, once(MAX_CALLS_IN_FLIGHT as u64, 0, incr()));
         assert!(matches!(r, Err(KvError::InvalidArgument(ref m)) if m.contains("in flight")));
         assert_eq!(
             s.get(b"n").unwrap().value,
             MAX_CALLS_IN_FLIGHT.to_string().as_bytes()
         );
+        // Invariant 5: changed in place only by a call that runs.
+        assert_eq!(s.tables.session(7).unwrap(), before);
         // Once the oldest returned (the floor moved), the next goes in.
         let seq = MAX_CALLS_IN_FLIGHT as u64;
         assert!(apply(&mut s, 1, once(seq, 1, incr())).is_ok());
@@ -282,9 +285,11 @@ mod tests {
         let mut s = MemState::default();
         apply(&mut s, 1, once(5, 5, incr())).unwrap();
         // Call 3 was abandoned: the client's floor passed it.
+        let before = s.tables.session(7).unwrap();
         let late = apply(&mut s, 2, once(3, 3, incr()));
         assert!(matches!(late, Err(KvError::InvalidArgument(ref m)) if m.contains("gave up")));
         assert_eq!(s.get(b"n").unwrap().value, b"1");
+        assert_eq!(s.tables.session(7).unwrap(), before, "the clock untouched");
     }
 
     #[test]
