@@ -95,13 +95,9 @@ const CACHE_BYTES: usize = 16 << 20;
 /// holds a changed row, and rows changed a second apart often share one:
 /// with 16,384 workers renewing leases (and, then, rewriting their alive
 /// keys once a TTL), a flush every 100 ms wrote 9,500 pages a second, one
-/// a second 3,700 (and took a third off the put's p50). The entries' bound
-/// is for the same reason far above a second of small writes: at 8,192,
-/// 16,384 hosts bootstrapping (a write and its event, two entries, 37,000
-/// a second) flushed about nine times a second, each rewriting most of the
-/// table's pages; at 65,536 the flush thread's CPU fell by a third.
+/// a second 3,700 (and took a third off the put's p50).
 const FLUSH_BYTES: usize = 8 << 20;
-const FLUSH_ENTRIES: usize = 64 * 1024;
+const FLUSH_ENTRIES: usize = 8 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Overlays kept in memory after their flush (invariant 11): a few
 /// seconds of history under load, at most this many times `FLUSH_BYTES`,
