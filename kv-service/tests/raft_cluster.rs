@@ -95,8 +95,6 @@ async fn write_of_the_term(replicas: &[Replica], tls: &TlsFiles) {
         .unwrap();
 }
 
-/// A client endpoint of its own that presents the coordinators'
-/// certificate.
 /// A running cluster whose leader has written in its term, its TLS files,
 /// and the address of one of its followers.
 async fn a_follower_after_the_terms_write(
@@ -109,6 +107,8 @@ async fn a_follower_after_the_terms_write(
     (dir, replicas, tls, at)
 }
 
+/// A client endpoint of its own that presents the coordinators'
+/// certificate.
 fn coordinator_endpoint(tls: &TlsFiles) -> quinn::Endpoint {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(

@@ -80,7 +80,9 @@ impl KvState {
             ));
         }
         // Read in place (invariant 5); nothing changes unless the call runs.
-        if let Some(kept) = t.session_mut(client)? {
+        let kept = t.session_mut(client)?;
+        let known = kept.is_some();
+        if let Some(kept) = kept {
             if let Some(first) = kept.done.get(&seq) {
                 return Ok(first.clone());
             }
@@ -102,7 +104,7 @@ impl KvState {
             Err(KvError::Storage(e)) => return Err(KvError::Storage(e)),
             r => r,
         };
-        if t.session_mut(client)?.is_none() {
+        if !known {
             t.set_session(client, Some(ClientSession::default()))?;
         }
         let session = t

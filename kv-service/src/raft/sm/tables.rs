@@ -476,8 +476,7 @@ impl TablesMut for SmTables {
             let Some(kept) = self.session(client)? else {
                 return Ok(None);
             };
-            self.bytes += 64;
-            self.live.sessions.insert(client, Some(kept));
+            self.set_session(client, Some(kept))?;
         }
         Ok(self.live.sessions.get_mut(&client).and_then(Option::as_mut))
     }
