@@ -29,9 +29,10 @@
 //!    every lease and the rows are stale: they are dropped on opening.
 //! 10. The key count is the tables' length plus each overlay's keys created
 //!     less keys removed, kept as they are applied: counting reads no key.
-//! 11. The last `KEPT_OVERLAYS` overlays flushed stay in memory: history
-//!     from the first revision they hold on is read from them, never
-//!     decoded from the table.
+//! 11. The last overlays flushed stay in memory, at most `KEPT_OVERLAYS`
+//!     of them holding at most `KEPT_ENTRIES` revisions and events in
+//!     all (the newest always stays): history from the first revision they hold on is read from
+//!     them, never decoded from the table.
 //! 12. Each overlay indexes its events by (key, revision): a watch on a
 //!     narrow prefix replays only its own events, not every event since
 //!     its revision, so N workers' watches cost O(N), not O(N²).
@@ -95,14 +96,24 @@ const CACHE_BYTES: usize = 16 << 20;
 /// holds a changed row, and rows changed a second apart often share one:
 /// with 16,384 workers renewing leases (and, then, rewriting their alive
 /// keys once a TTL), a flush every 100 ms wrote 9,500 pages a second, one
-/// a second 3,700 (and took a third off the put's p50).
+/// a second 3,700 (and took a third off the put's p50). At 16,384
+/// simulated hosts the tables outgrow [`CACHE_BYTES`] and a flush's rows
+/// rarely share a page: 8,192 entries a flush cost each replica's flush
+/// thread 0.8-1.1 s of a 9-11 s bootstrap, 32,768 0.42-0.52 s (and the
+/// bootstrap 7.4-8.0 s: batches waited less for a flush in flight).
 const FLUSH_BYTES: usize = 8 << 20;
-const FLUSH_ENTRIES: usize = 8 * 1024;
+const FLUSH_ENTRIES: usize = 32 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Overlays kept in memory after their flush (invariant 11): a few
 /// seconds of history under load, at most this many times `FLUSH_BYTES`,
 /// and up to as much again in the index's copies of the keys (invariant 12).
 const KEPT_OVERLAYS: usize = 4;
+/// Revisions and events (the index's entries) the kept overlays may hold
+/// in all (invariant 11): about what four overlays of 8,192 entries held
+/// before flushes took 32,768, so that a replica holding 1 M keys stays
+/// within its memory (`tessel-bench kv`: 102-118 MiB a replica, against
+/// 90-98 with the smaller flushes).
+const KEPT_ENTRIES: usize = 32 * 1024;
 /// The most events under a prefix that a read takes from an overlay's
 /// index (invariant 12): past it, reading the revisions since `from`
 /// costs no more than walking the index would.

@@ -263,8 +263,14 @@ impl SmTables {
             forget_below: overlay.forget_below,
             ..Overlay::default()
         });
-        if self.flushed.len() > KEPT_OVERLAYS {
-            self.flushed.pop_front();
+        let held = |o: &Overlay| o.history.len() + o.keyed.len();
+        let mut entries: usize = self.flushed.iter().map(held).sum();
+        while self.flushed.len() > 1
+            && (self.flushed.len() > KEPT_OVERLAYS || entries > KEPT_ENTRIES)
+        {
+            if let Some(oldest) = self.flushed.pop_front() {
+                entries -= held(&oldest);
+            }
         }
     }
 

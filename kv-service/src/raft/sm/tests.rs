@@ -430,3 +430,57 @@ fn version_1_snapshots_are_still_read_and_each_version_ends_its_own_way() {
         assert!(matches!(e, KvError::InvalidArgument(_)), "{version}: {e}");
     }
 }
+
+#[tokio::test]
+async fn kept_history_is_bounded_in_overlays_and_entries_and_keeps_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
+    let applied = sm.applied();
+    let none = StoredMembership::default();
+    let puts = |from: usize, n: usize| -> Vec<Request> {
+        (from..from + n)
+            .map(|i| Request {
+                now_ms: 0,
+                op: Op::Put {
+                    key: format!("h/{i}").into_bytes(),
+                    value: b"v".to_vec(),
+                    lease: None,
+                },
+            })
+            .collect()
+    };
+    let held = |t: &SmTables| -> (usize, usize) {
+        let entries = t.flushed.iter().map(|o| o.history.len() + o.keyed.len());
+        (t.flushed.len(), entries.sum())
+    };
+    let mut next = 0;
+    let mut flush = |n: usize| {
+        let batch = puts(next, n);
+        next += n;
+        applied
+            .apply_batch(&batch, |state, t| t.flush(state, None, &none, false))
+            .unwrap();
+        applied.read(|_, t| held(t))
+    };
+    // Small flushes: the count bounds them.
+    for _ in 0..2 * KEPT_OVERLAYS {
+        flush(10);
+    }
+    assert_eq!(flush(10), (KEPT_OVERLAYS, KEPT_OVERLAYS * 20));
+    // Large ones: the entries do; each put is a revision and an event.
+    let (overlays, entries) = flush(KEPT_ENTRIES / 4);
+    assert!(entries <= KEPT_ENTRIES, "{entries} entries kept");
+    assert!(overlays >= 2, "{overlays} kept");
+    // One over the bound alone is still kept, alone.
+    let (overlays, entries) = flush(KEPT_ENTRIES);
+    assert_eq!((overlays, entries), (1, 2 * KEPT_ENTRIES));
+    // Its events are still read from memory and in full.
+    let got = applied.read(|_, t| {
+        let mut out = Vec::new();
+        for o in &t.flushed {
+            o.events_into(0, b"h/", &mut out);
+        }
+        out.len()
+    });
+    assert_eq!(got, KEPT_ENTRIES);
+}
