@@ -26,6 +26,7 @@ use futures::StreamExt;
 use tessel::pjrt::locate;
 use tessel_coordinator::attempt::{self, Record};
 use tessel_coordinator::jobs::{self, JobAssignment};
+use tessel_coordinator::registry::LivenessConfig;
 
 use tessel_kv::{CountingKv, Event, KvStore, WatchStream};
 use tessel_topology::TopologyCache;
@@ -69,6 +70,12 @@ pub struct BenchBootstrapArgs {
     /// sharing one among 128. Not with `--lose-one`.
     #[arg(long, conflicts_with = "lose_one")]
     pub connection_per_host: bool,
+    /// Attribution only, not a goal figure: the simulated hosts send no
+    /// keep-alive during the run (a beat an hour, a TTL of two), where a
+    /// real worker beats once a second for as long as the run lasts. The
+    /// difference to a run without it is what the heartbeats cost.
+    #[arg(long, conflicts_with = "lose_one")]
+    pub without_heartbeats: bool,
 }
 
 /// One JAX process (bench/jax/bootstrap.py, embedded).
@@ -111,6 +118,10 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
             args.keep_alives.client(&cluster)?,
         )));
     }
+    let liveness = match args.without_heartbeats {
+        true => sim_host::UNBEATING,
+        false => LivenessConfig::default(),
+    };
     for (run, &n) in args.simulated.0.iter().enumerate() {
         let used = (n as usize)
             .div_ceil(HOSTS_PER_CONNECTION)
@@ -126,9 +137,9 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
                 .into_iter()
                 .map(|inner| Arc::new(CountingKv::new(inner)))
                 .collect();
-            simulated(shared, &own, n, run, (&pids, &kv)).await?;
+            simulated(shared, &own, (n, run), (&pids, &kv), liveness).await?;
         } else {
-            simulated(shared, shared, n, run, (&pids, &kv)).await?;
+            simulated(shared, shared, (n, run), (&pids, &kv), liveness).await?;
         }
     }
     Ok(())
@@ -262,9 +273,9 @@ fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
 async fn simulated(
     assigners: &[Arc<CountingKv>],
     clients: &[Arc<CountingKv>],
-    n: u32,
-    run: usize,
+    (n, run): (u32, usize),
     (coordinators, status): (&[u32], &RaftKv),
+    liveness: LivenessConfig,
 ) -> Result<()> {
     let job = format!("bench-simulated-{n}-{run}");
     // Assignments first (not timed), as `--processes` writes them.
@@ -281,7 +292,9 @@ async fn simulated(
             let job = job.clone();
             let cache = cache.clone();
             let phases = phases.clone();
-            tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache, Some(&phases)).await })
+            tokio::spawn(async move {
+                sim_host::run(kv, (n, i), &job, &cache, Some(&phases), liveness).await
+            })
         })
         .collect();
     let hosts = sim_host::all_known(tasks).await?;
@@ -303,7 +316,8 @@ async fn simulated(
     }
     let decode_ms = decode_started.elapsed().as_secs_f64() * 1e3;
     println!(
-        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"followers_cpu_ms\":{:?},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0},\"kib_per_simulated_worker\":{:.1},\"phases_ms\":{}}}",
+        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"heartbeat_ms\":{},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"followers_cpu_ms\":{:?},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0},\"kib_per_simulated_worker\":{:.1},\"phases_ms\":{}}}",
+        liveness.heartbeat.as_millis(),
         ms * 1000.0 / n as f64,
         ops as f64 / n as f64,
         leader_cpu_ns / 1_000_000,

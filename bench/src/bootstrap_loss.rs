@@ -92,7 +92,8 @@ pub(crate) async fn run(clients: &[Arc<CountingKv>], n: u32, run: usize) -> Resu
             let job = job.clone();
             let cache = cache.clone();
             tokio::spawn(async move {
-                let outcome = sim_host::run(kv, n, i, &job, &cache, None).await;
+                let outcome =
+                    sim_host::run(kv, (n, i), &job, &cache, None, LivenessConfig::default()).await;
                 (outcome, Instant::now())
             })
         })

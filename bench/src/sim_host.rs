@@ -132,6 +132,15 @@ impl RunningHost {
 /// How long a worker's blocking gets wait before asking again.
 const HELD: Duration = Duration::from_secs(3600);
 
+/// Liveness under which no keep-alive is sent within a run (a beat an
+/// hour, a TTL of two): `bootstrap --without-heartbeats` measures what the
+/// bootstrap costs without the heartbeats real workers send, for
+/// attribution only (a real worker beats once a second).
+pub(crate) const UNBEATING: LivenessConfig = LivenessConfig {
+    heartbeat: Duration::from_secs(3600),
+    ttl: Duration::from_secs(7200),
+};
+
 /// The id of host `i` of a run of `n`.
 pub(crate) fn host_id(n: u32, i: u32) -> String {
     format!("sim{n}-{i}")
@@ -171,13 +180,13 @@ async fn start(
     kv: &Arc<dyn KvStore>,
     n: u32,
     i: u32,
+    liveness: LivenessConfig,
 ) -> Result<(String, HostFacts, Registration, Heartbeat)> {
     let id = host_id(n, i);
     let facts = HostFacts {
         hostname: format!("sim-host-{i}"),
         boot_id: boot_id(i),
     };
-    let liveness = LivenessConfig::default();
     tessel_worker::claim::claim(&**kv, &id, &facts).await?;
     let reg = registry::register(&**kv, worker_info(&id, i, liveness), liveness).await?;
     let heartbeat = Heartbeat::start(kv.clone(), reg.clone(), liveness);
@@ -187,21 +196,22 @@ async fn start(
 /// Host `i` of `n`, started now, assigned process `i` of `job` (the
 /// assignment is written before): returns once it published its digest,
 /// or once the job failed before its topology was complete. Each step it
-/// finishes is marked in `phases`, where given.
+/// finishes is marked in `phases`, where given. It beats as `liveness`
+/// says: a real worker's default, or [`UNBEATING`].
 pub(crate) async fn run(
     kv: Arc<dyn KvStore>,
-    n: u32,
-    i: u32,
+    (n, i): (u32, u32),
     job: &str,
     cache: &TopologyCache,
     phases: Option<&Phases>,
+    liveness: LivenessConfig,
 ) -> Result<Outcome> {
     let done = |step: usize| {
         if let Some(p) = phases {
             p.done(step);
         }
     };
-    let (id, facts, reg, heartbeat) = start(&kv, n, i).await?;
+    let (id, facts, reg, heartbeat) = start(&kv, n, i, liveness).await?;
     done(0);
     let drain = keys::drain(&id);
     let k = kv.clone();
@@ -325,7 +335,7 @@ pub(crate) async fn all_known(
 /// topology) before the topology completes. Returns when it stopped
 /// beating; its lease expires a TTL after its last renewal.
 pub(crate) async fn run_lost(kv: Arc<dyn KvStore>, n: u32, i: u32, job: &str) -> Result<Instant> {
-    let (_, _, reg, heartbeat) = start(&kv, n, i).await?;
+    let (_, _, reg, heartbeat) = start(&kv, n, i, LivenessConfig::default()).await?;
     jobs::join_job(&*kv, job, &reg).await?;
     Records::new(&*kv, job).get(Item::Spec).await?;
     heartbeat.stop();

@@ -33,6 +33,7 @@ use tessel::job::ShardingSpec;
 use tessel::plan::{PlanTimings, ProcessResult, StepReport};
 use tessel::report::Reporter;
 use tessel_coordinator::attempt::{self, Record};
+use tessel_coordinator::registry::LivenessConfig;
 use tessel_coordinator::{jobs, Item, Records};
 use tessel_harness::LocalCluster;
 use tessel_kv::KvStore;
@@ -90,7 +91,9 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
                 job.clone(),
                 cache.clone(),
             );
-            tokio::spawn(async move { sim_host::run(kv, n, i, &job, &cache, None).await })
+            tokio::spawn(async move {
+                sim_host::run(kv, (n, i), &job, &cache, None, LivenessConfig::default()).await
+            })
         })
         .collect();
     let hosts = crate::sim_host::all_known(tasks)
