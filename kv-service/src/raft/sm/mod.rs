@@ -100,7 +100,7 @@ const CACHE_BYTES: usize = 16 << 20;
 /// simulated hosts the tables outgrow [`CACHE_BYTES`] and a flush's rows
 /// rarely share a page: 8,192 entries a flush cost each replica's flush
 /// thread 0.66-0.72 s in their bootstrap (after 1,024 and 4,096 hosts'
-/// keys), 32,768 0.43-0.50 s, and the run 0.8 s less in the median.
+/// keys), 32,768 0.43-0.50 s, and the run 0.6 s less in the median.
 const FLUSH_BYTES: usize = 8 << 20;
 const FLUSH_ENTRIES: usize = 32 * 1024;
 const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
