@@ -118,9 +118,10 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
             args.keep_alives.client(&cluster)?,
         )));
     }
-    let liveness = match args.without_heartbeats {
-        true => sim_host::UNBEATING,
-        false => LivenessConfig::default(),
+    let liveness = if args.without_heartbeats {
+        sim_host::UNBEATING
+    } else {
+        LivenessConfig::default()
     };
     for (run, &n) in args.simulated.0.iter().enumerate() {
         let used = (n as usize)

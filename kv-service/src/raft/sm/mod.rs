@@ -30,9 +30,9 @@
 //! 10. The key count is the tables' length plus each overlay's keys created
 //!     less keys removed, kept as they are applied: counting reads no key.
 //! 11. The last overlays flushed stay in memory, at most `KEPT_OVERLAYS`
-//!     of them holding at most `KEPT_ENTRIES` revisions and events in
-//!     all (the newest always stays): history from the first revision they hold on is read from
-//!     them, never decoded from the table.
+//!     of them holding at most `KEPT_ENTRIES` revisions and events in all
+//!     (the newest always stays): history from the first revision they
+//!     hold on is read from them, never decoded from the table.
 //! 12. Each overlay indexes its events by (key, revision): a watch on a
 //!     narrow prefix replays only its own events, not every event since
 //!     its revision, so N workers' watches cost O(N), not O(N²).
@@ -111,7 +111,7 @@ const KEPT_OVERLAYS: usize = 4;
 /// Revisions and events (the index's entries) the kept overlays may hold
 /// in all (invariant 11): about what four overlays of 8,192 entries held
 /// before flushes took 32,768, so that a replica holding 1 M keys stays
-/// within its memory (`tessel-bench kv`: 102-118 MiB a replica, against
+/// within its memory (`tessel-bench kv`: 99-123 MiB a replica, against
 /// 90-98 with the smaller flushes).
 const KEPT_ENTRIES: usize = 32 * 1024;
 /// The most events under a prefix that a read takes from an overlay's

@@ -22,6 +22,12 @@ impl Overlay {
         self.data.len() + self.history.len() + self.sessions.len()
     }
 
+    /// Its revisions and indexed events: what a kept overlay counts
+    /// against `KEPT_ENTRIES` (invariant 11).
+    pub(super) fn history_entries(&self) -> usize {
+        self.history.len() + self.keyed.len()
+    }
+
     /// Adds `events`, all of `revision`, to the history and its index.
     pub(super) fn record(&mut self, revision: u64, events: &[Event]) {
         for e in events {

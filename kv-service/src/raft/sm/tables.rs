@@ -263,14 +263,12 @@ impl SmTables {
             forget_below: overlay.forget_below,
             ..Overlay::default()
         });
-        let held = |o: &Overlay| o.history.len() + o.keyed.len();
-        let mut entries: usize = self.flushed.iter().map(held).sum();
+        let mut entries: usize = self.flushed.iter().map(Overlay::history_entries).sum();
         while self.flushed.len() > 1
             && (self.flushed.len() > KEPT_OVERLAYS || entries > KEPT_ENTRIES)
         {
-            if let Some(oldest) = self.flushed.pop_front() {
-                entries -= held(&oldest);
-            }
+            let oldest = self.flushed.pop_front().expect("more than one kept");
+            entries -= oldest.history_entries();
         }
     }
 

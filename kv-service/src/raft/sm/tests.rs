@@ -450,7 +450,7 @@ async fn kept_history_is_bounded_in_overlays_and_entries_and_keeps_the_newest() 
             .collect()
     };
     let held = |t: &SmTables| -> (usize, usize) {
-        let entries = t.flushed.iter().map(|o| o.history.len() + o.keyed.len());
+        let entries = t.flushed.iter().map(Overlay::history_entries);
         (t.flushed.len(), entries.sum())
     };
     let mut next = 0;
