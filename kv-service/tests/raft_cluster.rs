@@ -4,7 +4,8 @@
 //! once, frees the streams of calls their callers gave up, refuses peers
 //! whose certificate is from another CA, and renews leases on one
 //! keep-alive stream that follows the leader, also through a follower
-//! whose forwards fill its connection to the leader.
+//! whose forwards fill its connection to the leader, and ends that stream
+//! with the replica's runtime.
 //! (Replicas run as tasks here; the process-level tests kill real
 //! processes.)
 
@@ -592,6 +593,53 @@ async fn a_keep_alive_stream_is_answered_by_every_replica_and_bad_frames_end_it(
     for r in replicas {
         r.shutdown().await;
     }
+}
+
+/// `node::keep_alives` invariant 4: a keep-alive stream is served on the
+/// process's QUIC thread, which outlives a replica's runtime, but it ends
+/// with the request that opened it. With the replicas' runtime stopped (as
+/// a test stops a replica), the stream's connection closes, as a killed
+/// process's would, instead of staying open on the QUIC thread.
+#[test]
+fn a_keep_alive_stream_ends_with_its_replicas_runtime() {
+    use tessel_kv_service::rpc::{read_frame, write_frame};
+    use tessel_kv_service::wire::{self, KeepAliveFrame};
+    let runtime = |threads| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (replicas_runtime, client_runtime) = (runtime(2), runtime(1));
+    let (dir, replicas, _) = replicas_runtime.block_on(running_cluster());
+    let tls = TlsFiles::load(&dir.path().join("tls")).unwrap();
+    let peer = client_runtime.block_on(async { coordinator_peer(&tls) });
+    let addr = replicas[0].local_addr().unwrap();
+    let (conn, _send, _recv) = client_runtime.block_on(async {
+        let open = WireRequest::Client(ClientRequest::KeepAliveStream);
+        let (conn, mut send, mut recv) = peer.open(addr, &open).await.unwrap();
+        write_frame(&mut send, &KeepAliveFrame { lease: 77 })
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            read_frame(&mut recv, wire::MAX_FRAME),
+        )
+        .await;
+        assert!(matches!(answer, Ok(Ok(Some(_)))), "served: {answer:?}");
+        (conn, send, recv)
+    });
+    replicas_runtime.shutdown_background();
+    let closed = client_runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), conn.closed()).await });
+    assert!(
+        closed.is_ok(),
+        "the connection stayed open after its replica's runtime stopped"
+    );
+    // Dropped after the client's runtime: nothing of theirs runs any more.
+    drop(client_runtime);
+    drop(replicas);
 }
 
 /// Node invariant 10: a follower whose connection to the leader is full of

@@ -35,7 +35,7 @@ use crate::wire::{self, FrameError, WireRequest, RESET_FRAME_TOO_LARGE, RESET_MA
 use tessel_tls::{peer_identity, Identity};
 
 mod io_thread;
-use io_thread::IoThread;
+pub(crate) use io_thread::IoThread;
 mod peer;
 mod silence;
 pub use peer::{check_host_port, NamedPeer, PeerClient, RESOLVE_TTL};
@@ -220,11 +220,14 @@ pub trait Handler: Send + Sync + 'static {
 /// completes a dial within its deadline); each connection's requests on
 /// the caller's runtime.
 pub async fn serve<H: Handler>(endpoint: Endpoint, handler: Arc<H>) {
-    // `endpoint` started the shared thread, so this finds it; were it
-    // gone, accepting here is slower under load, not wrong.
-    let io = IoThread::shared()
-        .unwrap_or_else(|_| Arc::new(IoThread::on(tokio::runtime::Handle::current())));
-    serve_on(endpoint, handler, &io).await
+    serve_on(endpoint, handler, &server_thread()).await
+}
+
+/// The QUIC thread a server's endpoint runs on (invariant 6). [`endpoint`]
+/// started the shared thread, so this finds it; were it gone, the caller's
+/// runtime stands in: slower under load, not wrong.
+pub(crate) fn server_thread() -> Arc<IoThread> {
+    IoThread::shared().unwrap_or_else(|_| Arc::new(IoThread::on(tokio::runtime::Handle::current())))
 }
 
 /// [`serve`] for an endpoint whose drivers run on `io`.

@@ -14,13 +14,21 @@
 //!    frames may wait for theirs, the stream is not read further meanwhile.
 //! 3. A frame over [`KEEP_ALIVE_MAX_FRAME`] or one that does not decode ends
 //!    this stream alone (`rpc` invariant 1); so does the caller going away.
+//! 4. The stream is read and answered on the replica's QUIC thread (`rpc`
+//!    invariant 6), where its packets arrive: a relayed keep-alive wakes
+//!    the replica's runtime once a batch, not twice a frame (its frame's
+//!    arrival, then its answer's write). Nothing there takes the state's
+//!    lock, which an apply holds: the leader's own answers are made on the
+//!    replica's runtime. The stream's task ends with the request's task on
+//!    that runtime, so a replica stopped with its runtime serves nothing.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use quinn::{RecvStream, SendStream, VarInt};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 use super::{unavailable, ReplicaHandler};
 use crate::rpc::{self, ReadError};
@@ -40,19 +48,19 @@ use tessel_kv::KvError;
 /// good.
 const IN_FLIGHT: usize = 1024;
 
-/// A frame's answer: known now, waiting for the leadership's confirmation
-/// (`renewals` invariant 5), or on its way back from the leader.
-enum Pending<'a> {
-    Now(Result<Output, KvError>),
-    Confirming(Pin<Box<dyn Future<Output = Result<Output, KvError>> + Send + 'a>>),
+/// A frame's answer: made on the replica's runtime (invariant 4), or on its
+/// way back from the leader.
+enum Pending {
+    Answering(JoinHandle<Result<Output, KvError>>),
     Relayed(oneshot::Receiver<Result<Output, KvError>>),
 }
 
-impl Pending<'_> {
+impl Pending {
     async fn answer(self) -> Result<Output, KvError> {
         match self {
-            Pending::Now(a) => a,
-            Pending::Confirming(f) => f.await,
+            Pending::Answering(task) => task
+                .await
+                .unwrap_or_else(|_| Err(unavailable("the replica's runtime stopped"))),
             Pending::Relayed(rx) => rx
                 .await
                 .unwrap_or_else(|_| Err(unavailable("the relay to the leader ended"))),
@@ -60,8 +68,40 @@ impl Pending<'_> {
     }
 }
 
+/// Aborts the stream's task on the QUIC thread when the request's task is
+/// dropped (invariant 4).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Serves one keep-alive stream on the QUIC thread until its caller
+/// finishes or drops it (invariant 4); called on the replica's runtime.
+pub(super) async fn serve_on_quic_thread(
+    handler: Arc<ReplicaHandler>,
+    mut send: SendStream,
+    recv: RecvStream,
+) {
+    let runtime = Handle::current();
+    let quic = handler.quic.clone();
+    let served = quic.spawn_here(async move {
+        serve(&handler, &runtime, &mut send, recv).await;
+        let _ = send.finish();
+    });
+    let _abort = AbortOnDrop(served.abort_handle());
+    let _ = served.await;
+}
+
 /// Serves one keep-alive stream until its caller finishes or drops it.
-pub(super) async fn serve(handler: &ReplicaHandler, send: &mut SendStream, mut recv: RecvStream) {
+async fn serve(
+    handler: &Arc<ReplicaHandler>,
+    runtime: &Handle,
+    send: &mut SendStream,
+    mut recv: RecvStream,
+) {
     let (pending, mut answers) = mpsc::channel::<Pending>(IN_FLIGHT);
     // Reads frames until the stream ends; a bad one's reset code.
     let read = async move {
@@ -84,7 +124,7 @@ pub(super) async fn serve(handler: &ReplicaHandler, send: &mut SendStream, mut r
                 return Some(RESET_MALFORMED);
             };
             if pending
-                .send(handler.renew_on_stream(frame.lease))
+                .send(handler.renew_on_stream(frame.lease, runtime))
                 .await
                 .is_err()
             {
@@ -125,16 +165,20 @@ pub(super) async fn serve(handler: &ReplicaHandler, send: &mut SendStream, mut r
 }
 
 impl ReplicaHandler {
-    /// Invariant 1.
-    fn renew_on_stream(&self, lease: u64) -> Pending<'_> {
+    /// Invariants 1 and 4.
+    fn renew_on_stream(self: &Arc<Self>, lease: u64, runtime: &Handle) -> Pending {
         let leader = self.raft.metrics().borrow().current_leader;
         if leader.is_some_and(|l| l != self.id) {
             return Pending::Relayed(self.relay.ask(lease));
         }
-        if leader == Some(self.id) && self.may_renew_from_memory() {
-            return Pending::Now(self.renew_from_memory(lease));
-        }
-        Pending::Confirming(Box::pin(self.renew_confirmed(lease)))
+        let me = self.clone();
+        Pending::Answering(runtime.spawn(async move {
+            if leader == Some(me.id) && me.may_renew_from_memory() {
+                me.renew_from_memory(lease)
+            } else {
+                me.renew_confirmed(lease).await
+            }
+        }))
     }
 
     /// One keep-alive, as [`Self::renew_many`] answers it: on a stream, or

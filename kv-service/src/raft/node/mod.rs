@@ -256,6 +256,7 @@ impl Replica {
             clock: leases.clock.clone(),
             read_floor: std::sync::Mutex::new(None),
             relay: Arc::default(),
+            quic: rpc::server_thread(),
         });
         let relaying = relay::run(Arc::downgrade(&handler), handler.relay.clone());
         tokio::spawn(relaying);
@@ -369,6 +370,8 @@ struct ReplicaHandler {
     /// (term, log index) of invariant 2's read floor.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
     relay: Arc<relay::Relay>,
+    /// Where keep-alive streams are served (`keep_alives` invariant 4).
+    quic: Arc<rpc::IoThread>,
 }
 
 async fn reply(send: &mut Answers<'_>, r: WireResponse) {
@@ -490,7 +493,8 @@ impl Handler for ReplicaHandler {
                     reply(&mut Answers::Stream(&mut send), status).await
                 }
                 WireRequest::Client(ClientRequest::KeepAliveStream) => {
-                    Box::pin(keep_alives::serve(&self, &mut send, recv)).await
+                    // It finishes the stream itself, on the QUIC thread.
+                    return keep_alives::serve_on_quic_thread(self, send, recv).await;
                 }
                 WireRequest::Client(c) => self.listened(c, &mut send, false).await,
                 WireRequest::Forwarded(c) => self.listened(c, &mut send, true).await,
