@@ -219,6 +219,7 @@ async fn a_killed_worker_fails_the_job_for_everyone_within_ttl_plus_one_second()
         worker_id: "w2".into(),
         incarnation: 1,
         lease: 0,
+        renewed_at: tokio::time::Instant::now(),
     };
     assert!(jobs::join_job(&kv, "next", &stale).await.is_err());
     registry::check_current(&kv, "w2", 2).await.unwrap();
