@@ -439,42 +439,46 @@ async fn a_worker_serves_the_metrics_of_its_job_processes() {
     // The worker's first beat comes an interval and its phase after its
     // registration (`registry` invariant 10), which a short job may
     // outrun: under two seconds at the default interval.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = scrape(&addr);
-        let beats = sample(
-            &text,
-            "tessel_worker_heartbeats_total",
-            &[r#"outcome="ok""#],
-        );
-        if beats.is_some_and(|b| b >= 1.0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no beat counted:\n{text}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let beat = |b: f64| b >= 1.0;
+    let ok = [r#"outcome="ok""#];
+    scraped_until(&addr, "tessel_worker_heartbeats_total", &ok, beat, 10).await;
     // Ending the job ends the process, which the worker counts.
     tessel_coordinator::jobs::finish_job(&kv, "metered")
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = [r#"outcome="ended""#];
+    let text = scraped_until(
+        &addr,
+        "tessel_worker_job_processes_total",
+        &ended,
+        |n| n == 1.0,
+        30,
+    )
+    .await;
+    assert_eq!(
+        sample(&text, "tessel_worker_job_processes_running", &[]),
+        Some(0.0)
+    );
+}
+
+/// Scrapes `addr` until the sample `name` with `labels` passes `done`, and
+/// returns that scrape; fails the test after `seconds`.
+async fn scraped_until(
+    addr: &str,
+    name: &str,
+    labels: &[&str],
+    done: impl Fn(f64) -> bool,
+    seconds: u64,
+) -> String {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
     loop {
-        let text = scrape(&addr);
-        let ended = sample(
-            &text,
-            "tessel_worker_job_processes_total",
-            &[r#"outcome="ended""#],
-        );
-        if ended == Some(1.0) {
-            assert_eq!(
-                sample(&text, "tessel_worker_job_processes_running", &[]),
-                Some(0.0)
-            );
-            break;
+        let text = scrape(addr);
+        if sample(&text, name, labels).is_some_and(&done) {
+            return text;
         }
         assert!(
             Instant::now() < deadline,
-            "the process never ended:\n{text}"
+            "{name} {labels:?} not there within {seconds} s:\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
