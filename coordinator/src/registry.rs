@@ -352,17 +352,21 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Invariant 6: a phase of this worker's own, in [0, 1).
-fn phase(reg: &Registration) -> f64 {
+/// Invariant 6: a phase of this incarnation's own, in [0, 1).
+fn phase(worker_id: &str, incarnation: u64) -> f64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (&reg.worker_id, reg.incarnation).hash(&mut h);
+    (worker_id, incarnation).hash(&mut h);
     (h.finish() % 1024) as f64 / 1024.0
 }
 
 /// When `reg`'s first beat is due (invariants 6 and 10).
 fn first_beat(reg: &Registration, liveness: LivenessConfig) -> tokio::time::Instant {
-    reg.renewed_at + liveness.heartbeat + liveness.heartbeat.mul_f64(phase(reg))
+    reg.renewed_at
+        + liveness.heartbeat
+        + liveness
+            .heartbeat
+            .mul_f64(phase(&reg.worker_id, reg.incarnation))
 }
 
 /// Invariants 4–6 and 10: a keep-alive every interval, one at a time,
@@ -683,20 +687,11 @@ pub(crate) mod tests {
         let kv = Arc::new(FaultyKv::new());
         // An id whose phase is under a half: its old first beat came before
         // half an interval.
-        let reg = (0..)
+        let id = (0..)
             .map(|i| format!("w{i}"))
-            .find_map(|id| {
-                let reg = Registration {
-                    worker_id: id,
-                    incarnation: 1,
-                    lease: 0,
-                    renewed_at: tokio::time::Instant::now(),
-                };
-                (phase(&reg) < 0.5).then_some(reg.worker_id)
-            })
-            .map(|id| info(&id))
+            .find(|id| phase(id, 1) < 0.5)
             .unwrap();
-        let reg = register(&*kv, reg, fast()).await.unwrap();
+        let reg = register(&*kv, info(&id), fast()).await.unwrap();
         let due = first_beat(&reg, fast());
         assert!(due >= reg.renewed_at + fast().heartbeat);
         let _hb = Heartbeat::start(kv.clone(), reg, fast());

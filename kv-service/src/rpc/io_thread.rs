@@ -58,6 +58,12 @@ impl IoThread {
         IoThread(runtime)
     }
 
+    /// The I/O thread's runtime, for tasks whose owner keeps them in a
+    /// `JoinSet` (aborted with it).
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.0
+    }
+
     /// Runs `task` on the I/O thread.
     pub(crate) fn spawn_here<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
     where

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use quinn::{RecvStream, SendStream, VarInt};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::{unavailable, ReplicaHandler};
 use crate::rpc::{self, ReadError};
@@ -68,16 +68,6 @@ impl Pending {
     }
 }
 
-/// Aborts the stream's task on the QUIC thread when the request's task is
-/// dropped (invariant 4).
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Serves one keep-alive stream on the QUIC thread until its caller
 /// finishes or drops it (invariant 4); called on the replica's runtime.
 pub(super) async fn serve_on_quic_thread(
@@ -87,12 +77,16 @@ pub(super) async fn serve_on_quic_thread(
 ) {
     let runtime = Handle::current();
     let quic = handler.quic.clone();
-    let served = quic.spawn_here(async move {
-        serve(&handler, &runtime, &mut send, recv).await;
-        let _ = send.finish();
-    });
-    let _abort = AbortOnDrop(served.abort_handle());
-    let _ = served.await;
+    // Dropped with the request's task, the set aborts the stream's.
+    let mut served = JoinSet::new();
+    served.spawn_on(
+        async move {
+            serve(&handler, &runtime, &mut send, recv).await;
+            let _ = send.finish();
+        },
+        quic.handle(),
+    );
+    let _ = served.join_next().await;
 }
 
 /// Serves one keep-alive stream until its caller finishes or drops it.
