@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{show_key, KvError, Result};
 
+mod byte_set;
 mod guard;
 pub use guard::{Guard, Needed};
 mod ops;
@@ -57,12 +58,14 @@ struct Lease {
     ttl_ms: u64,
     /// The last millisecond the lease lives through (invariant 6).
     expires_at_ms: u64,
+    #[serde(with = "byte_set")]
     keys: BTreeSet<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Barrier {
     participants: u32,
+    #[serde(with = "byte_set")]
     arrived: BTreeSet<Vec<u8>>,
     deadline_ms: u64,
     status: BarrierStatus,
