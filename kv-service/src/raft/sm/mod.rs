@@ -36,6 +36,9 @@
 //! 12. Each overlay indexes its events by (key, revision): a watch on a
 //!     narrow prefix replays only its own events, not every event since
 //!     its revision, so N workers' watches cost O(N), not O(N²).
+//! 13. The lease rows a flush writes are encoded as the batches that
+//!     changed them end, in order, and written in that order; they are
+//!     dropped with the overlays when a snapshot replaces the tables.
 
 // openraft's storage traits fix the error type (`StorageError`).
 #![allow(clippy::result_large_err)]

@@ -123,6 +123,11 @@ pub struct SmTables {
     /// The history of the last overlays flushed, oldest first: events from
     /// the first revision they hold on are read from them (invariant 11).
     pub(super) flushed: std::collections::VecDeque<Overlay>,
+    /// The lease rows changed since the last flush, encoded as each batch
+    /// ended, in the order they changed (a later row of a lease replaces
+    /// an earlier one when written): a flush's apply-path pause is not a
+    /// second's renewals encoded at once (invariant 13).
+    pub(super) lease_rows: Vec<(u64, Option<Vec<u8>>)>,
 }
 
 /// A key filter of every key in `table` (invariant 8).
@@ -157,6 +162,7 @@ impl SmTables {
             last_flush: std::time::Instant::now(),
             last_durable: std::time::Instant::now(),
             flushed: Default::default(),
+            lease_rows: Vec::new(),
         })
     }
 
@@ -191,6 +197,7 @@ impl SmTables {
         applied: Option<LogId<NodeId>>,
         membership: &StoredMembership<NodeId, Node>,
     ) -> Result<()> {
+        self.take_lease_rows(state)?;
         self.adopt_flush(false)?;
         if !self.flush_due() || (self.flushing.is_some() && !self.overlay_full()) {
             return Ok(());
@@ -243,14 +250,23 @@ impl SmTables {
         membership: &StoredMembership<NodeId, Node>,
         durable: bool,
     ) -> Result<(Overlay, FlushCommit)> {
+        self.take_lease_rows(state)?;
         let commit = FlushCommit {
-            state: StateRows::take(state)?,
+            state: StateRows::with_rows(state, std::mem::take(&mut self.lease_rows))?,
             applied,
             membership: membership.clone(),
             durable,
             rebuild_filter: self.filter_stale()?,
         };
         Ok((self.take_live(), commit))
+    }
+
+    /// Encodes the rows of the leases `state` changed since it was last
+    /// asked (invariant 13).
+    fn take_lease_rows(&mut self, state: &mut KvState) -> Result<()> {
+        let rows = state.take_changed_leases()?;
+        self.lease_rows.extend(rows);
+        Ok(())
     }
 
     /// Keeps the history of `overlay`, just flushed, for reads of recent
@@ -317,6 +333,8 @@ impl SmTables {
     /// caller finished any flush first, see `adopt_flush`).
     pub(super) fn discard(&mut self) -> Result<()> {
         debug_assert!(self.flushing.is_none());
+        // The snapshot's state marks all its leases changed (invariant 9).
+        self.lease_rows.clear();
         self.take_live();
         self.reopen_base(false)?;
         self.flushed.clear();
@@ -499,9 +517,19 @@ impl StateRows {
     /// crosses to the flush thread (a clone of every lease, and freeing
     /// it afterwards, cost more than encoding it).
     pub(super) fn take(state: &mut KvState) -> Result<StateRows> {
+        let leases = state.take_changed_leases()?;
+        StateRows::with_rows(state, leases)
+    }
+
+    /// `state` without its leases, and the lease `rows` taken from it
+    /// before (in the order they changed).
+    pub(super) fn with_rows(
+        state: &mut KvState,
+        rows: Vec<(u64, Option<Vec<u8>>)>,
+    ) -> Result<StateRows> {
         Ok(StateRows {
             core: state.encode_without_leases()?,
-            leases: state.take_changed_leases()?,
+            leases: rows,
         })
     }
 }

@@ -200,6 +200,45 @@ async fn redb_tables_agree_with_memory_tables_batch_by_batch() {
     assert!(mem.state.leases_by_expiry().count() > 0);
 }
 
+/// Invariant 13: lease rows encoded as each batch ends, some leases
+/// changed again in later batches with no flush between, reopen as the
+/// state that applied those batches holds its leases (the last row wins).
+#[tokio::test]
+async fn lease_rows_taken_batch_by_batch_reopen_as_their_last_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50)).unwrap();
+    let applied = sm.applied();
+    let mut mem = MemState::new(Limits::default(), 50);
+    let none = StoredMembership::default();
+    for r in requests() {
+        applied
+            .apply_batch(std::slice::from_ref(&r), |state, t| {
+                // No flush due: the rows wait, encoded.
+                t.last_flush = std::time::Instant::now();
+                t.end_batch(state, None, &none)
+            })
+            .unwrap();
+        let _ = mem.apply(&r);
+    }
+    let (rows, leases) = applied
+        .read(|_, t| {
+            let ids: BTreeSet<u64> = t.lease_rows.iter().map(|(id, _)| *id).collect();
+            Ok::<_, KvError>((t.lease_rows.len(), ids.len()))
+        })
+        .unwrap();
+    assert!(
+        rows > leases,
+        "a lease changed in several batches: {rows} rows, {leases} leases"
+    );
+    applied
+        .update(|state, t| t.flush(state, None, &none, true))
+        .unwrap();
+    drop((sm, applied));
+    let reopened = StateMachineStore::open(dir.path(), KvState::new(Limits::default(), 50));
+    assert_same(&reopened.unwrap().applied(), &mem);
+    assert!(mem.state.leases_by_expiry().count() > 0);
+}
+
 /// Applies `reqs` to `sm` and `mem`, then flushes `sm`.
 fn apply_and_flush(sm: &StateMachineStore, mem: &mut MemState, reqs: &[Request]) {
     let none = StoredMembership::default();
