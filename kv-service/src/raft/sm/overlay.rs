@@ -117,6 +117,7 @@ impl Flusher {
         let thread = std::thread::Builder::new()
             .name("state-flush".into())
             .spawn(move || {
+                lower_priority();
                 for (overlay, commit) in queue {
                     let written = write_overlay(&db, &overlay, &commit);
                     // Before the result: the state machine then holds the
@@ -151,6 +152,25 @@ impl Drop for Flusher {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The flush thread's nice value: background work, which a replica's
+/// latency-bound threads (its QUIC thread, Raft core, log writer and
+/// apply) preempt. A flush is CPU work in bursts (a second's changed
+/// rows, B-tree inserts: 5-15 ms at 16,384 beating workers) that
+/// delayed every write which met it: a client put's p99 was a flush's
+/// length (`tessel-bench heartbeat`; docs/performance.md). Under
+/// sustained load it still runs (nice is a weight, not a gate), and a
+/// full overlay makes the apply wait for it (invariant 6).
+const FLUSH_NICE: i32 = 10;
+
+/// Lowers this thread's priority to [`FLUSH_NICE`]; where the system
+/// refuses, it runs as it was.
+fn lower_priority() {
+    let thread = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(thread), FLUSH_NICE) {
+        tracing::debug!("the state-flush thread keeps its priority: {e}");
     }
 }
 
