@@ -83,11 +83,20 @@ pub(crate) fn cpu_split(
     before: &[u64],
     leader: Option<usize>,
 ) -> (u64, Vec<u64>) {
-    let spent: Vec<u64> = coordinators
+    split(&cpu_since(coordinators, before), leader)
+}
+
+/// Each coordinator's CPU time since `before` ([`cpu_now`]), in start order.
+pub(crate) fn cpu_since(coordinators: &[u32], before: &[u64]) -> Vec<u64> {
+    coordinators
         .iter()
         .zip(before)
         .map(|(p, b)| usage(*p).cpu_ns.saturating_sub(*b))
-        .collect();
+        .collect()
+}
+
+/// `spent` ([`cpu_since`]) as [`cpu_split`] splits it.
+pub(crate) fn split(spent: &[u64], leader: Option<usize>) -> (u64, Vec<u64>) {
     let busiest = (0..spent.len()).max_by_key(|&i| spent[i]).unwrap_or(0);
     let at = leader.filter(|&l| l < spent.len()).unwrap_or(busiest);
     let others = (0..spent.len()).filter(|&i| i != at).map(|i| spent[i]);
@@ -150,6 +159,18 @@ impl KeepAlives {
         Ok(self.wrap(cluster.client()?))
     }
 
+    /// A client of the replicas at `addrs` with the cluster's certificates
+    /// in `tls_dir`, made on the runtime that calls it (its QUIC endpoint's
+    /// driver runs there).
+    pub(crate) fn connect(
+        self,
+        addrs: Vec<std::net::SocketAddr>,
+        tls_dir: &std::path::Path,
+    ) -> Result<Arc<dyn KvStore>> {
+        let tls = TlsFiles::load(tls_dir)?;
+        Ok(self.wrap(RaftKv::connect(addrs, Some(&tls))?))
+    }
+
     fn wrap(self, kv: RaftKv) -> Arc<dyn KvStore> {
         match self {
             KeepAlives::Stream => Arc::new(kv),
@@ -177,4 +198,30 @@ impl KeepAlives {
         }
         Ok(out)
     }
+}
+
+/// Runs `work` on a thread and a runtime of its own, as a client in a
+/// process of its own would: a probe's wake-ups do not queue behind the
+/// simulated hosts' thousands of tasks on the benchmark's runtime (the
+/// operating system still shares the machine's cores among all). Its
+/// clients must be made inside `work` ([`KeepAlives::connect`]).
+pub(crate) async fn on_own_runtime<T, F, Fut>(name: &str, work: F) -> Result<T>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>>,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let ran = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(work()));
+            let _ = tx.send(ran);
+        })?;
+    rx.await
+        .map_err(|_| anyhow::anyhow!("the {name} thread ended without an answer"))?
 }

@@ -42,7 +42,9 @@ use tessel_topology::TopologyCache;
 
 use crate::bootstrap::assign_all;
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
-use crate::simulated::{cpu_now, cpu_split, leader_index, percents_json, quantile_ms, KeepAlives};
+use crate::simulated::{
+    cpu_now, cpu_split, leader_index, on_own_runtime, percents_json, quantile_ms, KeepAlives,
+};
 
 /// `tessel-bench steady`: the KV's load while a large job runs.
 #[derive(Args)]
@@ -79,7 +81,6 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
         .map(|_| args.keep_alives.client(&cluster))
         .collect::<Result<Vec<_>>>()?;
     let status = cluster.client()?;
-    let probe = cluster.client()?;
     let job = format!("bench-steady-{n}");
     assign_all(&clients, &job, n).await?;
     let cache = Arc::new(TopologyCache::new());
@@ -105,7 +106,13 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let cpu_before = cpu_now(&pids);
     let (applied_before, revision_before) = leader_progress(&status).await?;
     let window = Duration::from_secs(args.seconds);
-    let probing = tokio::spawn(probe_puts(probe, window));
+    // The probe on a runtime of its own, as another process (`simulated`
+    // `on_own_runtime`).
+    let (addrs, tls_dir) = (cluster.addrs.clone(), cluster.tls_dir());
+    let probing = tokio::spawn(on_own_runtime("probe", move || async move {
+        let probe = KeepAlives::Stream.connect(addrs, &tls_dir)?;
+        probe_puts(&*probe, window).await
+    }));
     let kv0 = clients[0].clone();
     let reporter = Reporter::start(kv0.clone(), job.clone());
     let holders: Vec<Holder> = (0..n)
@@ -265,7 +272,7 @@ async fn leader_progress(kv: &RaftKv) -> Result<(u64, u64)> {
 }
 
 /// A put every 10 ms for `window` on its own connection: each one's time.
-async fn probe_puts(probe: RaftKv, window: Duration) -> Result<Vec<Duration>> {
+async fn probe_puts(probe: &dyn KvStore, window: Duration) -> Result<Vec<Duration>> {
     let started = Instant::now();
     let mut latencies = Vec::new();
     while started.elapsed() < window {
