@@ -156,7 +156,7 @@ impl KeepAlives {
     }
 
     pub(crate) fn client(self, cluster: &LocalCluster) -> Result<Arc<dyn KvStore>> {
-        Ok(self.wrap(cluster.client()?))
+        self.connect(cluster.addrs.clone(), &cluster.tls_dir())
     }
 
     /// A client of the replicas at `addrs` with the cluster's certificates

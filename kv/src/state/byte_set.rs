@@ -2,8 +2,9 @@
 //! as a sequence of byte strings. serde's default writes each `Vec<u8>`
 //! as a sequence of `u8`, one call per byte; postcard writes both forms
 //! alike (a varint length, then the bytes), so this changes no stored or
-//! replicated byte, only the time: a flush encodes every lease a second's
-//! renewals changed (8,000 and more at 16,384 workers) on the apply path.
+//! replicated byte, only the time: the apply path encodes the row of
+//! every lease a renewal changed (8,000 and more a second at 16,384
+//! workers).
 
 use std::collections::BTreeSet;
 
@@ -28,7 +29,7 @@ mod tests {
 
     /// The layout before this module: serde's default for the set.
     #[derive(Serialize, Deserialize, PartialEq, Debug)]
-    struct Default {
+    struct DerivedLayout {
         ttl: u64,
         keys: BTreeSet<Vec<u8>>,
     }
@@ -50,7 +51,7 @@ mod tests {
             vec![long, vec![], b"a".to_vec()],
         ] {
             let keys: BTreeSet<Vec<u8>> = keys.into_iter().collect();
-            let old = postcard::to_allocvec(&Default {
+            let old = postcard::to_allocvec(&DerivedLayout {
                 ttl: 5000,
                 keys: keys.clone(),
             })
@@ -63,7 +64,7 @@ mod tests {
             assert_eq!(old, new);
             let read: AsBytes = postcard::from_bytes(&old).unwrap();
             assert_eq!(read.keys, keys);
-            let back: Default = postcard::from_bytes(&new).unwrap();
+            let back: DerivedLayout = postcard::from_bytes(&new).unwrap();
             assert_eq!(back.keys, keys);
         }
     }

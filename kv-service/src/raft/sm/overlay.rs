@@ -158,7 +158,7 @@ impl Drop for Flusher {
 /// The flush thread's nice value: background work, which a replica's
 /// latency-bound threads (its QUIC thread, Raft core, log writer and
 /// apply) preempt. A flush is CPU work in bursts (a second's changed
-/// rows, B-tree inserts: 5-15 ms at 16,384 beating workers) that
+/// rows, B-tree inserts: 5-20 ms at 16,384 beating workers) that
 /// delayed every write which met it: a client put's p99 was a flush's
 /// length (`tessel-bench heartbeat`; docs/performance.md). Under
 /// sustained load it still runs (nice is a weight, not a gate), and a

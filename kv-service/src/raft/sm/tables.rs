@@ -250,9 +250,14 @@ impl SmTables {
         membership: &StoredMembership<NodeId, Node>,
         durable: bool,
     ) -> Result<(Overlay, FlushCommit)> {
+        // The state first: if it cannot be encoded, no row is taken.
+        let core = state.encode_without_leases()?;
         self.take_lease_rows(state)?;
         let commit = FlushCommit {
-            state: StateRows::with_rows(state, std::mem::take(&mut self.lease_rows))?,
+            state: StateRows {
+                core,
+                leases: std::mem::take(&mut self.lease_rows),
+            },
             applied,
             membership: membership.clone(),
             durable,
@@ -333,7 +338,8 @@ impl SmTables {
     /// caller finished any flush first, see `adopt_flush`).
     pub(super) fn discard(&mut self) -> Result<()> {
         debug_assert!(self.flushing.is_none());
-        // The snapshot's state marks all its leases changed (invariant 9).
+        // The snapshot's commit wrote every row of its leases (invariant
+        // 9): rows of the state it replaced must not follow them.
         self.lease_rows.clear();
         self.take_live();
         self.reopen_base(false)?;
@@ -517,19 +523,9 @@ impl StateRows {
     /// crosses to the flush thread (a clone of every lease, and freeing
     /// it afterwards, cost more than encoding it).
     pub(super) fn take(state: &mut KvState) -> Result<StateRows> {
-        let leases = state.take_changed_leases()?;
-        StateRows::with_rows(state, leases)
-    }
-
-    /// `state` without its leases, and the lease `rows` taken from it
-    /// before (in the order they changed).
-    pub(super) fn with_rows(
-        state: &mut KvState,
-        rows: Vec<(u64, Option<Vec<u8>>)>,
-    ) -> Result<StateRows> {
         Ok(StateRows {
             core: state.encode_without_leases()?,
-            leases: rows,
+            leases: state.take_changed_leases()?,
         })
     }
 }
