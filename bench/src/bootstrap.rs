@@ -34,6 +34,7 @@ use tessel_topology::TopologyCache;
 use tessel_harness::{Child, LocalCluster, Ready};
 use tessel_kv_service::raft::client::RaftKv;
 
+use crate::beats::Beats;
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
 use crate::simulated::KeepAlives;
 use crate::simulated::{cpu_now, cpu_split, leader_index, usage};
@@ -129,8 +130,9 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
             .max(MIN_CONNECTIONS);
         let shared = &clients[..used];
         let pids = cluster.coordinator_pids();
+        let beats = Beats::start(args.keep_alives, &cluster.addrs, &cluster.tls_dir(), used)?;
         if args.lose_one {
-            crate::bootstrap_loss::run(shared, n, run).await?;
+            crate::bootstrap_loss::run(shared, &beats, n, run).await?;
         } else if args.connection_per_host {
             let own: Vec<Arc<CountingKv>> = args
                 .keep_alives
@@ -138,9 +140,9 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
                 .into_iter()
                 .map(|inner| Arc::new(CountingKv::new(inner)))
                 .collect();
-            simulated(shared, &own, (n, run), (&pids, &kv), liveness).await?;
+            simulated(shared, (&own, &beats), (n, run), (&pids, &kv), liveness).await?;
         } else {
-            simulated(shared, shared, (n, run), (&pids, &kv), liveness).await?;
+            simulated(shared, (shared, &beats), (n, run), (&pids, &kv), liveness).await?;
         }
     }
     Ok(())
@@ -270,10 +272,10 @@ fn jax_processes(python: &std::path::Path, n: u32) -> Result<()> {
 }
 
 /// `n` simulated hosts over `clients` (host `i` on `clients[i % len]`),
-/// their assignments written over `assigners` first.
+/// beating on `beats`, their assignments written over `assigners` first.
 async fn simulated(
     assigners: &[Arc<CountingKv>],
-    clients: &[Arc<CountingKv>],
+    (clients, beats): (&[Arc<CountingKv>], &Beats),
     (n, run): (u32, usize),
     (coordinators, status): (&[u32], &RaftKv),
     liveness: LivenessConfig,
@@ -283,7 +285,7 @@ async fn simulated(
     assign_all(&dyn_clients(assigners), &job, n).await?;
     let cpu_before = cpu_now(coordinators);
     let own_before = usage(std::process::id());
-    let before = total_ops(clients);
+    let before = total_ops(clients) + beats.ops();
     let cache = Arc::new(TopologyCache::new());
     let phases = Arc::new(sim_host::Phases::new());
     let started = Instant::now();
@@ -293,14 +295,15 @@ async fn simulated(
             let job = job.clone();
             let cache = cache.clone();
             let phases = phases.clone();
+            let beats = beats.clone();
             tokio::spawn(async move {
-                sim_host::run(kv, (n, i), &job, &cache, Some(&phases), liveness).await
+                sim_host::run(kv, &beats, (n, i), &job, &cache, Some(&phases), liveness).await
             })
         })
         .collect();
     let hosts = sim_host::all_known(tasks).await?;
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    let ops = total_ops(clients) - before;
+    let ops = total_ops(clients) + beats.ops() - before;
     let leader = leader_index(status).await;
     let (leader_cpu_ns, followers_ns) = cpu_split(coordinators, &cpu_before, leader);
     let leader_peak_kib = leader.map_or(0, |l| usage(coordinators[l]).peak_kib);

@@ -40,6 +40,7 @@ use tessel_coordinator::{keys, LivenessConfig};
 use tessel_kv::{CountingKv, Event, KvStore};
 use tessel_topology::TopologyCache;
 
+use crate::beats::Beats;
 use crate::bootstrap::{assign_all, dyn_clients};
 use crate::sim_host::{self, Outcome};
 
@@ -48,7 +49,12 @@ const DEADLINE_AFTER_TTL: Duration = Duration::from_secs(60);
 
 /// Loses host `n / 2` of `n` during the bootstrap of a fresh job; prints
 /// the figure `bootstrap_lost_worker`.
-pub(crate) async fn run(clients: &[Arc<CountingKv>], n: u32, run: usize) -> Result<()> {
+pub(crate) async fn run(
+    clients: &[Arc<CountingKv>],
+    beats: &Beats,
+    n: u32,
+    run: usize,
+) -> Result<()> {
     if n < 2 {
         bail!("--lose-one needs at least 2 simulated hosts");
     }
@@ -82,18 +88,18 @@ pub(crate) async fn run(clients: &[Arc<CountingKv>], n: u32, run: usize) -> Resu
     let started = Instant::now();
     let lost_host = {
         let kv: Arc<dyn KvStore> = clients[lost as usize % clients.len()].clone();
-        let job = job.clone();
-        tokio::spawn(async move { sim_host::run_lost(kv, n, lost, &job).await })
+        let (job, beats) = (job.clone(), beats.clone());
+        tokio::spawn(async move { sim_host::run_lost(kv, &beats, (n, lost), &job).await })
     };
     let tasks: Vec<_> = (0..n)
         .filter(|&i| i != lost)
         .map(|i| {
             let kv: Arc<dyn KvStore> = clients[i as usize % clients.len()].clone();
             let job = job.clone();
-            let cache = cache.clone();
+            let (cache, beats) = (cache.clone(), beats.clone());
             tokio::spawn(async move {
-                let outcome =
-                    sim_host::run(kv, (n, i), &job, &cache, None, LivenessConfig::default()).await;
+                let liveness = LivenessConfig::default();
+                let outcome = sim_host::run(kv, &beats, (n, i), &job, &cache, None, liveness).await;
                 (outcome, Instant::now())
             })
         })

@@ -39,6 +39,7 @@ pub fn tessel_bin() -> anyhow::Result<std::path::PathBuf> {
     Ok(bin)
 }
 
+mod beats;
 pub mod bootstrap;
 mod bootstrap_loss;
 pub mod dial;

@@ -6,7 +6,8 @@
 //! 1. claim the worker id (`claim::claim`: one read), register (two
 //!    writes: the incarnation, then the lease with the record and the
 //!    alive key) and heartbeat at the default period (`registry::Heartbeat`:
-//!    a keep-alive a second, nothing written);
+//!    a keep-alive a second, nothing written), on a thread of the hosts'
+//!    heartbeats (`beats` says why);
 //! 2. wait on the drain key (a blocking get held for the run) and follow
 //!    the assignments (revision, watch held for the run, list);
 //! 3. for the assignment: hold the job's failure and end (two blocking
@@ -43,6 +44,7 @@ use tessel_topology::{exchange_shared, DeviceDescription, LocalTopology, Topolog
 use tessel_worker::host::HostFacts;
 use tessel_worker::job_end::JobEnd;
 
+use crate::beats::Beats;
 use crate::simulated::worker_info;
 
 /// Hosts on one connection: each holds up to five streams open (drain,
@@ -175,11 +177,12 @@ fn ephemeral_port(i: u32) -> u16 {
     32768 + (scrambled(i) >> 64) as u16 % 28232
 }
 
-/// Host `i` of `n` claims its id, registers and starts beating.
+/// Host `i` of `n` claims its id, registers and starts beating on
+/// `beats`.
 async fn start(
     kv: &Arc<dyn KvStore>,
-    n: u32,
-    i: u32,
+    beats: &Beats,
+    (n, i): (u32, u32),
     liveness: LivenessConfig,
 ) -> Result<(String, HostFacts, Registration, Heartbeat)> {
     let id = host_id(n, i);
@@ -189,17 +192,18 @@ async fn start(
     };
     tessel_worker::claim::claim(&**kv, &id, &facts).await?;
     let reg = registry::register(&**kv, worker_info(&id, i, liveness), liveness).await?;
-    let heartbeat = Heartbeat::start(kv.clone(), reg.clone(), liveness);
+    let heartbeat = beats.beat(i, reg.clone(), liveness);
     Ok((id, facts, reg, heartbeat))
 }
 
 /// Host `i` of `n`, started now, assigned process `i` of `job` (the
 /// assignment is written before): returns once it published its digest,
 /// or once the job failed before its topology was complete. Each step it
-/// finishes is marked in `phases`, where given. It beats as `liveness`
-/// says: a real worker's default, or [`UNBEATING`].
+/// finishes is marked in `phases`, where given. It beats on `beats` as
+/// `liveness` says: a real worker's default, or [`UNBEATING`].
 pub(crate) async fn run(
     kv: Arc<dyn KvStore>,
+    beats: &Beats,
     (n, i): (u32, u32),
     job: &str,
     cache: &TopologyCache,
@@ -211,7 +215,7 @@ pub(crate) async fn run(
             p.done(step);
         }
     };
-    let (id, facts, reg, heartbeat) = start(&kv, n, i, liveness).await?;
+    let (id, facts, reg, heartbeat) = start(&kv, beats, (n, i), liveness).await?;
     done(0);
     let drain = keys::drain(&id);
     let k = kv.clone();
@@ -334,8 +338,13 @@ pub(crate) async fn all_known(
 /// a killed process does (no more keep-alives, nothing revoked, no local
 /// topology) before the topology completes. Returns when it stopped
 /// beating; its lease expires a TTL after its last renewal.
-pub(crate) async fn run_lost(kv: Arc<dyn KvStore>, n: u32, i: u32, job: &str) -> Result<Instant> {
-    let (_, _, reg, heartbeat) = start(&kv, n, i, LivenessConfig::default()).await?;
+pub(crate) async fn run_lost(
+    kv: Arc<dyn KvStore>,
+    beats: &Beats,
+    (n, i): (u32, u32),
+    job: &str,
+) -> Result<Instant> {
+    let (_, _, reg, heartbeat) = start(&kv, beats, (n, i), LivenessConfig::default()).await?;
     jobs::join_job(&*kv, job, &reg).await?;
     Records::new(&*kv, job).get(Item::Spec).await?;
     heartbeat.stop();

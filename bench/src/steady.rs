@@ -40,6 +40,7 @@ use tessel_kv::KvStore;
 use tessel_kv_service::raft::client::RaftKv;
 use tessel_topology::TopologyCache;
 
+use crate::beats::Beats;
 use crate::bootstrap::assign_all;
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
 use crate::simulated::{
@@ -80,6 +81,12 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let clients = (0..(n as usize).div_ceil(HOSTS_PER_CONNECTION).max(16))
         .map(|_| args.keep_alives.client(&cluster))
         .collect::<Result<Vec<_>>>()?;
+    let beats = Beats::start(
+        args.keep_alives,
+        &cluster.addrs,
+        &cluster.tls_dir(),
+        clients.len(),
+    )?;
     let status = cluster.client()?;
     let job = format!("bench-steady-{n}");
     assign_all(&clients, &job, n).await?;
@@ -87,13 +94,15 @@ pub async fn run(args: BenchSteadyArgs) -> Result<()> {
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
-            let (kv, job, cache) = (
+            let (kv, job, cache, beats) = (
                 clients[i as usize % clients.len()].clone(),
                 job.clone(),
                 cache.clone(),
+                beats.clone(),
             );
             tokio::spawn(async move {
-                sim_host::run(kv, (n, i), &job, &cache, None, LivenessConfig::default()).await
+                let liveness = LivenessConfig::default();
+                sim_host::run(kv, &beats, (n, i), &job, &cache, None, liveness).await
             })
         })
         .collect();

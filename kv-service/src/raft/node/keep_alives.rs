@@ -36,7 +36,7 @@ use crate::wire::{
     self, KeepAliveFrame, WireResponse, KEEP_ALIVE_MAX_FRAME, RENEW_MANY_MAX,
     RESET_FRAME_TOO_LARGE, RESET_MALFORMED,
 };
-use tessel_kv::state::Output;
+use tessel_kv::state::{KvState, Output};
 use tessel_kv::KvError;
 
 /// Frames of one stream waiting for their answers (invariant 2): a
@@ -186,23 +186,30 @@ impl ReplicaHandler {
 
     /// The leader's answers to a follower's batch (`relay`) or to one
     /// keep-alive, in order: from memory where it may (invariant 1), once
-    /// its leadership is confirmed (`renewals` invariant 5); else
-    /// `Unavailable` each.
+    /// its leadership is confirmed (`renewals` invariant 5), as of their
+    /// arrival (`renewals` invariant 6); else `Unavailable` each.
     pub(super) async fn renew_many(&self, leases: &[u64]) -> Vec<Result<Output, KvError>> {
         let refused = |why: KvError| vec![Err(why); leases.len()];
         if leases.len() > RENEW_MANY_MAX {
             return refused(unavailable("a batch over the limit"));
         }
-        if let Err(e) = self.confirmed_for_renewals().await {
-            return refused(e);
-        }
-        let now = self.clock.now_ms();
-        self.applied.read(|s, _| {
+        let arrived = self.clock.now_ms();
+        let renew = |s: &KvState| -> Vec<Result<Output, KvError>> {
             leases
                 .iter()
-                .map(|&id| self.renewals.keep_alive(s, id, now))
+                .map(|&id| self.renewals.keep_alive(s, id, arrived))
                 .collect()
-        })
+        };
+        if !self.may_renew_from_memory() {
+            // `renewals` invariant 6: noted now, so that the proposals made
+            // while the confirmation is awaited extend these leases; the
+            // answers wait for it.
+            self.applied.read(|s, _| renew(s));
+            if let Err(e) = self.confirmed_for_renewals().await {
+                return refused(e);
+            }
+        }
+        self.applied.read(|s, _| renew(s))
     }
 
     /// `renewals` invariant 5: returns once this leader, its term's
