@@ -166,18 +166,12 @@ impl ReplicaHandler {
             return Pending::Relayed(self.relay.ask(lease));
         }
         let me = self.clone();
-        Pending::Answering(runtime.spawn(async move {
-            if leader == Some(me.id) && me.may_renew_from_memory() {
-                me.renew_from_memory(lease)
-            } else {
-                me.renew_confirmed(lease).await
-            }
-        }))
+        Pending::Answering(runtime.spawn(async move { me.renew_one(lease).await }))
     }
 
     /// One keep-alive, as [`Self::renew_many`] answers it: on a stream, or
     /// sent as a request to a leader whose term's `RenewLeases` committed.
-    pub(super) async fn renew_confirmed(&self, lease: u64) -> Result<Output, KvError> {
+    pub(super) async fn renew_one(&self, lease: u64) -> Result<Output, KvError> {
         self.renew_many(&[lease])
             .await
             .pop()
@@ -200,10 +194,13 @@ impl ReplicaHandler {
                 .map(|&id| self.renewals.keep_alive(s, id, arrived))
                 .collect()
         };
+        // At once where this replica may (it leads: a follower is never
+        // fresh, `quorum` invariant 2).
         if !self.may_renew_from_memory() {
             // `renewals` invariant 6: noted now, so that the proposals made
             // while the confirmation is awaited extend these leases; the
-            // answers wait for it.
+            // answers wait for it, and are read from the state as it is
+            // then (a lease revoked meanwhile is gone).
             self.applied.read(|s, _| renew(s));
             if let Err(e) = self.confirmed_for_renewals().await {
                 return refused(e);
@@ -236,13 +233,5 @@ impl ReplicaHandler {
             return Err(refused());
         }
         Ok(())
-    }
-
-    /// Renews lease `id` now, in memory (where `may_renew_from_memory`
-    /// says so).
-    pub(super) fn renew_from_memory(&self, id: u64) -> Result<Output, KvError> {
-        let now = self.clock.now_ms();
-        self.applied
-            .read(|s, _| self.renewals.keep_alive(s, id, now))
     }
 }

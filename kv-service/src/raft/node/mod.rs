@@ -650,7 +650,7 @@ impl ReplicaHandler {
                 if self.leases_renewed.load(Ordering::Acquire)
                     == self.raft.metrics().borrow().current_term =>
             {
-                WireResponse::Output(Box::pin(self.renew_confirmed(id)).await)
+                WireResponse::Output(Box::pin(self.renew_one(id)).await)
             }
             ClientRequest::Write(op) => WireResponse::Output(Box::pin(self.write(op)).await),
             // A guarded serializable get is served as a linearizable one.
