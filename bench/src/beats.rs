@@ -14,29 +14,28 @@
 //!
 //! What differs from a real worker: a real worker's keep-alives share its
 //! agent's one connection with its requests; here they travel on
-//! connections of their own ([`crate::sim_host::HOSTS_PER_CONNECTION`]
-//! hosts each, as the requests' do). The replicas see the same streams
-//! and frames, and that many more connections.
+//! connections of their own, as many hosts to one as the requests'
+//! ([`crate::sim_host::HOSTS_PER_CONNECTION`], or one a host with
+//! `--connection-per-host`). The replicas see the same streams and frames,
+//! and that many more connections.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tessel_coordinator::registry::{Heartbeat, LivenessConfig, Registration};
 use tessel_kv::{CountingKv, KvStore};
-use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 
-use crate::simulated::KeepAlives;
+use crate::simulated::{KeepAlives, OwnRuntime};
 
 /// The hosts' heartbeats' thread, runtime and connections; the thread
 /// ends when the last clone is dropped (its tasks with it).
 #[derive(Clone)]
 pub(crate) struct Beats {
-    on: Handle,
     clients: Arc<[Arc<CountingKv>]>,
-    _stop: Arc<oneshot::Sender<()>>,
+    // After the clients: they are dropped while their runtime runs.
+    on: Arc<OwnRuntime>,
 }
 
 impl Beats {
@@ -48,32 +47,10 @@ impl Beats {
         tls_dir: &Path,
         connections: usize,
     ) -> Result<Beats> {
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("heartbeats".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = handle_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = handle_tx.send(Ok(rt.handle().clone()));
-                // Until the owner drops its end: the heartbeats' tasks run
-                // meanwhile.
-                let _ = rt.block_on(stopped);
-            })?;
-        let on = handle_rx
-            .recv()
-            .context("the heartbeats' thread ended at its start")??;
+        let on = OwnRuntime::start("heartbeats")?;
         // Made on that runtime: their endpoints' drivers run there.
         let clients = {
-            let _on = on.enter();
+            let _on = on.handle().enter();
             (0..connections.max(1))
                 .map(|_| {
                     how.connect(addrs.to_vec(), tls_dir)
@@ -82,9 +59,8 @@ impl Beats {
                 .collect::<Result<Arc<[_]>>>()?
         };
         Ok(Beats {
-            on,
             clients,
-            _stop: Arc::new(stop),
+            on: Arc::new(on),
         })
     }
 
@@ -92,7 +68,7 @@ impl Beats {
     /// share of the connections.
     pub(crate) fn beat(&self, i: u32, reg: Registration, liveness: LivenessConfig) -> Heartbeat {
         let kv: Arc<dyn KvStore> = self.clients[i as usize % self.clients.len()].clone();
-        let _on = self.on.enter();
+        let _on = self.on.handle().enter();
         Heartbeat::start(kv, reg, liveness)
     }
 

@@ -130,7 +130,18 @@ pub async fn run(args: BenchBootstrapArgs) -> Result<()> {
             .max(MIN_CONNECTIONS);
         let shared = &clients[..used];
         let pids = cluster.coordinator_pids();
-        let beats = Beats::start(args.keep_alives, &cluster.addrs, &cluster.tls_dir(), used)?;
+        // Keep-alives on as many connections as the hosts' requests.
+        let beating = if args.connection_per_host {
+            n as usize
+        } else {
+            used
+        };
+        let beats = Beats::start(
+            args.keep_alives,
+            &cluster.addrs,
+            &cluster.tls_dir(),
+            beating,
+        )?;
         if args.lose_one {
             crate::bootstrap_loss::run(shared, &beats, n, run).await?;
         } else if args.connection_per_host {

@@ -200,28 +200,65 @@ impl KeepAlives {
     }
 }
 
-/// Runs `work` on a thread and a runtime of its own, as a client in a
-/// process of its own would: a probe's wake-ups do not queue behind the
-/// simulated hosts' thousands of tasks on the benchmark's runtime (the
-/// operating system still shares the machine's cores among all). Its
+/// A thread running a current-thread runtime of its own until dropped,
+/// as a client in a process of its own has: its tasks' wake-ups do not
+/// queue behind the simulated hosts' thousands of tasks on the benchmark's
+/// runtime (the operating system still shares the machine's cores among
+/// all). Clients its tasks use must be made on it (quinn drives an
+/// endpoint on the runtime that made it).
+pub(crate) struct OwnRuntime {
+    handle: tokio::runtime::Handle,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl OwnRuntime {
+    /// Starts thread `name` and its runtime.
+    pub(crate) fn start(name: &str) -> Result<OwnRuntime> {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(rt.handle().clone()));
+                // Its tasks run until the owner drops its end.
+                let _ = rt.block_on(stopped);
+            })?;
+        let handle = handle_rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the {name} thread ended at its start"))??;
+        Ok(OwnRuntime {
+            handle,
+            _stop: stop,
+        })
+    }
+
+    /// Where to spawn onto it, or to enter it to make a client.
+    pub(crate) fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+/// Runs `work` on an [`OwnRuntime`] of its own, which ends with it. Its
 /// clients must be made inside `work` ([`KeepAlives::connect`]).
 pub(crate) async fn on_own_runtime<T, F, Fut>(name: &str, work: F) -> Result<T>
 where
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<T>>,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     T: Send + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(move || {
-            let ran = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(work()));
-            let _ = tx.send(ran);
-        })?;
-    rx.await
-        .map_err(|_| anyhow::anyhow!("the {name} thread ended without an answer"))?
+    let rt = OwnRuntime::start(name)?;
+    rt.handle()
+        .spawn(async move { work().await })
+        .await
+        .map_err(|e| anyhow::anyhow!("the {name} thread's work ended: {e}"))?
 }
