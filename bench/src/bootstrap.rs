@@ -38,6 +38,7 @@ use crate::beats::Beats;
 use crate::sim_host::{self, HOSTS_PER_CONNECTION};
 use crate::simulated::KeepAlives;
 use crate::simulated::{cpu_now, cpu_split, leader_index, usage};
+use crate::threads;
 
 /// `tessel-bench bootstrap`: time from start to a global topology, tessel against JAX.
 #[derive(Args)]
@@ -295,6 +296,7 @@ async fn simulated(
     // Assignments first (not timed), as `--processes` writes them.
     assign_all(&dyn_clients(assigners), &job, n).await?;
     let cpu_before = cpu_now(coordinators);
+    let threads_before: Vec<_> = coordinators.iter().map(|p| threads::snapshot(*p)).collect();
     let own_before = usage(std::process::id());
     let before = total_ops(clients) + beats.ops();
     let cache = Arc::new(TopologyCache::new());
@@ -317,6 +319,7 @@ async fn simulated(
     let ops = total_ops(clients) + beats.ops() - before;
     let leader = leader_index(status).await;
     let (leader_cpu_ns, followers_ns) = cpu_split(coordinators, &cpu_before, leader);
+    let (leader_threads, followers_threads) = by_thread(coordinators, &threads_before, leader);
     let leader_peak_kib = leader.map_or(0, |l| usage(coordinators[l]).peak_kib);
     let own = usage(std::process::id());
     let published = clients[0]
@@ -331,7 +334,7 @@ async fn simulated(
     }
     let decode_ms = decode_started.elapsed().as_secs_f64() * 1e3;
     println!(
-        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"heartbeat_ms\":{},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"followers_cpu_ms\":{:?},\"leader_peak_rss_mib\":{},\"cpu_us_per_simulated_worker\":{:.0},\"kib_per_simulated_worker\":{:.1},\"phases_ms\":{}}}",
+        "{{\"figure\":\"bootstrap_simulated\",\"workers\":{n},\"heartbeat_ms\":{},\"total_ms\":{ms:.0},\"ms_per_1000_workers\":{:.0},\"kv_ops\":{ops},\"kv_ops_per_worker\":{:.2},\"topology_bytes\":{topology_bytes},\"decode_ms_per_host\":{decode_ms:.1},\"leader_cpu_ms\":{},\"followers_cpu_ms\":{:?},\"leader_peak_rss_mib\":{},\"leader_cpu_by_thread_ms\":{leader_threads},\"followers_cpu_by_thread_ms\":{followers_threads},\"cpu_us_per_simulated_worker\":{:.0},\"kib_per_simulated_worker\":{:.1},\"phases_ms\":{}}}",
         liveness.heartbeat.as_millis(),
         ms * 1000.0 / n as f64,
         ops as f64 / n as f64,
@@ -347,6 +350,31 @@ async fn simulated(
     jobs::finish_job(&*clients[0], &job).await?;
     futures::future::join_all(hosts.into_iter().map(sim_host::RunningHost::stop)).await;
     Ok(())
+}
+
+/// The leader's CPU since `before` by thread role, and the followers'
+/// together, as JSON (`threads`); the leader as [`cpu_split`] picks it.
+fn by_thread(
+    coordinators: &[u32],
+    before: &[threads::Threads],
+    leader: Option<usize>,
+) -> (String, String) {
+    let spent: Vec<_> = coordinators
+        .iter()
+        .zip(before)
+        .map(|(p, b)| threads::since(b, &threads::snapshot(*p)))
+        .collect();
+    let total = |roles: &std::collections::BTreeMap<String, u64>| roles.values().sum::<u64>();
+    let totals: Vec<u64> = spent.iter().map(total).collect();
+    let at = leader
+        .filter(|&l| l < spent.len())
+        .or_else(|| (0..spent.len()).max_by_key(|&i| totals[i]))
+        .unwrap_or(0);
+    let followers = (0..spent.len())
+        .filter(|&i| i != at)
+        .fold(Default::default(), |sum, i| threads::add(sum, &spent[i]));
+    let leader = spent.get(at).cloned().unwrap_or_default();
+    (threads::json_ms(&leader), threads::json_ms(&followers))
 }
 
 /// The same clients, as stores.

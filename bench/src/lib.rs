@@ -53,5 +53,6 @@ mod sim_host;
 mod simulated;
 pub mod steady;
 pub mod tcp_ring;
+mod threads;
 pub mod transfer;
 pub mod transfer_rank;

@@ -42,18 +42,7 @@ pub(crate) struct Usage {
 
 pub(crate) fn usage(pid: u32) -> Usage {
     let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
-    // stat: utime and stime, all threads, in USER_HZ ticks (100 a second
-    // in /proc on every Linux architecture); fields 14 and 15, counted
-    // after the command name, which may hold spaces.
-    let stat = read("stat");
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after_name
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse::<u64>().ok())
-        .sum();
-    let cpu_ns = ticks * 10_000_000;
+    let cpu_ns = stat_cpu_ns(&read("stat"));
     let status = read("status");
     let kib = |field: &str| {
         status
@@ -67,6 +56,21 @@ pub(crate) fn usage(pid: u32) -> Usage {
         peak_kib: kib("VmHWM:"),
         rss_kib: kib("VmRSS:"),
     }
+}
+
+/// The CPU time in a `/proc` `stat` line (a process's, all its threads,
+/// or a thread's): utime and stime, in USER_HZ ticks (100 a second in
+/// /proc on every Linux architecture); fields 14 and 15, counted after the
+/// command name, which may hold spaces.
+pub(crate) fn stat_cpu_ns(stat: &str) -> u64 {
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    ticks * 10_000_000
 }
 
 /// Each coordinator's CPU time so far, to measure from.
