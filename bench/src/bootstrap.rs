@@ -296,7 +296,7 @@ async fn simulated(
     // Assignments first (not timed), as `--processes` writes them.
     assign_all(&dyn_clients(assigners), &job, n).await?;
     let cpu_before = cpu_now(coordinators);
-    let threads_before: Vec<_> = coordinators.iter().map(|p| threads::snapshot(*p)).collect();
+    let threads_before = threads::snapshots(coordinators);
     let own_before = usage(std::process::id());
     let before = total_ops(clients) + beats.ops();
     let cache = Arc::new(TopologyCache::new());
@@ -319,7 +319,10 @@ async fn simulated(
     let ops = total_ops(clients) + beats.ops() - before;
     let leader = leader_index(status).await;
     let (leader_cpu_ns, followers_ns) = cpu_split(coordinators, &cpu_before, leader);
-    let (leader_threads, followers_threads) = by_thread(coordinators, &threads_before, leader);
+    let by_role = threads::since_each(coordinators, &threads_before);
+    let (leader_roles, follower_roles) = threads::leader_and_others(&by_role, leader);
+    let leader_threads = threads::json_ms(&leader_roles);
+    let followers_threads = threads::json_ms(&follower_roles);
     let leader_peak_kib = leader.map_or(0, |l| usage(coordinators[l]).peak_kib);
     let own = usage(std::process::id());
     let published = clients[0]
@@ -350,31 +353,6 @@ async fn simulated(
     jobs::finish_job(&*clients[0], &job).await?;
     futures::future::join_all(hosts.into_iter().map(sim_host::RunningHost::stop)).await;
     Ok(())
-}
-
-/// The leader's CPU since `before` by thread role, and the followers'
-/// together, as JSON (`threads`); the leader as [`cpu_split`] picks it.
-fn by_thread(
-    coordinators: &[u32],
-    before: &[threads::Threads],
-    leader: Option<usize>,
-) -> (String, String) {
-    let spent: Vec<_> = coordinators
-        .iter()
-        .zip(before)
-        .map(|(p, b)| threads::since(b, &threads::snapshot(*p)))
-        .collect();
-    let total = |roles: &std::collections::BTreeMap<String, u64>| roles.values().sum::<u64>();
-    let totals: Vec<u64> = spent.iter().map(total).collect();
-    let at = leader
-        .filter(|&l| l < spent.len())
-        .or_else(|| (0..spent.len()).max_by_key(|&i| totals[i]))
-        .unwrap_or(0);
-    let followers = (0..spent.len())
-        .filter(|&i| i != at)
-        .fold(Default::default(), |sum, i| threads::add(sum, &spent[i]));
-    let leader = spent.get(at).cloned().unwrap_or_default();
-    (threads::json_ms(&leader), threads::json_ms(&followers))
 }
 
 /// The same clients, as stores.

@@ -31,6 +31,7 @@ use crate::simulated::{
     cpu_now, cpu_since, leader_index, on_own_runtime, percents_json, quantile_ms, split,
     worker_info, KeepAlives,
 };
+use crate::threads;
 
 /// `tessel-bench heartbeat`: leader load and failure detection with N heartbeating workers.
 #[derive(Args)]
@@ -96,6 +97,8 @@ pub async fn run(args: BenchHeartbeatArgs) -> Result<()> {
 struct Probed {
     /// Each coordinator's CPU time in the window, in start order.
     spent: Vec<u64>,
+    /// The same by thread role (`threads`).
+    by_role: Vec<std::collections::BTreeMap<String, u64>>,
     elapsed: Duration,
     /// The puts' latencies, sorted.
     latencies: Vec<Duration>,
@@ -147,8 +150,11 @@ async fn one(
     let leader = leader_index(status).await;
     let (leader_cpu_ns, followers_ns) = split(&probed.spent, leader);
     let (latencies, elapsed) = (&probed.latencies, probed.elapsed);
+    let (leader_roles, follower_roles) = threads::leader_and_others(&probed.by_role, leader);
+    let leader_threads = threads::json_percent(&leader_roles, elapsed);
+    let followers_threads = threads::json_percent(&follower_roles, elapsed);
     println!(
-        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"connections\":{},\"keep_alives\":\"{}\",\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"followers_cpu_percent_of_one_core\":{},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
+        "{{\"figure\":\"heartbeat\",\"workers\":{n},\"connections\":{},\"keep_alives\":\"{}\",\"heartbeat_ms\":{},\"ttl_ms\":{},\"leader_cpu_percent_of_one_core\":{:.1},\"followers_cpu_percent_of_one_core\":{},\"leader_cpu_by_thread_percent\":{leader_threads},\"followers_cpu_by_thread_percent\":{followers_threads},\"put_p50_ms\":{:.2},\"put_p99_ms\":{:.2},\"puts\":{},\"lost_seen_after_last_beat_ms\":{},\"lost_while_beating\":{lost_while_beating}}}",
         clients.len() + 1,
         format!("{how:?}").to_lowercase(),
         liveness.heartbeat.as_millis(),
@@ -211,6 +217,7 @@ async fn probe_while_beating(
     tokio::time::sleep(liveness.heartbeat).await;
     tracing::info!(workers = n, "heartbeats started; measuring");
     let before = cpu_now(coordinators);
+    let threads_before = threads::snapshots(coordinators);
     let started = Instant::now();
     let mut latencies = Vec::new();
     while started.elapsed() < window {
@@ -227,6 +234,7 @@ async fn probe_while_beating(
     }
     let elapsed = started.elapsed();
     let spent = cpu_since(coordinators, &before);
+    let by_role = threads::since_each(coordinators, &threads_before);
     latencies.sort_unstable();
     // The victim stops beating: how long after its last keep-alive's
     // answer its alive key is gone.
@@ -248,6 +256,7 @@ async fn probe_while_beating(
     };
     Ok(Probed {
         spent,
+        by_role,
         elapsed,
         latencies,
         lost_ms,

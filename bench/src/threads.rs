@@ -58,23 +58,57 @@ pub(crate) fn since(before: &Threads, after: &Threads) -> BTreeMap<String, u64> 
     roles
 }
 
-/// `a` plus `b`, role by role.
-pub(crate) fn add(
-    mut a: BTreeMap<String, u64>,
-    b: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    for (role, ns) in b {
-        *a.entry(role.clone()).or_default() += ns;
+/// Each of `pids` now ([`snapshot`]), to measure from.
+pub(crate) fn snapshots(pids: &[u32]) -> Vec<Threads> {
+    pids.iter().map(|p| snapshot(*p)).collect()
+}
+
+/// The CPU by role of each of `pids` since `before` ([`snapshots`]).
+pub(crate) fn since_each(pids: &[u32], before: &[Threads]) -> Vec<BTreeMap<String, u64>> {
+    pids.iter()
+        .zip(before)
+        .map(|(p, b)| since(b, &snapshot(*p)))
+        .collect()
+}
+
+/// `spent` ([`since_each`]) split into the leader's (index `leader`;
+/// `None`: the busiest, as `simulated::split` picks it) and the others'
+/// together.
+pub(crate) fn leader_and_others(
+    spent: &[BTreeMap<String, u64>],
+    leader: Option<usize>,
+) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    let total = |i: usize| spent[i].values().sum::<u64>();
+    let at = leader
+        .filter(|&l| l < spent.len())
+        .or_else(|| (0..spent.len()).max_by_key(|&i| total(i)))
+        .unwrap_or(0);
+    let mut others: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, roles) in spent.iter().enumerate().filter(|&(i, _)| i != at) {
+        for (role, ns) in roles {
+            *others.entry(role.clone()).or_default() += ns;
+        }
     }
-    a
+    (spent.get(at).cloned().unwrap_or_default(), others)
 }
 
 /// `{"quic-io":MS,…}`, roles under 10 ms (one `/proc` tick) left out.
 pub(crate) fn json_ms(roles: &BTreeMap<String, u64>) -> String {
+    json(roles, |ns| (ns / 1_000_000).to_string())
+}
+
+/// `{"quic-io":PERCENT,…}` of one core over `elapsed`, one decimal;
+/// roles under 10 ms left out.
+pub(crate) fn json_percent(roles: &BTreeMap<String, u64>, elapsed: std::time::Duration) -> String {
+    let of = elapsed.as_nanos().max(1) as f64;
+    json(roles, |ns| format!("{:.1}", ns as f64 / of * 100.0))
+}
+
+fn json(roles: &BTreeMap<String, u64>, value: impl Fn(u64) -> String) -> String {
     let each: Vec<String> = roles
         .iter()
         .filter(|(_, ns)| **ns >= 10_000_000)
-        .map(|(role, ns)| format!("\"{role}\":{}", ns / 1_000_000))
+        .map(|(role, ns)| format!("\"{role}\":{}", value(*ns)))
         .collect();
     format!("{{{}}}", each.join(","))
 }
