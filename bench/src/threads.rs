@@ -6,10 +6,10 @@
 //! `raft-core-N` (the Raft core, its replication, and the applying of
 //! entries), `tokio-rt-worker` (the request runtime: reads, waits,
 //! watches, relays), `state-flush` (the state's writes to redb),
-//! `raft-log-writer` (the log's). A trailing `-N` is dropped, so the
-//! replicas' threads of one role add up. CPU of threads that ended within
-//! the window is counted as `ended`: the process's total, which keeps it,
-//! less its live threads'.
+//! `raft-log-writer` (the log's), `tessel` (the main thread). A trailing
+//! `-N` is dropped, so the replicas' threads of one role add up. CPU of
+//! threads that ended within the window is counted as `ended`: the
+//! process's total, which keeps it, less its live threads'.
 
 use std::collections::BTreeMap;
 
