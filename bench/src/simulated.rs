@@ -101,10 +101,16 @@ pub(crate) fn cpu_since(coordinators: &[u32], before: &[u64]) -> Vec<u64> {
 
 /// `spent` ([`cpu_since`]) as [`cpu_split`] splits it.
 pub(crate) fn split(spent: &[u64], leader: Option<usize>) -> (u64, Vec<u64>) {
-    let busiest = (0..spent.len()).max_by_key(|&i| spent[i]).unwrap_or(0);
-    let at = leader.filter(|&l| l < spent.len()).unwrap_or(busiest);
+    let at = leader_at(spent, leader);
     let others = (0..spent.len()).filter(|&i| i != at).map(|i| spent[i]);
     (spent.get(at).copied().unwrap_or(0), others.collect())
+}
+
+/// Which of the coordinators that spent `spent` counts as the leader:
+/// `leader`, or the busiest where none said it leads.
+pub(crate) fn leader_at(spent: &[u64], leader: Option<usize>) -> usize {
+    let busiest = (0..spent.len()).max_by_key(|&i| spent[i]).unwrap_or(0);
+    leader.filter(|&l| l < spent.len()).unwrap_or(busiest)
 }
 
 /// Which replica leads now, by its index among the client's replicas (the

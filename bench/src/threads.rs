@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::simulated::stat_cpu_ns;
+use crate::simulated::{leader_at, stat_cpu_ns};
 
 /// Each live thread's role and CPU time so far, and the process's total.
 #[derive(Default)]
@@ -71,20 +71,21 @@ pub(crate) fn since_each(pids: &[u32], before: &[Threads]) -> Vec<BTreeMap<Strin
         .collect()
 }
 
-/// `spent` ([`since_each`]) split into the leader's (index `leader`;
-/// `None`: the busiest, as `simulated::split` picks it) and the others'
-/// together.
+/// `spent` ([`since_each`]) split into the leader's and the others'
+/// together, the leader picked as `simulated::split` picks it.
 pub(crate) fn leader_and_others(
     spent: &[BTreeMap<String, u64>],
     leader: Option<usize>,
 ) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
-    let total = |i: usize| spent[i].values().sum::<u64>();
-    let at = leader
-        .filter(|&l| l < spent.len())
-        .or_else(|| (0..spent.len()).max_by_key(|&i| total(i)))
-        .unwrap_or(0);
+    let totals: Vec<u64> = spent.iter().map(|roles| roles.values().sum()).collect();
+    let at = leader_at(&totals, leader);
     let mut others: BTreeMap<String, u64> = BTreeMap::new();
-    for (_, roles) in spent.iter().enumerate().filter(|&(i, _)| i != at) {
+    for roles in spent
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != at)
+        .map(|(_, r)| r)
+    {
         for (role, ns) in roles {
             *others.entry(role.clone()).or_default() += ns;
         }
@@ -150,29 +151,23 @@ mod tests {
     #[test]
     fn a_threads_cpu_is_counted_under_its_role_or_as_ended() {
         let before = snapshot(std::process::id());
-        let spin = |name: &str| {
+        let thread = |name: &str, then: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
-                .spawn(|| {
-                    let started = Instant::now();
-                    let mut x = 0u64;
-                    // 60 ms of this thread's own CPU, however loaded.
-                    while own_cpu_ns() < 60_000_000 && started.elapsed() < Duration::from_secs(20) {
-                        x = std::hint::black_box(x.wrapping_add(1));
-                    }
+                .spawn(move || {
+                    spin_own_cpu();
+                    then()
                 })
                 .unwrap()
         };
-        spin("spin-1").join().unwrap();
+        thread("spin-1", Box::new(|| {})).join().unwrap();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let held = std::thread::Builder::new()
-            .name("spin-2".into())
-            .spawn(move || {
-                let started = Instant::now();
-                while own_cpu_ns() < 60_000_000 && started.elapsed() < Duration::from_secs(20) {}
+        let held = thread(
+            "spin-2",
+            Box::new(move || {
                 let _ = rx.recv();
-            })
-            .unwrap();
+            }),
+        );
         // spin-2 is still alive here, its CPU spent.
         let deadline = Instant::now() + Duration::from_secs(20);
         let roles = loop {
@@ -188,6 +183,15 @@ mod tests {
         assert!(of("spin") >= 50_000_000, "{roles:?}");
         assert!(of("ended") >= 50_000_000, "spin-1's CPU: {roles:?}");
         assert!(!roles.contains_key("spin-2"), "{roles:?}");
+    }
+
+    /// Spends 60 ms of this thread's own CPU, however loaded the machine.
+    fn spin_own_cpu() {
+        let started = Instant::now();
+        let mut x = 0u64;
+        while own_cpu_ns() < 60_000_000 && started.elapsed() < Duration::from_secs(20) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
     }
 
     fn own_cpu_ns() -> u64 {
