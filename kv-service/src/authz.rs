@@ -4,7 +4,8 @@
 //! Invariants:
 //! 1. Raft traffic, forwarded requests, membership changes, guarded
 //!    requests and the replicas' own clock and lease writes (`Tick`,
-//!    `RenewLeases`, `ExtendLeases`, and `RenewMany`, a follower's batch of
+//!    `RenewLeases`, `ExtendLeases`, `HoldLeases`, `ExpireLeases`, and
+//!    `RenewMany`, a follower's batch of
 //!    keep-alives: a worker sending one could keep every lease alive) come
 //!    from coordinators only.
 //! 2. A worker writes the registry and assignment keys of its own name
@@ -160,7 +161,12 @@ fn written(op: &Op) -> Vec<(&[u8], bool)> {
         Op::BarrierArrive { id, .. } | Op::BarrierCancel { id, .. } => vec![(id, false)],
         Op::LeaseGrant { .. } | Op::LeaseKeepAlive { .. } | Op::LeaseRevoke { .. } => vec![],
         // Refused before (`authorize`).
-        Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } | Op::Guarded { .. } => vec![],
+        Op::Tick
+        | Op::RenewLeases
+        | Op::ExtendLeases { .. }
+        | Op::HoldLeases { .. }
+        | Op::ExpireLeases { .. }
+        | Op::Guarded { .. } => vec![],
         Op::Once { op, .. } => written(op),
         Op::PutBatch { puts } | Op::GrantPutBatch { puts, .. } => {
             puts.iter().map(|p| (&p.key[..], false)).collect()
@@ -210,7 +216,16 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
         (ClientRequest::Guarded { .. }, _) | (_, Some(Op::Guarded { .. })) => {
             refuse("send a guarded request (the replicas add guards)".into())
         }
-        (_, Some(Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. }))
+        (
+            _,
+            Some(
+                Op::Tick
+                | Op::RenewLeases
+                | Op::ExtendLeases { .. }
+                | Op::HoldLeases { .. }
+                | Op::ExpireLeases { .. },
+            ),
+        )
         | (ClientRequest::RenewMany { .. }, _) => {
             refuse("advance the replicas' clock or renew others' leases".into())
         }

@@ -177,6 +177,8 @@ fn only_coordinators_advance_the_clock_or_renew_leases_in_bulk() {
         Op::ExtendLeases {
             renewed: vec![(7, u64::MAX)],
         },
+        Op::HoldLeases { ids: vec![7] },
+        Op::ExpireLeases { ids: vec![7] },
     ];
     for op in internal {
         let req = WireRequest::Client(ClientRequest::Write(op));

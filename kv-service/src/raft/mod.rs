@@ -89,7 +89,8 @@
 //! The state (revision, clock, barriers) is stored without its leases, and
 //! each lease as a row of the leases table: a flush writes the rows changed
 //! since the last one (`kv::state` invariant 11), not every lease (a
-//! heartbeat changes one). `leases-at` names the applied log id the rows
+//! keep-alive sent as a request changes one; those answered from the
+//! leader's memory change none once the lease is held). `leases-at` names the applied log id the rows
 //! go with; a file an older build wrote last holds the leases inside the
 //! state, and opening it drops the rows and writes them all again (`sm`
 //! invariant 9).

@@ -32,6 +32,11 @@
 //! 12. An [`Op::GrantPutBatch`] grants its lease and writes its puts at one
 //!     revision, or does neither; lease ids a client chose are never given
 //!     again by [`Op::LeaseGrant`], which skips ids in use.
+//! 13. A held lease ([`Op::HoldLeases`]: its written expiry is [`HELD`])
+//!     never expires with time: only [`Op::ExpireLeases`] or a revoke ends
+//!     it, so its liveness is the leader's to judge (etcd's lessor), and a
+//!     keep-alive no longer rewrites its row. Nothing else makes a lease
+//!     held or unholds one ([`Op::LeaseKeepAlive`] only lengthens).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -181,7 +186,10 @@ impl KvState {
     /// The earliest time at which something expires, if anything can: a
     /// request stamped with it (a `Tick`) expires it (invariant 6).
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        let lease = self.expiry.first().map(|(at, _)| at.saturating_add(1));
+        // Held leases sort last and never fall due (invariant 13).
+        let lease = (self.expiry.first())
+            .filter(|(at, _)| *at != HELD)
+            .map(|(at, _)| at.saturating_add(1));
         let barrier = self
             .barriers
             .values()
@@ -227,9 +235,28 @@ impl KvState {
                     }
                 }
             }
+            Op::HoldLeases { ids } => {
+                for id in ids {
+                    let Some(l) = self.leases.get_mut(id) else {
+                        continue;
+                    };
+                    self.expiry.remove(&(l.expires_at_ms, *id));
+                    l.expires_at_ms = HELD;
+                    self.expiry.insert((HELD, *id));
+                    self.changed_leases.insert(*id);
+                }
+            }
             _ => {}
         }
         let before = self.revision;
+        if let Op::ExpireLeases { ids } = &req.op {
+            for &id in ids {
+                if self.leases.contains_key(&id) {
+                    tracing::info!(lease = id, "lease expired: silent for its TTL");
+                    self.drop_lease(t, id, &mut events)?;
+                }
+            }
+        }
         self.expire(t, &mut events)?;
         self.sweep_sessions(t, clock_before)?;
         let result = match self.apply_op(t, &req.op, &mut events) {
@@ -546,7 +573,10 @@ impl KvState {
                 let now = self.clock_ms;
                 let lease = self.leases.get_mut(id).ok_or(KvError::LeaseNotFound(*id))?;
                 self.expiry.remove(&(lease.expires_at_ms, *id));
-                lease.expires_at_ms = now.saturating_add(lease.ttl_ms);
+                // Only lengthens (invariant 13): a held lease stays held.
+                // Every other lease's expiry is at most its TTL past the
+                // clock, so this is `now + ttl` as it always was.
+                lease.expires_at_ms = lease.expires_at_ms.max(now.saturating_add(lease.ttl_ms));
                 self.expiry.insert((lease.expires_at_ms, *id));
                 self.changed_leases.insert(*id);
                 Ok(Output::Lease {
@@ -635,7 +665,11 @@ impl KvState {
                 ttl_ms,
                 puts,
             } => self.put_batch(t, puts, Some((*lease, *ttl_ms)), events),
-            Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. } => Ok(Output::Ticked),
+            Op::Tick
+            | Op::RenewLeases
+            | Op::ExtendLeases { .. }
+            | Op::HoldLeases { .. }
+            | Op::ExpireLeases { .. } => Ok(Output::Ticked),
             Op::Guarded { guard, op } => {
                 if !guard.holds(t)? {
                     return Err(guard.refusal("write", op.key().unwrap_or_default()));

@@ -78,7 +78,9 @@ impl Limits {
             | Op::LeaseRevoke { .. }
             | Op::Tick
             | Op::RenewLeases
-            | Op::ExtendLeases { .. } => Ok(()),
+            | Op::ExtendLeases { .. }
+            | Op::HoldLeases { .. }
+            | Op::ExpireLeases { .. } => Ok(()),
             Op::Guarded { op, .. } | Op::Once { op, .. } => self.check_op(op),
             Op::PutBatch { puts } | Op::GrantPutBatch { puts, .. } => self.check_batch(puts),
         }
@@ -307,7 +309,9 @@ pub enum Op {
     /// Keep-alives the leader answered from memory, written down before
     /// they matter: each lease lives at least its TTL from its renewal
     /// (`(lease, renewed at ms)`, a time no later than the request's).
-    /// Applied before anything expires; unknown leases are skipped.
+    /// Applied before anything expires; unknown leases are skipped. No
+    /// longer proposed (leases are held instead, [`Op::HoldLeases`]);
+    /// applied from logs and snapshots older builds wrote.
     ExtendLeases {
         /// (lease, when it was last renewed).
         renewed: Vec<(u64, u64)>,
@@ -343,7 +347,24 @@ pub enum Op {
         /// The puts, as [`Op::PutBatch`]'s.
         puts: Vec<BatchPut>,
     },
+    /// Leases the leader renews from memory from now on: each lives until
+    /// an [`Op::ExpireLeases`] or a revoke ends it, not its TTL past a
+    /// written time ([`HELD`]; state invariant 13). Unknown leases are
+    /// skipped.
+    HoldLeases {
+        /// The leases.
+        ids: Vec<u64>,
+    },
+    /// Leases the leader found silent for their TTL, ended with their keys
+    /// as an expiry ends them. Unknown leases are skipped.
+    ExpireLeases {
+        /// The leases.
+        ids: Vec<u64>,
+    },
 }
+
+/// The written expiry of a held lease ([`Op::HoldLeases`]): never reached.
+pub const HELD: u64 = u64::MAX;
 
 /// The most puts one [`Op::PutBatch`] carries (etcd's default too).
 pub const MAX_BATCH: usize = 128;
@@ -412,7 +433,9 @@ impl Op {
             | Op::LeaseRevoke { .. }
             | Op::Tick
             | Op::RenewLeases
-            | Op::ExtendLeases { .. } => None,
+            | Op::ExtendLeases { .. }
+            | Op::HoldLeases { .. }
+            | Op::ExpireLeases { .. } => None,
         }
     }
 
@@ -438,6 +461,7 @@ impl Op {
             | Op::Tick
             | Op::RenewLeases => 0,
             Op::ExtendLeases { renewed } => renewed.len() * 16,
+            Op::HoldLeases { ids } | Op::ExpireLeases { ids } => ids.len() * 8,
             Op::Guarded { op, .. } => op.payload_bytes(),
             Op::Once { op, .. } => 32 + op.payload_bytes(),
             Op::PutBatch { puts } | Op::GrantPutBatch { puts, .. } => {

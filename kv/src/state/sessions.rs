@@ -73,7 +73,12 @@ impl KvState {
         }
         if matches!(
             op,
-            Op::Once { .. } | Op::Tick | Op::RenewLeases | Op::ExtendLeases { .. }
+            Op::Once { .. }
+                | Op::Tick
+                | Op::RenewLeases
+                | Op::ExtendLeases { .. }
+                | Op::HoldLeases { .. }
+                | Op::ExpireLeases { .. }
         ) {
             return Err(KvError::InvalidArgument(
                 "only a client's own write can be sent once".into(),

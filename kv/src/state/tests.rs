@@ -650,6 +650,62 @@ fn operations_keep_their_numbers_in_the_log() {
     };
     assert_eq!(number(&once), 15);
     assert_eq!(number(&Op::PutBatch { puts: vec![] }), 16);
+    assert_eq!(number(&Op::HoldLeases { ids: vec![] }), 18);
+    assert_eq!(number(&Op::ExpireLeases { ids: vec![] }), 19);
+}
+
+/// Invariant 13: a held lease outlives any time and any keep-alive; only
+/// the leader's expiry (or a revoke) ends it, with its keys in one
+/// revision, and nothing falls due for it meanwhile.
+#[test]
+fn a_held_lease_ends_only_when_the_leader_expires_it() {
+    let mut s = MemState::new(Limits::default(), 100);
+    let held = leased_key(&mut s, 0, 1000, "h");
+    let timed = leased_key(&mut s, 0, 1000, "t");
+    must(
+        &mut s,
+        req(
+            500,
+            Op::HoldLeases {
+                ids: vec![held, 404],
+            },
+        ),
+    );
+    assert_eq!(s.state.lease(held), Some((1000, HELD)));
+    assert_eq!(s.state.next_deadline_ms(), Some(1001), "the timed one only");
+    must(&mut s, req(10_000, Op::LeaseKeepAlive { id: held }));
+    must(&mut s, req(10_000, Op::RenewLeases));
+    must(
+        &mut s,
+        req(
+            10_000,
+            Op::ExtendLeases {
+                renewed: vec![(held, 9_000)],
+            },
+        ),
+    );
+    assert_eq!(s.state.lease(held), Some((1000, HELD)), "still held");
+    assert_eq!(
+        s.state.lease(timed),
+        None,
+        "the timed lease expired with time"
+    );
+    assert!(s.get(b"t").is_none());
+    assert_eq!(s.state.next_deadline_ms(), None, "nothing falls due");
+    let rev = s.state.revision();
+    let events = must(
+        &mut s,
+        req(
+            10_001,
+            Op::ExpireLeases {
+                ids: vec![held, 404],
+            },
+        ),
+    );
+    assert_eq!(s.state.lease(held), None);
+    assert!(s.get(b"h").is_none());
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].revision(), rev + 1, "its keys in one revision");
 }
 
 /// Invariant 10: a batch's puts share one revision and its events that

@@ -187,11 +187,11 @@ impl ReplicaHandler {
         if leases.len() > RENEW_MANY_MAX {
             return refused(unavailable("a batch over the limit"));
         }
-        let arrived = self.clock.now_ms();
+        let arrived = self.leases.clock.now_ms();
         let renew = |s: &KvState| -> Vec<Result<Output, KvError>> {
             leases
                 .iter()
-                .map(|&id| self.renewals.keep_alive(s, id, arrived))
+                .map(|&id| self.leases.renewals.keep_alive(s, id, arrived))
                 .collect()
         };
         // At once where this replica may (it leads: a follower is never

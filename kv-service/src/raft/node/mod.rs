@@ -252,8 +252,7 @@ impl Replica {
             leases_renewed: leases_renewed.clone(),
             proposer: proposer.clone(),
             quorum: quorum.clone(),
-            renewals: leases.renewals.clone(),
-            clock: leases.clock.clone(),
+            leases: leases.clone(),
             read_floor: std::sync::Mutex::new(None),
             relay: Arc::default(),
             quic: rpc::server_thread(),
@@ -365,8 +364,8 @@ struct ReplicaHandler {
     leases_renewed: Arc<AtomicU64>,
     proposer: Proposer,
     quorum: QuorumWatch,
-    renewals: Arc<Renewals>,
-    clock: Arc<LeaderClock>,
+    /// The leader's clock and its memory of renewals.
+    leases: LeaseBook,
     /// (term, log index) of invariant 2's read floor.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
     relay: Arc<relay::Relay>,
@@ -740,11 +739,11 @@ impl ReplicaHandler {
     /// small future (each of the thousands waiting held 4.5 KB).
     async fn write(&self, op: Op) -> Result<Output, KvError> {
         self.applied.read(|s, _| s.limits().check_op(&op))?;
-        renew_leases_once_per_term(&self.raft, &self.quorum, &self.leases_renewed, &self.clock)
+        renew_leases_once_per_term(&self.raft, &self.quorum, &self.leases_renewed, &self.leases)
             .await?;
         self.proposer
             .propose(Request {
-                now_ms: self.clock.now_ms(),
+                now_ms: self.leases.clock.now_ms(),
                 op,
             })
             .await

@@ -42,8 +42,9 @@ impl Proposer {
     }
 }
 
-/// What the proposer needs to write the leader's renewals down in time
-/// (`renewals` invariant 2): the applied state and the renewals.
+/// What the proposer needs to hold the leases the leader renews and expire
+/// the silent ones (`renewals` invariants 2 and 3): the applied state and
+/// the renewals.
 #[derive(Clone)]
 pub(super) struct LeaseBook {
     pub(super) applied: Arc<AppliedState<SmTables>>,
@@ -52,12 +53,23 @@ pub(super) struct LeaseBook {
 }
 
 impl LeaseBook {
-    /// The `ExtendLeases` a proposal formed now must start with, if any.
-    fn extension(&self) -> Option<Request> {
+    /// The `HoldLeases` and `ExpireLeases` a proposal formed now must
+    /// start with, if any.
+    fn lease_ops(&self) -> Vec<Request> {
         let now_ms = self.clock.now_ms();
         self.applied
-            .read(|s, _| self.renewals.extension(s, now_ms))
+            .read(|s, _| self.renewals.lease_ops(s, now_ms))
+            .into_iter()
             .map(|op| Request { now_ms, op })
+            .collect()
+    }
+
+    /// `renewals` invariant 4, once this leader's `RenewLeases` of `term`
+    /// committed.
+    fn promote(&self, term: u64) {
+        let now_ms = self.clock.now_ms();
+        self.applied
+            .read(|s, _| self.renewals.promote(s, now_ms, term));
     }
 }
 
@@ -88,14 +100,12 @@ pub(super) async fn propose_loop(
         let raft = raft.clone();
         let quorum = quorum.clone();
         // Formed while no other proposal is in flight (one slot), so the
-        // applied state holds every extension proposed before.
-        let extension = leases.extension();
+        // applied state holds every hold and expiry proposed before.
+        let lease_ops = leases.lease_ops();
         tokio::spawn(async move {
-            let (mut reqs, waiters): (Vec<Request>, Vec<Waiter>) = batch.into_iter().unzip();
-            let extended = extension.is_some();
-            if let Some(e) = extension {
-                reqs.insert(0, e);
-            }
+            let (reqs, waiters): (Vec<Request>, Vec<Waiter>) = batch.into_iter().unzip();
+            let first = lease_ops.len();
+            let reqs: Vec<Request> = lease_ops.into_iter().chain(reqs).collect();
             // A leader cut off from its majority answers rather than hold
             // the writes (they may still commit: client invariant 2).
             let write = async {
@@ -105,7 +115,7 @@ pub(super) async fn propose_loop(
             };
             match quorum.unless_lost(write).await {
                 Ok(resp) => {
-                    let answers = resp.data.0.into_iter().skip(usize::from(extended));
+                    let answers = resp.data.0.into_iter().skip(first);
                     for (w, r) in waiters.into_iter().zip(answers) {
                         let _ = w.send(r);
                     }
@@ -129,8 +139,9 @@ pub(super) async fn renew_leases_once_per_term(
     raft: &Raft<TypeConfig>,
     quorum: &QuorumWatch,
     renewed: &AtomicU64,
-    clock: &LeaderClock,
+    leases: &LeaseBook,
 ) -> Result<(), KvError> {
+    let clock = &leases.clock;
     let term = raft.metrics().borrow().current_term;
     if renewed.load(Ordering::Acquire) == term {
         return Ok(());
@@ -147,6 +158,8 @@ pub(super) async fn renew_leases_once_per_term(
         tracing::warn!(term, error = %e, "renewing leases failed");
         e
     })?;
+    // Before any keep-alive is answered from memory (`renewals` invariant 1).
+    leases.promote(term);
     renewed.store(term, Ordering::Release);
     tracing::info!(term, "renewed every lease for the new term");
     Ok(())

@@ -21,7 +21,7 @@
 //!    TTL after the last keep-alive plus at most one batch's delay.
 //! 4. A batch in flight to a leader this replica no longer follows ends
 //!    `Unavailable` at once: a new leader renews every lease for one TTL
-//!    from its term's start (`renewals` invariant 3), and the keep-alives
+//!    from its term's start (`renewals` invariant 4), and the keep-alives
 //!    queued meanwhile must reach it within that TTL, not wait out a dead
 //!    leader's silence behind the batch (invariant 1).
 

@@ -1,7 +1,7 @@
 //! The leader's ticks (node invariant 3), stamped by its clock (`clock`):
-//! it proposes a `Tick` when a lease or barrier falls due, or when
-//! renewals held in memory must be written down (`renewals` invariant 2;
-//! the proposer adds them to the tick's proposal).
+//! it proposes a `Tick` when a lease or barrier falls due, when a renewed
+//! lease must be held or a held one falls silent (`renewals` invariants 2
+//! and 3; the proposer adds those to the tick's proposal).
 
 use super::*;
 
@@ -43,7 +43,7 @@ pub(super) async fn tick_when_due(
         let due = next_wake().is_some_and(|ms| ms <= clock.now_ms());
         if leader == Some(id)
             && due
-            && renew_leases_once_per_term(&raft, &quorum, &leases_renewed, clock)
+            && renew_leases_once_per_term(&raft, &quorum, &leases_renewed, &leases)
                 .await
                 .is_ok()
         {
