@@ -222,28 +222,14 @@ impl KvState {
             }
             // Before expiring anything: these leases were alive (invariant 8).
             Op::ExtendLeases { renewed } => {
+                let clock = self.clock_ms;
                 for &(id, at) in renewed {
-                    let Some(l) = self.leases.get_mut(&id) else {
-                        continue;
-                    };
-                    let until = at.min(self.clock_ms).saturating_add(l.ttl_ms);
-                    if until > l.expires_at_ms {
-                        self.expiry.remove(&(l.expires_at_ms, id));
-                        l.expires_at_ms = until;
-                        self.expiry.insert((until, id));
-                        self.changed_leases.insert(id);
-                    }
+                    self.lengthen(id, |ttl| at.min(clock).saturating_add(ttl));
                 }
             }
             Op::HoldLeases { ids } => {
-                for id in ids {
-                    let Some(l) = self.leases.get_mut(id) else {
-                        continue;
-                    };
-                    self.expiry.remove(&(l.expires_at_ms, *id));
-                    l.expires_at_ms = HELD;
-                    self.expiry.insert((HELD, *id));
-                    self.changed_leases.insert(*id);
+                for &id in ids {
+                    self.lengthen(id, |_| HELD);
                 }
             }
             _ => {}
@@ -343,6 +329,21 @@ impl KvState {
             events.push(Event::Delete { key, revision });
         }
         Ok(count)
+    }
+
+    /// Moves lease `id`'s expiry to `until(its TTL)` where that is later,
+    /// keeping the index (invariant 7) and the changed rows (invariant 11);
+    /// the lease's TTL, `None` for an unknown lease.
+    fn lengthen(&mut self, id: u64, until: impl FnOnce(u64) -> u64) -> Option<u64> {
+        let l = self.leases.get_mut(&id)?;
+        let at = until(l.ttl_ms);
+        if at > l.expires_at_ms {
+            self.expiry.remove(&(l.expires_at_ms, id));
+            l.expires_at_ms = at;
+            self.expiry.insert((at, id));
+            self.changed_leases.insert(id);
+        }
+        Some(l.ttl_ms)
     }
 
     /// Lease `id` of `ttl_ms`, from now, with no keys yet.
@@ -571,18 +572,12 @@ impl KvState {
             }
             Op::LeaseKeepAlive { id } => {
                 let now = self.clock_ms;
-                let lease = self.leases.get_mut(id).ok_or(KvError::LeaseNotFound(*id))?;
-                self.expiry.remove(&(lease.expires_at_ms, *id));
                 // Only lengthens (invariant 13): a held lease stays held.
                 // Every other lease's expiry is at most its TTL past the
                 // clock, so this is `now + ttl` as it always was.
-                lease.expires_at_ms = lease.expires_at_ms.max(now.saturating_add(lease.ttl_ms));
-                self.expiry.insert((lease.expires_at_ms, *id));
-                self.changed_leases.insert(*id);
-                Ok(Output::Lease {
-                    id: *id,
-                    ttl_ms: lease.ttl_ms,
-                })
+                let ttl_ms = (self.lengthen(*id, |ttl| now.saturating_add(ttl)))
+                    .ok_or(KvError::LeaseNotFound(*id))?;
+                Ok(Output::Lease { id: *id, ttl_ms })
             }
             Op::LeaseRevoke { id } => {
                 if !self.leases.contains_key(id) {
