@@ -1,7 +1,7 @@
 //! When this replica, as leader, last heard from a majority: a leader cut
 //! off from its followers says so instead of holding requests it cannot
 //! commit, and a fresh acknowledgement lets it answer keep-alives from
-//! memory (`leases` invariant 2).
+//! memory (`renewals` invariant 1).
 //!
 //! Invariants:
 //! 1. The age is never underestimated by more than the time openraft's
