@@ -9,7 +9,8 @@
 //!    a keep-alive a second, nothing written), on a thread of the hosts'
 //!    heartbeats (`beats` says why);
 //! 2. wait on the drain key (a blocking get held for the run) and follow
-//!    the assignments (revision, watch held for the run, list);
+//!    the assignments (a listing with its revision, then a watch held for
+//!    the run);
 //! 3. for the assignment: hold the job's failure and end (two blocking
 //!    gets for the run, `process` invariant 10), join the job (a read, one
 //!    write), read its spec, exchange the topology (an insert, a blocking
@@ -222,17 +223,17 @@ pub(crate) async fn run(
     let mut waits = vec![tokio::spawn(async move {
         let _ = k.get(drain.as_bytes(), HELD).await;
     })];
-    // Follow the assignments as the agent does: watch from the revision
-    // read first, then list what is there.
+    // Follow the assignments as the agent does: list them, then watch
+    // from the listing's revision on.
     let prefix = keys::assignments(&id);
-    let rev = kv.revision().await?;
-    let mut events = kv.watch(prefix.as_bytes(), rev + 1).await?;
+    let listed = kv.list_at(prefix.as_bytes()).await?;
+    let mut events = kv.watch(prefix.as_bytes(), listed.revision + 1).await?;
     waits.push(tokio::spawn(async move {
         while let Some(Ok(_)) = events.next().await {}
     }));
-    let listed = kv.list(prefix.as_bytes()).await?;
     done(1);
     let Some(a) = listed
+        .pairs
         .iter()
         .filter_map(|p| JobAssignment::decode(&p.value).ok())
         .find(|a| a.attempt == job)

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tessel_kv::{BatchPut, CasOutcome, KeyValue, KvStore, MemoryKv, Result, WatchStream};
+use tessel_kv::{BatchPut, CasOutcome, KvStore, Listing, MemoryKv, Result, WatchStream};
 
 /// [`MemoryKv`] behind a faulty network. While `retry_next_cas` is set,
 /// the next compare-and-swap is applied twice, the caller hearing the
@@ -100,8 +100,8 @@ impl KvStore for FaultyKv {
     async fn try_get(&self, k: &[u8]) -> Result<Vec<u8>> {
         self.inner.try_get(k).await
     }
-    async fn list(&self, p: &[u8]) -> Result<Vec<KeyValue>> {
-        self.inner.list(p).await
+    async fn list_at(&self, p: &[u8]) -> Result<Listing> {
+        self.inner.list_at(p).await
     }
     async fn delete(&self, k: &[u8]) -> Result<u64> {
         self.inner.delete(k).await

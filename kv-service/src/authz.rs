@@ -267,11 +267,12 @@ pub fn authorize(identity: &Identity, req: &WireRequest) -> Decision {
             | ClientRequest::TryGet { key },
             _,
         ) if role == Role::Worker => may_read(name, key, false).or_else(refuse),
-        (ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. }, _)
-            if role == Role::Worker =>
-        {
-            may_read(name, prefix, true).or_else(refuse)
-        }
+        (
+            ClientRequest::List { prefix }
+            | ClientRequest::ListAt { prefix }
+            | ClientRequest::Watch { prefix, .. },
+            _,
+        ) if role == Role::Worker => may_read(name, prefix, true).or_else(refuse),
         _ => Ok(None),
     }
 }

@@ -31,7 +31,7 @@
 //!   (Raft, between replicas); `Client(ClientRequest)` and
 //!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again).
 //!   `ClientRequest`: `Write(Op)`, `Get{key, timeout_ms}`, `TryGet`, `List`,
-//!   `Revision`, `Watch{prefix, from}`, `WaitBarrier`, `Status`,
+//!   `ListAt` (the pairs and their revision, etcd's range), `Revision`, `Watch{prefix, from}`, `WaitBarrier`, `Status`,
 //!   `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`,
 //!   `RenewMany{leases}`, `GetSerializable{key, timeout_ms}` (answered by
 //!   the replica asked, from its own state: never forwarded).
@@ -74,7 +74,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::raft::TypeConfig;
 use tessel_kv::state::{Event, Guard, KeyValue, Op, Output};
-use tessel_kv::KvError;
+use tessel_kv::{KvError, Listing};
 
 /// ALPN protocol of the key-value service.
 pub const ALPN: &[u8] = b"tessel-kv";
@@ -186,6 +186,13 @@ pub enum ClientRequest {
         /// How long to wait for it.
         timeout_ms: u64,
     },
+    /// The pairs under a prefix with the revision they were read at,
+    /// answered by [`WireResponse::Listing`] (`List` answers the pairs
+    /// alone, for clients before it).
+    ListAt {
+        /// The prefix.
+        prefix: Vec<u8>,
+    },
 }
 
 /// The most leases one [`ClientRequest::RenewMany`] carries.
@@ -279,6 +286,8 @@ pub enum WireResponse {
     Done(Result<(), KvError>),
     /// Answers `RenewMany`: one result a lease, in its order.
     Renewed(Vec<Result<Output, KvError>>),
+    /// Answers `ListAt`.
+    Listing(Result<Listing, KvError>),
 }
 
 /// A get's answer with its bytes as one byte string. postcard writes the

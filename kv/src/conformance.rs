@@ -24,6 +24,7 @@ pub async fn run_all(store: &dyn KvStore) {
     compare_and_swap_decides_on_the_current_value(store).await;
     revisions_increase_with_every_write(store).await;
     watches_resume_from_a_revision_and_follow_live(store).await;
+    a_watch_from_a_listings_revision_misses_and_repeats_nothing(store).await;
     leases_delete_their_keys_on_expiry_and_revoke(store).await;
     barriers_pass_when_everyone_arrives(store).await;
     barrier_timeouts_and_cancels_fail_everyone_alike(store).await;
@@ -232,6 +233,37 @@ pub async fn watches_resume_from_a_revision_and_follow_live(store: &dyn KvStore)
     assert!(
         matches!(&e, Event::Put(kv) if kv.key == b"conf/watch/c" && kv.mod_revision == r),
         "{e:?}"
+    );
+}
+
+/// A listing's revision is the store's when it was read: a watch from the
+/// next one delivers every later change under the prefix and none of the
+/// pairs listed (etcd's list-then-watch).
+pub async fn a_watch_from_a_listings_revision_misses_and_repeats_nothing(store: &dyn KvStore) {
+    store.put(b"conf/listat/a", b"1").await.unwrap();
+    let rb = store.put(b"conf/listat/b", b"2").await.unwrap();
+    // A write outside the prefix still moves the store's revision.
+    let other = store.put(b"conf/listatx", b"other prefix").await.unwrap();
+    let listing = store.list_at(b"conf/listat/").await.unwrap();
+    let keys: Vec<&[u8]> = listing.pairs.iter().map(|p| &p.key[..]).collect();
+    assert_eq!(keys, [&b"conf/listat/a"[..], b"conf/listat/b"]);
+    assert_eq!(listing.pairs[1].mod_revision, rb);
+    assert!(listing.revision >= other, "{} < {other}", listing.revision);
+    assert_eq!(
+        store.list(b"conf/listat/").await.unwrap(),
+        listing.pairs,
+        "list is list_at's pairs"
+    );
+    let rc = store.put(b"conf/listat/c", b"3").await.unwrap();
+    assert!(rc > listing.revision, "{rc} <= {}", listing.revision);
+    let mut w = store
+        .watch(b"conf/listat/", listing.revision + 1)
+        .await
+        .unwrap();
+    let e = next_event(&mut w).await;
+    assert!(
+        matches!(&e, Event::Put(kv) if kv.key == b"conf/listat/c" && kv.mod_revision == rc),
+        "the first event after the listing: {e:?}"
     );
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{BatchPut, CasOutcome, KeyValue, KvStore, Result, WatchStream};
+use crate::{BatchPut, CasOutcome, KvStore, Listing, Result, WatchStream};
 
 /// Passes every operation on to its inner store and counts it (a watch
 /// counts once, whatever it delivers later).
@@ -61,8 +61,8 @@ impl KvStore for CountingKv {
     async fn try_get(&self, k: &[u8]) -> Result<Vec<u8>> {
         self.count().try_get(k).await
     }
-    async fn list(&self, p: &[u8]) -> Result<Vec<KeyValue>> {
-        self.count().list(p).await
+    async fn list_at(&self, p: &[u8]) -> Result<Listing> {
+        self.count().list_at(p).await
     }
     async fn delete(&self, k: &[u8]) -> Result<u64> {
         self.count().delete(k).await

@@ -51,4 +51,4 @@ pub use counting::CountingKv;
 pub use error::{check_path_component, show_key, KvError, Result};
 pub use memory::MemoryKv;
 pub use state::{BarrierStatus, BatchPut, Event, KeyValue, Limits};
-pub use store::{check_chosen_lease, CasOutcome, KvStore, WatchStream, MAX_CHOSEN_LEASE};
+pub use store::{check_chosen_lease, CasOutcome, KvStore, Listing, WatchStream, MAX_CHOSEN_LEASE};

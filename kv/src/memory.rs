@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use crate::applied::AppliedState;
 use crate::error::{KvError, Result};
-use crate::state::{BatchPut, KeyValue, KvState, Limits, MemTables, Op, Output, Request, Tables};
-use crate::store::{CasOutcome, KvStore, WatchStream};
+use crate::state::{BatchPut, KvState, Limits, MemTables, Op, Output, Request, Tables};
+use crate::store::{CasOutcome, KvStore, Listing, WatchStream};
 
 /// The in-memory test double. Create it inside a tokio runtime: a task
 /// expires leases and barriers on time.
@@ -135,8 +135,13 @@ impl KvStore for MemoryKv {
             .ok_or_else(|| KvError::NotFound(key.to_vec()))
     }
 
-    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
-        self.applied.read(|_, t| t.list(prefix))
+    async fn list_at(&self, prefix: &[u8]) -> Result<Listing> {
+        self.applied.read(|s, t| {
+            Ok(Listing {
+                pairs: t.list(prefix)?,
+                revision: s.revision(),
+            })
+        })
     }
 
     async fn delete(&self, key: &[u8]) -> Result<u64> {

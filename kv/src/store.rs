@@ -11,6 +11,15 @@ use crate::state::{BatchPut, Event, KeyValue};
 /// A stream of changes under a prefix, in revision order.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Event>> + Send>>;
 
+/// The pairs under a prefix as of one revision ([`KvStore::list_at`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Listing {
+    /// Every pair under the prefix at `revision`, in key order.
+    pub pairs: Vec<KeyValue>,
+    /// The revision of the latest change when the pairs were read.
+    pub revision: u64,
+}
+
 /// The result of [`KvStore::compare_and_swap`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CasOutcome {
@@ -80,7 +89,14 @@ pub trait KvStore: Send + Sync {
     /// The value now, or [`crate::KvError::NotFound`].
     async fn try_get(&self, key: &[u8]) -> Result<Vec<u8>>;
     /// Every pair under a directory prefix, in key order.
-    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>>;
+    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+        Ok(self.list_at(prefix).await?.pairs)
+    }
+    /// [`KvStore::list`] with the revision it was read at (etcd's range
+    /// response header): a watch from the next revision misses no change
+    /// after the listing and repeats none before it, in one read where a
+    /// separate [`KvStore::revision`] first cost a host one more request.
+    async fn list_at(&self, prefix: &[u8]) -> Result<Listing>;
     /// Deletes a key; returns how many were deleted (0 or 1).
     async fn delete(&self, key: &[u8]) -> Result<u64>;
     /// Deletes every key under `prefix`; returns how many.

@@ -10,8 +10,9 @@
 //!    the reason it could not build one, so no process waits past its
 //!    timeout for a builder that already failed.
 //! 3. KV operations are linear in the number of processes: each process
-//!    makes one insert and one blocking get; the builder one listing and one
-//!    watch, which delivers the processes that arrive after the listing.
+//!    makes one insert and one blocking get; the builder one listing and,
+//!    unless every process is in it, one watch from the listing's revision,
+//!    which delivers the processes that arrive after it.
 //! 4. Every process returns the bytes the builder published, so all hold
 //!    the same topology.
 //! 5. The published value is compressed, in columns that compress
@@ -247,16 +248,16 @@ async fn gather(
 ) -> Result<Vec<LocalTopology>> {
     let prefix = keys::local_prefix(job);
     let mut got: BTreeMap<u32, LocalTopology> = BTreeMap::new();
-    // Watch from before the listing, so nothing falls between the two.
-    let rev = kv
-        .revision()
-        .await
-        .map_err(TopologyError::kv("reading the revision"))?;
+    // Watch from the listing's revision on, so nothing falls between the
+    // two; a listing that holds every process needs no watch.
+    let rev = list_into(kv, job, n, &mut got).await?;
+    if got.len() as u32 >= n {
+        return Ok(got.into_values().collect());
+    }
     let mut events = kv
         .watch(prefix.as_bytes(), rev + 1)
         .await
         .map_err(TopologyError::kv("watching local topologies"))?;
-    list_into(kv, job, n, &mut got).await?;
     while (got.len() as u32) < n {
         let next = tokio::time::timeout_at(deadline, events.next()).await;
         let event = match next {
@@ -276,21 +277,22 @@ async fn gather(
     Ok(got.into_values().collect())
 }
 
-/// Every local topology of job `job` listed now, into `got`.
+/// Every local topology of job `job` listed now, into `got`; returns the
+/// revision of the listing.
 async fn list_into(
     kv: &dyn KvStore,
     job: &str,
     n: u32,
     got: &mut BTreeMap<u32, LocalTopology>,
-) -> Result<()> {
-    for pair in kv
-        .list(keys::local_prefix(job).as_bytes())
+) -> Result<u64> {
+    let listing = kv
+        .list_at(keys::local_prefix(job).as_bytes())
         .await
-        .map_err(TopologyError::kv("listing local topologies"))?
-    {
+        .map_err(TopologyError::kv("listing local topologies"))?;
+    for pair in listing.pairs {
         accept(job, n, got, &pair.key, &pair.value)?;
     }
-    Ok(())
+    Ok(listing.revision)
 }
 
 /// Takes one local-topology key into `got`.

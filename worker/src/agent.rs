@@ -403,22 +403,18 @@ impl Worker {
         running: &Arc<Mutex<HashSet<String>>>,
     ) -> Result<()> {
         let prefix = keys::assignments(&reg.worker_id);
-        let rev = self
-            .kv
-            .revision()
-            .await
-            .map_err(kv_err("reading the revision"))?;
-        let mut events = self
-            .kv
-            .watch(prefix.as_bytes(), rev + 1)
-            .await
-            .map_err(kv_err("watching assignments"))?;
+        // The listing, then every change after it (etcd's list-then-watch).
         let existing = self
             .kv
-            .list(prefix.as_bytes())
+            .list_at(prefix.as_bytes())
             .await
             .map_err(kv_err("listing assignments"))?;
-        for pair in existing {
+        let mut events = self
+            .kv
+            .watch(prefix.as_bytes(), existing.revision + 1)
+            .await
+            .map_err(kv_err("watching assignments"))?;
+        for pair in existing.pairs {
             self.clone().launch(&pair.value, reg, running);
         }
         while let Some(ev) = events.next().await {

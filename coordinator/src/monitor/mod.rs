@@ -107,24 +107,16 @@ impl Recorder {
 }
 
 async fn run_once(kv: &Arc<dyn KvStore>) -> Result<()> {
-    let rev = kv
-        .revision()
-        .await
-        .map_err(CoordinatorError::kv("reading the revision"))?;
-    let mut events = kv
-        .watch(keys::WORKERS.as_bytes(), rev + 1)
-        .await
-        .map_err(CoordinatorError::kv("watching the registry"))?;
-    let pairs = kv
-        .list(keys::WORKERS.as_bytes())
+    let listing = kv
+        .list_at(keys::WORKERS.as_bytes())
         .await
         .map_err(CoordinatorError::kv("listing workers"))?;
-    let listed_through = kv
-        .revision()
+    let mut events = kv
+        .watch(keys::WORKERS.as_bytes(), listing.revision + 1)
         .await
-        .map_err(CoordinatorError::kv("reading the revision"))?;
-    let (mut index, lost) = Index::listed(&pairs, listed_through);
-    drop(pairs);
+        .map_err(CoordinatorError::kv("watching the registry"))?;
+    let (mut index, lost) = Index::listed(&listing.pairs, listing.revision);
+    drop(listing);
     let mut recorder = Recorder {
         kv: kv.clone(),
         tasks: JoinSet::new(),

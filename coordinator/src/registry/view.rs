@@ -59,18 +59,16 @@ impl RegistryView {
 impl Current {
     async fn list(kv: &dyn KvStore) -> Result<Current> {
         let prefix = keys::WORKERS.as_bytes();
-        let revision = kv
-            .revision()
+        let listing = kv
+            .list_at(prefix)
             .await
-            .map_err(CoordinatorError::kv("reading the revision"))?;
+            .map_err(CoordinatorError::kv("listing workers"))?;
         let events = kv
-            .watch(prefix, revision + 1)
+            .watch(prefix, listing.revision + 1)
             .await
             .map_err(CoordinatorError::kv("watching the registry"))?;
-        let pairs = kv
-            .list(prefix)
-            .await
-            .map_err(CoordinatorError::kv("listing workers"))?
+        let pairs = listing
+            .pairs
             .into_iter()
             .map(|p| (p.key.clone(), p))
             .collect();

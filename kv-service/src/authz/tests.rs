@@ -31,6 +31,12 @@ fn list(prefix: &str) -> WireRequest {
     })
 }
 
+fn list_at(prefix: &str) -> WireRequest {
+    WireRequest::Client(ClientRequest::ListAt {
+        prefix: prefix.into(),
+    })
+}
+
 /// The alternatives of the guard `req` gets.
 fn guard_of(id: &Identity, req: &WireRequest) -> Vec<String> {
     let g = authorize(id, req)
@@ -112,7 +118,17 @@ fn a_worker_reads_arrays_and_logs_of_its_own_jobs_only() {
     for every_job in ["jobs/", "jobs/j@1", "", "j"] {
         let e = authorize(&h4, &list(every_job)).unwrap_err();
         assert!(e.contains("may not read every job's keys"), "{e}");
+        let e = authorize(&h4, &list_at(every_job)).unwrap_err();
+        assert!(
+            e.contains("may not read every job's keys"),
+            "a listing with its revision: {e}"
+        );
     }
+    assert_eq!(
+        guard_of(&h4, &list_at("jobs/j/logs/00001/")),
+        ["assignments/h4/j", "assignments/h4/j@*"],
+        "a listing with its revision is guarded as a listing"
+    );
     let ops = node(Role::Client, "ops");
     assert_eq!(authorize(&ops, &list("jobs/")), Ok(None));
     assert_eq!(authorize(&ops, &get("jobs/j@1/arrays/w")), Ok(None));

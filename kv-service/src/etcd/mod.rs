@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 use tessel_kv::state::{increment_value, BatchPut, Event, KeyValue, Limits, BARRIER_RETENTION_MS};
 use tessel_kv::{show_key, KvError, Result};
-use tessel_kv::{CasOutcome, KvStore, WatchStream};
+use tessel_kv::{CasOutcome, KvStore, Listing, WatchStream};
 
 /// Largest gRPC message read from etcd: the value limit plus headroom.
 const MAX_MESSAGE: usize = 64 << 20;
@@ -441,7 +441,7 @@ impl KvStore for EtcdKv {
         }
     }
 
-    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+    async fn list_at(&self, prefix: &[u8]) -> Result<Listing> {
         self.opts.limits.check_key(prefix)?;
         let p = self.data_key(prefix);
         let mut r = self
@@ -455,7 +455,10 @@ impl KvStore for EtcdKv {
                 }
             })
             .await?;
-        Ok(r.take_kvs().iter().map(|kv| self.convert(kv)).collect())
+        // The header's revision is the store's when the range was read.
+        let revision = header_revision(r.header());
+        let pairs = r.take_kvs().iter().map(|kv| self.convert(kv)).collect();
+        Ok(Listing { pairs, revision })
     }
 
     async fn delete(&self, key: &[u8]) -> Result<u64> {

@@ -44,8 +44,8 @@ use tokio::time::Instant;
 
 use crate::rpc::{self, NamedPeer, PeerClient};
 use crate::wire::{self, ClientRequest, ReplicaStatus, WireRequest, WireResponse};
-use tessel_kv::state::{BatchPut, KeyValue, Limits, Op, Output};
-use tessel_kv::{CasOutcome, KvStore, WatchStream};
+use tessel_kv::state::{BatchPut, Limits, Op, Output};
+use tessel_kv::{CasOutcome, KvStore, Listing, WatchStream};
 use tessel_kv::{KvError, Result};
 use tessel_tls::TlsFiles;
 
@@ -540,6 +540,7 @@ pub(crate) fn retryable(resp: &WireResponse) -> Option<KvError> {
         | WireResponse::Output(Err(e))
         | WireResponse::Value(Err(e))
         | WireResponse::List(Err(e))
+        | WireResponse::Listing(Err(e))
         | WireResponse::Revision(Err(e))
         | WireResponse::Event(Err(e)) => e,
         _ => return None,
@@ -624,17 +625,17 @@ impl<T: Transport> KvStore for KvClient<T> {
         }
     }
 
-    async fn list(&self, prefix: &[u8]) -> Result<Vec<KeyValue>> {
+    async fn list_at(&self, prefix: &[u8]) -> Result<Listing> {
         match self
             .request(
-                ClientRequest::List {
+                ClientRequest::ListAt {
                     prefix: prefix.to_vec(),
                 },
                 Duration::ZERO,
             )
             .await?
         {
-            WireResponse::List(r) => r,
+            WireResponse::Listing(r) => r,
             other => Err(unexpected(other)),
         }
     }

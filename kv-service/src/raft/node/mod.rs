@@ -94,7 +94,7 @@ use crate::rpc::{self, Handler, NamedPeer, NetError, PeerClient};
 use crate::wire::{self, ClientRequest, WireRequest, WireResponse};
 use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
 use tessel_kv::AppliedState;
-use tessel_kv::KvError;
+use tessel_kv::{KvError, Listing};
 use tessel_tls::TlsFiles;
 
 /// How long a follower waits for a stream to the leader to forward a
@@ -403,6 +403,7 @@ fn error_response(req: &ClientRequest, e: KvError) -> WireResponse {
         | ClientRequest::GetSerializable { .. }
         | ClientRequest::TryGet { .. } => WireResponse::Value(Err(e)),
         ClientRequest::List { .. } => WireResponse::List(Err(e)),
+        ClientRequest::ListAt { .. } => WireResponse::Listing(Err(e)),
         ClientRequest::Revision => WireResponse::Revision(Err(e)),
         ClientRequest::Watch { .. } => WireResponse::Event(Err(e)),
         ClientRequest::AddReplica { .. } | ClientRequest::RemoveReplica { .. } => {
@@ -676,6 +677,17 @@ impl ReplicaHandler {
                     .await
                     .and_then(|()| self.applied.read(|_, t| t.list(&prefix))),
             ),
+            // The pairs and the revision from one read of the state.
+            ClientRequest::ListAt { prefix } => {
+                WireResponse::Listing(self.linearizable().await.and_then(|()| {
+                    self.applied.read(|s, t| {
+                        Ok(Listing {
+                            pairs: t.list(&prefix)?,
+                            revision: s.revision(),
+                        })
+                    })
+                }))
+            }
             ClientRequest::Revision => WireResponse::Revision(
                 self.linearizable()
                     .await

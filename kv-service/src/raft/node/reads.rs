@@ -91,9 +91,9 @@ impl ReplicaHandler {
                     ClientRequest::Get { key, .. }
                     | ClientRequest::GetSerializable { key, .. }
                     | ClientRequest::TryGet { key } => key.clone(),
-                    ClientRequest::List { prefix } | ClientRequest::Watch { prefix, .. } => {
-                        prefix.clone()
-                    }
+                    ClientRequest::List { prefix }
+                    | ClientRequest::ListAt { prefix }
+                    | ClientRequest::Watch { prefix, .. } => prefix.clone(),
                     _ => Vec::new(),
                 };
                 let e = guard.refusal("read", &key);
