@@ -30,6 +30,9 @@ pub(crate) struct FaultyKv {
     pub keep_alives: AtomicU64,
     pub in_flight: AtomicU64,
     pub most_in_flight: AtomicU64,
+    /// The next insert of a key under this prefix is refused `Unavailable`
+    /// unwritten (a replica lost on the way), and the prefix cleared.
+    pub refuse_next_insert_under: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl FaultyKv {
@@ -45,6 +48,7 @@ impl FaultyKv {
             keep_alives: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             most_in_flight: AtomicU64::new(0),
+            refuse_next_insert_under: std::sync::Mutex::new(None),
         }
     }
 
@@ -72,6 +76,15 @@ impl FaultyKv {
 #[async_trait::async_trait]
 impl KvStore for FaultyKv {
     async fn insert(&self, k: &[u8], v: &[u8]) -> Result<u64> {
+        {
+            let mut refuse = self.refuse_next_insert_under.lock().expect("not poisoned");
+            if refuse.as_ref().is_some_and(|p| k.starts_with(p)) {
+                *refuse = None;
+                return Err(tessel_kv::KvError::Unavailable(
+                    "the replica was lost on the way".into(),
+                ));
+            }
+        }
         self.inner.insert(k, v).await
     }
     async fn put(&self, k: &[u8], v: &[u8]) -> Result<u64> {

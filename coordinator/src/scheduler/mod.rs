@@ -22,7 +22,12 @@
 //! 3. Attempt `a` of job `id` runs as instance `id@a`, its own KV namespace:
 //!    nothing of a lost attempt is reused.
 //! 4. Side effects (bundle, assignments, `done`, events) follow a committed
-//!    state and are idempotent: the next pass completes a dead one's.
+//!    state and are idempotent: the next pass completes a dead one's. The
+//!    assignments are derived from the state at every pass; a transition's
+//!    event and its ended attempt's cleanup only from the pass that made
+//!    it, so one that failed part-way is carried out again, first, by the
+//!    next pass of the same process (a coordinator killed in between leaves
+//!    them undone).
 //! 5. Every transition appends one event, inserted once, in transition order;
 //!    its log line, metrics and trace spans come from the pass that inserted it.
 //! 6. A lost worker or peer restarts the job while restarts remain, placed only

@@ -216,15 +216,64 @@ fn capacity(registry: &[WorkerStatus]) -> Vec<WorkerCapacity> {
 
 /// Invariant 4: what a committed state asks for, idempotently. Returns
 /// how many of `events` this call appended (invariant 5: the others were
-/// appended by a pass that committed the same state).
+/// appended by a pass that committed the same state). Events not carried
+/// out whole are left in `unfinished`.
 pub(super) async fn carry_out(
     kv: &dyn KvStore,
     state: &SchedulerState,
     events: &[(String, JobEvent)],
     topology_timeout: Duration,
+    unfinished: &mut Option<Unfinished>,
 ) -> Result<usize> {
+    let appended = match append(kv, state, events).await {
+        Ok(n) => n,
+        Err((done, e)) => {
+            *unfinished = Some(Unfinished {
+                state: state.clone(),
+                events: events[done..].to_vec(),
+            });
+            return Err(e);
+        }
+    };
+    place(kv, state, topology_timeout).await?;
+    Ok(appended)
+}
+
+/// The transitions of a committed state whose events and ended attempts'
+/// cleanup failed part-way (invariant 4): no later pass derives them again
+/// (the state has moved on), so this process's next pass carries them out
+/// first.
+pub(super) struct Unfinished {
+    state: SchedulerState,
+    events: Vec<(String, JobEvent)>,
+}
+
+/// Carries out what `unfinished` holds, if anything; on failure keeps
+/// what is left.
+async fn finish(kv: &dyn KvStore, unfinished: &mut Option<Unfinished>) -> Result<()> {
+    let Some(u) = unfinished.take() else {
+        return Ok(());
+    };
+    if let Err((done, e)) = append(kv, &u.state, &u.events).await {
+        *unfinished = Some(Unfinished {
+            events: u.events[done..].to_vec(),
+            state: u.state,
+        });
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Each event appended, then its ended attempt's cleanup (invariant 7).
+/// Returns how many this call appended; on failure, how many events were
+/// carried out whole before it.
+async fn append(
+    kv: &dyn KvStore,
+    state: &SchedulerState,
+    events: &[(String, JobEvent)],
+) -> std::result::Result<usize, (usize, CoordinatorError)> {
     let mut appended = 0;
-    for (id, e) in events {
+    for (done, (id, e)) in events.iter().enumerate() {
         let bytes = postcard::to_allocvec(e).expect("always encodes");
         match kv
             .insert(keys::sched_event(id, e.seq).as_bytes(), &bytes)
@@ -235,7 +284,7 @@ pub(super) async fn carry_out(
                 announce(state, id, e);
             }
             Err(KvError::AlreadyExists(_)) => {}
-            Err(e) => return Err(CoordinatorError::kv("appending a job event")(e)),
+            Err(err) => return Err((done, CoordinatorError::kv("appending a job event")(err))),
         }
         if matches!(
             e.to,
@@ -245,14 +294,24 @@ pub(super) async fn carry_out(
             // Invariant 7. The placement is still the ended attempt's: a
             // new one is chosen in a later pass.
             let inst = instance(id, e.attempt);
-            jobs::finish_job(kv, &inst).await?;
+            jobs::finish_job(kv, &inst)
+                .await
+                .map_err(|err| (done, err))?;
             if let Some(job) = state.job(id) {
                 for w in &job.placement {
-                    jobs::unassign(kv, w, &inst).await?;
+                    jobs::unassign(kv, w, &inst)
+                        .await
+                        .map_err(|err| (done, err))?;
                 }
             }
         }
     }
+    Ok(appended)
+}
+
+/// The assignments of every Scheduled job's attempt, derived from the
+/// state at every pass.
+async fn place(kv: &dyn KvStore, state: &SchedulerState, topology_timeout: Duration) -> Result<()> {
     for job in &state.jobs {
         if job.state != JobState::Scheduled {
             continue;
@@ -292,7 +351,7 @@ pub(super) async fn carry_out(
             .await?;
         }
     }
-    Ok(appended)
+    Ok(())
 }
 
 /// Invariant 5: an event's log line, metrics and spans, from the pass
@@ -313,16 +372,18 @@ fn announce(state: &SchedulerState, id: &str, e: &JobEvent) {
 
 /// One pass: observe, advance, commit, carry out.
 pub async fn pass(kv: &dyn KvStore, topology_timeout: Duration) -> Result<()> {
-    pass_in(kv, None, topology_timeout).await
+    pass_in(kv, None, topology_timeout, &mut None).await
 }
 
 /// A pass that reads the registry from `view` where given (it lists it
 /// otherwise).
-async fn pass_in(
+pub(super) async fn pass_in(
     kv: &dyn KvStore,
     view: Option<&mut RegistryView>,
     topology_timeout: Duration,
+    unfinished: &mut Option<Unfinished>,
 ) -> Result<()> {
+    finish(kv, unfinished).await?;
     let started = std::time::Instant::now();
     let (old, mut state) = read_state(kv).await?;
     let registry = match view {
@@ -346,7 +407,7 @@ async fn pass_in(
         return Ok(());
     }
     record(&state, &workers, state != before, started);
-    carry_out(kv, &state, &events, topology_timeout).await?;
+    carry_out(kv, &state, &events, topology_timeout, unfinished).await?;
     Ok(())
 }
 
@@ -383,17 +444,22 @@ pub async fn run(
     // The registry from a watch, not a listing each pass; dropped (its
     // watch with it) while another coordinator leads.
     let mut view: Option<RegistryView> = None;
+    let mut unfinished: Option<Unfinished> = None;
     loop {
         // Which coordinator's gauges are current: the one that passes.
         let leading = leads();
         metrics::gauge!("tessel_scheduler_leading").set(if leading { 1.0 } else { 0.0 });
         if !leading {
             view = None;
+            // The leader now cannot know them; they are idempotent.
+            if let Err(e) = finish(&*kv, &mut unfinished).await {
+                tracing::warn!(error = %e, "carrying out an earlier pass's transitions failed");
+            }
             tokio::time::sleep(interval).await;
             continue;
         }
         let registry = view.get_or_insert_with(RegistryView::new);
-        if let Err(e) = pass_in(&*kv, Some(registry), topology_timeout).await {
+        if let Err(e) = pass_in(&*kv, Some(registry), topology_timeout, &mut unfinished).await {
             metrics::counter!("tessel_scheduler_passes_total", "outcome" => "failed").increment(1);
             tracing::warn!(error = %e, "scheduler pass failed");
         }

@@ -42,8 +42,74 @@ async fn two_passes_that_commit_the_same_state_announce_each_event_once() {
     assert!(pass::commit(&kv, old.as_deref(), &a).await.unwrap());
     assert!(pass::commit(&kv, old.as_deref(), &b).await.unwrap());
     let t = Duration::from_secs(1);
-    assert_eq!(pass::carry_out(&kv, &a, &a_events, t).await.unwrap(), 1);
-    assert_eq!(pass::carry_out(&kv, &b, &b_events, t).await.unwrap(), 0);
+    assert_eq!(
+        pass::carry_out(&kv, &a, &a_events, t, &mut None)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        pass::carry_out(&kv, &b, &b_events, t, &mut None)
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+/// Invariant 4: a cancellation committed by a pass whose event could not
+/// be appended (the KV failed after the commit) is still appended, and
+/// its attempt still ended (`done` written, assignments removed), by the
+/// next pass: no later pass derives that transition again.
+#[tokio::test]
+async fn a_transition_whose_event_failed_after_its_commit_is_carried_out_by_the_next_pass() {
+    use crate::registry::{self, tests::info, LivenessConfig};
+    let kv = FaultyKv::new();
+    let reg = registry::register(&kv, info("a"), LivenessConfig::default())
+        .await
+        .unwrap();
+    let id = submit(&kv, &sub("j", 1, 0), b"bundle").await.unwrap();
+    let t = Duration::from_secs(120);
+    let mut unfinished = None;
+    pass::pass_in(&kv, None, t, &mut unfinished).await.unwrap();
+    let (_, state) = read_state(&kv).await.unwrap();
+    let inst = state.job(&id).unwrap().instance();
+    let assignment = keys::assignment(&reg.worker_id, &inst);
+    assert!(kv.try_get(assignment.as_bytes()).await.is_ok(), "placed");
+
+    cancel(&kv, &id).await.unwrap();
+    *kv.refuse_next_insert_under.lock().unwrap() = Some(b"sched/jobs/".to_vec());
+    let failed = pass::pass_in(&kv, None, t, &mut unfinished).await;
+    assert!(failed.is_err(), "the event's insert failed: {failed:?}");
+    let (_, state) = read_state(&kv).await.unwrap();
+    let job = state.job(&id).unwrap().clone();
+    assert_eq!(
+        job.state,
+        JobState::Cancelled,
+        "committed before the failure"
+    );
+    let cancelled = keys::sched_event(&id, job.events - 1);
+    assert!(
+        kv.try_get(cancelled.as_bytes()).await.is_err(),
+        "not appended yet"
+    );
+    assert!(
+        kv.try_get(assignment.as_bytes()).await.is_ok(),
+        "not ended yet"
+    );
+
+    pass::pass_in(&kv, None, t, &mut unfinished).await.unwrap();
+    let event = kv.try_get(cancelled.as_bytes()).await.expect("appended");
+    let event: JobEvent = postcard::from_bytes(&event).unwrap();
+    assert_eq!(event.to, JobState::Cancelled);
+    assert!(
+        kv.try_get(assignment.as_bytes()).await.is_err(),
+        "the cancelled attempt's assignment removed"
+    );
+    assert!(
+        kv.try_get(keys::job_done(&inst).as_bytes()).await.is_ok(),
+        "the cancelled attempt's `done` written"
+    );
+    assert!(unfinished.is_none(), "nothing left to carry out");
 }
 
 /// Invariant 12: a placed worker dead before it joined fails the attempt
