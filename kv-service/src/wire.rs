@@ -31,8 +31,8 @@
 //!   (Raft, between replicas); `Client(ClientRequest)` and
 //!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again).
 //!   `ClientRequest`: `Write(Op)`, `Get{key, timeout_ms}`, `TryGet`, `List`,
-//!   `ListAt` (the pairs and their revision, etcd's range), `Revision`, `Watch{prefix, from}`, `WaitBarrier`, `Status`,
-//!   `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`,
+//!   `ListAt` (the pairs and their revision, etcd's range), `Revision`,
+//!   `Watch{prefix, from}`, `WaitBarrier`, `Status`, `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`,
 //!   `RenewMany{leases}`, `GetSerializable{key, timeout_ms}` (answered by
 //!   the replica asked, from its own state: never forwarded).
 //! * Response (`WireResponse`): one frame, except `Watch`, which streams

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::error::{KvError, Result};
 use crate::state::{Event, KvState, MemTables, Output, Request, TablesMut};
-use crate::store::WatchStream;
+use crate::store::{Listing, WatchStream};
 use crate::watchers::{Subscription, Watchers};
 
 struct Inner<S> {
@@ -175,6 +175,17 @@ impl<S: TablesMut + Send> AppliedState<S> {
                 _ => return self.read(&f),
             }
         }
+    }
+
+    /// The pairs under `prefix` now, with the revision they are at: one
+    /// read of the state.
+    pub fn list_at(&self, prefix: &[u8]) -> Result<Listing> {
+        self.read(|s, t| {
+            Ok(Listing {
+                pairs: t.list(prefix)?,
+                revision: s.revision(),
+            })
+        })
     }
 
     /// The value at `key` now.

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::applied::AppliedState;
 use crate::error::{KvError, Result};
-use crate::state::{BatchPut, KvState, Limits, MemTables, Op, Output, Request, Tables};
+use crate::state::{BatchPut, KvState, Limits, MemTables, Op, Output, Request};
 use crate::store::{CasOutcome, KvStore, Listing, WatchStream};
 
 /// The in-memory test double. Create it inside a tokio runtime: a task
@@ -136,12 +136,7 @@ impl KvStore for MemoryKv {
     }
 
     async fn list_at(&self, prefix: &[u8]) -> Result<Listing> {
-        self.applied.read(|s, t| {
-            Ok(Listing {
-                pairs: t.list(prefix)?,
-                revision: s.revision(),
-            })
-        })
+        self.applied.list_at(prefix)
     }
 
     async fn delete(&self, key: &[u8]) -> Result<u64> {

@@ -94,8 +94,7 @@ pub trait KvStore: Send + Sync {
     }
     /// [`KvStore::list`] with the revision it was read at (etcd's range
     /// response header): a watch from the next revision misses no change
-    /// after the listing and repeats none before it, in one read where a
-    /// separate [`KvStore::revision`] first cost a host one more request.
+    /// after the listing and repeats none before it.
     async fn list_at(&self, prefix: &[u8]) -> Result<Listing>;
     /// Deletes a key; returns how many were deleted (0 or 1).
     async fn delete(&self, key: &[u8]) -> Result<u64>;

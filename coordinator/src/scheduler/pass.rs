@@ -225,16 +225,7 @@ pub(super) async fn carry_out(
     topology_timeout: Duration,
     unfinished: &mut Option<Unfinished>,
 ) -> Result<usize> {
-    let appended = match append(kv, state, events).await {
-        Ok(n) => n,
-        Err((done, e)) => {
-            *unfinished = Some(Unfinished {
-                state: state.clone(),
-                events: events[done..].to_vec(),
-            });
-            return Err(e);
-        }
-    };
+    let appended = append_or_keep(kv, state, events, unfinished).await?;
     place(kv, state, topology_timeout).await?;
     Ok(appended)
 }
@@ -251,17 +242,28 @@ pub(super) struct Unfinished {
 /// Carries out what `unfinished` holds, if anything; on failure keeps
 /// what is left.
 async fn finish(kv: &dyn KvStore, unfinished: &mut Option<Unfinished>) -> Result<()> {
-    let Some(u) = unfinished.take() else {
-        return Ok(());
-    };
-    if let Err((done, e)) = append(kv, &u.state, &u.events).await {
-        *unfinished = Some(Unfinished {
-            events: u.events[done..].to_vec(),
-            state: u.state,
-        });
-        return Err(e);
+    match unfinished.take() {
+        Some(u) => append_or_keep(kv, &u.state, &u.events, unfinished)
+            .await
+            .map(drop),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// [`append`], leaving in `unfinished` the events not carried out whole.
+async fn append_or_keep(
+    kv: &dyn KvStore,
+    state: &SchedulerState,
+    events: &[(String, JobEvent)],
+    unfinished: &mut Option<Unfinished>,
+) -> Result<usize> {
+    append(kv, state, events).await.map_err(|(done, e)| {
+        *unfinished = Some(Unfinished {
+            state: state.clone(),
+            events: events[done..].to_vec(),
+        });
+        e
+    })
 }
 
 /// Each event appended, then its ended attempt's cleanup (invariant 7).

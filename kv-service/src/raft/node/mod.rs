@@ -92,9 +92,9 @@ use crate::raft::wal::LogIo;
 use crate::raft::{storage, Proposal, TypeConfig};
 use crate::rpc::{self, Handler, NamedPeer, NetError, PeerClient};
 use crate::wire::{self, ClientRequest, WireRequest, WireResponse};
-use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request, Tables};
+use tessel_kv::state::{BarrierStatus, KvState, Op, Output, Request};
 use tessel_kv::AppliedState;
-use tessel_kv::{KvError, Listing};
+use tessel_kv::KvError;
 use tessel_tls::TlsFiles;
 
 /// How long a follower waits for a stream to the leader to forward a
@@ -675,19 +675,13 @@ impl ReplicaHandler {
             ClientRequest::List { prefix } => WireResponse::List(
                 self.linearizable()
                     .await
-                    .and_then(|()| self.applied.read(|_, t| t.list(&prefix))),
+                    .and_then(|()| self.applied.list_at(&prefix).map(|l| l.pairs)),
             ),
-            // The pairs and the revision from one read of the state.
-            ClientRequest::ListAt { prefix } => {
-                WireResponse::Listing(self.linearizable().await.and_then(|()| {
-                    self.applied.read(|s, t| {
-                        Ok(Listing {
-                            pairs: t.list(&prefix)?,
-                            revision: s.revision(),
-                        })
-                    })
-                }))
-            }
+            ClientRequest::ListAt { prefix } => WireResponse::Listing(
+                self.linearizable()
+                    .await
+                    .and_then(|()| self.applied.list_at(&prefix)),
+            ),
             ClientRequest::Revision => WireResponse::Revision(
                 self.linearizable()
                     .await
