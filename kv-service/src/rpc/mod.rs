@@ -5,7 +5,8 @@
 //! 1. A bad stream (oversized or malformed frame) is reset alone; the
 //!    connection and the server keep serving every other stream.
 //! 2. At most one connection per peer address is kept; a closed one is
-//!    replaced on the next call.
+//!    replaced on the next call, by one dial that every call finding no
+//!    connection meanwhile waits for.
 //! 3. A one-frame stream is read to its end when the end arrived with the
 //!    frame; one dropped earlier sends STOP_SENDING.
 //! 4. A call gives up on a peer silent for [`SILENCE`] (a killed process

@@ -81,6 +81,82 @@ fn client_with(cfg: quinn::ClientConfig) -> PeerClient {
     PeerClient::new(endpoint)
 }
 
+/// Answers as [`Answer`] does, noting each connection a request came on
+/// (one identity is made per connection).
+#[derive(Default)]
+struct Connections(Mutex<std::collections::HashSet<usize>>);
+
+impl Handler for Connections {
+    fn handle(
+        self: Arc<Self>,
+        req: WireRequest,
+        send: SendStream,
+        recv: RecvStream,
+        peer: PeerInfo,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        self.0
+            .lock()
+            .unwrap()
+            .insert(Arc::as_ptr(&peer.identity) as usize);
+        Arc::new(Answer).handle(req, send, recv, peer)
+    }
+}
+
+/// Invariant 2: calls that find no connection wait for one dial rather
+/// than each making its own (a herd of handshakes at the peer).
+#[tokio::test]
+async fn calls_that_find_no_connection_share_one_dial() {
+    let (server_cfg, client_cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
+    let server = endpoint("127.0.0.1:0".parse().unwrap(), Some(server_cfg)).unwrap();
+    let addr = server.local_addr().unwrap();
+    let seen = Arc::new(Connections::default());
+    tokio::spawn(serve(server, seen.clone()));
+    let client = client_with(client_cfg);
+    let calls: Vec<_> = (0..64)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let req = WireRequest::Client(ClientRequest::Revision);
+                client.call(addr, &req, Duration::from_secs(10)).await
+            })
+        })
+        .collect();
+    for c in calls {
+        assert!(matches!(c.await.unwrap(), Ok(WireResponse::Revision(Ok(7)))));
+    }
+    assert_eq!(seen.0.lock().unwrap().len(), 1, "connections the calls came on");
+}
+
+/// Invariant 2, a failed dial: every call waiting for it fails with its
+/// cause, and the next call dials again.
+#[tokio::test]
+async fn calls_waiting_for_a_failed_dial_fail_and_the_next_call_dials_again() {
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = dead.local_addr().unwrap();
+    let (server_cfg, client_cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
+    let client = client_with(client_cfg);
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let req = WireRequest::Client(ClientRequest::Revision);
+                client.call(addr, &req, Duration::from_secs(60)).await
+            })
+        })
+        .collect();
+    for c in calls {
+        let answer = c.await.unwrap();
+        assert!(matches!(answer, Err(NetError::Connect { .. })), "{answer:?}");
+    }
+    // The peer comes up at that address: the failed dial is not reused.
+    drop(dead);
+    let server = endpoint(addr, Some(server_cfg)).unwrap();
+    tokio::spawn(serve(server, Arc::new(Answer)));
+    let req = WireRequest::Client(ClientRequest::Revision);
+    let answer = client.call(addr, &req, Duration::from_secs(10)).await;
+    assert!(matches!(answer, Ok(WireResponse::Revision(Ok(7)))), "{answer:?}");
+}
+
 /// Invariant 4, the dial: a peer that never answers the handshake is
 /// given up after `tessel_tls::HANDSHAKE_TIMEOUT`, well before the
 /// connection's idle timeout.
