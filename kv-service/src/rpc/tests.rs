@@ -122,9 +122,16 @@ async fn calls_that_find_no_connection_share_one_dial() {
         })
         .collect();
     for c in calls {
-        assert!(matches!(c.await.unwrap(), Ok(WireResponse::Revision(Ok(7)))));
+        assert!(matches!(
+            c.await.unwrap(),
+            Ok(WireResponse::Revision(Ok(7)))
+        ));
     }
-    assert_eq!(seen.0.lock().unwrap().len(), 1, "connections the calls came on");
+    assert_eq!(
+        seen.0.lock().unwrap().len(),
+        1,
+        "connections the calls came on"
+    );
 }
 
 /// Invariant 2, a failed dial: every call waiting for it fails with its
@@ -146,7 +153,10 @@ async fn calls_waiting_for_a_failed_dial_fail_and_the_next_call_dials_again() {
         .collect();
     for c in calls {
         let answer = c.await.unwrap();
-        assert!(matches!(answer, Err(NetError::Connect { .. })), "{answer:?}");
+        assert!(
+            matches!(answer, Err(NetError::Connect { .. })),
+            "{answer:?}"
+        );
     }
     // The peer comes up at that address: the failed dial is not reused.
     drop(dead);
@@ -154,7 +164,10 @@ async fn calls_waiting_for_a_failed_dial_fail_and_the_next_call_dials_again() {
     tokio::spawn(serve(server, Arc::new(Answer)));
     let req = WireRequest::Client(ClientRequest::Revision);
     let answer = client.call(addr, &req, Duration::from_secs(10)).await;
-    assert!(matches!(answer, Ok(WireResponse::Revision(Ok(7)))), "{answer:?}");
+    assert!(
+        matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
+        "{answer:?}"
+    );
 }
 
 /// Invariant 4, the dial: a peer that never answers the handshake is
