@@ -102,6 +102,28 @@ impl Handler for Connections {
     }
 }
 
+/// The answers of `n` calls to `addr` made at once.
+async fn at_once(
+    client: &PeerClient,
+    addr: SocketAddr,
+    n: usize,
+) -> Vec<Result<WireResponse, NetError>> {
+    let calls: Vec<_> = (0..n)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let req = WireRequest::Client(ClientRequest::Revision);
+                client.call(addr, &req, Duration::from_secs(60)).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(n);
+    for c in calls {
+        answers.push(c.await.unwrap());
+    }
+    answers
+}
+
 /// Invariant 2: calls that find no connection wait for one dial rather
 /// than each making its own (a herd of handshakes at the peer).
 #[tokio::test]
@@ -112,20 +134,8 @@ async fn calls_that_find_no_connection_share_one_dial() {
     let seen = Arc::new(Connections::default());
     tokio::spawn(serve(server, seen.clone()));
     let client = client_with(client_cfg);
-    let calls: Vec<_> = (0..64)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move {
-                let req = WireRequest::Client(ClientRequest::Revision);
-                client.call(addr, &req, Duration::from_secs(10)).await
-            })
-        })
-        .collect();
-    for c in calls {
-        assert!(matches!(
-            c.await.unwrap(),
-            Ok(WireResponse::Revision(Ok(7)))
-        ));
+    for answer in at_once(&client, addr, 64).await {
+        assert!(matches!(answer, Ok(WireResponse::Revision(Ok(7)))));
     }
     assert_eq!(
         seen.0.lock().unwrap().len(),
@@ -134,30 +144,29 @@ async fn calls_that_find_no_connection_share_one_dial() {
     );
 }
 
-/// Invariant 2, a failed dial: every call waiting for it fails with its
-/// cause, and the next call dials again.
+/// Invariant 4, the dial: a peer that never answers the handshake is
+/// given up after `tessel_tls::HANDSHAKE_TIMEOUT`, well before the
+/// connection's idle timeout. Invariant 2: every call waiting for that dial
+/// fails with it, and the next call dials again.
 #[tokio::test]
-async fn calls_waiting_for_a_failed_dial_fail_and_the_next_call_dials_again() {
+async fn a_dial_to_a_dead_peer_is_given_up_after_the_handshake_timeout() {
+    // A socket nobody reads: a killed process's port, without the ICMP.
     let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = dead.local_addr().unwrap();
     let (server_cfg, client_cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
     let client = client_with(client_cfg);
-    let calls: Vec<_> = (0..8)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move {
-                let req = WireRequest::Client(ClientRequest::Revision);
-                client.call(addr, &req, Duration::from_secs(60)).await
-            })
-        })
-        .collect();
-    for c in calls {
-        let answer = c.await.unwrap();
+    let started = tokio::time::Instant::now();
+    for answer in at_once(&client, addr, 8).await {
         assert!(
             matches!(answer, Err(NetError::Connect { .. })),
             "{answer:?}"
         );
     }
+    let took = started.elapsed();
+    assert!(
+        took < tessel_tls::IDLE_TIMEOUT / 2,
+        "gave up after {took:?}"
+    );
     // The peer comes up at that address: the failed dial is not reused.
     drop(dead);
     let server = endpoint(addr, Some(server_cfg)).unwrap();
@@ -167,30 +176,6 @@ async fn calls_waiting_for_a_failed_dial_fail_and_the_next_call_dials_again() {
     assert!(
         matches!(answer, Ok(WireResponse::Revision(Ok(7)))),
         "{answer:?}"
-    );
-}
-
-/// Invariant 4, the dial: a peer that never answers the handshake is
-/// given up after `tessel_tls::HANDSHAKE_TIMEOUT`, well before the
-/// connection's idle timeout.
-#[tokio::test]
-async fn a_dial_to_a_dead_peer_is_given_up_after_the_handshake_timeout() {
-    // A socket nobody reads: a killed process's port, without the ICMP.
-    let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let addr = dead.local_addr().unwrap();
-    let (_, cfg) = tessel_tls::insecure_configs(wire::ALPN).unwrap();
-    let client = client_with(cfg);
-    let req = WireRequest::Client(ClientRequest::Revision);
-    let started = tokio::time::Instant::now();
-    let answer = client.call(addr, &req, Duration::from_secs(60)).await;
-    let took = started.elapsed();
-    assert!(
-        matches!(answer, Err(NetError::Connect { .. })),
-        "{answer:?}"
-    );
-    assert!(
-        took < tessel_tls::IDLE_TIMEOUT / 2,
-        "gave up after {took:?}"
     );
 }
 
