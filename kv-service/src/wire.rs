@@ -32,9 +32,10 @@
 //!   `Forwarded(ClientRequest)` (a follower's relay; never relayed again).
 //!   `ClientRequest`: `Write(Op)`, `Get{key, timeout_ms}`, `TryGet`, `List`,
 //!   `ListAt` (the pairs and their revision, etcd's range), `Revision`,
-//!   `Watch{prefix, from}`, `WaitBarrier`, `Status`, `AddReplica{id, addr}`, `RemoveReplica{id}`, `KeepAliveStream`,
-//!   `RenewMany{leases}`, `GetSerializable{key, timeout_ms}` (answered by
-//!   the replica asked, from its own state: never forwarded).
+//!   `Watch{prefix, from}`, `WaitBarrier`, `Status`, `AddReplica{id, addr}`,
+//!   `RemoveReplica{id}`, `KeepAliveStream`, `RenewMany{leases}`,
+//!   `GetSerializable{key, timeout_ms}` (answered by the replica asked,
+//!   from its own state: never forwarded).
 //! * Response (`WireResponse`): one frame, except `Watch`, which streams
 //!   `Event` frames until either side closes. Errors travel as `KvError`;
 //!   `Unavailable` means "try another replica".

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -37,9 +36,9 @@ pub fn check_host_port(target: &str) -> Result<(), String> {
     }
 }
 
-/// A dial under way, by its number, and its outcome for every call that
-/// waits for it: the connection, or why there is none.
-type Dial = (u64, Shared<BoxFuture<'static, Result<Link, String>>>);
+/// A dial under way: its outcome for every call that waits for it, the
+/// connection or why there is none.
+type Dial = Shared<BoxFuture<'static, Result<Link, String>>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -104,21 +103,18 @@ impl PeerClient {
             if let Some(c) = self.pooled(addr) {
                 return Ok(c);
             }
-            dials
-                .entry(addr)
-                .or_insert_with(|| self.dial(addr))
-                .1
-                .clone()
+            dials.entry(addr).or_insert_with(|| self.dial(addr)).clone()
         };
         dial.await
             .map_err(|reason| NetError::Connect { addr, reason })
     }
 
     /// Starts a dial to `addr`, which pools its connection, then leaves
-    /// `dials`, whatever becomes of the calls waiting for it.
+    /// `dials`, whatever becomes of the calls waiting for it. Only the dial
+    /// removes its entry, no other is started while it is there, and it is
+    /// started under the dials' lock (so cannot end before its entry is
+    /// in): the entry it removes is its own.
     fn dial(&self, addr: SocketAddr) -> Dial {
-        static DIALS: AtomicU64 = AtomicU64::new(0);
-        let id = DIALS.fetch_add(1, Ordering::Relaxed);
         let name = lock(&self.names)
             .get(&addr)
             .cloned()
@@ -137,17 +133,14 @@ impl PeerClient {
             if let Ok(link) = &link {
                 lock(&conns).insert(addr, link.clone());
             }
-            let mut dials = lock(&dials);
-            if dials.get(&addr).is_some_and(|(d, _)| *d == id) {
-                dials.remove(&addr);
-            }
+            lock(&dials).remove(&addr);
             link.map_err(|e| match e {
                 NetError::Connect { reason, .. } => reason,
                 other => other.to_string(),
             })
         });
         let done = async move { task.await.unwrap_or_else(|e| Err(e.to_string())) };
-        (id, done.boxed().shared())
+        done.boxed().shared()
     }
 
     /// Forgets the pooled connection to `addr` if it is still `conn`, not
