@@ -168,6 +168,15 @@ impl HostCluster {
         }
     }
 
+    /// Sets the delay of the relays [`Self::add_latency`] started, each
+    /// way, for the datagrams that arrive from now on: the same workers
+    /// on the same path, with and without latency.
+    pub fn set_latency(&self, delay: Duration) {
+        for r in &self.relays {
+            r.set_delay(delay);
+        }
+    }
+
     /// The coordinator addresses workers are given.
     fn worker_targets(&self) -> String {
         let addrs: Vec<String> = match self.relays.is_empty() {

@@ -434,48 +434,44 @@ async fn step_ms(client: &Client, kv: &dyn KvStore, steps: u64) -> (f64, f64) {
     )
 }
 
-/// The fastest of `runs` runs of the demo: (step ms, coordination ms).
-/// One run on a 2-core machine varies by ±15 %; the fastest of three is
-/// what the machine allows, the figure a regression would move.
-async fn best_step_ms(client: &Client, kv: &dyn KvStore, steps: u64, runs: usize) -> (f64, f64) {
-    let mut best = (f64::INFINITY, 0.0);
-    for _ in 0..runs {
-        let r = step_ms(client, kv, steps).await;
-        if r.0 < best.0 {
-            best = r;
-        }
-    }
-    best
-}
-
 /// Step reports leave the step's critical path: with 50 ms each way
 /// between the workers and the coordinators (a userspace relay), the time
 /// a step spends on coordination stays under 1 % of the step, and the
-/// step time (the fastest of three runs) stays within 50 % of the same
-/// without. A report on the critical path would cost a 100 ms round trip
-/// every 100 steps: 1 ms a step, 30-40 % of a 2.5-3.3 ms step, which the
-/// coordination share catches at once. The step-time ratio only guards
-/// against gross stalls: on a 2-core machine, where the relay, three
-/// replicas and two workers share the cores, it moved from -12 % to +37 %
-/// between invocations (the 10 % goal is a figure, docs/performance.md).
+/// step time stays within 50 % of the same without. A report on the
+/// critical path would cost a 100 ms round trip every 100 steps: 1 ms a
+/// step, 30-40 % of a 2.5-3.3 ms step, which the coordination share
+/// catches at once. The step-time ratio only guards against gross stalls.
+/// The two figures come from the same workers on the same relays, the
+/// delay set to none or to 50 ms turn by turn, three turns each, and the
+/// fastest run of each is compared: measured one after the other (the
+/// relays added between), the ratio moved from -12 % to +37 % between
+/// invocations on a 2-core machine, and one invocation failed at +98 %
+/// (3.94 against 7.81 ms, the coordination share 0.0095 ms a step), the
+/// machine's speed changing under the test. The 10 % goal is a figure
+/// (docs/performance.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_ms_to_the_coordinators_leaves_the_step_time_within_ten_percent() {
     const STEPS: u64 = 2000;
+    const DELAY: Duration = Duration::from_millis(50);
     let mut c = HostCluster::start(&["c1", "c2", "c3"], &["h4", "h5"]);
+    // Workers started after the relays talk through them.
+    c.add_latency(Duration::ZERO).await;
     c.start_worker("h4", &[]);
     c.start_worker("h5", &[]);
     let kv: Arc<dyn KvStore> = Arc::new(c.client());
     let client = Client::from_store(kv.clone());
-    let (near, _) = best_step_ms(&client, &*kv, STEPS, 3).await;
-    // The same workers again, through relays that add 50 ms each way.
-    for w in ["h4", "h5"] {
-        c.kill_worker(w);
+    let (mut near, mut far) = ((f64::INFINITY, 0.0), (f64::INFINITY, 0.0));
+    for _ in 0..3 {
+        for (delay, best) in [(Duration::ZERO, &mut near), (DELAY, &mut far)] {
+            c.set_latency(delay);
+            let r = step_ms(&client, &*kv, STEPS).await;
+            if r.0 < best.0 {
+                *best = r;
+            }
+        }
     }
-    c.add_latency(Duration::from_millis(50)).await;
-    c.start_worker("h4", &[]);
-    c.start_worker("h5", &[]);
-    let (far, coordination) = best_step_ms(&client, &*kv, STEPS, 3).await;
-    eprintln!("step: {near:.3} ms direct, {far:.3} ms with 50 ms to the coordinators ({coordination:.4} ms coordination)");
+    let ((near, _), (far, coordination)) = (near, far);
+    eprintln!("step: {near:.3} ms with no delay, {far:.3} ms with 50 ms to the coordinators ({coordination:.4} ms coordination)");
     assert!(far <= near * 1.5, "{far:.3} ms against {near:.3} ms");
     assert!(
         coordination < 0.01 * far,
