@@ -107,7 +107,7 @@ const CACHE_BYTES: usize = 16 << 20;
 /// The entries' bound is wide enough that the live overlay does not fill
 /// while the flush before it runs, which would hold the next batch until
 /// that flush ends (invariant 6): on a busy machine the flush thread (at
-/// nice 10) takes up to 1.2 s, and with 32,768 entries the appliers of one
+/// nice 10) took up to 1.8 s, and with 32,768 entries the appliers of one
 /// 16,384-host bootstrap waited 7 times, 1.9 s in all and up to 983 ms at
 /// once; with 131,072 none waited, and 1 M keys take the same memory.
 const FLUSH_BYTES: usize = 8 << 20;
